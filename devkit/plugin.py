@@ -1,0 +1,359 @@
+"""Finding, loading and version-checking plugins.
+
+``load_plugin(name_or_path)`` resolves, in order (see docs/framework-guide.md):
+
+1. an explicit path to a shared library;
+2. ``libdevkit_<name>.so`` in the ``DEVKIT_PLUGIN_PATH`` directories;
+3. installed packages' entry points in group ``devkit.plugins``, whose
+   callable returns a library path or a Python plugin object (an object with a
+   ``dk_plugin_init`` attribute: a cffi ``DK_PluginInitFn`` function pointer);
+4. the built-in reference backends.
+
+Every plugin, whatever its origin, is driven through the same
+``DK_PluginInit`` entry point and ``DK_DeviceApi`` table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from importlib import metadata
+from pathlib import Path
+
+from . import __version__
+from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
+                  struct_fields)
+from .errors import PluginLoadError, STATUS_NAMES, error_for_status
+
+ENTRY_POINT_GROUP = "devkit.plugins"
+PLUGIN_PATH_ENV = "DEVKIT_PLUGIN_PATH"
+
+_BACKENDS_DIR = Path(__file__).parent / "backends"
+_BUILTIN_LIBRARIES = {"cpu": _BACKENDS_DIR / "cpu" / "libdevkit_cpu.so"}
+# Built-in names whose backend is not part of this release yet.
+_BUILTIN_PENDING = {
+    "opencl": "the opencl reference backend is not part of this devkit release yet",
+    "cuda": "the cuda reference backend is not part of this devkit release yet",
+}
+
+_API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
+# Functions appended after the 1.0 required set are optional by rule: a
+# required addition would stop older plugins from loading (VERSIONING rule 5).
+_FIRST_OPTIONAL = "copy_p2p"
+REQUIRED_FUNCTIONS = tuple(_API_FUNCTIONS[: _API_FUNCTIONS.index(_FIRST_OPTIONAL)])
+OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):])
+
+_log = logging.getLogger("devkit.plugin")
+
+
+class Plugin:
+    """A loaded plugin: its identity, its function table and its devices.
+
+    One instance per loaded library; never unloaded while the process runs.
+    """
+
+    def __init__(self, info, keepalive, source: str, location: str):
+        self._info = info
+        self._keepalive = keepalive
+        self.source = source
+        self.location = location
+        self.name: str = _string(info.name) or Path(location).stem
+        self.version: str = _string(info.version) if field_present(info, "DK_PluginInfo", "version") else ""
+        self.device_type: str = (
+            _string(info.device_type) if field_present(info, "DK_PluginInfo", "device_type") else self.name
+        )
+        self.abi_version: tuple[int, int] = (int(info.abi_major), int(info.abi_minor))
+        self.api = info.api
+        self._last_error = info.last_error_message
+        self._devices: dict[int, object] = {}
+        self._devices_lock = threading.Lock()
+
+    # -- the table -----------------------------------------------------------
+
+    def has(self, function: str) -> bool:
+        """Whether ``function`` is inside the table's struct_size and non-NULL."""
+        return (self.api.struct_size >= field_end("DK_DeviceApi", function)
+                and getattr(self.api, function) != ffi.NULL)
+
+    def call(self, function: str, *args) -> int:
+        """Call a table function and raise on any status but OK and NOT_READY."""
+        status = getattr(self.api, function)(*args)
+        if status not in (C.DK_OK, C.DK_NOT_READY):
+            self.raise_status(status, function)
+        return status
+
+    def raise_status(self, status: int, function: str):
+        raise error_for_status(status, f"{self.name}.{function}: {self.last_error_message()}")
+
+    def last_error_message(self) -> str:
+        if self._last_error == ffi.NULL:
+            return "(the plugin gave no message)"
+        message = self._last_error()
+        return _string(message) or "(the plugin gave no message)"
+
+    @property
+    def kernels(self) -> list[tuple[str, int, int, int]]:
+        """The kernel table as (op, dtype code, dtype bits, flags) tuples."""
+        if not field_present(self._info, "DK_PluginInfo", "num_kernels") or self._info.kernels == ffi.NULL:
+            return []
+        entries = []
+        for i in range(self._info.num_kernels):
+            entry = self._info.kernels[i]
+            entries.append((_string(entry.op), entry.dtype.code, entry.dtype.bits, int(entry.flags)))
+        return entries
+
+    @property
+    def has_collectives(self) -> bool:
+        return self.has("ccl_comm_init")
+
+    # -- devices -------------------------------------------------------------
+
+    @property
+    def device_count(self) -> int:
+        count = ffi.new("int32_t *")
+        self.call("get_device_count", count)
+        return int(count[0])
+
+    def device(self, index: int = 0):
+        from .runtime import Device
+
+        with self._devices_lock:
+            if index not in self._devices:
+                count = self.device_count
+                if not 0 <= index < count:
+                    raise IndexError(
+                        f"device index {index} out of range: plugin '{self.name}' has {count} device(s)")
+                self._devices[index] = Device(self, index)
+            return self._devices[index]
+
+    def devices(self) -> list:
+        return [self.device(i) for i in range(self.device_count)]
+
+    def __repr__(self) -> str:
+        major, minor = self.abi_version
+        return f"<devkit.Plugin {self.name!r} {self.version} ABI {major}.{minor} from {self.location}>"
+
+
+def check(plugin: Plugin, status: int, function: str) -> int:
+    """Turn a status returned by ``plugin.function`` into the matching exception."""
+    if status not in (C.DK_OK, C.DK_NOT_READY):
+        plugin.raise_status(status, function)
+    return status
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginDescriptor:
+    """One discoverable plugin, as ``list_plugins()`` reports it."""
+
+    name: str
+    source: str  # "DEVKIT_PLUGIN_PATH", "entry point" or "built-in"
+    location: str
+    loads: bool
+    abi_version: tuple[int, int] | None
+    version: str | None
+    device_count: int | None
+    error: str | None
+
+
+# -- loading --------------------------------------------------------------------
+
+_registry: dict[str, Plugin] = {}
+_registry_lock = threading.RLock()
+
+
+def load_plugin(name_or_path: str | os.PathLike) -> Plugin:
+    """Load a plugin by name or path; loading the same one twice returns the same object."""
+    key = os.fspath(name_or_path)
+    with _registry_lock:
+        if key in _registry:
+            return _registry[key]
+        plugin = _resolve_and_load(key)
+        _registry[key] = plugin
+        return plugin
+
+
+def _resolve_and_load(key: str) -> Plugin:
+    if _looks_like_path(key):
+        path = Path(key)
+        if not path.exists():
+            raise PluginLoadError(f"plugin library {key!r} does not exist")
+        return _load_library(path, "path")
+    for directory in _plugin_path_dirs():
+        candidate = directory / f"libdevkit_{key}.so"
+        if candidate.exists():
+            return _load_library(candidate, PLUGIN_PATH_ENV)
+    entry_point = _entry_points().get(key)
+    if entry_point is not None:
+        return _load_entry_point(entry_point)
+    if key in _BUILTIN_LIBRARIES:
+        library = _BUILTIN_LIBRARIES[key]
+        if not library.exists():
+            raise PluginLoadError(
+                f"built-in plugin {key!r} is not built ({library} is missing); "
+                f"reinstall devkit with 'pip install -e .'")
+        return _load_library(library, "built-in")
+    if key in _BUILTIN_PENDING:
+        raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
+    raise PluginLoadError(
+        f"no plugin named {key!r}: not a path, not libdevkit_{key}.so in {PLUGIN_PATH_ENV} "
+        f"({os.environ.get(PLUGIN_PATH_ENV, 'unset')}), not an entry point in group "
+        f"{ENTRY_POINT_GROUP!r}, and not a built-in ({', '.join(builtin_names())})")
+
+
+def builtin_names() -> list[str]:
+    return sorted({*_BUILTIN_LIBRARIES, *_BUILTIN_PENDING})
+
+
+def _looks_like_path(key: str) -> bool:
+    return os.sep in key or key.endswith(".so") or key.startswith(".")
+
+
+def _plugin_path_dirs() -> list[Path]:
+    value = os.environ.get(PLUGIN_PATH_ENV, "")
+    return [Path(part) for part in value.split(os.pathsep) if part]
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(entry_point: metadata.EntryPoint) -> Plugin:
+    where = f"entry point {entry_point.name} = {entry_point.value}"
+    try:
+        target = entry_point.load()()
+    except Exception as exc:
+        raise PluginLoadError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(target, (str, os.PathLike)):
+        path = Path(target)
+        if not path.exists():
+            raise PluginLoadError(f"{where} returned {os.fspath(target)!r}, which does not exist")
+        return _load_library(path, "entry point")
+    init = getattr(target, "dk_plugin_init", None)
+    if init is None or ffi.typeof(init) is not ffi.typeof("DK_PluginInitFn"):
+        raise PluginLoadError(
+            f"{where} returned {type(target).__name__}, which is neither a library path "
+            f"nor an object with a 'dk_plugin_init' DK_PluginInitFn")
+    return _initialise(init, keepalive=target, source="entry point", location=where)
+
+
+def _load_library(path: Path, source: str) -> Plugin:
+    location = str(path.resolve())
+    with _registry_lock:
+        if location in _registry:
+            return _registry[location]
+    try:
+        library = open_library(location)
+    except OSError as exc:
+        raise PluginLoadError(f"cannot open plugin library {location}: {exc}") from exc
+    try:
+        init = library.DK_PluginInit
+    except AttributeError:
+        raise PluginLoadError(
+            f"{location} is not a devkit plugin: it does not export DK_PluginInit") from None
+    plugin = _initialise(init, keepalive=library, source=source, location=location)
+    with _registry_lock:
+        _registry[location] = plugin
+    return plugin
+
+
+class _LogSink:
+    """Receives the plugin's log lines; the logger is renamed once the plugin names itself."""
+
+    def __init__(self, location: str):
+        guess = Path(location).stem.removeprefix("libdevkit_")
+        self.logger = logging.getLogger(f"devkit.plugin.{guess}")
+
+
+_LOG_LEVELS = {C.DK_LOG_DEBUG: logging.DEBUG, C.DK_LOG_INFO: logging.INFO,
+               C.DK_LOG_WARNING: logging.WARNING, C.DK_LOG_ERROR: logging.ERROR}
+
+
+@ffi.callback("DK_LogFn")
+def _plugin_log(user_data, level, message):
+    sink = ffi.from_handle(user_data)
+    sink.logger.log(_LOG_LEVELS.get(level, logging.INFO), _string(message))
+
+
+def _initialise(init, keepalive, source: str, location: str) -> Plugin:
+    sink = _LogSink(location)
+    sink_handle = ffi.new_handle(sink)
+    host_name = ffi.new("char[]", f"devkit-python {__version__}".encode())
+    host = ffi.new("DK_HostInfo *", {
+        "struct_size": ffi.sizeof("DK_HostInfo"), "abi_major": ABI_MAJOR, "abi_minor": ABI_MINOR,
+        "log": _plugin_log, "log_user_data": sink_handle, "host_name": host_name,
+    })
+    info = ffi.new("DK_PluginInfo *", {"struct_size": ffi.sizeof("DK_PluginInfo")})
+    status = init(host, info)
+    if status != C.DK_OK:
+        message = "(the plugin gave no message)"
+        if field_present(info, "DK_PluginInfo", "last_error_message") and info.last_error_message != ffi.NULL:
+            message = _string(info.last_error_message()) or message
+        raise PluginLoadError(
+            f"{location}: DK_PluginInit failed with {STATUS_NAMES.get(status, status)}: {message}")
+    _check_versions(info, location)
+    plugin = Plugin(info, keepalive=(keepalive, sink_handle, host_name, host), source=source,
+                    location=location)
+    sink.logger = logging.getLogger(f"devkit.plugin.{plugin.name}")
+    _log.debug("loaded %r", plugin)
+    return plugin
+
+
+def _check_versions(info, location: str) -> None:
+    needed = field_end("DK_PluginInfo", "api")
+    if info.struct_size < needed:
+        raise PluginLoadError(
+            f"{location}: DK_PluginInfo.struct_size is {info.struct_size} bytes; "
+            f"ABI {ABI_MAJOR}.{ABI_MINOR} needs at least {needed} (through the 'api' field)")
+    if info.abi_major != ABI_MAJOR:
+        error = PluginLoadError(
+            f"{location}: plugin implements devkit ABI {info.abi_major}.{info.abi_minor} but this "
+            f"host implements ABI {ABI_MAJOR}.{ABI_MINOR}; the major versions must match")
+        error.abi_version = (int(info.abi_major), int(info.abi_minor))
+        raise error
+    api = info.api
+    if api == ffi.NULL:
+        raise PluginLoadError(f"{location}: DK_PluginInit returned a NULL DK_DeviceApi table")
+    missing = [fn for fn in REQUIRED_FUNCTIONS if api.struct_size < field_end("DK_DeviceApi", fn)]
+    if missing:
+        raise PluginLoadError(
+            f"{location}: DK_DeviceApi table is too short ({api.struct_size} bytes, ABI "
+            f"{ABI_MAJOR}.{ABI_MINOR} requires {field_end('DK_DeviceApi', REQUIRED_FUNCTIONS[-1])}); "
+            f"missing required functions: {', '.join(missing)}")
+    null = [fn for fn in REQUIRED_FUNCTIONS if getattr(api, fn) == ffi.NULL]
+    if null:
+        raise PluginLoadError(
+            f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
+
+
+def list_plugins() -> list[PluginDescriptor]:
+    """Every discoverable plugin, whether it loads, and why not."""
+    candidates: dict[str, tuple[str, str]] = {}
+    for directory in _plugin_path_dirs():
+        for library in sorted(directory.glob("libdevkit_*.so")):
+            name = library.name[len("libdevkit_"):-len(".so")]
+            candidates.setdefault(name, (PLUGIN_PATH_ENV, str(library)))
+    for name, entry_point in _entry_points().items():
+        candidates.setdefault(name, ("entry point", entry_point.value))
+    for name in builtin_names():
+        location = str(_BUILTIN_LIBRARIES.get(name, _BACKENDS_DIR / name))
+        candidates.setdefault(name, ("built-in", location))
+    descriptors = []
+    for name, (source, location) in candidates.items():
+        try:
+            plugin = load_plugin(name)
+            descriptors.append(PluginDescriptor(
+                name, source, location, True, plugin.abi_version, plugin.version,
+                plugin.device_count, None))
+        except Exception as exc:  # a broken plugin is reported, never raised
+            descriptors.append(PluginDescriptor(
+                name, source, location, False, getattr(exc, "abi_version", None), None, None,
+                str(exc)))
+    return descriptors
+
+
+def _string(cdata) -> str:
+    if cdata == ffi.NULL:
+        return ""
+    return ffi.string(cdata).decode("utf-8", errors="replace")
