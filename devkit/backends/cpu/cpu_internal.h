@@ -1,0 +1,178 @@
+/*
+ * cpu_internal.h -- internal API of the devkit "cpu" reference plugin.
+ *
+ * Shared by the runtime (devices, memory, copies), the stream/event engine
+ * and whatever later enqueues work on streams (kernels, collectives). None of
+ * this is exported: the plugin's only public symbol is DK_PluginInit.
+ *
+ * Calling pattern for code that submits stream work:
+ *
+ *   cpu_device *d;  cpu_stream *s;  uint8_t *ptr;
+ *   if ((st = cpu_device_get(fn, dev, &d))) return st;
+ *   if ((st = cpu_mem_range(fn, "dst", d, mem, offset, size, &ptr))) return st;
+ *   if ((st = cpu_stream_acquire(fn, d, stream, &s))) return st;
+ *   my_args *a = cpu_work_new(sizeof *a, my_run, my_destroy);
+ *   if (!a) { cpu_stream_release(s); return cpu_set_error(...); }
+ *   ...fill *a...
+ *   cpu_work_submit(s, a);
+ *   cpu_stream_release(s);
+ */
+#ifndef DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_
+#define DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devkit.h"
+
+#define CPU_PLUGIN_VERSION "0.1.0"
+#define CPU_MAX_DEVICES 64
+#define CPU_ALLOC_ALIGNMENT 64
+
+/* ---- Errors -------------------------------------------------------------- */
+
+/* Formats the calling thread's error message and returns `status`. Messages
+ * start with the ABI function name, e.g. "copy_d2h: dst is NULL". */
+DK_Status cpu_set_error(DK_Status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* DK_PluginInfo.last_error_message: the calling thread's message, never NULL. */
+const char *cpu_last_error(void);
+
+/* VERSIONING rule 4 for an "out" struct: copies the fields of `src` (a struct
+ * of `src_size` bytes starting with struct_size) that fit in the caller's
+ * dst->struct_size, then sets dst->struct_size to the bytes filled. The
+ * caller has checked dst->struct_size >= sizeof(size_t). */
+void cpu_copy_out(void *dst, const void *src, size_t src_size);
+
+/* ---- Registry: open-addressing hash table, non-zero key -> value ---------- */
+
+typedef struct cpu_slot {
+  uintptr_t key; /* 0 = empty */
+  size_t value;
+} cpu_slot;
+
+typedef struct cpu_table {
+  cpu_slot *slots; /* capacity entries, capacity a power of two (or 0) */
+  size_t capacity;
+  size_t count;
+} cpu_table;
+
+/* The caller holds the lock guarding the table. `value` may be NULL. */
+bool cpu_table_find(const cpu_table *t, uintptr_t key, size_t *value);
+/* `key` must be non-zero and absent. False when out of memory. */
+bool cpu_table_insert(cpu_table *t, uintptr_t key, size_t value);
+bool cpu_table_remove(cpu_table *t, uintptr_t key, size_t *value);
+
+/* ---- Devices -------------------------------------------------------------- */
+
+/* Per-device state. Every lock is per device and per registry, so work on
+ * different devices (and lookups of different object kinds) never contends.
+ * Aligned so that two devices never share a cache line. */
+typedef struct cpu_device {
+  _Alignas(64) int32_t index;
+
+  pthread_mutex_t mem_mu; /* guards mems, host, used */
+  cpu_table mems;         /* live DK_Mem handle -> requested size */
+  cpu_table host;         /* live host_alloc pointer -> size */
+  size_t used;            /* bytes of mems counted against the capacity */
+
+  pthread_mutex_t stream_mu; /* guards streams */
+  cpu_table streams;         /* live cpu_stream pointers */
+
+  pthread_mutex_t event_mu; /* guards events */
+  cpu_table events;         /* live cpu_event pointers */
+} cpu_device;
+
+/* Reads the configuration and sets up the devices once per process; later
+ * calls return the first call's result (and its message). */
+DK_Status cpu_runtime_init(void);
+/* One-line summary of the configuration, for the init log line. */
+void cpu_runtime_describe(char *buf, size_t size);
+
+/* Validates a device index for a call made by `fn`: DK_INVALID_ARGUMENT when
+ * out of range, DK_DEVICE_LOST for the device named by
+ * DEVKIT_CPU_LOST_DEVICE. *out is NULL on failure. */
+DK_Status cpu_device_get(const char *fn, int32_t dev, cpu_device **out);
+
+/* ---- Memory --------------------------------------------------------------- */
+
+/* Validates that `mem` is a live allocation of `d` and that
+ * [offset, offset + size) lies inside it, then stores the host address of
+ * mem + offset in *addr (NULL on failure). `what` names the operand in
+ * messages ("dst"). */
+DK_Status cpu_mem_range(const char *fn, const char *what, cpu_device *d,
+                        DK_Mem mem, size_t offset, size_t size, uint8_t **addr);
+
+/* ---- Streams -------------------------------------------------------------- */
+
+/* An in-order queue with its own worker thread. */
+typedef struct cpu_stream cpu_stream;
+
+/* Validates that `stream` is a live stream of `d` and pins it (it cannot be
+ * destroyed) until cpu_stream_release. A NULL stream is the default stream:
+ * *out = NULL and DK_OK. *out is NULL on failure. */
+DK_Status cpu_stream_acquire(const char *fn, cpu_device *d, DK_Stream stream,
+                             cpu_stream **out);
+/* Unpins a stream from cpu_stream_acquire; NULL is ignored. */
+void cpu_stream_release(cpu_stream *s);
+
+/* Allocates a work item with `arg_size` zeroed, max-aligned bytes of argument
+ * storage and returns that storage, or NULL when out of memory. run(arg) does
+ * the work; destroy(arg) (may be NULL) then releases what arg references. */
+void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
+                   void (*destroy)(void *arg));
+/* Submits the item owning `arg` (from cpu_work_new) to pinned stream `s`,
+ * behind everything submitted before. With s == NULL (the default stream) it
+ * runs in the calling thread and is complete on return. Cannot fail; the
+ * item is freed once it has run. */
+void cpu_work_submit(cpu_stream *s, void *arg);
+/* Frees an item that will not be submitted, without calling destroy. */
+void cpu_work_discard(void *arg);
+
+/* ---- DK_DeviceApi entry points ------------------------------------------- */
+
+DK_Status cpu_get_device_count(int32_t *count);
+DK_Status cpu_get_device_properties(int32_t dev, DK_DeviceProperties *props);
+DK_Status cpu_device_synchronize(int32_t dev);
+
+DK_Status cpu_mem_alloc(int32_t dev, size_t size, DK_Mem *mem);
+DK_Status cpu_mem_free(int32_t dev, DK_Mem mem);
+DK_Status cpu_mem_get_info(int32_t dev, size_t *free_bytes, size_t *total_bytes);
+DK_Status cpu_memset(int32_t dev, DK_Mem mem, size_t offset, uint8_t value,
+                     size_t size, DK_Stream stream);
+
+DK_Status cpu_copy_h2d(int32_t dev, DK_Mem dst, size_t dst_offset,
+                       const void *src, size_t size, DK_Stream stream);
+DK_Status cpu_copy_d2h(int32_t dev, void *dst, DK_Mem src, size_t src_offset,
+                       size_t size, DK_Stream stream);
+DK_Status cpu_copy_d2d(int32_t dev, DK_Mem dst, size_t dst_offset, DK_Mem src,
+                       size_t src_offset, size_t size, DK_Stream stream);
+
+DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream);
+DK_Status cpu_stream_destroy(int32_t dev, DK_Stream stream);
+DK_Status cpu_stream_synchronize(int32_t dev, DK_Stream stream);
+DK_Status cpu_stream_query(int32_t dev, DK_Stream stream);
+DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event);
+DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
+                                  void *user_data);
+
+DK_Status cpu_event_create(int32_t dev, uint32_t flags, DK_Event *event);
+DK_Status cpu_event_destroy(int32_t dev, DK_Event event);
+DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream);
+DK_Status cpu_event_query(int32_t dev, DK_Event event);
+DK_Status cpu_event_synchronize(int32_t dev, DK_Event event);
+DK_Status cpu_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
+                               float *ms);
+
+DK_Status cpu_copy_p2p(int32_t dst_dev, DK_Mem dst, size_t dst_offset,
+                       int32_t src_dev, DK_Mem src, size_t src_offset,
+                       size_t size, DK_Stream stream);
+DK_Status cpu_host_alloc(int32_t dev, size_t size, void **ptr);
+DK_Status cpu_host_free(int32_t dev, void *ptr);
+DK_Status cpu_mem_alloc_async(int32_t dev, size_t size, DK_Stream stream,
+                              DK_Mem *mem);
+DK_Status cpu_mem_free_async(int32_t dev, DK_Mem mem, DK_Stream stream);
+
+#endif /* DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_ */

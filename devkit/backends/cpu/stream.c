@@ -1,0 +1,619 @@
+/*
+ * stream.c -- streams (in-order queues, one worker thread each), work items
+ * and events of the devkit "cpu" reference plugin.
+ *
+ * Lifetimes: a stream is pinned by every API call using it (refs) and
+ * stream_destroy waits until it is unpinned and drained. An event is
+ * reference-counted by its registry entry, by queued work that records or
+ * waits on it and by API calls in flight, so event_destroy can return while
+ * work on it is pending.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, pthreads */
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu_internal.h"
+
+/* ======================================================================== */
+/* Work items and streams                                                    */
+/* ======================================================================== */
+
+typedef struct cpu_work {
+  struct cpu_work *next;
+  void (*run)(void *arg);
+  void (*destroy)(void *arg);
+  max_align_t arg[]; /* the closure's argument, allocated with the item */
+} cpu_work;
+
+struct cpu_stream {
+  pthread_t worker;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv;  /* worker: queue non-empty or stop */
+  pthread_cond_t done_cv;  /* waiters: completed advanced or refs hit 0 */
+  cpu_work *head, *tail;   /* guarded by mu */
+  bool stop;               /* guarded by mu */
+  /* Written under mu; atomic so stream_query can read them without it. */
+  atomic_uint_fast64_t submitted, completed;
+  atomic_int refs; /* pins from cpu_stream_acquire */
+};
+
+static cpu_work *work_of(void *arg) {
+  return (cpu_work *)((char *)arg - offsetof(cpu_work, arg));
+}
+
+void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
+                   void (*destroy)(void *arg)) {
+  cpu_work *w = calloc(1, sizeof *w + arg_size);
+  if (!w) return NULL;
+  w->run = run;
+  w->destroy = destroy;
+  return w->arg;
+}
+
+void cpu_work_discard(void *arg) { free(work_of(arg)); }
+
+static void work_run(cpu_work *w) {
+  w->run(w->arg);
+  if (w->destroy) w->destroy(w->arg);
+  free(w);
+}
+
+void cpu_work_submit(cpu_stream *s, void *arg) {
+  cpu_work *w = work_of(arg);
+  if (!s) {
+    work_run(w);
+    return;
+  }
+  pthread_mutex_lock(&s->mu);
+  if (s->tail)
+    s->tail->next = w;
+  else
+    s->head = w;
+  s->tail = w;
+  atomic_fetch_add(&s->submitted, 1);
+  /* The worker only sleeps on an empty queue. */
+  if (s->head == w) pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void *stream_main(void *arg) {
+  cpu_stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+    cpu_work *w = s->head;
+    if (!w) break; /* stop requested and the queue is drained */
+    s->head = w->next;
+    if (!s->head) s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    work_run(w);
+    pthread_mutex_lock(&s->mu);
+    atomic_fetch_add(&s->completed, 1);
+    pthread_cond_broadcast(&s->done_cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* Waiting for a stream from its own worker (a callback) would never end. */
+static bool on_worker(const cpu_stream *s) {
+  return pthread_equal(pthread_self(), s->worker);
+}
+
+static DK_Status deadlock_error(const char *fn, const cpu_stream *s) {
+  return cpu_set_error(DK_FAILED_PRECONDITION,
+                       "%s: called from a callback running on stream %p, "
+                       "which would wait for itself",
+                       fn, (const void *)s);
+}
+
+/* Blocks until everything submitted before the call has completed. */
+static void stream_drain(cpu_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t target = atomic_load(&s->submitted);
+  while (atomic_load(&s->completed) < target)
+    pthread_cond_wait(&s->done_cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Stops the worker once its queue is empty, joins it and frees s. */
+static void stream_free(cpu_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->worker, NULL);
+  pthread_cond_destroy(&s->done_cv);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+static DK_Status not_a_stream(const char *fn, cpu_device *d, DK_Stream h) {
+  return cpu_set_error(DK_INVALID_ARGUMENT,
+                       "%s: stream %p is not a live stream on cpu device %d",
+                       fn, (void *)h, (int)d->index);
+}
+
+DK_Status cpu_stream_acquire(const char *fn, cpu_device *d, DK_Stream stream,
+                             cpu_stream **out) {
+  *out = NULL;
+  if (!stream) return DK_OK;
+  cpu_stream *s = (cpu_stream *)stream;
+  pthread_mutex_lock(&d->stream_mu);
+  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  if (live) atomic_fetch_add(&s->refs, 1);
+  pthread_mutex_unlock(&d->stream_mu);
+  if (!live) return not_a_stream(fn, d, stream);
+  *out = s;
+  return DK_OK;
+}
+
+void cpu_stream_release(cpu_stream *s) {
+  if (!s) return;
+  /* Under mu so that stream_destroy, once it sees refs == 0, knows no
+   * releaser still touches the stream. */
+  pthread_mutex_lock(&s->mu);
+  if (atomic_fetch_sub(&s->refs, 1) == 1) pthread_cond_broadcast(&s->done_cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream) {
+  static const char fn[] = "stream_create";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK) return st;
+  if (!stream)
+    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: stream is NULL", fn);
+  cpu_stream *s = calloc(1, sizeof *s);
+  if (!s)
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->work_cv, NULL);
+  pthread_cond_init(&s->done_cv, NULL);
+  int rc = pthread_create(&s->worker, NULL, stream_main, s);
+  if (rc != 0) {
+    pthread_cond_destroy(&s->done_cv);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+                         "%s: cannot start a worker thread for cpu device %d: "
+                         "%s",
+                         fn, (int)dev, strerror(rc));
+  }
+  pthread_mutex_lock(&d->stream_mu);
+  bool ok = cpu_table_insert(&d->streams, (uintptr_t)s, 0);
+  pthread_mutex_unlock(&d->stream_mu);
+  if (!ok) {
+    stream_free(s);
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  }
+  *stream = (DK_Stream)s;
+  return DK_OK;
+}
+
+DK_Status cpu_stream_destroy(int32_t dev, DK_Stream stream) {
+  static const char fn[] = "stream_destroy";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK || !stream) return st;
+  cpu_stream *s = (cpu_stream *)stream;
+  pthread_mutex_lock(&d->stream_mu);
+  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  bool self = live && on_worker(s);
+  if (live && !self) cpu_table_remove(&d->streams, (uintptr_t)s, NULL);
+  pthread_mutex_unlock(&d->stream_mu);
+  if (!live) return not_a_stream(fn, d, stream);
+  if (self) return deadlock_error(fn, s);
+  /* Unregistered: no new pins. Wait for calls still using it, then for all
+   * work they submitted. */
+  pthread_mutex_lock(&s->mu);
+  while (atomic_load(&s->refs) > 0 ||
+         atomic_load(&s->completed) < atomic_load(&s->submitted))
+    pthread_cond_wait(&s->done_cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  stream_free(s);
+  return DK_OK;
+}
+
+DK_Status cpu_stream_synchronize(int32_t dev, DK_Stream stream) {
+  static const char fn[] = "stream_synchronize";
+  cpu_device *d;
+  cpu_stream *s;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = cpu_stream_acquire(fn, d, stream, &s);
+  if (st != DK_OK || !s) return st;
+  if (on_worker(s))
+    st = deadlock_error(fn, s);
+  else
+    stream_drain(s);
+  cpu_stream_release(s);
+  return st;
+}
+
+/* Hot path: one registry lookup, read under the registry lock (which keeps
+ * the stream alive) instead of pinning. */
+DK_Status cpu_stream_query(int32_t dev, DK_Stream stream) {
+  static const char fn[] = "stream_query";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK || !stream) return st;
+  cpu_stream *s = (cpu_stream *)stream;
+  pthread_mutex_lock(&d->stream_mu);
+  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  bool idle = live && atomic_load(&s->completed) == atomic_load(&s->submitted);
+  pthread_mutex_unlock(&d->stream_mu);
+  if (!live) return not_a_stream(fn, d, stream);
+  return idle ? DK_OK : DK_NOT_READY;
+}
+
+DK_Status cpu_device_synchronize(int32_t dev) {
+  static const char fn[] = "device_synchronize";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK) return st;
+
+  /* Pin a snapshot of the live streams, then drain them without holding the
+   * registry lock (their work may itself create or look up streams). */
+  pthread_mutex_lock(&d->stream_mu);
+  size_t n = d->streams.count;
+  cpu_stream **streams = n ? malloc(n * sizeof *streams) : NULL;
+  bool oom = n && !streams;
+  cpu_stream *self = NULL;
+  for (size_t i = 0, k = 0; !oom && i < d->streams.capacity; i++) {
+    cpu_stream *s = (cpu_stream *)d->streams.slots[i].key;
+    if (!s) continue;
+    if (on_worker(s)) self = s;
+    atomic_fetch_add(&s->refs, 1);
+    streams[k++] = s;
+  }
+  pthread_mutex_unlock(&d->stream_mu);
+
+  if (oom)
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  if (self) st = deadlock_error(fn, self);
+  for (size_t i = 0; i < n; i++) {
+    if (!self) stream_drain(streams[i]);
+    cpu_stream_release(streams[i]);
+  }
+  free(streams);
+  return st;
+}
+
+typedef struct callback_args {
+  DK_HostFn fn;
+  void *user_data;
+} callback_args;
+
+static void run_callback(void *arg) {
+  callback_args *a = arg;
+  a->fn(a->user_data);
+}
+
+DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
+                                  void *user_data) {
+  static const char fname[] = "stream_add_callback";
+  cpu_device *d;
+  cpu_stream *s;
+  DK_Status st = cpu_device_get(fname, dev, &d);
+  if (st != DK_OK) return st;
+  if (!fn) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: fn is NULL", fname);
+  if ((st = cpu_stream_acquire(fname, d, stream, &s)) != DK_OK) return st;
+  callback_args *a = cpu_work_new(sizeof *a, run_callback, NULL);
+  if (!a) {
+    cpu_stream_release(s);
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+                         "%s: host out of memory queuing the callback", fname);
+  }
+  *a = (callback_args){fn, user_data};
+  cpu_work_submit(s, a);
+  cpu_stream_release(s);
+  return DK_OK;
+}
+
+/* ======================================================================== */
+/* Events                                                                    */
+/* ======================================================================== */
+
+/* One event_record: done once the worker reaches it. Each record gets its own
+ * mark so that a wait captures exactly the record current at its call, even
+ * when a later re-record on another stream completes first. */
+typedef struct cpu_mark {
+  int refs;     /* the event's `last`, queued record/wait work, waiters */
+  bool done;
+  uint64_t ns;  /* CLOCK_MONOTONIC completion time */
+} cpu_mark;
+
+typedef struct cpu_event {
+  uint32_t flags;
+  atomic_int refs; /* registry entry + queued work + calls in flight */
+  pthread_mutex_t mu; /* guards last and every field of its marks */
+  pthread_cond_t cv;  /* a mark of this event became done */
+  cpu_mark *last;     /* most recent record; NULL = never recorded */
+} cpu_event;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Caller holds e->mu. */
+static void mark_put(cpu_mark *m) {
+  if (--m->refs == 0) free(m);
+}
+
+/* Caller holds e->mu; returns with it held once m is done. */
+static void mark_wait(cpu_event *e, cpu_mark *m) {
+  if (m->done) return;
+  m->refs++; /* a re-record may drop the event's reference meanwhile */
+  while (!m->done) pthread_cond_wait(&e->cv, &e->mu);
+  mark_put(m);
+}
+
+static DK_Status event_acquire(const char *fn, const char *what,
+                               cpu_device *d, DK_Event event,
+                               cpu_event **out) {
+  *out = NULL;
+  if (!event)
+    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+  cpu_event *e = (cpu_event *)event;
+  pthread_mutex_lock(&d->event_mu);
+  bool live = cpu_table_find(&d->events, (uintptr_t)e, NULL);
+  if (live) atomic_fetch_add(&e->refs, 1);
+  pthread_mutex_unlock(&d->event_mu);
+  if (!live)
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: %s %p is not a live event on cpu device %d", fn,
+                         what, (void *)event, (int)d->index);
+  *out = e;
+  return DK_OK;
+}
+
+static void event_release(cpu_event *e) {
+  if (atomic_fetch_sub(&e->refs, 1) != 1) return;
+  /* Last reference: no queued work remains, so only `last` holds its mark. */
+  free(e->last);
+  pthread_cond_destroy(&e->cv);
+  pthread_mutex_destroy(&e->mu);
+  free(e);
+}
+
+DK_Status cpu_event_create(int32_t dev, uint32_t flags, DK_Event *event) {
+  static const char fn[] = "event_create";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK) return st;
+  if (!event) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: event is NULL", fn);
+  if (flags & ~(uint32_t)DK_EVENT_DISABLE_TIMING)
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: unknown flags 0x%x (allowed: "
+                         "DK_EVENT_DISABLE_TIMING = 0x%x)",
+                         fn, (unsigned)flags, (unsigned)DK_EVENT_DISABLE_TIMING);
+  cpu_event *e = calloc(1, sizeof *e);
+  if (!e) return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  e->flags = flags;
+  atomic_init(&e->refs, 1);
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  pthread_mutex_lock(&d->event_mu);
+  bool ok = cpu_table_insert(&d->events, (uintptr_t)e, 0);
+  pthread_mutex_unlock(&d->event_mu);
+  if (!ok) {
+    event_release(e);
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  }
+  *event = (DK_Event)e;
+  return DK_OK;
+}
+
+DK_Status cpu_event_destroy(int32_t dev, DK_Event event) {
+  cpu_device *d;
+  DK_Status st = cpu_device_get("event_destroy", dev, &d);
+  if (st != DK_OK || !event) return st;
+  pthread_mutex_lock(&d->event_mu);
+  bool live = cpu_table_remove(&d->events, (uintptr_t)event, NULL);
+  pthread_mutex_unlock(&d->event_mu);
+  if (!live)
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "event_destroy: event %p is not a live event on cpu "
+                         "device %d",
+                         (void *)event, (int)d->index);
+  event_release((cpu_event *)event); /* queued work may still hold it */
+  return DK_OK;
+}
+
+/* Argument of queued record and wait work: holds a reference to both. */
+typedef struct mark_args {
+  cpu_event *event;
+  cpu_mark *mark;
+} mark_args;
+
+static void run_record(void *arg) {
+  mark_args *a = arg;
+  pthread_mutex_lock(&a->event->mu);
+  a->mark->done = true;
+  a->mark->ns = now_ns();
+  pthread_cond_broadcast(&a->event->cv);
+  pthread_mutex_unlock(&a->event->mu);
+}
+
+static void run_wait(void *arg) {
+  mark_args *a = arg;
+  pthread_mutex_lock(&a->event->mu);
+  mark_wait(a->event, a->mark);
+  pthread_mutex_unlock(&a->event->mu);
+}
+
+static void destroy_mark_args(void *arg) {
+  mark_args *a = arg;
+  pthread_mutex_lock(&a->event->mu);
+  mark_put(a->mark);
+  pthread_mutex_unlock(&a->event->mu);
+  event_release(a->event);
+}
+
+/* Pins the event and the stream of an event call on device d. */
+static DK_Status acquire_pair(const char *fn, cpu_device *d, DK_Event event,
+                              DK_Stream stream, cpu_event **e,
+                              cpu_stream **s) {
+  *s = NULL;
+  DK_Status st = event_acquire(fn, "event", d, event, e);
+  if (st != DK_OK) return st;
+  if ((st = cpu_stream_acquire(fn, d, stream, s)) != DK_OK) event_release(*e);
+  return st;
+}
+
+DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
+  static const char fn[] = "event_record";
+  cpu_device *d;
+  cpu_event *e;
+  cpu_stream *s;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
+  if (st != DK_OK) return st;
+
+  cpu_mark *m = calloc(1, sizeof *m);
+  mark_args *a = s ? cpu_work_new(sizeof *a, run_record, destroy_mark_args)
+                   : NULL;
+  if (!m || (s && !a)) {
+    free(m);
+    if (a) cpu_work_discard(a);
+    st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+                       "%s: host out of memory queuing the record", fn);
+  } else {
+    if (s) {
+      m->refs = 2; /* e->last and the queued record */
+      atomic_fetch_add(&e->refs, 1);
+      *a = (mark_args){e, m};
+    } else { /* default stream: complete on return */
+      m->refs = 1;
+      m->done = true;
+      m->ns = now_ns();
+    }
+    /* Publish and queue under e->mu, so a wait that captures m is always
+     * queued after m's record: otherwise a concurrent wait on the same
+     * stream could land ahead of the record and never finish. (Lock order:
+     * an event's mu, then a stream's mu; nothing takes them the other way.) */
+    pthread_mutex_lock(&e->mu);
+    cpu_mark *old = e->last;
+    e->last = m;
+    if (old) mark_put(old);
+    if (s) cpu_work_submit(s, a);
+    pthread_mutex_unlock(&e->mu);
+  }
+  cpu_stream_release(s);
+  event_release(e);
+  return st;
+}
+
+DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
+  static const char fn[] = "stream_wait_event";
+  cpu_device *d;
+  cpu_event *e;
+  cpu_stream *s;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
+  if (st != DK_OK) return st;
+
+  mark_args *a = s ? cpu_work_new(sizeof *a, run_wait, destroy_mark_args)
+                   : NULL;
+  if (s && !a) {
+    st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+                       "%s: host out of memory queuing the wait", fn);
+  } else {
+    /* Capture the record current at call time. */
+    pthread_mutex_lock(&e->mu);
+    cpu_mark *m = e->last;
+    bool pending = m && !m->done;
+    if (pending && s) {
+      m->refs++;
+      atomic_fetch_add(&e->refs, 1);
+      *a = (mark_args){e, m};
+    } else if (pending) {
+      mark_wait(e, m); /* default stream: the caller blocks */
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (a && pending)
+      cpu_work_submit(s, a);
+    else if (a)
+      cpu_work_discard(a);
+  }
+  cpu_stream_release(s);
+  event_release(e);
+  return st;
+}
+
+DK_Status cpu_event_query(int32_t dev, DK_Event event) {
+  static const char fn[] = "event_query";
+  cpu_device *d;
+  cpu_event *e;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
+  if (st != DK_OK) return st;
+  pthread_mutex_lock(&e->mu);
+  bool done = !e->last || e->last->done;
+  pthread_mutex_unlock(&e->mu);
+  event_release(e);
+  return done ? DK_OK : DK_NOT_READY;
+}
+
+DK_Status cpu_event_synchronize(int32_t dev, DK_Event event) {
+  static const char fn[] = "event_synchronize";
+  cpu_device *d;
+  cpu_event *e;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
+  if (st != DK_OK) return st;
+  pthread_mutex_lock(&e->mu);
+  if (e->last) mark_wait(e, e->last);
+  pthread_mutex_unlock(&e->mu);
+  event_release(e);
+  return DK_OK;
+}
+
+DK_Status cpu_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
+                               float *ms) {
+  static const char fn[] = "event_elapsed_ms";
+  cpu_device *d;
+  cpu_event *ev[2];
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK) return st;
+  if (!ms) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: ms is NULL", fn);
+  if ((st = event_acquire(fn, "start", d, start, &ev[0])) != DK_OK) return st;
+  if ((st = event_acquire(fn, "end", d, end, &ev[1])) != DK_OK) {
+    event_release(ev[0]);
+    return st;
+  }
+
+  static const char *const names[2] = {"start", "end"};
+  bool recorded[2], done[2];
+  uint64_t ns[2] = {0, 0};
+  for (int i = 0; i < 2; i++) {
+    pthread_mutex_lock(&ev[i]->mu);
+    recorded[i] = ev[i]->last != NULL;
+    done[i] = recorded[i] && ev[i]->last->done;
+    if (done[i]) ns[i] = ev[i]->last->ns;
+    pthread_mutex_unlock(&ev[i]->mu);
+  }
+  for (int i = 0; i < 2 && st == DK_OK; i++) {
+    if (!recorded[i])
+      st = cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: %s event %p was never recorded", fn, names[i],
+                         (void *)ev[i]);
+    else if (ev[i]->flags & DK_EVENT_DISABLE_TIMING)
+      st = cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: %s event %p was created with "
+                         "DK_EVENT_DISABLE_TIMING",
+                         fn, names[i], (void *)ev[i]);
+  }
+  if (st == DK_OK && (!done[0] || !done[1])) st = DK_NOT_READY;
+  if (st == DK_OK) *ms = (float)((double)(int64_t)(ns[1] - ns[0]) / 1e6);
+  event_release(ev[1]);
+  event_release(ev[0]);
+  return st;
+}
