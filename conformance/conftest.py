@@ -1,0 +1,63 @@
+"""Runs every conformance case once per plugin under test.
+
+DEVKIT_TEST_PLUGINS=cpu,opencl picks the plugins (names or library paths);
+unset, every discoverable plugin that loads is tested. A plugin named there
+that fails to load fails its cases: it is never silently dropped.
+"""
+
+import gc
+import os
+
+import pytest
+
+import devkit
+
+
+def selected_plugins() -> list[str]:
+    requested = os.environ.get("DEVKIT_TEST_PLUGINS", "")
+    if requested.strip():
+        return [name.strip() for name in requested.split(",") if name.strip()]
+    return [descriptor.name for descriptor in devkit.list_plugins() if descriptor.loads]
+
+
+PLUGINS = selected_plugins()
+
+
+def pytest_generate_tests(metafunc):
+    if "plugin" in metafunc.fixturenames:
+        metafunc.parametrize("plugin", PLUGINS, ids=[os.path.basename(p) for p in PLUGINS],
+                             indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def plugin(request) -> devkit.Plugin:
+    return devkit.load_plugin(request.param)
+
+
+@pytest.fixture
+def dev(plugin) -> devkit.Device:
+    return plugin.device(0)
+
+
+@pytest.fixture
+def dev_pair(plugin) -> tuple[devkit.Device, devkit.Device]:
+    if plugin.device_count < 2:
+        pytest.skip(f"plugin '{plugin.name}' has one device; this case needs two")
+    return plugin.device(0), plugin.device(1)
+
+
+@pytest.fixture(autouse=True)
+def memory_returns_to_baseline(request):
+    """Leak check: every device's free memory is the same after the case as before."""
+    if "plugin" not in request.fixturenames:
+        yield
+        return
+    devices = request.getfixturevalue("plugin").devices()
+    before = [device.mem_get_info()[0] for device in devices]
+    yield
+    gc.collect()
+    for device in devices:
+        device.synchronize()
+    after = [device.mem_get_info()[0] for device in devices]
+    leaked = {str(d): b - a for d, b, a in zip(devices, before, after) if b != a}
+    assert not leaked, f"device memory not returned after the case (bytes): {leaked}"

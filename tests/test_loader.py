@@ -1,0 +1,145 @@
+"""Plugin discovery (path, DEVKIT_PLUGIN_PATH, entry points, built-ins) and version negotiation."""
+
+import textwrap
+
+import pytest
+
+import devkit
+from devkit.plugin import REQUIRED_FUNCTIONS
+from tests.conftest import compile_plugin, run_python
+
+
+def test_load_by_name_twice_returns_the_same_object():
+    assert devkit.load_plugin("cpu") is devkit.load_plugin("cpu")
+
+
+def test_load_by_path_returns_the_same_plugin_as_by_name():
+    cpu = devkit.load_plugin("cpu")
+    assert devkit.load_plugin(cpu.location) is cpu
+    assert cpu.name == "cpu" and cpu.abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR)
+    assert cpu.source == "built-in" and cpu.version
+
+
+def test_device_spec_parsing():
+    assert devkit.device("cpu:1") is devkit.load_plugin("cpu").device(1)
+    assert devkit.device("cpu") is devkit.device("cpu:0")
+    assert str(devkit.device("cpu:1")) == "cpu:1"
+    with pytest.raises(IndexError, match="device index 9 out of range"):
+        devkit.device("cpu:9")
+
+
+def test_unknown_name_lists_where_it_looked():
+    with pytest.raises(devkit.PluginLoadError) as info:
+        devkit.load_plugin("no-such-accelerator")
+    message = str(info.value)
+    for place in ("DEVKIT_PLUGIN_PATH", "devkit.plugins", "built-in", "libdevkit_no-such-accelerator.so"):
+        assert place in message
+
+
+def test_missing_path():
+    with pytest.raises(devkit.PluginLoadError, match="does not exist"):
+        devkit.load_plugin("/nonexistent/libdevkit_gone.so")
+
+
+@pytest.mark.parametrize("name", ["opencl", "cuda"])
+def test_builtin_not_in_this_release_is_refused_with_a_reason(name):
+    with pytest.raises(devkit.PluginLoadError, match="not part of this devkit release"):
+        devkit.load_plugin(name)
+
+
+def test_plugin_path_discovery(tmp_path, monkeypatch):
+    compile_plugin(tmp_path, "pathplug")
+    monkeypatch.setenv("DEVKIT_PLUGIN_PATH", f"/nonexistent:{tmp_path}")
+    plugin = devkit.load_plugin("pathplug")
+    assert (plugin.name, plugin.source, plugin.version) == ("pathplug", "DEVKIT_PLUGIN_PATH", "9.9.9")
+    listed = {d.name: d for d in devkit.list_plugins()}
+    assert listed["pathplug"].loads and listed["pathplug"].abi_version == (1, 0)
+    assert listed["pathplug"].device_count == 1
+
+
+def test_list_plugins_reports_builtins():
+    listed = {d.name: d for d in devkit.list_plugins()}
+    cpu = listed["cpu"]
+    assert cpu.loads and cpu.source == "built-in" and cpu.error is None
+    assert cpu.abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR) and cpu.device_count >= 1
+    assert not listed["opencl"].loads and "not part of this devkit release" in listed["opencl"].error
+
+
+def _fake_distribution(site, entry_points: str, module: str):
+    dist = site / "vendor_accel-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vendor-accel\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[devkit.plugins]\n{entry_points}\n")
+    (site / "vendor_accel.py").write_text(textwrap.dedent(module))
+
+
+def test_entry_point_discovery(tmp_path):
+    library = compile_plugin(tmp_path, "vendoraccel")
+    site = tmp_path / "site"
+    _fake_distribution(site, "accel = vendor_accel:library_path\n"
+                             "accelobj = vendor_accel:plugin_object\n"
+                             "broken = vendor_accel:raises\n"
+                             "garbage = vendor_accel:garbage", f"""
+        from devkit.abi import ffi
+        def library_path():
+            return {str(library)!r}
+        class _PythonPlugin:
+            def __init__(self):
+                self._lib = ffi.dlopen({str(library)!r})
+                self.dk_plugin_init = ffi.cast("DK_PluginInitFn", self._lib.DK_PluginInit)
+        def plugin_object():
+            return _PythonPlugin()
+        def raises():
+            raise RuntimeError("vendor driver missing")
+        def garbage():
+            return 42
+    """)
+    result = run_python(textwrap.dedent("""
+        import devkit
+        p = devkit.load_plugin("accel")
+        print(p.name, p.source)
+        q = devkit.load_plugin("accelobj")
+        print(q.name, q.source, q.device_count)
+        for name in ("broken", "garbage"):
+            try:
+                devkit.load_plugin(name)
+            except devkit.PluginLoadError as e:
+                print("ERR", e)
+        listed = {d.name: d for d in devkit.list_plugins()}
+        print("LIST", listed["accel"].loads, listed["broken"].loads)
+    """), env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "vendoraccel entry point"
+    assert lines[1] == "vendoraccel entry point 1"
+    assert "vendor driver missing" in lines[2] and "broken = vendor_accel:raises" in lines[2]
+    assert "neither a library path nor an object" in lines[3]
+    assert lines[4] == "LIST True False"
+
+
+def test_older_minor_plugin_loads_and_its_missing_functions_are_absent(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("oldminor", "OLDER_MINOR"))
+    assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
+    # copy_p2p's bytes are non-NULL in the library but lie past struct_size.
+    assert not plugin.has("copy_p2p") and not plugin.has_collectives
+    assert plugin.kernels == []
+
+
+def test_newer_minor_plugin_loads(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("newminor", "NEWER_MINOR"))
+    assert plugin.abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR + 7)
+    assert plugin.device(0).properties.name == "loader test device"
+
+
+def test_unimplemented_function_raises_with_the_plugin_message(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("stubby"))
+    with pytest.raises(devkit.UnimplementedError, match="stubby.mem_alloc: not implemented by the loader"):
+        plugin.device(0).alloc(16)
+
+
+def test_plugin_log_lines_reach_python_logging():
+    result = run_python(
+        "import logging; logging.basicConfig(level=logging.DEBUG, format='%(name)s|%(message)s')\n"
+        "import devkit; devkit.load_plugin('cpu')")
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("devkit.plugin.cpu|") for line in result.stderr.splitlines()), result.stderr
