@@ -66,7 +66,14 @@
  *    the plugin)" data lives until the plugin is unloaded.
  *  - All functions are thread-safe. Host callbacks (DK_HostFn, DK_LogFn) may
  *    run on a plugin-owned thread; a host callback must not wait for work on
- *    the stream that runs it.
+ *    the stream that runs it (the plugin answers DK_FAILED_PRECONDITION).
+ *  - Using a handle while another thread destroys it is a host error; the
+ *    plugin reports it as DK_INVALID_ARGUMENT wherever it can tell.
+ *  - Work that fails after its call returned (a collective whose peer died)
+ *    is reported by the stream: the next stream_synchronize, stream_query or
+ *    device_synchronize, and event_query / event_synchronize of any event
+ *    recorded after it, return its status and message. The error is sticky:
+ *    the stream keeps reporting it until it is destroyed.
  *  - Plugins are never unloaded while the host process runs.
  *
  *  This header is also parsed by cffi. Keep to: integer-constant #defines,
@@ -406,8 +413,9 @@ typedef struct DK_DeviceApi {
   /* DK_OK when the most recent record has completed, else DK_NOT_READY. */
   DK_Status (*event_query)(int32_t dev, DK_Event event);
   DK_Status (*event_synchronize)(int32_t dev, DK_Event event);
-  /* (out) *ms = time between the completion of `start` and of `end`. Both
-   * must be recorded, completed (else DK_NOT_READY) and timed. */
+  /* (out) *ms = time between the completion of `start` and of `end`. An
+   * event never recorded or created with DK_EVENT_DISABLE_TIMING is
+   * DK_INVALID_ARGUMENT; a record still pending is DK_NOT_READY. */
   DK_Status (*event_elapsed_ms)(int32_t dev, DK_Event start, DK_Event end,
                                 float *ms);
 
@@ -425,27 +433,40 @@ typedef struct DK_DeviceApi {
    * after this call. Fallback when NULL: stream_synchronize then mem_alloc. */
   DK_Status (*mem_alloc_async)(int32_t dev, size_t size, DK_Stream stream,
                                DK_Mem *mem);
-  /* Frees once the work submitted to `stream` before it has run. Fallback
-   * when NULL: stream_synchronize then mem_free. */
+  /* Frees once the work submitted to `stream` before it has run; `mem`
+   * becomes invalid to the caller at once. NULL accepted. Fallback when
+   * NULL: stream_synchronize then mem_free. */
   DK_Status (*mem_free_async)(int32_t dev, DK_Mem mem, DK_Stream stream);
 
   /* --- OPTIONAL: collectives -------------------------------------------- */
+  /* Ranks are processes (or threads) that each hold one communicator. Every
+   * collective is stream-ordered on a stream of the communicator's device,
+   * and all ranks must issue the same collectives in the same order. Counts
+   * are elements of `dtype`, which is any of int8, uint8, int32, int64,
+   * float16, bfloat16, float32, float64; DK_REDUCE_AVG needs a floating
+   * dtype. send == recv with equal offsets is in-place. A peer that fails
+   * to arrive within the plugin's timeout makes the collective fail with
+   * DK_DEADLINE_EXCEEDED (reported through the stream) instead of hanging.
+   * A failed communicator answers DK_ABORTED to later calls. */
   /* (out) *size: bytes of a unique id, at most 4096. */
   DK_Status (*ccl_unique_id_size)(size_t *size);
   /* (out) id[size]: made once by rank 0 and carried to every rank. */
   DK_Status (*ccl_get_unique_id)(void *id, size_t size);
-  /* Collective over all `nranks` ranks presenting the same id. (out) *comm */
+  /* Blocks until all `nranks` ranks presenting the same id have joined, or
+   * fails with DK_DEADLINE_EXCEEDED. (out) *comm */
   DK_Status (*ccl_comm_init)(int32_t dev, int32_t nranks, const void *id,
                              size_t id_size, int32_t rank, DK_Comm *comm);
-  /* NULL accepted. */
+  /* Waits for the communicator's pending work, then releases it. NULL
+   * accepted. */
   DK_Status (*ccl_comm_destroy)(DK_Comm comm);
-  /* Counts are elements. send == recv with equal offsets is in-place. */
   DK_Status (*all_reduce)(DK_Comm comm, DK_Mem send, size_t send_offset,
                           DK_Mem recv, size_t recv_offset, size_t count,
                           DK_DTypeKey dtype, int32_t op, DK_Stream stream);
+  /* `send` is read on `root` only; every rank receives into `recv`. */
   DK_Status (*broadcast)(DK_Comm comm, DK_Mem send, size_t send_offset,
                          DK_Mem recv, size_t recv_offset, size_t count,
                          DK_DTypeKey dtype, int32_t root, DK_Stream stream);
+  /* The result lands in `recv` on `root` only. */
   DK_Status (*reduce)(DK_Comm comm, DK_Mem send, size_t send_offset,
                       DK_Mem recv, size_t recv_offset, size_t count,
                       DK_DTypeKey dtype, int32_t op, int32_t root,
@@ -463,12 +484,16 @@ typedef struct DK_DeviceApi {
   DK_Status (*all_to_all)(DK_Comm comm, DK_Mem send, size_t send_offset,
                           DK_Mem recv, size_t recv_offset, size_t count,
                           DK_DTypeKey dtype, DK_Stream stream);
+  /* Point-to-point: `count` elements to / from rank `peer`. A send and its
+   * matching recv must both be issued; inside a group they may be issued in
+   * any order. */
   DK_Status (*send)(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
                     DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
   DK_Status (*recv)(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
                     DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
-  /* Calls between group_start and group_end are issued together (so paired
-   * send/recv cannot deadlock). Groups are per calling thread. */
+  /* Calls between group_start and group_end are issued together at
+   * group_end (so paired send/recv cannot deadlock). Groups are per calling
+   * thread and nest; only the outermost group_end issues. */
   DK_Status (*group_start)(void);
   DK_Status (*group_end)(void);
 } DK_DeviceApi;
@@ -495,8 +520,10 @@ typedef struct DK_PluginInfo {
 /* The one symbol every plugin shared library exports.
  * host: (in) the host's information; (borrowed) for the call, except
  *       log / log_user_data, which stay valid while the plugin is loaded.
- * out:  (out) see VERSIONING rule 4. The host may call it once per process;
- *       the plugin may keep state across calls. */
+ * out:  (out) see VERSIONING rule 4. An out->struct_size too small to hold
+ *       `api` is DK_INVALID_ARGUMENT. The plugin initialises its devices
+ *       once per process; a later call returns the same table and installs
+ *       the caller's log sink. */
 typedef DK_Status (*DK_PluginInitFn)(const DK_HostInfo *host, DK_PluginInfo *out);
 
 DK_EXPORT DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out);
