@@ -74,7 +74,7 @@ class Plugin:
 
     def has(self, function: str) -> bool:
         """Whether ``function`` is inside the table's struct_size and non-NULL."""
-        return (self.api.struct_size >= field_end("DK_DeviceApi", function)
+        return (field_present(self.api, "DK_DeviceApi", function)
                 and getattr(self.api, function) != ffi.NULL)
 
     def call(self, function: str, *args) -> int:

@@ -23,6 +23,10 @@ from .errors import NotReadyError
 from .plugin import Plugin, load_plugin
 
 
+def _flag(bit: int) -> property:
+    return property(lambda self: bool(self.flags & bit), doc=f"DK_DeviceFlags bit {bit:#x}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceProperties:
     name: str
@@ -35,25 +39,11 @@ class DeviceProperties:
     alloc_alignment: int
     flags: int
 
-    @property
-    def fp64(self) -> bool:
-        return bool(self.flags & C.DK_DEVICE_FP64)
-
-    @property
-    def fp16(self) -> bool:
-        return bool(self.flags & C.DK_DEVICE_FP16)
-
-    @property
-    def bf16(self) -> bool:
-        return bool(self.flags & C.DK_DEVICE_BF16)
-
-    @property
-    def unified_memory(self) -> bool:
-        return bool(self.flags & C.DK_DEVICE_UNIFIED_MEMORY)
-
-    @property
-    def host_pointer_handles(self) -> bool:
-        return bool(self.flags & C.DK_DEVICE_HOST_POINTER_HANDLES)
+    fp64 = _flag(C.DK_DEVICE_FP64)
+    fp16 = _flag(C.DK_DEVICE_FP16)
+    bf16 = _flag(C.DK_DEVICE_BF16)
+    unified_memory = _flag(C.DK_DEVICE_UNIFIED_MEMORY)
+    host_pointer_handles = _flag(C.DK_DEVICE_HOST_POINTER_HANDLES)
 
 
 class Device:
