@@ -73,7 +73,9 @@
  *    is reported by the stream: the next stream_synchronize, stream_query or
  *    device_synchronize, and event_query / event_synchronize of any event
  *    recorded after it, return its status and message. The error is sticky:
- *    the stream keeps reporting it until it is destroyed.
+ *    the stream keeps reporting it until it is destroyed. device_synchronize
+ *    reports the first failed stream it finds; stream_wait_event does not
+ *    carry an error from one stream to another.
  *  - Plugins are never unloaded while the host process runs.
  *
  *  This header is also parsed by cffi. Keep to: integer-constant #defines,
@@ -447,13 +449,20 @@ typedef struct DK_DeviceApi {
    * dtype. send == recv with equal offsets is in-place. A peer that fails
    * to arrive within the plugin's timeout makes the collective fail with
    * DK_DEADLINE_EXCEEDED (reported through the stream) instead of hanging.
-   * A failed communicator answers DK_ABORTED to later calls. */
+   * Ranks issuing different collectives (kind, count, dtype, op or root) is
+   * DK_FAILED_PRECONDITION. The collective that meets a failure reports its
+   * cause; the communicator then answers DK_ABORTED to every later call.
+   * Buffers are live handles even for count 0, except the unused ones of
+   * non-root ranks in broadcast and reduce, which may be NULL. In place is
+   * allowed where the collective says so; other overlaps of send and recv
+   * are DK_INVALID_ARGUMENT. */
   /* (out) *size: bytes of a unique id, at most 4096. */
   DK_Status (*ccl_unique_id_size)(size_t *size);
-  /* (out) id[size]: made once by rank 0 and carried to every rank. */
+  /* (out) id[size], size == ccl_unique_id_size: made once by rank 0 and
+   * carried to every rank. */
   DK_Status (*ccl_get_unique_id)(void *id, size_t size);
   /* Blocks until all `nranks` ranks presenting the same id have joined, or
-   * fails with DK_DEADLINE_EXCEEDED. (out) *comm */
+   * fails with DK_DEADLINE_EXCEEDED; not deferred by groups. (out) *comm */
   DK_Status (*ccl_comm_init)(int32_t dev, int32_t nranks, const void *id,
                              size_t id_size, int32_t rank, DK_Comm *comm);
   /* Waits for the communicator's pending work, then releases it. NULL
@@ -471,22 +480,25 @@ typedef struct DK_DeviceApi {
                       DK_Mem recv, size_t recv_offset, size_t count,
                       DK_DTypeKey dtype, int32_t op, int32_t root,
                       DK_Stream stream);
-  /* recv holds nranks * send_count elements, rank-major. */
+  /* recv holds nranks * send_count elements, rank-major. In place when send
+   * is recv + rank * send_count elements. */
   DK_Status (*all_gather)(DK_Comm comm, DK_Mem send, size_t send_offset,
                           DK_Mem recv, size_t recv_offset, size_t send_count,
                           DK_DTypeKey dtype, DK_Stream stream);
-  /* send holds nranks * recv_count elements. */
+  /* send holds nranks * recv_count elements. In place when recv is
+   * send + rank * recv_count elements. */
   DK_Status (*reduce_scatter)(DK_Comm comm, DK_Mem send, size_t send_offset,
                               DK_Mem recv, size_t recv_offset,
                               size_t recv_count, DK_DTypeKey dtype, int32_t op,
                               DK_Stream stream);
-  /* send and recv hold nranks * count elements; block j goes to rank j. */
+  /* send and recv hold nranks * count elements; block j goes to rank j.
+   * In place (send == recv) allowed. */
   DK_Status (*all_to_all)(DK_Comm comm, DK_Mem send, size_t send_offset,
                           DK_Mem recv, size_t recv_offset, size_t count,
                           DK_DTypeKey dtype, DK_Stream stream);
   /* Point-to-point: `count` elements to / from rank `peer`. A send and its
-   * matching recv must both be issued; inside a group they may be issued in
-   * any order. */
+   * matching recv must both be issued, with equal counts (else
+   * DK_INVALID_ARGUMENT); inside a group they may be issued in any order. */
   DK_Status (*send)(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
                     DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
   DK_Status (*recv)(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,

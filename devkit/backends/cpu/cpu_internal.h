@@ -14,8 +14,20 @@
  *   my_args *a = cpu_work_new(sizeof *a, my_run, my_destroy);
  *   if (!a) { cpu_stream_release(s); return cpu_set_error(...); }
  *   ...fill *a...
- *   cpu_work_submit(s, a);
+ *   st = cpu_work_submit(s, a);  // DK_OK, or the failure of a default-stream run
  *   cpu_stream_release(s);
+ *   return st;
+ *
+ * Asynchronous failures (devkit.h CONVENTIONS): a run function that fails
+ * calls cpu_work_fail. On a stream the failure becomes the stream's sticky
+ * error: the first one is kept, with a copy of its message, until
+ * stream_destroy, and stream_synchronize, stream_query, device_synchronize
+ * and event_query / event_synchronize of records queued after it report it.
+ * Work queued behind a failed item still runs (copies, callbacks, records
+ * and frees must not be lost); code whose work depends on earlier work
+ * tracks that itself (a failed communicator makes its later collectives fail
+ * at once with DK_ABORTED). On the default stream (s == NULL) the failure is
+ * returned by cpu_work_submit instead.
  */
 #ifndef DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_
 #define DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_
@@ -124,12 +136,23 @@ void cpu_stream_release(cpu_stream *s);
 void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
                    void (*destroy)(void *arg));
 /* Submits the item owning `arg` (from cpu_work_new) to pinned stream `s`,
- * behind everything submitted before. With s == NULL (the default stream) it
- * runs in the calling thread and is complete on return. Cannot fail; the
- * item is freed once it has run. */
-void cpu_work_submit(cpu_stream *s, void *arg);
+ * behind everything submitted before, and returns DK_OK. With s == NULL (the
+ * default stream) it runs in the calling thread, is complete on return, and
+ * the result is the status its run passed to cpu_work_fail (DK_OK if none),
+ * with the message already in the caller's error buffer. Submission itself
+ * cannot fail; the item is freed once it has run. */
+DK_Status cpu_work_submit(cpu_stream *s, void *arg);
 /* Frees an item that will not be submitted, without calling destroy. */
 void cpu_work_discard(void *arg);
+/* Called from a run function: reports that the item failed with `status`
+ * and a message formatted like cpu_set_error's (the function name first).
+ * The last call during one run wins. Returns `status`. */
+DK_Status cpu_work_fail(DK_Status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The stream whose worker thread is the caller (a run function or a host
+ * callback is running), else NULL. Lets blocking calls refuse to wait for
+ * their own stream. */
+cpu_stream *cpu_stream_current(void);
 
 /* ---- DK_DeviceApi entry points ------------------------------------------- */
 
@@ -174,5 +197,39 @@ DK_Status cpu_host_free(int32_t dev, void *ptr);
 DK_Status cpu_mem_alloc_async(int32_t dev, size_t size, DK_Stream stream,
                               DK_Mem *mem);
 DK_Status cpu_mem_free_async(int32_t dev, DK_Mem mem, DK_Stream stream);
+
+/* Collectives (ccl.c): ranks are processes or threads of one host that meet
+ * in a POSIX shared-memory segment named by the unique id; see ccl.c. */
+DK_Status cpu_ccl_unique_id_size(size_t *size);
+DK_Status cpu_ccl_get_unique_id(void *id, size_t size);
+DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
+                            size_t id_size, int32_t rank, DK_Comm *comm);
+DK_Status cpu_ccl_comm_destroy(DK_Comm comm);
+DK_Status cpu_all_reduce(DK_Comm comm, DK_Mem send, size_t send_offset,
+                         DK_Mem recv, size_t recv_offset, size_t count,
+                         DK_DTypeKey dtype, int32_t op, DK_Stream stream);
+DK_Status cpu_broadcast(DK_Comm comm, DK_Mem send, size_t send_offset,
+                        DK_Mem recv, size_t recv_offset, size_t count,
+                        DK_DTypeKey dtype, int32_t root, DK_Stream stream);
+DK_Status cpu_reduce(DK_Comm comm, DK_Mem send, size_t send_offset,
+                     DK_Mem recv, size_t recv_offset, size_t count,
+                     DK_DTypeKey dtype, int32_t op, int32_t root,
+                     DK_Stream stream);
+DK_Status cpu_all_gather(DK_Comm comm, DK_Mem send, size_t send_offset,
+                         DK_Mem recv, size_t recv_offset, size_t send_count,
+                         DK_DTypeKey dtype, DK_Stream stream);
+DK_Status cpu_reduce_scatter(DK_Comm comm, DK_Mem send, size_t send_offset,
+                             DK_Mem recv, size_t recv_offset,
+                             size_t recv_count, DK_DTypeKey dtype, int32_t op,
+                             DK_Stream stream);
+DK_Status cpu_all_to_all(DK_Comm comm, DK_Mem send, size_t send_offset,
+                         DK_Mem recv, size_t recv_offset, size_t count,
+                         DK_DTypeKey dtype, DK_Stream stream);
+DK_Status cpu_send(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
+                   DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
+DK_Status cpu_recv(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
+                   DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
+DK_Status cpu_group_start(void);
+DK_Status cpu_group_end(void);
 
 #endif /* DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_ */

@@ -33,7 +33,20 @@ static const DK_DeviceApi k_api = {
     .host_free = cpu_host_free,
     .mem_alloc_async = cpu_mem_alloc_async,
     .mem_free_async = cpu_mem_free_async,
-    /* No collectives yet: every ccl_* / collective entry stays NULL. */
+    .ccl_unique_id_size = cpu_ccl_unique_id_size,
+    .ccl_get_unique_id = cpu_ccl_get_unique_id,
+    .ccl_comm_init = cpu_ccl_comm_init,
+    .ccl_comm_destroy = cpu_ccl_comm_destroy,
+    .all_reduce = cpu_all_reduce,
+    .broadcast = cpu_broadcast,
+    .reduce = cpu_reduce,
+    .all_gather = cpu_all_gather,
+    .reduce_scatter = cpu_reduce_scatter,
+    .all_to_all = cpu_all_to_all,
+    .send = cpu_send,
+    .recv = cpu_recv,
+    .group_start = cpu_group_start,
+    .group_end = cpu_group_end,
 };
 
 /* The host's log sink. Each DK_PluginInit call installs its host's sink (the

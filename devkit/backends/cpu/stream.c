@@ -7,10 +7,17 @@
  * reference-counted by its registry entry, by queued work that records or
  * waits on it and by API calls in flight, so event_destroy can return while
  * work on it is pending.
+ *
+ * Asynchronous failures: a work item reports one with cpu_work_fail; the
+ * worker then stores it in the stream's sticky error (first failure wins),
+ * which every later synchronize / query of the stream reports, and which
+ * event records queued behind it capture.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, pthreads */
 
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,6 +35,32 @@ typedef struct cpu_work {
   max_align_t arg[]; /* the closure's argument, allocated with the item */
 } cpu_work;
 
+/* A stream's sticky error. Allocated with the stream (so recording a failure
+ * on the worker cannot run out of memory) and reference-counted, because the
+ * event records that capture it may outlive the stream. Only the stream's
+ * worker writes it, once: message first, then status with release order. */
+typedef struct cpu_error {
+  atomic_int refs;
+  atomic_int status; /* DK_OK until the first failure */
+  char message[1024];
+} cpu_error;
+
+static void error_put(cpu_error *e) {
+  if (e && atomic_fetch_sub(&e->refs, 1) == 1) free(e);
+}
+
+/* The failure recorded in e, or DK_OK; the caller keeps e alive. */
+static DK_Status error_status(const cpu_error *e) {
+  return atomic_load_explicit(&e->status, memory_order_acquire);
+}
+
+/* Re-raises a recorded failure in the calling thread as `fn`'s error. */
+static DK_Status error_report(const char *fn, const void *what,
+                              const char *kind, const cpu_error *e) {
+  return cpu_set_error(error_status(e), "%s: work queued on %s %p failed: %s",
+                       fn, kind, what, e->message);
+}
+
 struct cpu_stream {
   pthread_t worker;
   pthread_mutex_t mu;
@@ -38,7 +71,13 @@ struct cpu_stream {
   /* Written under mu; atomic so stream_query can read them without it. */
   atomic_uint_fast64_t submitted, completed;
   atomic_int refs; /* pins from cpu_stream_acquire */
+  cpu_error *error; /* sticky; holds one reference */
 };
+
+/* The stream whose worker is the calling thread (NULL elsewhere), and the
+ * failure reported by the work item running in this thread. */
+static _Thread_local cpu_stream *t_stream;
+static _Thread_local DK_Status t_work_status;
 
 static cpu_work *work_of(void *arg) {
   return (cpu_work *)((char *)arg - offsetof(cpu_work, arg));
@@ -55,18 +94,35 @@ void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
 
 void cpu_work_discard(void *arg) { free(work_of(arg)); }
 
-static void work_run(cpu_work *w) {
-  w->run(w->arg);
-  if (w->destroy) w->destroy(w->arg);
-  free(w);
+DK_Status cpu_work_fail(DK_Status status, const char *fmt, ...) {
+  char message[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  t_work_status = status;
+  return cpu_set_error(status, "%s", message);
 }
 
-void cpu_work_submit(cpu_stream *s, void *arg) {
+cpu_stream *cpu_stream_current(void) { return t_stream; }
+
+/* Runs and frees w; returns what its run function reported through
+ * cpu_work_fail (saved and restored, since a default-stream item may run
+ * inside another item, e.g. from a callback). */
+static DK_Status work_run(cpu_work *w) {
+  DK_Status outer = t_work_status;
+  t_work_status = DK_OK;
+  w->run(w->arg);
+  DK_Status st = t_work_status;
+  t_work_status = outer;
+  if (w->destroy) w->destroy(w->arg);
+  free(w);
+  return st;
+}
+
+DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
   cpu_work *w = work_of(arg);
-  if (!s) {
-    work_run(w);
-    return;
-  }
+  if (!s) return work_run(w); /* its message is already this thread's */
   pthread_mutex_lock(&s->mu);
   if (s->tail)
     s->tail->next = w;
@@ -77,10 +133,22 @@ void cpu_work_submit(cpu_stream *s, void *arg) {
   /* The worker only sleeps on an empty queue. */
   if (s->head == w) pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
+  return DK_OK;
+}
+
+/* Keeps the first failure; the message is copied out of this (the worker's)
+ * thread-local buffer. Runs before `completed` advances, so a waiter that
+ * sees the item complete also sees its failure. */
+static void stream_record_failure(cpu_stream *s, DK_Status st) {
+  cpu_error *e = s->error;
+  if (st == DK_OK || error_status(e) != DK_OK) return;
+  snprintf(e->message, sizeof e->message, "%s", cpu_last_error());
+  atomic_store_explicit(&e->status, st, memory_order_release);
 }
 
 static void *stream_main(void *arg) {
   cpu_stream *s = arg;
+  t_stream = s;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
@@ -89,7 +157,7 @@ static void *stream_main(void *arg) {
     s->head = w->next;
     if (!s->head) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
-    work_run(w);
+    stream_record_failure(s, work_run(w));
     pthread_mutex_lock(&s->mu);
     atomic_fetch_add(&s->completed, 1);
     pthread_cond_broadcast(&s->done_cv);
@@ -129,6 +197,7 @@ static void stream_free(cpu_stream *s) {
   pthread_cond_destroy(&s->done_cv);
   pthread_cond_destroy(&s->work_cv);
   pthread_mutex_destroy(&s->mu);
+  error_put(s->error);
   free(s);
 }
 
@@ -169,8 +238,14 @@ DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream) {
   if (!stream)
     return cpu_set_error(DK_INVALID_ARGUMENT, "%s: stream is NULL", fn);
   cpu_stream *s = calloc(1, sizeof *s);
-  if (!s)
+  cpu_error *e = calloc(1, sizeof *e);
+  if (!s || !e) {
+    free(s);
+    free(e);
     return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  }
+  atomic_init(&e->refs, 1);
+  s->error = e;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_cond_init(&s->done_cv, NULL);
@@ -179,6 +254,7 @@ DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream) {
     pthread_cond_destroy(&s->done_cv);
     pthread_cond_destroy(&s->work_cv);
     pthread_mutex_destroy(&s->mu);
+    free(e);
     free(s);
     return cpu_set_error(DK_RESOURCE_EXHAUSTED,
                          "%s: cannot start a worker thread for cpu device %d: "
@@ -227,10 +303,13 @@ DK_Status cpu_stream_synchronize(int32_t dev, DK_Stream stream) {
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st == DK_OK) st = cpu_stream_acquire(fn, d, stream, &s);
   if (st != DK_OK || !s) return st;
-  if (on_worker(s))
+  if (on_worker(s)) {
     st = deadlock_error(fn, s);
-  else
+  } else {
     stream_drain(s);
+    if (error_status(s->error) != DK_OK)
+      st = error_report(fn, s, "stream", s->error);
+  }
   cpu_stream_release(s);
   return st;
 }
@@ -246,8 +325,11 @@ DK_Status cpu_stream_query(int32_t dev, DK_Stream stream) {
   pthread_mutex_lock(&d->stream_mu);
   bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
   bool idle = live && atomic_load(&s->completed) == atomic_load(&s->submitted);
+  if (live && error_status(s->error) != DK_OK)
+    st = error_report(fn, s, "stream", s->error);
   pthread_mutex_unlock(&d->stream_mu);
   if (!live) return not_a_stream(fn, d, stream);
+  if (st != DK_OK) return st;
   return idle ? DK_OK : DK_NOT_READY;
 }
 
@@ -278,6 +360,8 @@ DK_Status cpu_device_synchronize(int32_t dev) {
   if (self) st = deadlock_error(fn, self);
   for (size_t i = 0; i < n; i++) {
     if (!self) stream_drain(streams[i]);
+    if (st == DK_OK && error_status(streams[i]->error) != DK_OK)
+      st = error_report(fn, streams[i], "stream", streams[i]->error);
     cpu_stream_release(streams[i]);
   }
   free(streams);
@@ -326,6 +410,7 @@ typedef struct cpu_mark {
   int refs;     /* the event's `last`, queued record/wait work, waiters */
   bool done;
   uint64_t ns;  /* CLOCK_MONOTONIC completion time */
+  cpu_error *error; /* the stream's sticky error when the record ran, if set */
 } cpu_mark;
 
 typedef struct cpu_event {
@@ -342,9 +427,15 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static void mark_free(cpu_mark *m) {
+  if (!m) return;
+  error_put(m->error);
+  free(m);
+}
+
 /* Caller holds e->mu. */
 static void mark_put(cpu_mark *m) {
-  if (--m->refs == 0) free(m);
+  if (--m->refs == 0) mark_free(m);
 }
 
 /* Caller holds e->mu; returns with it held once m is done. */
@@ -377,7 +468,7 @@ static DK_Status event_acquire(const char *fn, const char *what,
 static void event_release(cpu_event *e) {
   if (atomic_fetch_sub(&e->refs, 1) != 1) return;
   /* Last reference: no queued work remains, so only `last` holds its mark. */
-  free(e->last);
+  mark_free(e->last);
   pthread_cond_destroy(&e->cv);
   pthread_mutex_destroy(&e->mu);
   free(e);
@@ -435,7 +526,13 @@ typedef struct mark_args {
 
 static void run_record(void *arg) {
   mark_args *a = arg;
+  /* Records run on their stream's worker, in order: a failure recorded by
+   * now came from work queued before this record. */
+  cpu_error *err = t_stream->error;
+  bool failed = error_status(err) != DK_OK;
+  if (failed) atomic_fetch_add(&err->refs, 1);
   pthread_mutex_lock(&a->event->mu);
+  if (failed) a->mark->error = err;
   a->mark->done = true;
   a->mark->ns = now_ns();
   pthread_cond_broadcast(&a->event->cv);
@@ -557,8 +654,11 @@ DK_Status cpu_event_query(int32_t dev, DK_Event event) {
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
   bool done = !e->last || e->last->done;
+  if (done && e->last && e->last->error)
+    st = error_report(fn, e, "the stream before event", e->last->error);
   pthread_mutex_unlock(&e->mu);
   event_release(e);
+  if (st != DK_OK) return st;
   return done ? DK_OK : DK_NOT_READY;
 }
 
@@ -570,10 +670,16 @@ DK_Status cpu_event_synchronize(int32_t dev, DK_Event event) {
   if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
-  if (e->last) mark_wait(e, e->last);
+  cpu_mark *m = e->last;
+  if (m) {
+    m->refs++; /* a re-record during the wait may drop the event's reference */
+    mark_wait(e, m);
+    if (m->error) st = error_report(fn, e, "the stream before event", m->error);
+    mark_put(m);
+  }
   pthread_mutex_unlock(&e->mu);
   event_release(e);
-  return DK_OK;
+  return st;
 }
 
 DK_Status cpu_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
