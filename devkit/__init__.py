@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .abi import ABI_MAJOR, ABI_MINOR, ffi  # noqa: E402
 from .errors import (  # noqa: E402
-    DeadlineExceededError, DevkitError, DeviceError, DeviceLostError, FailedPreconditionError,
+    AbortedError, DeadlineExceededError, DevkitError, DeviceError, DeviceLostError, FailedPreconditionError,
     InternalError, InvalidArgumentError, NotFoundError, NotReadyError, OutOfMemoryError, OutOfRangeError,
     PluginLoadError, UnavailableError, UnimplementedError,
 )
@@ -14,7 +14,7 @@ from .runtime import (  # noqa: E402
 )
 
 __all__ = [
-    "ABI_MAJOR", "ABI_MINOR", "Array", "Buffer", "DeadlineExceededError", "Device",
+    "ABI_MAJOR", "ABI_MINOR", "AbortedError", "Array", "Buffer", "DeadlineExceededError", "Device",
     "DeviceError", "DeviceLostError", "DeviceProperties", "DevkitError", "Event",
     "FailedPreconditionError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotReadyError",
     "OutOfMemoryError", "OutOfRangeError", "Plugin", "PluginDescriptor", "PluginLoadError",

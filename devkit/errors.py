@@ -67,6 +67,12 @@ class UnavailableError(DeviceError):
     status = C.DK_UNAVAILABLE
 
 
+class AbortedError(DeviceError):
+    """A communicator (or other object) failed earlier and refuses further work."""
+
+    status = C.DK_ABORTED
+
+
 class InternalError(DeviceError):
     status = C.DK_INTERNAL
 
@@ -98,7 +104,7 @@ _EXCEPTION_FOR_STATUS: dict[int, type[DeviceError]] = {
     for cls in (
         InvalidArgumentError, OutOfRangeError, OutOfMemoryError, NotFoundError,
         FailedPreconditionError, UnimplementedError, DeadlineExceededError,
-        UnavailableError, InternalError, DeviceLostError, NotReadyError,
+        UnavailableError, AbortedError, InternalError, DeviceLostError, NotReadyError,
     )
 }
 

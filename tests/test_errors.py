@@ -14,6 +14,7 @@ CASES = [
     (C.DK_NOT_FOUND, devkit.NotFoundError, LookupError),
     (C.DK_DEADLINE_EXCEEDED, devkit.DeadlineExceededError, TimeoutError),
     (C.DK_DEVICE_LOST, devkit.DeviceLostError, devkit.DeviceError),
+    (C.DK_ABORTED, devkit.AbortedError, devkit.DeviceError),
     (C.DK_INTERNAL, devkit.InternalError, devkit.DeviceError),
     (C.DK_UNAVAILABLE, devkit.UnavailableError, devkit.DeviceError),
     (C.DK_FAILED_PRECONDITION, devkit.FailedPreconditionError, devkit.DeviceError),

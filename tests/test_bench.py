@@ -1,0 +1,94 @@
+"""devkit-bench collectives: nccl-tests' size and bandwidth formulas, and a short run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import devkit
+from devkit import bench
+
+
+@pytest.mark.parametrize("collective,factor", [
+    ("all_reduce", 2 * 3 / 4), ("reduce_scatter", 3 / 4), ("all_gather", 3 / 4),
+    ("all_to_all", 3 / 4), ("broadcast", 1.0), ("reduce", 1.0)])
+def test_bus_factor_is_nccl_tests(collective, factor):
+    assert bench.bus_factor(collective, 4) == pytest.approx(factor)
+
+
+def test_sizes_follow_nccl_tests():
+    # The reduced buffer for AllReduce; count x ranks for the gathered / scattered collectives.
+    assert bench.counts_for("all_reduce", 1 << 20, 4, 4) == (1 << 18, 1 << 20)
+    assert bench.counts_for("all_gather", 1 << 20, 4, 4) == (1 << 16, 1 << 20)
+    assert bench.counts_for("reduce_scatter", 1000, 4, 3) == (83, 996)
+    assert bench.sizes_between(1 << 10, 64 << 20) == [1 << s for s in range(10, 27, 2)]
+    assert [bench.parse_bytes(t) for t in ("1K", "64MiB", "4096", "2g")] == [1024, 64 << 20, 4096, 2 << 30]
+
+
+def test_bandwidths_are_bytes_over_time_in_decimal_gigabytes():
+    row = bench._bandwidths({"time_s": 0.002, "wrong": 0, "iterations": 5}, 4_000_000, 1.5)
+    assert row["algbw_GBps"] == pytest.approx(2.0) and row["busbw_GBps"] == pytest.approx(3.0)
+    assert row["time_us"] == pytest.approx(2000)
+
+
+def _run_bench(tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "devkit.bench", "collectives", "-n", "2", "--min-bytes", "4K",
+         "--max-bytes", "16K", "--seconds", "0.01", "--json", str(out), *extra],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout, json.loads(out.read_text())
+
+
+def _needs_cpu_collectives():
+    if not devkit.load_plugin("cpu").has_collectives:
+        pytest.skip("the cpu plugin has no collectives in this build")
+
+
+def test_a_short_run_reports_every_collective_with_no_wrong_element(tmp_path):
+    _needs_cpu_collectives()
+    stdout, results = _run_bench(tmp_path, "--peer", "none")
+    rows = results["rows"]
+    assert [(r["collective"], r["size"]) for r in rows] == [
+        (c, s) for c in bench.COLLECTIVES for s in (4096, 16384)]
+    for row in rows:
+        factor = bench.bus_factor(row["collective"], 2)
+        for place in ("out_of_place", "in_place"):
+            measured = row[place]
+            assert measured["wrong"] == 0, row
+            assert measured["busbw_GBps"] == pytest.approx(measured["algbw_GBps"] * factor)
+            assert measured["algbw_GBps"] == pytest.approx(
+                row["bytes"] / measured["time_us"] / 1e3)
+        assert "gloo" not in row
+    assert "peer: none" in stdout and stdout.count("\nall_reduce ") == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch is not installed: pip install torch==2.13.0 (the CPU build)")
+def test_gloo_is_measured_as_the_peer(tmp_path):
+    _needs_cpu_collectives()
+    stdout, results = _run_bench(tmp_path, "--collectives", "all_reduce,all_to_all")
+    assert "gloo" in results["config"]["peer"]
+    for row in results["rows"]:
+        for place in ("out_of_place", "in_place"):
+            assert row["gloo"][place]["wrong"] == 0, row
+            assert row["ratio"][place] == pytest.approx(
+                row[place]["busbw_GBps"] / row["gloo"][place]["busbw_GBps"])
+    assert "devkit/gloo" in stdout
+
+
+def test_without_torch_it_says_how_to_install_it(tmp_path):
+    _needs_cpu_collectives()
+    hide_torch = ("import sys; sys.modules['torch'] = None; from devkit.bench import main; "
+                  "main(['collectives', '--collectives', 'broadcast', '--min-bytes', '1K', "
+                  "'--max-bytes', '1K', '--seconds', '0.01'])")
+    result = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch is not installed" in result.stderr and "pip install torch==2.13.0" in result.stderr
+    assert "peer: none" in result.stdout and "\nbroadcast " in result.stdout
