@@ -4,7 +4,7 @@
 import glob
 import os
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -26,4 +26,12 @@ cpu_plugin = Extension(
     extra_link_args=["-pthread"],
 )
 
-setup(ext_modules=[cpu_plugin], cmdclass={"build_ext": build_plugin_libraries})
+# The conformance suite stays at the top of the repository (python3 -m pytest
+# runs it there) and ships inside the package as devkit.conformance, so that
+# devkit-conformance works from any install.
+setup(
+    packages=[*find_packages(include=["devkit*"]), "devkit.conformance"],
+    package_dir={"devkit.conformance": "conformance"},
+    ext_modules=[cpu_plugin],
+    cmdclass={"build_ext": build_plugin_libraries},
+)

@@ -23,6 +23,13 @@ def selected_plugins() -> list[str]:
 PLUGINS = selected_plugins()
 
 
+def pytest_configure(config):
+    # Registered here rather than in pyproject.toml: the installed suite
+    # (devkit.conformance) runs without the repository's configuration.
+    config.addinivalue_line(
+        "markers", "full: a heavy case; devkit-conformance runs it only with --profile full")
+
+
 def pytest_generate_tests(metafunc):
     if "plugin" in metafunc.fixturenames:
         metafunc.parametrize("plugin", PLUGINS, ids=[os.path.basename(p) for p in PLUGINS],

@@ -1,0 +1,215 @@
+"""devkit-conformance PLUGIN [options]: run the conformance suite against a plugin.
+
+Exit status: 0 when no case failed, errored, crashed, timed out or passed
+unexpectedly; 1 when one did; 2 when the run could not happen (bad arguments,
+an unknown suite, an invalid --expect-fail file, a plugin that does not load,
+no case selected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..plugin import _looks_like_path
+from . import reports
+from .expectations import ExpectationFileError, apply_expectations, load_expectations, unused
+from .results import STATUSES, CaseResult, summarize
+from .runner import CaseRunner, CollectionFailure, PluginLoadFailure, collect
+from .suites import PROFILES, available_suites, suite_directory
+
+# The pytest-timeout limit the repository uses too: the collectives matrix case alone
+# takes 40-80 s on a loaded 2-core machine.
+DEFAULT_CASE_TIMEOUT = 300.0
+STATUS_STYLES = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow",
+                 "crashed": "bold red", "timeout": "bold magenta", "xfail": "cyan", "xpass": "bold yellow"}
+# Shown as they happen, above the progress bar.
+NOTEWORTHY = ("failed", "error", "crashed", "timeout", "xpass")
+# Rich assumes 80 columns when not writing to a terminal; CI logs have room for the whole table.
+LOG_WIDTH = 160
+
+
+class UsageError(Exception):
+    """Why the run cannot happen (exit status 2)."""
+
+
+def build_parser(suites: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="devkit-conformance",
+        description="Certify a devkit plugin: run the conformance suite against it, each case in a "
+                    "worker process that may crash or hang without stopping the run.",
+        epilog="Exit status: 0 all cases passed or were skipped/expected to fail; 1 a case failed, "
+               "errored, crashed, timed out or passed unexpectedly; 2 the run could not happen. "
+               "See docs/conformance.md.")
+    parser.add_argument("plugin", metavar="PLUGIN",
+                        help="plugin name (found like devkit.load_plugin) or path to a plugin library")
+    parser.add_argument("--suite", action="append", metavar="NAME",
+                        help=f"run this suite (repeatable; default: all). Available: {', '.join(suites)}")
+    parser.add_argument("--profile", choices=list(PROFILES), default="quick",
+                        help="quick leaves out the heavy cases (marked 'full'); full runs everything "
+                             "(default: %(default)s)")
+    parser.add_argument("-k", dest="keyword", metavar="PATTERN",
+                        help="select cases by pytest -k expression")
+    parser.add_argument("--list", action="store_true", help="list the selected cases and stop")
+    parser.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
+                        help="kill a case running longer, unless it declares its own limit with "
+                             "@pytest.mark.timeout (default: %(default)g)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="worker processes running cases in parallel (default: 1: the cases of "
+                             "one plugin may share process-wide plugin state)")
+    parser.add_argument("--expect-fail", type=Path, metavar="FILE",
+                        help="known failures: one 'PATTERN: REASON' per line")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the JSON report here")
+    parser.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML here")
+    parser.add_argument("--report", type=Path, metavar="PATH", help="write the Markdown report here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    console = _console(sys.stderr)
+    try:
+        return _run(argv, console)
+    except UsageError as exc:
+        console.print(f"devkit-conformance: error: {exc}", markup=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("devkit-conformance: interrupted", markup=False)
+        return 130
+
+
+def _run(argv: list[str], console: Console) -> int:
+    try:
+        suite_dir = suite_directory()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    suites = available_suites(suite_dir)
+    parser = build_parser(list(suites))
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.suite or [] if name not in suites]
+    if unknown:
+        raise UsageError(f"unknown suite {', '.join(map(repr, unknown))}; available suites: "
+                         f"{', '.join(suites)}")
+    if args.workers < 1 or args.case_timeout <= 0:
+        raise UsageError("--workers and --case-timeout must be positive")
+    selected = list(dict.fromkeys(args.suite)) if args.suite else list(suites)
+    expectations = _read_expectations(args.expect_fail)
+    plugin = str(Path(args.plugin).resolve()) if _looks_like_path(args.plugin) else args.plugin
+
+    with tempfile.TemporaryDirectory(prefix="devkit-conformance-") as workdir:
+        try:
+            collection = collect(plugin, suite_dir, [suites[name] for name in selected], args.keyword,
+                                 PROFILES[args.profile], Path(workdir), args.case_timeout)
+        except PluginLoadFailure as exc:
+            raise UsageError(f"plugin {args.plugin!r} does not load: {exc}") from None
+        except CollectionFailure as exc:
+            raise UsageError(str(exc)) from None
+        if args.list:
+            _list_cases(collection, console)
+            return 0
+        if not collection.cases and not collection.errors:
+            raise UsageError(f"no cases selected (suites: {', '.join(selected)}, profile {args.profile}"
+                             + (f", -k {args.keyword!r})" if args.keyword else ")"))
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        start = time.monotonic()
+        results, incidents = _run_cases(plugin, suite_dir, Path(workdir), collection, args,
+                                        expectations, console)
+        wall_time = time.monotonic() - start
+
+    run = reports.RunRecord(plugin=collection.plugin, command=shlex.join(["devkit-conformance", *argv]),
+                            profile=args.profile, suites=selected, started=started,
+                            wall_time=wall_time, results=results, incidents=incidents)
+    _print_summary(run)
+    for incident in incidents:
+        console.print(f"[bold red]incident:[/] {escape(incident)}")
+    for expectation in unused(expectations, results):
+        console.print(f"warning: --expect-fail line {expectation.line} ({expectation.pattern}) "
+                      f"matched no case of this run", markup=False)
+    for path, text in ((args.json, reports.json_text), (args.junit, reports.junit_text),
+                       (args.report, reports.markdown_text)):
+        if path is not None:
+            reports.write(path, text(run))
+            console.print(f"wrote {path}", markup=False)
+    return 0 if run.passed else 1
+
+
+def _read_expectations(path: Path | None):
+    if path is None:
+        return []
+    try:
+        return load_expectations(path)
+    except (OSError, ExpectationFileError) as exc:
+        raise UsageError(f"--expect-fail: {exc}") from None
+
+
+def _list_cases(collection, console: Console):
+    for case in collection.cases:
+        print(case.id)
+    for error in collection.errors:
+        console.print(f"{error.id}: {error.message}\n{error.details}", markup=False)
+    console.print(f"{len(collection.cases)} cases", markup=False)
+
+
+def _run_cases(plugin, suite_dir, workdir, collection, args, expectations, console):
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[case]}"))
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(collection.plugin["name"], total=len(collection.cases) + len(collection.errors),
+                                 case="")
+
+        def started(case):
+            progress.update(task, case=escape(case.id))
+
+        def finished(result: CaseResult):
+            apply_expectations(result, expectations)
+            progress.advance(task)
+            if result.status in NOTEWORTHY:
+                first_line = (result.message.splitlines() or [""])[0]
+                progress.console.print(f"[{STATUS_STYLES[result.status]}]{result.status.upper():8}[/] "
+                                       f"{escape(result.id)}  {escape(first_line)}")
+
+        for error in collection.errors:
+            finished(error)
+        runner = CaseRunner(plugin, suite_dir, workdir, args.case_timeout, on_started=started,
+                            on_finished=finished)
+        results = runner.run(collection.cases, args.workers)
+        progress.update(task, case="")
+    return collection.errors + results, runner.incidents
+
+
+def _console(stream) -> Console:
+    # soft_wrap: messages and paths are printed whole, never broken across lines.
+    return Console(file=stream, highlight=False, soft_wrap=True,
+                   width=None if stream.isatty() else LOG_WIDTH)
+
+
+def _print_summary(run: reports.RunRecord):
+    plugin = run.plugin
+    table = Table(title=f"{plugin['name']} {plugin['version']} · ABI {plugin['abi_version']} · "
+                        f"profile {run.profile}")
+    table.add_column("suite")
+    table.add_column("cases", justify="right")
+    for status in STATUSES:
+        table.add_column(status, justify="right", style=STATUS_STYLES[status])
+    table.add_column("wall time", justify="right")
+    summaries = summarize(run.results)
+    for summary in summaries:
+        table.add_row(summary.suite, str(summary.total), *(str(summary.counts[s]) for s in STATUSES),
+                      f"{summary.wall_time:.1f} s")
+    table.add_section()
+    table.add_row("total", str(len(run.results)),
+                  *(str(sum(summary.counts[s] for summary in summaries)) for s in STATUSES),
+                  f"{run.wall_time:.1f} s")
+    console = _console(sys.stdout)
+    console.print(table)
+    console.print("[bold green]PASSED[/]" if run.passed else "[bold red]FAILED[/]")
