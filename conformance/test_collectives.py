@@ -184,6 +184,8 @@ def test_plugin_has_collectives(plugin):
 # -- the matrix ------------------------------------------------------------------------------
 
 
+# The first case of a rank count waits for the whole matrix run.
+@pytest.mark.timeout(MATRIX_TIMEOUT + 60)
 @per_plugin("plugin_name,nranks,case_id", each_case)
 def test_collective(matrix_runs, plugin_name, nranks, case_id):
     assert_exact_on_every_rank(matrix_runs.get(plugin_name, nranks), case_id, nranks)
