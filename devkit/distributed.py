@@ -33,7 +33,7 @@ from .abi import C, ffi
 from .errors import DeadlineExceededError, UnimplementedError
 from .plugin import Plugin, load_plugin
 from .rendezvous import RENDEZVOUS_ENV, RendezvousClient
-from .runtime import Array, Device, Stream, empty
+from .runtime import Array, Destroyable, Device, Stream, empty
 
 __all__ = [
     "COLLECTIVE_DTYPES", "Communicator", "Group", "LaunchEnvironment", "REDUCE_OPS", "group", "init",
@@ -282,7 +282,7 @@ class Group:
 # -- the communicator -------------------------------------------------------------------
 
 
-class Communicator:
+class Communicator(Destroyable):
     """One rank's handle on a communicator of ``size`` ranks, bound to ``device``.
 
     Usually made by ``init()``; the constructor joins directly, given the id
@@ -430,18 +430,6 @@ class Communicator:
             handle, self._handle = self._handle, None
             self.plugin.call("ccl_comm_destroy", handle)
             self._barrier_buffer = None
-
-    def __enter__(self) -> Communicator:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.destroy()
-
-    def __del__(self):
-        try:
-            self.destroy()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "" if self._handle is not None else " destroyed"

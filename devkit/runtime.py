@@ -131,7 +131,27 @@ def _host_span(obj, writable: bool):
     return ffi.from_buffer(obj, require_writable=writable), view.nbytes
 
 
-class Stream:
+class Destroyable:
+    """RAII for objects owning a plugin handle: ``destroy()`` at the end of a
+    ``with`` block or on garbage collection. Subclasses define ``destroy``."""
+
+    def destroy(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.destroy()
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:  # interpreter shutdown or an already-failed plugin
+            pass
+
+
+class Stream(Destroyable):
     """An in-order queue of device work."""
 
     def __init__(self, dev: Device):
@@ -207,20 +227,8 @@ class Stream:
             self.device.call("stream_destroy", self.device.index, handle)
             self._release_completed()
 
-    def __enter__(self) -> Stream:
-        return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.destroy()
-
-    def __del__(self):
-        try:
-            self.destroy()
-        except Exception:
-            pass
-
-
-class Event:
+class Event(Destroyable):
     """A position in a stream, with a completion timestamp."""
 
     def __init__(self, dev: Device, timing: bool = True):
@@ -261,18 +269,6 @@ class Event:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             self.device.call("event_destroy", self.device.index, handle)
-
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.destroy()
-
-    def __del__(self):
-        try:
-            self.destroy()
-        except Exception:
-            pass
 
 
 class _Allocation:
