@@ -49,7 +49,7 @@ def dev(plugin) -> devkit.Device:
 @pytest.fixture
 def dev_pair(plugin) -> tuple[devkit.Device, devkit.Device]:
     if plugin.device_count < 2:
-        pytest.skip(f"plugin '{plugin.name}' has one device; this case needs two")
+        pytest.skip(reason=f"plugin '{plugin.name}' has one device; this case needs two")
     return plugin.device(0), plugin.device(1)
 
 

@@ -176,7 +176,7 @@ def assert_exact_on_every_rank(run: WorkerRun, case_id: str, nranks: int) -> dic
 
 def test_plugin_has_collectives(plugin):
     if not plugin.has_collectives:
-        pytest.skip("no collectives")
+        pytest.skip(reason="no collectives")
     missing = [name for name in COLLECTIVE_FUNCTIONS if not plugin.has(name)]
     assert not missing, f"the collectives section is all or nothing; NULL: {', '.join(missing)}"
 
@@ -271,7 +271,7 @@ def test_peer_that_never_joins(tmp_path, plugin_name, nranks, absent):
 
 def _collective_plugin(plugin) -> devkit.Plugin:
     if not plugin.has_collectives:
-        pytest.skip("no collectives")
+        pytest.skip(reason="no collectives")
     return plugin
 
 
@@ -386,7 +386,7 @@ ARGUMENT_CHECKS = ["not an array", "unsupported dtype", "non-contiguous", "out o
 def test_argument_checks_come_before_the_plugin(solo, check, monkeypatch):
     cases = {name: (call, error, message) for name, call, error, message in _argument_errors(solo)}
     if check not in cases:
-        pytest.skip(f"plugin '{solo.plugin.name}' has one device; this check needs two")
+        pytest.skip(reason=f"plugin '{solo.plugin.name}' has one device; this check needs two")
     call, error, message = cases[check]
     # Every collective goes through Plugin.call: record, and do not make, any collective call.
     reached, real_call = [], solo.plugin.call

@@ -135,7 +135,7 @@ def test_mem_free_async_in_stream_order(dev):
 
 def test_host_alloc_roundtrip(plugin):
     if not plugin.has("host_alloc"):
-        pytest.skip(f"plugin '{plugin.name}' has no host_alloc (optional)")
+        pytest.skip(reason=f"plugin '{plugin.name}' has no host_alloc (optional)")
     pointer = ffi.new("void **")
     plugin.call("host_alloc", 0, 4096, pointer)
     assert pointer[0] != ffi.NULL
