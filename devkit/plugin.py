@@ -79,10 +79,7 @@ class Plugin:
 
     def call(self, function: str, *args) -> int:
         """Call a table function and raise on any status but OK and NOT_READY."""
-        status = getattr(self.api, function)(*args)
-        if status not in (C.DK_OK, C.DK_NOT_READY):
-            self.raise_status(status, function)
-        return status
+        return check(self, getattr(self.api, function)(*args), function)
 
     def raise_status(self, status: int, function: str):
         raise error_for_status(status, f"{self.name}.{function}: {self.last_error_message()}")
