@@ -1,7 +1,7 @@
 """Builds the C parts: plugin shared libraries, which are plain C libraries
 (one exported symbol, DK_PluginInit), not Python extension modules."""
 
-import glob
+import importlib.util
 import os
 
 from setuptools import Extension, find_packages, setup
@@ -17,13 +17,23 @@ class build_plugin_libraries(build_ext):
         return []  # no PyInit_*: exports come from DK_EXPORT in the sources
 
 
+def _load_cpu_build():
+    spec = importlib.util.spec_from_file_location("cpu_build", "devkit/backends/cpu/build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cpu_build = _load_cpu_build()
+blas_compile, blas_link = cpu_build.blas()
+root = os.path.dirname(os.path.abspath(__file__))
 cpu_plugin = Extension(
     "devkit.backends.cpu.libdevkit_cpu",
-    sources=sorted(glob.glob("devkit/backends/cpu/*.c")),
-    include_dirs=["devkit/abi"],
-    depends=["devkit/abi/devkit.h", *glob.glob("devkit/backends/cpu/*.h")],
-    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra"],
-    extra_link_args=["-pthread"],
+    sources=[os.path.relpath(p, root) for p in cpu_build.sources()],
+    include_dirs=["devkit/abi", "devkit/backends/cpu"],
+    depends=[os.path.relpath(p, root) for p in cpu_build.headers()],
+    extra_compile_args=[*cpu_build.COMPILE_ARGS, *blas_compile],
+    extra_link_args=["-pthread", *blas_link, "-lm"],
 )
 
 # The conformance suite stays at the top of the repository (python3 -m pytest

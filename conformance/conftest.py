@@ -53,6 +53,13 @@ def dev_pair(plugin) -> tuple[devkit.Device, devkit.Device]:
     return plugin.device(0), plugin.device(1)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        item.call_failed = outcome.get_result().failed
+
+
 @pytest.fixture(autouse=True)
 def memory_returns_to_baseline(request):
     """Leak check: every device's free memory is the same after the case as before."""
@@ -62,6 +69,8 @@ def memory_returns_to_baseline(request):
     devices = request.getfixturevalue("plugin").devices()
     before = [device.mem_get_info()[0] for device in devices]
     yield
+    if getattr(request.node, "call_failed", False):
+        return  # the failure's traceback still holds the case's arrays
     gc.collect()
     for device in devices:
         device.synchronize()

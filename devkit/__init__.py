@@ -12,6 +12,8 @@ from .plugin import Plugin, PluginDescriptor, check, list_plugins, load_plugin  
 from .runtime import (  # noqa: E402
     Array, Buffer, Device, DeviceProperties, Event, Stream, asarray, device, empty, zeros,
 )
+from . import ops  # noqa: E402
+from .ops import fallback_report, run_op  # noqa: E402
 
 __all__ = [
     "ABI_MAJOR", "ABI_MINOR", "AbortedError", "Array", "Buffer", "DeadlineExceededError", "Device",
@@ -19,5 +21,5 @@ __all__ = [
     "FailedPreconditionError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotReadyError",
     "OutOfMemoryError", "OutOfRangeError", "Plugin", "PluginDescriptor", "PluginLoadError",
     "Stream", "UnavailableError", "UnimplementedError", "asarray", "check", "device", "empty",
-    "ffi", "list_plugins", "load_plugin", "zeros",
+    "fallback_report", "ffi", "list_plugins", "load_plugin", "ops", "run_op", "zeros",
 ]

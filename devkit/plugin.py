@@ -69,6 +69,7 @@ class Plugin:
         self._last_error = info.last_error_message
         self._devices: dict[int, object] = {}
         self._devices_lock = threading.Lock()
+        self._kernel_index: dict[str, list] | None = None
 
     # -- the table -----------------------------------------------------------
 
@@ -90,16 +91,34 @@ class Plugin:
         message = self._last_error()
         return _string(message) or "(the plugin gave no message)"
 
+    def kernel_entries(self, op: str | None = None) -> list:
+        """The kernel table's DK_KernelEntry pointers (for one op, or all)."""
+        if self._kernel_index is None:
+            index: dict[str, list] = {}
+            if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
+                for i in range(self._info.num_kernels):
+                    entry = self._info.kernels[i]
+                    if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
+                        index.setdefault(_string(entry.op), []).append(entry)
+            self._kernel_index = index
+        if op is not None:
+            return list(self._kernel_index.get(op, ()))
+        return [entry for entries in self._kernel_index.values() for entry in entries]
+
+    def kernel_entry(self, op: str, dtype):
+        """The entry for (op, key dtype), or None when the plugin has none."""
+        from .dtypes import code_bits
+
+        code, bits = code_bits(dtype)
+        for entry in self.kernel_entries(op):
+            if entry.dtype.code == code and entry.dtype.bits == bits and entry.dtype.lanes in (0, 1):
+                return entry
+        return None
+
     @property
     def kernels(self) -> list[tuple[str, int, int, int]]:
         """The kernel table as (op, dtype code, dtype bits, flags) tuples."""
-        if not field_present(self._info, "DK_PluginInfo", "num_kernels") or self._info.kernels == ffi.NULL:
-            return []
-        entries = []
-        for i in range(self._info.num_kernels):
-            entry = self._info.kernels[i]
-            entries.append((_string(entry.op), entry.dtype.code, entry.dtype.bits, int(entry.flags)))
-        return entries
+        return [(_string(e.op), e.dtype.code, e.dtype.bits, int(e.flags)) for e in self.kernel_entries()]
 
     @property
     def has_collectives(self) -> bool:

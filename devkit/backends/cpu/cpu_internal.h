@@ -40,6 +40,11 @@
 #include "devkit.h"
 
 #define CPU_PLUGIN_VERSION "0.1.0"
+/* Test builds (deliberately broken variants, kernel-less builds) rename the
+ * plugin so that it loads beside the real one. */
+#ifndef CPU_PLUGIN_NAME
+#define CPU_PLUGIN_NAME "cpu"
+#endif
 #define CPU_MAX_DEVICES 64
 #define CPU_ALLOC_ALIGNMENT 64
 

@@ -3,6 +3,7 @@
  * reference plugin.
  */
 #include "cpu_internal.h"
+#include "kernel.h"
 
 static const DK_DeviceApi k_api = {
     .struct_size = sizeof(DK_DeviceApi),
@@ -91,18 +92,21 @@ DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
 
   DK_Status st = cpu_runtime_init();
   if (st != DK_OK) return st;
+  const DK_KernelEntry *const *kernels;
+  size_t num_kernels;
+  if ((st = cpu_kernel_table(&kernels, &num_kernels)) != DK_OK) return st;
 
   DK_PluginInfo info = {
       .struct_size = sizeof info,
       .abi_major = DK_ABI_MAJOR,
       .abi_minor = DK_ABI_MINOR,
       .last_error_message = cpu_last_error,
-      .name = "cpu",
+      .name = CPU_PLUGIN_NAME,
       .version = CPU_PLUGIN_VERSION,
       .device_type = "cpu",
       .api = &k_api,
-      .kernels = NULL,
-      .num_kernels = 0,
+      .kernels = kernels,
+      .num_kernels = num_kernels,
   };
   cpu_copy_out(out, &info, sizeof info);
 

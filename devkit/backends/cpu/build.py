@@ -1,0 +1,76 @@
+"""Compiler command for the cpu plugin, shared by setup.py and the tests.
+
+setup.py loads this file by path (the package itself is not importable while
+it builds), so it imports nothing from devkit. ``python -m
+devkit.backends.cpu.build --out DIR`` builds ``DIR/libdevkit_cpu.so``, which
+``DEVKIT_PLUGIN_PATH=DIR`` then loads in place of the installed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ABI_DIR = HERE.parent.parent / "abi"
+COMPILE_ARGS = ["-std=c11", "-O2", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra",
+                "-fno-math-errno"]
+
+
+def sources(kernels: list[str] | None = None) -> list[Path]:
+    """The runtime sources plus the kernel files (all, or the named ones)."""
+    files = sorted(HERE.glob("*.c"))
+    if kernels is None:
+        return files + sorted((HERE / "kernels").glob("*.c"))
+    return files + [HERE / "kernels" / f"{name}.c" for name in kernels]
+
+
+def headers() -> list[Path]:
+    return [ABI_DIR / "devkit.h", *HERE.glob("*.h"), *(HERE / "kernels").glob("*.h")]
+
+
+def blas() -> tuple[list[str], list[str]]:
+    """(compile args, link args) for scipy-openblas32's OpenBLAS.
+
+    The library is found at run time through two rpaths: next to an installed
+    devkit in the same site-packages, and where it was at build time (an
+    editable install, or a build tree)."""
+    import scipy_openblas32
+
+    lib_dir = Path(scipy_openblas32.get_lib_dir())
+    return ([f"-I{scipy_openblas32.get_include_dir()}"],
+            [f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}",
+             "-Wl,-rpath,$ORIGIN/../../../scipy_openblas32/lib", f"-Wl,-rpath,{lib_dir}"])
+
+
+def build(out_dir: os.PathLike, *, kernels: list[str] | None = None, defines=(),
+          name: str = "cpu") -> Path:
+    """Compile the plugin into ``out_dir/libdevkit_<name>.so``; a name other
+    than "cpu" is also the name the plugin reports."""
+    out = Path(out_dir) / f"libdevkit_{name}.so"
+    if name != "cpu":
+        defines = [*defines, f'CPU_PLUGIN_NAME="{name}"']
+    out.parent.mkdir(parents=True, exist_ok=True)
+    blas_compile, blas_link = blas()
+    command = [os.environ.get("CC", "cc"), *COMPILE_ARGS, "-fPIC", "-shared", f"-I{ABI_DIR}",
+               f"-I{HERE}", *blas_compile, *(f"-D{d}" for d in defines),
+               *map(str, sources(kernels)), "-o", str(out), *blas_link, "-lm"]
+    subprocess.run(command, check=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for libdevkit_<name>.so")
+    parser.add_argument("--kernels", help="comma-separated kernel files (default: all)")
+    parser.add_argument("-D", dest="defines", action="append", default=[], help="a C define")
+    parser.add_argument("--name", default="cpu")
+    args = parser.parse_args()
+    kernels = args.kernels.split(",") if args.kernels else None
+    print(build(args.out, kernels=kernels, defines=args.defines, name=args.name))
+
+
+if __name__ == "__main__":
+    main()

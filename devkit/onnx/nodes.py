@@ -1,0 +1,119 @@
+"""ONNX NodeProto -> devkit.run_op: attribute conversion and a sequential
+node runner (the nodes of a graph, in the topological order ONNX requires)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..ops import dispatch
+from ..ops import spec as _spec
+from ..runtime import Array, Device
+
+
+class UnsupportedNodeError(ValueError):
+    """A node that devkit cannot run: an op, domain, attribute or dtype outside the set."""
+
+
+def onnx_dtype(elem_type: int) -> np.dtype:
+    """The NumPy dtype of an ONNX TensorProto element type devkit arrays carry."""
+    from onnx import TensorProto, helper
+
+    if elem_type == TensorProto.BFLOAT16:
+        return _dtypes.bfloat16
+    try:
+        return _dtypes.normalize(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
+        raise UnsupportedNodeError(f"element type {name} is not a devkit dtype") from None
+
+
+def _describe(node) -> str:
+    return f"node '{node.name or node.output[0]}' ({node.op_type})"
+
+
+def node_attributes(node, spec: _spec.OpSpec) -> dict:
+    """The node's attributes as run_op takes them.
+
+    ONNX dtype codes become dtypes where the spec declares a dtype attribute;
+    a one-element tensor attribute (ConstantOfShape's value) becomes a scalar,
+    and its element type fills the spec's ``dtype`` attribute unless set."""
+    from onnx import AttributeProto, helper, numpy_helper
+
+    attrs: dict = {}
+    tensor_dtype = None
+    for proto in node.attribute:
+        declared = spec.attr(proto.name)
+        if declared is None:
+            raise UnsupportedNodeError(f"{_describe(node)}: attribute '{proto.name}' is not supported")
+        if proto.type == AttributeProto.TENSOR:
+            array = numpy_helper.to_array(proto.t)
+            if array.size != 1:
+                raise UnsupportedNodeError(f"{_describe(node)}: tensor attribute '{proto.name}' must hold one value")
+            tensor_dtype = onnx_dtype(proto.t.data_type)
+            value = array.reshape(-1)[0].item()
+        elif proto.type in (AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
+                            AttributeProto.INTS, AttributeProto.FLOATS):
+            value = helper.get_attribute_value(proto)
+        else:
+            kind = AttributeProto.AttributeType.Name(proto.type)
+            raise UnsupportedNodeError(f"{_describe(node)}: attribute '{proto.name}' of type {kind} is not supported")
+        if declared.kind == "dtype" and isinstance(value, int):
+            value = onnx_dtype(value)
+        attrs[proto.name] = value
+    dtype_attr = spec.attr("dtype")
+    if tensor_dtype is not None and dtype_attr is not None and dtype_attr.kind == "dtype":
+        attrs.setdefault("dtype", tensor_dtype)
+    return attrs
+
+
+def _constant(node) -> np.ndarray:
+    from onnx import helper, numpy_helper
+
+    (proto,) = node.attribute
+    if proto.name == "value":
+        return numpy_helper.to_array(proto.t)
+    value = helper.get_attribute_value(proto)
+    dtype = {"value_float": np.float32, "value_floats": np.float32,
+             "value_int": np.int64, "value_ints": np.int64}.get(proto.name)
+    if dtype is None:
+        raise UnsupportedNodeError(f"{_describe(node)}: Constant with '{proto.name}' is not supported")
+    return np.asarray(value, dtype)
+
+
+def check_node(node) -> _spec.OpSpec | None:
+    """The node's spec (None for Constant, which the runner folds on the host),
+    or UnsupportedNodeError naming what is outside the set."""
+    if node.domain not in ("", "ai.onnx"):
+        raise UnsupportedNodeError(f"{_describe(node)}: domain '{node.domain}' is not supported")
+    if node.op_type == "Constant":
+        return None
+    try:
+        spec = _spec.get(node.op_type)
+    except ValueError:
+        raise UnsupportedNodeError(f"{_describe(node)}: op {node.op_type} is not in the devkit operator set") from None
+    node_attributes(node, spec)
+    return spec
+
+
+def run_nodes(nodes: Sequence, values: Mapping[str, object], device: str | Device) -> dict:
+    """Run ``nodes`` in order on ``device``. ``values`` maps tensor names to
+    NumPy arrays or devkit Arrays; the result adds every node output."""
+    env = dict(values)
+    for node in nodes:
+        spec = check_node(node)
+        if spec is None:
+            env[node.output[0]] = _constant(node)
+            continue
+        inputs = [env[name] if name else None for name in node.input]
+        outputs = dispatch.run_op(node.op_type, inputs, node_attributes(node, spec), device=device)
+        for name, output in zip(node.output, outputs):
+            if name:
+                env[name] = output
+    return env
+
+
+def to_numpy(value) -> np.ndarray:
+    return value.numpy() if isinstance(value, Array) else np.asarray(value)

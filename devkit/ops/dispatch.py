@@ -1,0 +1,349 @@
+"""run_op: checks a call against the op spec, allocates the outputs and calls
+the plugin's kernel for (op, dtype) on the inputs' device and stream."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..abi import C, ffi
+from ..errors import UnimplementedError
+from ..plugin import check
+from ..runtime import Array, Device, Stream, _stream_handle, asarray, device, empty
+from . import spec as _spec
+from .spec import OpSpec, TensorInfo, dtype_name
+
+# -- CPU fallback -------------------------------------------------------------------
+
+_fallback = threading.local()
+_fallback_default = os.environ.get("DEVKIT_CPU_FALLBACK", "") not in ("", "0")
+_fallback_counts: collections.Counter = collections.Counter()
+_fallback_lock = threading.Lock()
+
+
+def fallback_enabled() -> bool:
+    return getattr(_fallback, "enabled", _fallback_default)
+
+
+def set_fallback(enabled: bool) -> None:
+    """Allow (or forbid) running ops that a plugin lacks on the cpu plugin, in
+    this thread. Off unless DEVKIT_CPU_FALLBACK=1; every fallback is counted."""
+    _fallback.enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def cpu_fallback(enabled: bool = True):
+    """``with devkit.ops.cpu_fallback(): ...`` allows fallback inside the block."""
+    previous = fallback_enabled()
+    set_fallback(enabled)
+    try:
+        yield
+    finally:
+        set_fallback(previous)
+
+
+def fallback_report(reset: bool = False) -> list[dict]:
+    """Every fallback so far: plugin, op, dtype and count, most frequent first."""
+    with _fallback_lock:
+        rows = [{"plugin": p, "op": op, "dtype": d, "count": n}
+                for (p, op, d), n in _fallback_counts.most_common()]
+        if reset:
+            _fallback_counts.clear()
+    return rows
+
+
+# -- binding --------------------------------------------------------------------------
+
+def _bind(spec: OpSpec, inputs: Sequence) -> list[tuple[_spec.Input, object]]:
+    """Pairs every given input with its Input declaration."""
+    declared = list(spec.inputs)
+    variadic = declared[-1].variadic if declared else False
+    required = sum(1 for i in declared if not i.optional)
+    limit = None if variadic else len(declared)
+    if len(inputs) < required or (limit is not None and len(inputs) > limit):
+        names = ", ".join(i.name + ("..." if i.variadic else "?" if i.optional else "") for i in declared)
+        raise TypeError(f"{spec.name}: takes inputs ({names}); got {len(inputs)}")
+    bound = []
+    for position, value in enumerate(inputs):
+        decl = declared[min(position, len(declared) - 1)]
+        if value is None and not decl.optional:
+            raise TypeError(f"{spec.name}: input '{decl.name}' is required")
+        bound.append((decl, value))
+    return bound
+
+
+def _coerce_attr(spec: OpSpec, attr: _spec.Attr, value):
+    where = f"{spec.name}: attribute '{attr.name}'"
+    try:
+        if attr.kind == "int":
+            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+                raise TypeError
+            value = int(value)
+        elif attr.kind == "float":
+            value = float(value)
+        elif attr.kind == "ints":
+            value = tuple(int(v) for v in np.asarray(value).reshape(-1).tolist())
+        elif attr.kind == "floats":
+            value = tuple(float(v) for v in np.asarray(value, dtype=np.float64).reshape(-1))
+        elif attr.kind == "string":
+            value = value.decode() if isinstance(value, bytes) else value
+            if not isinstance(value, str):
+                raise TypeError
+        else:
+            value = _dtypes.normalize(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where} must be {attr.kind}, got {value!r}") from None
+    if attr.choices is not None and value not in attr.choices:
+        raise ValueError(f"{where} is {value!r}; allowed: {', '.join(map(repr, attr.choices))}")
+    if attr.check is not None and (problem := attr.check(value)):
+        raise ValueError(f"{where}: {problem}")
+    return value
+
+
+def resolve_attrs(spec: OpSpec, given: Mapping | None) -> dict:
+    """Attributes with defaults applied, each coerced and validated."""
+    given = dict(given or {})
+    host = set(spec.host_inputs)
+    unknown = [name for name in given if spec.attr(name) is None and name not in host]
+    if unknown:
+        known = ", ".join(a.name for a in spec.attrs) or "none"
+        raise TypeError(f"{spec.name}: unknown attribute '{unknown[0]}' (it takes: {known})")
+    attrs = {}
+    for attr in spec.attrs:
+        if attr.name in given and given[attr.name] is not None:
+            attrs[attr.name] = _coerce_attr(spec, attr, given[attr.name])
+        elif attr.default is _spec.REQUIRED:
+            raise TypeError(f"{spec.name}: attribute '{attr.name}' is required")
+        elif attr.default is not None:
+            attrs[attr.name] = _coerce_attr(spec, attr, attr.default)
+    return attrs
+
+
+def _host_value(spec: OpSpec, decl: _spec.Input, value) -> np.ndarray:
+    array = value.numpy() if isinstance(value, Array) else np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{spec.name}: input '{decl.name}' must be numeric, got {array.dtype}")
+    return array
+
+
+# -- kernel calls -----------------------------------------------------------------------
+
+def _tensor(slot, array: Array, keep: list) -> None:
+    shape = ffi.new("int64_t[]", array.shape or [0])
+    strides = ffi.new("int64_t[]", array.strides or [0])
+    keep += [shape, strides]
+    code, bits = _dtypes.code_bits(array.dtype)
+    slot.data = array.buffer.handle
+    slot.device.device_type = array.device.properties.device_type
+    slot.device.device_id = array.device.index
+    slot.ndim = array.ndim
+    slot.dtype.code, slot.dtype.bits, slot.dtype.lanes = code, bits, 1
+    slot.shape = shape
+    slot.strides = strides
+    slot.byte_offset = array.buffer.offset + array.offset
+
+
+def _attribute(name: str, kind: str, value, keep: list):
+    a = ffi.new("DK_Attribute *")
+    a.struct_size = ffi.sizeof("DK_Attribute")
+    a.name = ffi.new("char[]", name.encode())
+    keep += [a, a.name]
+    if kind == "int":
+        a.type, a.i = C.DK_ATTR_INT, value
+    elif kind == "float":
+        a.type, a.f = C.DK_ATTR_FLOAT, value
+    elif kind == "ints":
+        a.type, a.count = C.DK_ATTR_INTS, len(value)
+        a.ints = ffi.new("int64_t[]", list(value) or [0])
+        keep.append(a.ints)
+    elif kind == "floats":
+        a.type, a.count = C.DK_ATTR_FLOATS, len(value)
+        a.floats = ffi.new("double[]", list(value) or [0.0])
+        keep.append(a.floats)
+    elif kind == "string":
+        a.type = C.DK_ATTR_STRING
+        a.s = ffi.new("char[]", value.encode())
+        keep.append(a.s)
+    else:
+        a.type = C.DK_ATTR_DTYPE
+        a.dtype.code, a.dtype.bits = _dtypes.code_bits(value)
+        a.dtype.lanes = 1
+    return a
+
+
+def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], outputs: list[Array],
+                 attributes: list[tuple[str, str, object]], stream: Stream | None) -> None:
+    keep: list = []
+    tensors_in = ffi.new("DK_Tensor[]", max(len(inputs), 1))
+    for slot, array in zip(tensors_in, inputs):
+        if array is None:
+            slot.ndim = -1
+        else:
+            _tensor(slot, array, keep)
+    tensors_out = ffi.new("DK_Tensor[]", max(len(outputs), 1))
+    for slot, array in zip(tensors_out, outputs):
+        _tensor(slot, array, keep)
+    attrs = [_attribute(name, kind, value, keep) for name, kind, value in attributes]
+    attr_ptrs = ffi.new("DK_Attribute *[]", attrs or [ffi.NULL])
+    call = ffi.new("DK_KernelCall *")
+    call.struct_size = ffi.sizeof("DK_KernelCall")
+    call.device = dev.index
+    call.stream = _stream_handle(stream, dev)
+    call.inputs, call.num_inputs = tensors_in, len(inputs)
+    call.outputs, call.num_outputs = tensors_out, len(outputs)
+    call.attributes, call.num_attributes = attr_ptrs, len(attrs)
+    call.user_data = entry.user_data
+    check(dev.plugin, entry.fn(call), f"kernel {op}[{dtype_name(_key_dtype_of(entry))}]")
+    if stream is not None:
+        stream.retain(*inputs, *outputs)
+
+
+def _key_dtype_of(entry) -> np.dtype:
+    code, bits = entry.dtype.code, entry.dtype.bits
+    if code == C.DK_DTYPE_CODE_BFLOAT:
+        return _dtypes.bfloat16
+    kind = {C.DK_DTYPE_CODE_BOOL: "bool", C.DK_DTYPE_CODE_INT: "int", C.DK_DTYPE_CODE_UINT: "uint",
+            C.DK_DTYPE_CODE_FLOAT: "float"}[code]
+    return np.dtype("bool" if kind == "bool" else f"{kind}{bits}")
+
+
+def _attribute_list(spec: OpSpec, attrs: dict, host_values: dict) -> list[tuple[str, str, object]]:
+    result = [(name, spec.attr(name).kind, value) for name, value in attrs.items()]
+    for name, value in host_values.items():
+        values = value.reshape(-1)
+        kind = "floats" if values.dtype.kind == "f" else "ints"
+        result.append((name, kind, values.tolist()))
+    return result
+
+
+def _make_compact(dev: Device, array: Array, stream: Stream | None) -> Array:
+    """A compact copy of a strided input, for kernels that take compact tensors."""
+    entry = dev.plugin.kernel_entry("Identity", array.dtype)
+    if entry is not None and entry.flags & C.DK_KERNEL_STRIDED_INPUTS:
+        out = empty(array.shape, array.dtype, dev, stream)
+        _call_kernel(dev, entry, "Identity", [array], [out], [], stream)
+        return out
+    return array.to(dev, stream)
+
+
+def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
+             stream: Stream | None = None):
+    """Binds and checks a call: (device, device inputs, host values, infos, attrs, key dtype)."""
+    bound = _bind(spec, list(inputs))
+    attrs = resolve_attrs(spec, attrs)
+    given = [v for d, v in bound if isinstance(v, Array)]
+    dev = given[0].device if given else device(device_spec or "cpu:0")
+    infos: list[TensorInfo | None] = []
+    device_inputs: list[tuple[int, _spec.Input, object]] = []
+    host_values: dict[str, np.ndarray] = {}
+    for position, (decl, value) in enumerate(bound):
+        if value is None:
+            infos.append(None)
+        elif decl.host:
+            host = _host_value(spec, decl, value)
+            host_values[decl.name] = host
+            infos.append(TensorInfo(host.shape, host.dtype, host))
+        else:
+            host = None
+            if isinstance(value, Array):
+                if value.device is not dev:
+                    raise ValueError(f"{spec.name}: input '{decl.name}' is on {value.device}, "
+                                     f"but the op runs on {dev} (where its first input is)")
+                dtype, shape = value.dtype, value.shape
+                if decl.read_by_infer:
+                    host = value.numpy(stream)
+            else:
+                host = np.asarray(value)
+                dtype, shape = _dtypes.normalize(host.dtype), host.shape
+            infos.append(TensorInfo(tuple(shape), dtype, host if decl.read_by_infer else None))
+            device_inputs.append((position, decl, value))
+    if isinstance(spec.key, str):
+        key_dtype = attrs.get(spec.key)
+    else:
+        key_info = infos[spec.key] if spec.key < len(infos) else None
+        key_dtype = key_info.dtype if key_info is not None else None
+    if key_dtype is None:
+        raise TypeError(f"{spec.name}: the key input or attribute ({spec.key}) is missing")
+    if key_dtype not in spec.dtypes:
+        supported = ", ".join(dtype_name(d) for d in spec.dtypes)
+        raise TypeError(f"{spec.name}: dtype {dtype_name(key_dtype)} is not supported "
+                        f"(the op takes {supported})")
+    return dev, device_inputs, host_values, infos, attrs, np.dtype(key_dtype)
+
+
+def infer(name: str, inputs: Sequence, attrs: Mapping | None = None):
+    """Shape inference only: [(shape, dtype), ...] for the outputs."""
+    spec = _spec.get(name)
+    _, _, _, infos, attrs, _ = _prepare(spec, inputs, attrs, None)
+    return _infer(spec, infos, attrs)
+
+
+def _infer(spec: OpSpec, infos, attrs) -> list[tuple[tuple[int, ...], np.dtype]]:
+    try:
+        outputs = spec.infer(infos, attrs)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{spec.name}: {exc}") from None
+    return [(tuple(int(n) for n in shape), _dtypes.normalize(dtype)) for shape, dtype in outputs]
+
+
+def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
+           stream: Stream | None = None, device: str | Device | None = None) -> list[Array]:
+    """Run op ``name`` (its ONNX name) and return its outputs as new Arrays.
+
+    ``inputs`` are Arrays on one device (NumPy arrays are copied there; host
+    inputs such as Reshape's shape may also be lists), ``None`` for an omitted
+    optional input. ``device`` places an op without device inputs. The work is
+    queued on ``stream`` (the default stream completes before returning)."""
+    spec = _spec.get(name)
+    dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, device, stream)
+    outputs = _infer(spec, infos, attrs)
+    entry = dev.plugin.kernel_entry(name, key_dtype)
+    if entry is None:
+        return _run_without_kernel(spec, dev, inputs, attrs, key_dtype, stream)
+    arrays: list[Array | None] = []
+    for position, decl, value in device_inputs:
+        array = value if isinstance(value, Array) else asarray(value, dev, stream=stream)
+        if not array.is_contiguous and not entry.flags & C.DK_KERNEL_STRIDED_INPUTS:
+            array = _make_compact(dev, array, stream)
+        arrays.append(array)
+    # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
+    call_inputs: list[Array | None] = []
+    it = iter(arrays)
+    for decl, info in zip(_declared(spec, len(infos)), infos):
+        if decl.host:
+            continue
+        call_inputs.append(None if info is None else next(it))
+    while call_inputs and call_inputs[-1] is None:
+        call_inputs.pop()
+    results = [empty(shape, dtype, dev, stream) for shape, dtype in outputs]
+    _call_kernel(dev, entry, name, call_inputs, results,
+                 _attribute_list(spec, attrs, host_values), stream)
+    return results
+
+
+def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:
+    return [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(count)]
+
+
+def _run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
+                        key_dtype: np.dtype, stream: Stream | None) -> list[Array]:
+    plugin = dev.plugin
+    cpu = device("cpu:0")
+    if not fallback_enabled() or plugin is cpu.plugin:
+        have = sorted({dtype_name(_key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
+        detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
+        raise UnimplementedError(
+            f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
+            f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
+            C.DK_UNIMPLEMENTED)
+    with _fallback_lock:
+        _fallback_counts[(plugin.name, spec.name, dtype_name(key_dtype))] += 1
+    moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
+    results = run_op(spec.name, moved, attrs, device=cpu)
+    return [result.to(dev, stream) for result in results]

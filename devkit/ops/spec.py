@@ -1,0 +1,244 @@
+"""The operator specification: one declarative OpSpec per op.
+
+An OpSpec says what a kernel for the op must do, in terms the host can check
+before any kernel runs: inputs and outputs, attributes with defaults and
+validation, the dtypes of the key input, shape inference, and a NumPy
+reference with the tolerance each dtype is held to.
+
+Conventions every spec follows:
+
+- ``infer(inputs, attrs)`` gets one :class:`TensorInfo` per input (``None``
+  for an omitted optional input) and the attributes after defaults; it
+  returns ``[(shape, dtype), ...]`` for the outputs, or raises ``ValueError``
+  (shapes, attribute values) or ``TypeError`` (dtypes) with a message that
+  names the problem; the dispatcher prefixes the op name.
+- A ``host=True`` input carries values that shape inference needs (Reshape's
+  shape, Slice's starts, TopK's K, ...). The host reads it and passes it to
+  ``infer``, ``reference`` and the kernel as an attribute named after the
+  input (an ``ints`` or ``floats`` attribute); kernels never see it as a
+  tensor. ``TensorInfo.value`` holds it for ``infer`` as well.
+- ``reference(inputs, attrs)`` gets NumPy arrays -- floating inputs upcast to
+  float64, integers and bools as they are -- and returns the outputs, in the
+  output dtypes (the comparison casts its result to float64 anyway).
+- ``cases(dtype, rng)`` returns the op's conformance cases for one dtype;
+  devkit.ops.testing has the generators for edge values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+
+# -- dtype groups ---------------------------------------------------------------
+
+bfloat16 = _dtypes.bfloat16
+F32, F64, F16, BF16 = np.dtype("float32"), np.dtype("float64"), np.dtype("float16"), bfloat16
+I8, U8, I32, I64 = np.dtype("int8"), np.dtype("uint8"), np.dtype("int32"), np.dtype("int64")
+BOOL = np.dtype("bool")
+
+FLOAT = (F32, F64)                 # every float op
+LOW_FLOAT = (F16, BF16)            # storage types, computed in float32
+ALL_FLOAT = FLOAT + LOW_FLOAT
+INT = (I8, U8, I32, I64)
+NUMERIC = ALL_FLOAT + INT
+ALL = NUMERIC + (BOOL,)
+
+
+def dtype_name(dtype) -> str:
+    return "bfloat16" if dtype == bfloat16 else np.dtype(dtype).name
+
+
+# -- building blocks ---------------------------------------------------------------
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+ATTR_KINDS = ("int", "float", "ints", "floats", "string", "dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    """An attribute. ``default`` is REQUIRED, None (optional, no default: the
+    kernel sees it absent) or a value. ``choices`` limits the values; ``check``
+    returns an error message for a bad value, or None."""
+
+    name: str
+    kind: str
+    default: Any = None
+    choices: tuple | None = None
+    check: Callable[[Any], str | None] | None = None
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kind not in ATTR_KINDS:
+            raise ValueError(f"attribute {self.name}: kind {self.kind!r} is not one of {ATTR_KINDS}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """An input. ``variadic`` (last input only): one or more tensors.
+    ``host``: read on the host and passed on as an attribute (see module doc).
+    ``read_by_infer``: a device input whose values shape inference needs (an
+    output shape that depends on data, as NonZero's): the dispatcher copies it
+    to the host for ``infer`` (TensorInfo.value) -- a synchronisation -- and
+    still passes it to the kernel as a tensor."""
+
+    name: str
+    optional: bool = False
+    variadic: bool = False
+    host: bool = False
+    read_by_infer: bool = False
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """What shape inference sees of an input."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    value: np.ndarray | None = None  # host and read_by_infer inputs only
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How far a result may be from the float64 reference.
+
+    An element passes when ``|got - ref| <= ulp * spacing(ref)`` in the
+    output dtype, or ``<= atol + rtol * |ref|``. NaN must meet NaN and an
+    infinity the same infinity. All zero: exact."""
+
+    ulp: float = 0.0
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return not (self.ulp or self.rtol or self.atol)
+
+    def __str__(self) -> str:
+        if self.exact:
+            return "exact"
+        parts = [f"{self.ulp:g} ulp"] if self.ulp else []
+        parts += [f"rtol {self.rtol:g}"] if self.rtol else []
+        parts += [f"atol {self.atol:g}"] if self.atol else []
+        return " or ".join(parts)
+
+
+EXACT = Tolerance()
+
+
+@dataclasses.dataclass
+class Case:
+    """One conformance case: inputs in their test dtypes (None for an omitted
+    optional input; plain lists or arrays for host inputs) and attributes.
+    ``tolerance`` overrides the spec's; ``compare`` limits which outputs are
+    compared (e.g. TopK's indices are ambiguous when values tie)."""
+
+    name: str
+    inputs: list
+    attrs: dict = dataclasses.field(default_factory=dict)
+    tolerance: Tolerance | None = None
+    compare: Sequence[int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str
+    inputs: tuple[Input, ...]
+    outputs: tuple[str, ...]
+    dtypes: tuple[np.dtype, ...]         # of the key input
+    infer: Callable[[list[TensorInfo | None], dict], list[tuple[tuple[int, ...], np.dtype]]]
+    reference: Callable[[list, dict], list[np.ndarray]]
+    cases: Callable[[np.dtype, np.random.Generator], list[Case]]
+    attrs: tuple[Attr, ...] = ()
+    key: int | str = 0                   # index of the key input, or a dtype attribute's name
+    tolerance: dict | Tolerance = EXACT  # per dtype name ("float32", ...), or one for all
+    opset: int = 17                      # the ONNX opset whose semantics this follows
+    doc: str = ""
+    category: str = ""
+
+    def tolerance_for(self, dtype) -> Tolerance:
+        if isinstance(self.tolerance, Tolerance):
+            return self.tolerance
+        return self.tolerance.get(dtype_name(dtype), self.tolerance.get("default", EXACT))
+
+    @property
+    def host_inputs(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs if i.host)
+
+    def attr(self, name: str) -> Attr | None:
+        return next((a for a in self.attrs if a.name == name), None)
+
+
+# -- the registry ----------------------------------------------------------------------
+
+_REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(*specs: OpSpec) -> None:
+    for spec in specs:
+        if spec.name in _REGISTRY:
+            raise ValueError(f"op {spec.name} is specified twice")
+        if isinstance(spec.key, int) and spec.key >= len(spec.inputs):
+            raise ValueError(f"op {spec.name}: key input {spec.key} does not exist")
+        if isinstance(spec.key, str) and (spec.attr(spec.key) is None or spec.attr(spec.key).kind != "dtype"):
+            raise ValueError(f"op {spec.name}: key {spec.key!r} is not a dtype attribute")
+        _REGISTRY[spec.name] = spec
+
+
+def get(name: str) -> OpSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"op '{name}' is not in the devkit operator set") from None
+
+
+def all_specs() -> list[OpSpec]:
+    return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+
+
+# -- helpers for infer -----------------------------------------------------------------
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """ONNX multidirectional (NumPy) broadcasting, with a message naming both shapes."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for d in range(ndim):
+        sizes = {s[len(s) - ndim + d] for s in shapes if len(s) - ndim + d >= 0}
+        sizes.discard(1)
+        if len(sizes) > 1:
+            raise ValueError("shapes " + ", ".join(str(tuple(s)) for s in shapes)
+                             + " cannot be broadcast together")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def require_same_dtype(inputs: Sequence[TensorInfo | None], names: Sequence[str] | None = None) -> np.dtype:
+    """The common dtype of the present inputs, or TypeError naming the mismatch."""
+    present = [(i, t) for i, t in enumerate(inputs) if t is not None]
+    first = present[0][1].dtype
+    for i, t in present[1:]:
+        if t.dtype != first:
+            a = names[present[0][0]] if names else f"input {present[0][0]}"
+            b = names[i] if names else f"input {i}"
+            raise TypeError(f"{b} has dtype {dtype_name(t.dtype)} but {a} has {dtype_name(first)}")
+    return first
+
+
+def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what} {axis} is out of range for rank {ndim}")
+    return axis + ndim if axis < 0 else axis
