@@ -88,6 +88,8 @@ def test_op(dev, op, dtype, case_name, strided, record_property):
     with np.errstate(all="ignore"):
         references = spec.reference(ref_inputs, attrs)
     tolerance = case.tolerance or spec.tolerance_for(key_dtype)
+    record_property("op", op)
+    record_property("dtype", dtype)
     record_property("tolerance", str(tolerance))
     compared = range(len(spec.outputs)) if case.compare is None else case.compare
     worst_ulp = worst_abs = 0.0

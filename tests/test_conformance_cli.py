@@ -354,3 +354,23 @@ def test_coverage_matrix_and_measured_errors_in_markdown():
 
 def test_a_case_belongs_to_the_suite_its_module_names():
     assert Case("test_onnx_node.py::test_x[cpu]", None).suite == "onnx-node"
+
+
+def test_cpu_fallback_is_allowed_on_request_and_counted_in_the_reports(tmp_path):
+    from devkit.backends.cpu import build as cpu_build
+
+    bare = cpu_build.build(tmp_path / "bare", kernels=[], name="bare")  # a plugin without kernels
+    selection = ["--suite", "onnx-node", "-k", "test_add and not bcast and not int and not uint"]
+    refused = run_cli(bare, *selection, "--json", tmp_path / "refused.json")
+    assert refused.returncode == 1
+    failed = json.loads((tmp_path / "refused.json").read_text())["cases"][0]
+    assert "has no kernel for dtype float32" in failed["message"]
+
+    allowed = run_cli(bare, *selection, "--allow-cpu-fallback", "--json", tmp_path / "run.json",
+                      "--report", tmp_path / "report.md")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    case = json.loads((tmp_path / "run.json").read_text())["cases"][0]
+    assert case["status"] == "passed"
+    assert case["properties"]["fallbacks"] == {"Add[float32]": 1}
+    report = (tmp_path / "report.md").read_text()
+    assert "## CPU fallbacks" in report and "| Add[float32] | 1 | 1 |" in report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
 import tempfile
@@ -61,6 +62,9 @@ def build_parser(suites: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("-k", dest="keyword", metavar="PATTERN",
                         help="select cases by pytest -k expression")
     parser.add_argument("--list", action="store_true", help="list the selected cases and stop")
+    parser.add_argument("--allow-cpu-fallback", action="store_true",
+                        help="let ops the plugin has no kernel for run on the cpu plugin (counted in the "
+                             "reports); the op suite still skips unclaimed kernels")
     parser.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
                         help="kill a case running longer, unless it declares its own limit with "
                              "@pytest.mark.timeout (default: %(default)g)")
@@ -104,6 +108,8 @@ def _run(argv: list[str], console: Console) -> int:
         raise UsageError("--workers and --case-timeout must be positive")
     selected = list(dict.fromkeys(args.suite)) if args.suite else list(suites)
     expectations = _read_expectations(args.expect_fail)
+    if args.allow_cpu_fallback:
+        os.environ["DEVKIT_CPU_FALLBACK"] = "1"  # the workers inherit it
     plugin = str(Path(args.plugin).resolve()) if _looks_like_path(args.plugin) else args.plugin
 
     with tempfile.TemporaryDirectory(prefix="devkit-conformance-") as workdir:

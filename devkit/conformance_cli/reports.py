@@ -180,6 +180,7 @@ def markdown_text(run: RunRecord) -> str:
         _plugin_section(plugin),
         _coverage_section(plugin["kernels"]),
         _measured_errors_section(run.results),
+        _fallback_section(run.results),
         _failures_section(run.results),
         _expected_failures_section(run.results),
         _skipped_section(run.results),
@@ -276,9 +277,49 @@ def _measured_errors_section(results: list[CaseResult]) -> str:
     measured = [r for r in results if r.measured_error is not None]
     if not measured:
         return "## Measured errors\n\nNo case recorded a measured error."
-    rows = [[f"`{r.id}`", r.status, r.measured_error, "" if r.tolerance is None else r.tolerance]
-            for r in measured]
-    return "## Measured errors\n\n" + _table(["Case", "Status", "Measured error", "Tolerance"], rows)
+    by_op: dict[tuple, list[CaseResult]] = {}
+    others = []
+    for r in measured:
+        if "op" in r.properties and "dtype" in r.properties:
+            by_op.setdefault((r.properties["op"], r.properties["dtype"]), []).append(r)
+        else:
+            others.append(r)
+    sections = ["## Measured errors"]
+    if by_op:
+        rows = []
+        for (op, dtype), cases in sorted(by_op.items()):
+            worst = max(cases, key=lambda r: _as_float(r.measured_error))
+            failed = sum(1 for r in cases if r.status not in ("passed", "xfail"))
+            rows.append([op, dtype, len(cases), failed, worst.measured_error, worst.tolerance or "",
+                         f"`{worst.id.split('[', 1)[-1].rstrip(']')}`"])
+        sections.append("Worst case per op and dtype (ulp when the tolerance is in ulp, else absolute).\n\n"
+                        + _table(["Op", "Dtype", "Cases", "Not passed", "Max error", "Tolerance",
+                                  "Worst case"], rows))
+    if others:
+        sections.append(_table(["Case", "Status", "Measured error", "Tolerance"],
+                               [[f"`{r.id}`", r.status, r.measured_error, r.tolerance or ""] for r in others]))
+    return "\n\n".join(sections)
+
+
+def _fallback_section(results: list[CaseResult]) -> str:
+    totals: dict[str, list[int]] = {}
+    for r in results:
+        for key, count in (r.properties.get("fallbacks") or {}).items():
+            entry = totals.setdefault(key, [0, 0])
+            entry[0] += count
+            entry[1] += 1
+    if not totals:
+        return "## CPU fallbacks\n\nNone: every op ran on the plugin's own kernels."
+    rows = [[key, count, cases] for key, (count, cases) in sorted(totals.items(), key=lambda kv: -kv[1][0])]
+    return ("## CPU fallbacks\n\nOps that ran on the cpu plugin because the plugin has no kernel for "
+            "them (--allow-cpu-fallback).\n\n" + _table(["Op[dtype]", "Calls", "Cases"], rows))
+
+
+def _as_float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("inf")
 
 
 def _failures_section(results: list[CaseResult]) -> str:

@@ -65,7 +65,20 @@ class CaseReporter:
         self._reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid, location):
-        self._emit({"event": "finished", "id": nodeid, **case_outcome(self._reports.pop(nodeid, []))})
+        outcome = case_outcome(self._reports.pop(nodeid, []))
+        fallbacks = _drain_fallbacks()
+        if fallbacks:
+            outcome["properties"]["fallbacks"] = fallbacks
+        self._emit({"event": "finished", "id": nodeid, **outcome})
+
+
+def _drain_fallbacks() -> dict[str, int]:
+    """Ops the case ran on the cpu plugin instead (--allow-cpu-fallback), as "op[dtype]" -> count."""
+    if "devkit" not in sys.modules:
+        return {}
+    import devkit
+
+    return {f"{row['op']}[{row['dtype']}]": row["count"] for row in devkit.fallback_report(reset=True)}
 
 
 def declared_timeout(item) -> float | None:
