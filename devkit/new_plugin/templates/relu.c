@@ -1,0 +1,34 @@
+/*
+ * relu.c -- an example kernel: ONNX Relu for float32.
+ *
+ * A kernel file defines compute functions and registers them with
+ * @NAME@_REGISTER_KERNELS; linking the file in is all it takes (setup.py
+ * compiles every .c file of src/kernels). kernel.h explains what the
+ * launcher does before a compute function runs on the stream's worker
+ * thread.
+ */
+#include "kernel.h"
+
+/* The inner loop @name@_elementwise runs: operand 0 is the output, operand 1
+ * the input; each pointer advances by its step in bytes (0 for a broadcast
+ * operand), so strided views need nothing more. NaN stays NaN. */
+static void relu_f32_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {
+  (void)ctx;
+  uint8_t *out = p[0];
+  const uint8_t *in = p[1];
+  for (int64_t i = 0; i < n; i++, out += s[0], in += s[1]) {
+    float x = *(const float *)in;
+    *(float *)out = x < 0 ? 0.0f : x;
+  }
+}
+
+static DK_Status relu_f32(const @name@_kernel_args *k) {
+  @name@_elementwise(k, 1, relu_f32_loop, NULL);
+  return DK_OK;
+}
+
+/* (ONNX op, dtype of its key input, compute function, DK_KernelFlags) */
+static const @name@_kernel_def k_defs[] = {
+    {"Relu", DK_DTYPE_FLOAT32, relu_f32, @NAME@_STRIDED},
+};
+@NAME@_REGISTER_KERNELS(k_defs)

@@ -1,0 +1,31 @@
+"""Builds libdevkit_acme.so into the package devkit_plugin_acme: a plain C
+library exporting one symbol, DK_PluginInit, not a Python extension module."""
+
+import os
+from glob import glob
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class build_plugin_library(build_ext):
+    def get_ext_filename(self, fullname):
+        # devkit_plugin_acme.libdevkit_acme -> devkit_plugin_acme/libdevkit_acme.so
+        return os.path.join(*fullname.split(".")) + ".so"
+
+    def get_export_symbols(self, ext):
+        return []  # no PyInit_*: the export is DK_PluginInit, marked DK_EXPORT in devkit.h
+
+
+plugin = Extension(
+    "devkit_plugin_acme.libdevkit_acme",
+    sources=sorted(glob("src/*.c")) + sorted(glob("src/kernels/*.c")),
+    include_dirs=["include", "src"],
+    depends=sorted(glob("include/*.h") + glob("src/*.h")),
+    # Hidden visibility: DK_PluginInit is the library's only exported symbol.
+    extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden", "-pthread", "-Wall", "-Wextra",
+                        "-fno-math-errno"],
+    extra_link_args=["-pthread", "-lm"],
+)
+
+setup(ext_modules=[plugin], cmdclass={"build_ext": build_plugin_library})
