@@ -66,6 +66,9 @@ def node_attributes(node, spec: _spec.OpSpec) -> dict:
     dtype_attr = spec.attr("dtype")
     if tensor_dtype is not None and dtype_attr is not None and dtype_attr.kind == "dtype":
         attrs.setdefault("dtype", tensor_dtype)
+    if node.op_type == "Split" and (len(node.input) < 2 or not node.input[1]):
+        # Before opset 18 an equal Split takes its part count from the node's outputs.
+        attrs.setdefault("num_outputs", len(node.output))
     return attrs
 
 
@@ -86,14 +89,16 @@ def _constant(node) -> np.ndarray:
 def check_node(node) -> _spec.OpSpec | None:
     """The node's spec (None for Constant, which the runner folds on the host),
     or UnsupportedNodeError naming what is outside the set."""
-    if node.domain not in ("", "ai.onnx"):
-        raise UnsupportedNodeError(f"{_describe(node)}: domain '{node.domain}' is not supported")
-    if node.op_type == "Constant":
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    if node.op_type == "Constant" and domain == "":
         return None
     try:
         spec = _spec.get(node.op_type)
     except ValueError:
         raise UnsupportedNodeError(f"{_describe(node)}: op {node.op_type} is not in the devkit operator set") from None
+    if spec.domain != domain:
+        raise UnsupportedNodeError(f"{_describe(node)}: devkit has {node.op_type} in domain "
+                                   f"'{spec.domain or 'ai.onnx'}', not '{node.domain}'")
     node_attributes(node, spec)
     return spec
 

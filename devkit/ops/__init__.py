@@ -13,7 +13,7 @@ from .dispatch import cpu_fallback, fallback_enabled, fallback_report, infer, ru
 from .spec import OpSpec, all_specs, get
 
 # One module per op family; importing one registers its specs.
-FAMILIES = ("unary", "binary", "reduce", "linalg", "nn", "movement", "shape")
+FAMILIES = ("unary", "binary", "reduce", "linalg", "nn", "movement", "shape", "training")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
 

@@ -127,7 +127,7 @@ def resolve_attrs(spec: OpSpec, given: Mapping | None) -> dict:
 
 def _host_value(spec: OpSpec, decl: _spec.Input, value) -> np.ndarray:
     array = value.numpy() if isinstance(value, Array) else np.asarray(value)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" and array.dtype != _dtypes.bfloat16:
         raise TypeError(f"{spec.name}: input '{decl.name}' must be numeric, got {array.dtype}")
     return array
 
@@ -149,27 +149,31 @@ def _tensor(slot, array: Array, keep: list) -> None:
     slot.byte_offset = array.buffer.offset + array.offset
 
 
+def _owned(keep: list, ctype: str, init):
+    """A new cdata that ``keep`` owns: a struct field assigned a fresh ffi.new
+    does not keep it alive by itself."""
+    cdata = ffi.new(ctype, init)
+    keep.append(cdata)
+    return cdata
+
+
 def _attribute(name: str, kind: str, value, keep: list):
-    a = ffi.new("DK_Attribute *")
+    a = _owned(keep, "DK_Attribute *", None)
     a.struct_size = ffi.sizeof("DK_Attribute")
-    a.name = ffi.new("char[]", name.encode())
-    keep += [a, a.name]
+    a.name = _owned(keep, "char[]", name.encode())
     if kind == "int":
         a.type, a.i = C.DK_ATTR_INT, value
     elif kind == "float":
         a.type, a.f = C.DK_ATTR_FLOAT, value
     elif kind == "ints":
         a.type, a.count = C.DK_ATTR_INTS, len(value)
-        a.ints = ffi.new("int64_t[]", list(value) or [0])
-        keep.append(a.ints)
+        a.ints = _owned(keep, "int64_t[]", list(value) or [0])
     elif kind == "floats":
         a.type, a.count = C.DK_ATTR_FLOATS, len(value)
-        a.floats = ffi.new("double[]", list(value) or [0.0])
-        keep.append(a.floats)
+        a.floats = _owned(keep, "double[]", list(value) or [0.0])
     elif kind == "string":
         a.type = C.DK_ATTR_STRING
-        a.s = ffi.new("char[]", value.encode())
-        keep.append(a.s)
+        a.s = _owned(keep, "char[]", value.encode())
     else:
         a.type = C.DK_ATTR_DTYPE
         a.dtype.code, a.dtype.bits = _dtypes.code_bits(value)
@@ -217,8 +221,10 @@ def _attribute_list(spec: OpSpec, attrs: dict, host_values: dict) -> list[tuple[
     result = [(name, spec.attr(name).kind, value) for name, value in attrs.items()]
     for name, value in host_values.items():
         values = value.reshape(-1)
-        kind = "floats" if values.dtype.kind == "f" else "ints"
-        result.append((name, kind, values.tolist()))
+        if values.dtype.kind == "f" or values.dtype == _dtypes.bfloat16:
+            result.append((name, "floats", values.astype(np.float64).tolist()))
+        else:
+            result.append((name, "ints", values.astype(np.int64).tolist()))
     return result
 
 

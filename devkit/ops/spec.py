@@ -166,7 +166,8 @@ class OpSpec:
     attrs: tuple[Attr, ...] = ()
     key: int | str = 0                   # index of the key input, or a dtype attribute's name
     tolerance: dict | Tolerance = EXACT  # per dtype name ("float32", ...), or one for all
-    opset: int = 17                      # the ONNX opset whose semantics this follows
+    opset: int = 17                      # the opset (of `domain`) whose semantics this follows
+    domain: str = ""                     # "" is ONNX's default domain; also ai.onnx.preview.training, devkit
     doc: str = ""
     category: str = ""
 

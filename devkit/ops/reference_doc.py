@@ -1,0 +1,87 @@
+"""docs/operators.md, written from the op specs themselves.
+
+    python3 -m devkit.ops.reference_doc > docs/operators.md
+
+tests/test_docs.py fails when the committed file differs from this output.
+"""
+
+from __future__ import annotations
+
+from . import FAMILIES, all_specs
+from .spec import REQUIRED, OpSpec, dtype_name
+
+FAMILY_TITLES = {
+    "unary": "Unary elementwise", "binary": "Binary and variadic elementwise",
+    "reduce": "Reductions, scans and softmax", "linalg": "Linear algebra, convolution and pooling",
+    "nn": "Normalization, attention and other NN ops", "movement": "Data movement",
+    "shape": "Shape, cast and creation", "training": "Training: gradients, losses and optimizers",
+}
+
+
+def _inputs(spec: OpSpec) -> str:
+    parts = []
+    for i in spec.inputs:
+        label = f"`{i.name}`" + ("…" if i.variadic else "")
+        notes = [n for n, on in (("optional", i.optional), ("host", i.host), ("read by infer", i.read_by_infer)) if on]
+        parts.append(label + (f" ({', '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
+
+
+def _attrs(spec: OpSpec) -> str:
+    if not spec.attrs:
+        return "—"
+    parts = []
+    for a in spec.attrs:
+        default = "required" if a.default is REQUIRED else "no default" if a.default is None else repr(a.default)
+        parts.append(f"`{a.name}`: {a.kind} ({default})")
+    return "<br>".join(parts)
+
+
+def _tolerances(spec: OpSpec) -> str:
+    groups: dict[str, list[str]] = {}
+    for dtype in spec.dtypes:
+        groups.setdefault(str(spec.tolerance_for(dtype)), []).append(dtype_name(dtype))
+    return "<br>".join(f"{tol}: {', '.join(names)}" for tol, names in groups.items())
+
+
+def _key(spec: OpSpec) -> str:
+    if isinstance(spec.key, str):
+        return f"attribute `{spec.key}`"
+    return f"`{spec.inputs[spec.key].name}`"
+
+
+def render() -> str:
+    specs = all_specs()
+    pairs = sum(len(s.dtypes) for s in specs)
+    lines = [
+        "# Operator set v1",
+        "",
+        "<!-- Written by `python3 -m devkit.ops.reference_doc`; do not edit by hand. -->",
+        "",
+        f"{len(specs)} ops, {pairs} (op, dtype) pairs. Names and semantics are ONNX's, at the opset "
+        "given. A kernel is keyed by the dtype of the key input (or attribute). *host* inputs are "
+        "read on the host and reach kernels as attributes of the same name; an input *read by "
+        "infer* is copied to the host for shape inference and still passed as a tensor.",
+        "",
+        "Tolerances are against the float64 NumPy reference rounded to the output dtype: *exact* "
+        "means correctly rounded (bit-exact for data movement and integers); *n ulp* counts units "
+        "in the last place of the output dtype; *rtol/atol* bound |got − ref| by atol + rtol·|ref|. "
+        "float16 and bfloat16 are storage types computed in float32.",
+    ]
+    for family in FAMILIES:
+        members = [s for s in specs if s.category == family]
+        if not members:
+            continue
+        lines += ["", f"## {FAMILY_TITLES[family]}", "",
+                  "| Op | Opset | Inputs | Outputs | Attributes | Key | Tolerance by dtype |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in members:
+            cells = [f"**{s.name}**", str(s.opset), _inputs(s), ", ".join(f"`{o}`" for o in s.outputs),
+                     _attrs(s), _key(s), _tolerances(s)]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines += [""] + [f"- **{s.name}**: {' '.join(s.doc.split())}" for s in members]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

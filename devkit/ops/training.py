@@ -1,0 +1,1 @@
+"""Training ops: gradients, losses and optimizer updates (being written)."""
