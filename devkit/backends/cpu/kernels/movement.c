@@ -1,0 +1,282 @@
+/*
+ * movement.c -- the strided copy engine of the data-movement kernels, and
+ * the kernels that are views plus one copy: Transpose, Concat, Split, Slice,
+ * Expand and Tile. Each builds, for the output's index space, the byte
+ * strides at which its input is read, and hands both to movement_copy; so
+ * they all honour input and output strides (CPU_STRIDED).
+ */
+#include "movement.h"
+
+/* Edge of a transposing block, in elements: a 32 x 32 block of 8-byte
+ * elements is 8 KiB on each side, inside L1. */
+#define TILE 32
+
+void movement_copy_run(uint8_t *dst, int64_t dst_step, const uint8_t *src, int64_t src_step,
+                       int64_t n, int32_t itemsize) {
+  if (n == 1) {
+    movement_copy_element(dst, src, itemsize);
+    return;
+  }
+  if (dst_step == itemsize && src_step == itemsize) {
+    memcpy(dst, src, (size_t)(n * itemsize));
+    return;
+  }
+#define RUN(SIZE)                                                        \
+  for (int64_t i = 0; i < n; i++, dst += dst_step, src += src_step)      \
+    memcpy(dst, src, SIZE);                                              \
+  break;
+  switch (itemsize) {
+    case 1: RUN(1)
+    case 2: RUN(2)
+    case 4: RUN(4)
+    case 8: RUN(8)
+    default: RUN((size_t)itemsize)
+  }
+#undef RUN
+}
+
+/* The copy's dims without size-1 ones, merged where both sides are
+ * contiguous across them; innermost first. */
+typedef struct merged_dims {
+  int n;
+  int64_t size[MOVEMENT_MAX_DIMS], dst[MOVEMENT_MAX_DIMS], src[MOVEMENT_MAX_DIMS];
+} merged_dims;
+
+/* False when the shape has no elements. */
+static bool merge_dims(int32_t ndim, const int64_t *shape, const int64_t *dst, const int64_t *src,
+                       merged_dims *m) {
+  m->n = 0;
+  for (int32_t d = ndim - 1; d >= 0; d--) {
+    if (shape[d] == 0) return false;
+    if (shape[d] == 1) continue;
+    int last = m->n - 1;
+    if (last >= 0 && dst[d] == m->dst[last] * m->size[last] &&
+        src[d] == m->src[last] * m->size[last]) {
+      m->size[last] *= shape[d];
+      continue;
+    }
+    m->size[m->n] = shape[d];
+    m->dst[m->n] = dst[d];
+    m->src[m->n] = src[d];
+    m->n++;
+  }
+  return true;
+}
+
+/* Dims 0 and 1 of `m` in TILE x TILE blocks: dim 0 is contiguous in dst and
+ * dim 1 in src, so each block reads and writes whole cache lines. */
+static void copy_tiled(const merged_dims *m, uint8_t *dst, const uint8_t *src, int32_t itemsize) {
+  const int64_t d0 = m->dst[0], d1 = m->dst[1], s0 = m->src[0], s1 = m->src[1];
+#define TILED(SIZE)                                                               \
+  for (int64_t j0 = 0; j0 < m->size[1]; j0 += TILE) {                             \
+    int64_t j1 = m->size[1] - j0 < TILE ? m->size[1] : j0 + TILE;                 \
+    for (int64_t i0 = 0; i0 < m->size[0]; i0 += TILE) {                           \
+      int64_t i1 = m->size[0] - i0 < TILE ? m->size[0] : i0 + TILE;               \
+      for (int64_t j = j0; j < j1; j++)                                           \
+        for (int64_t i = i0; i < i1; i++)                                         \
+          memcpy(dst + j * d1 + i * d0, src + j * s1 + i * s0, SIZE);             \
+    }                                                                             \
+  }                                                                               \
+  break;
+  switch (itemsize) {
+    case 1: TILED(1)
+    case 2: TILED(2)
+    case 4: TILED(4)
+    case 8: TILED(8)
+    default: TILED((size_t)itemsize)
+  }
+#undef TILED
+}
+
+void movement_copy(int32_t ndim, const int64_t *shape, uint8_t *dst, const int64_t *dst_strides,
+                   const uint8_t *src, const int64_t *src_strides, int32_t itemsize) {
+  merged_dims m;
+  if (!merge_dims(ndim, shape, dst_strides, src_strides, &m)) return;
+  if (m.n == 0) {
+    movement_copy_element(dst, src, itemsize);
+    return;
+  }
+  /* A transpose: dst's innermost dim is strided in src, and some other dim
+   * is contiguous there. Bring that dim next to the innermost and tile the
+   * pair. (Elements are independent, so any walk order is a valid copy.) */
+  int inner = 1;
+  if (m.dst[0] == itemsize && m.src[0] != itemsize && m.src[0] != 0) {
+    for (int j = 1; j < m.n; j++) {
+      if (m.src[j] != itemsize) continue;
+      int64_t size = m.size[j], d = m.dst[j], s = m.src[j];
+      m.size[j] = m.size[1], m.dst[j] = m.dst[1], m.src[j] = m.src[1];
+      m.size[1] = size, m.dst[1] = d, m.src[1] = s;
+      inner = 2;
+      break;
+    }
+  }
+  int64_t index[MOVEMENT_MAX_DIMS] = {0};
+  for (;;) {
+    if (inner == 2)
+      copy_tiled(&m, dst, src, itemsize);
+    else
+      movement_copy_run(dst, m.dst[0], src, m.src[0], m.size[0], itemsize);
+    int d = inner;
+    for (; d < m.n; d++) { /* odometer over the outer dims */
+      dst += m.dst[d];
+      src += m.src[d];
+      if (++index[d] < m.size[d]) break;
+      dst -= m.dst[d] * m.size[d];
+      src -= m.src[d] * m.size[d];
+      index[d] = 0;
+    }
+    if (d == m.n) return;
+  }
+}
+
+DK_Status movement_index_error(const cpu_kernel_args *k, int64_t value, int64_t position,
+                               int32_t axis, int64_t dim) {
+  return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+                         "index %lld (element %lld of indices) is out of range for axis %d of "
+                         "size %lld: valid indices are in [%lld, %lld)",
+                         (long long)value, (long long)position, axis, (long long)dim,
+                         (long long)-dim, (long long)dim);
+}
+
+DK_Status movement_check_indices(const cpu_kernel_args *k, const cpu_tensor *indices,
+                                 int64_t dim, int32_t axis) {
+  for (int64_t i = 0; i < indices->size; i++) {
+    int64_t v = movement_index(indices, i);
+    if (v < -dim || v >= dim) return movement_index_error(k, v, i, axis, dim);
+  }
+  return DK_OK;
+}
+
+/* ---- Kernels ------------------------------------------------------------- */
+
+static int32_t normalized_axis(int64_t axis, int32_t ndim) {
+  return (int32_t)(axis < 0 ? axis + ndim : axis);
+}
+
+/* Output dim d is input dim perm[d] (the dims reversed without perm), so it
+ * reads the input with that dim's stride. */
+static DK_Status transpose(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (out->size == 0) return DK_OK;
+  int64_t count;
+  const int64_t *perm = cpu_attr_ints(k, "perm", &count);
+  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  movement_byte_strides(out, dst);
+  for (int32_t d = 0; d < out->ndim; d++) {
+    int64_t axis = perm ? perm[d] : out->ndim - 1 - d;
+    src[d] = in->strides[axis] * in->itemsize;
+  }
+  movement_copy(out->ndim, out->shape, out->data, dst, in->data, src, in->itemsize);
+  return DK_OK;
+}
+
+/* Each input is copied into its slab of the output along `axis`. */
+static DK_Status concat(const cpu_kernel_args *k) {
+  const cpu_tensor *out = &k->out[0];
+  if (out->size == 0) return DK_OK;
+  int32_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), out->ndim);
+  int64_t dst[CPU_MAX_DIMS], src[CPU_MAX_DIMS];
+  movement_byte_strides(out, dst);
+  int64_t position = 0;
+  for (size_t i = 0; i < k->num_inputs; i++) {
+    const cpu_tensor *in = &k->in[i];
+    movement_byte_strides(in, src);
+    movement_copy(in->ndim, in->shape, out->data + position * dst[axis], dst, in->data, src,
+                  in->itemsize);
+    position += in->shape[axis];
+  }
+  return DK_OK;
+}
+
+/* The outputs' extents along `axis` are the split sizes. */
+static DK_Status split(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  if (in->size == 0) return DK_OK;
+  int32_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), in->ndim);
+  int64_t dst[CPU_MAX_DIMS], src[CPU_MAX_DIMS];
+  movement_byte_strides(in, src);
+  int64_t position = 0;
+  for (size_t i = 0; i < k->num_outputs; i++) {
+    const cpu_tensor *out = &k->out[i];
+    movement_byte_strides(out, dst);
+    movement_copy(out->ndim, out->shape, out->data, dst, in->data + position * src[axis], src,
+                  in->itemsize);
+    position += out->shape[axis];
+  }
+  return DK_OK;
+}
+
+/* Output index i of dim d reads input index start[d] + i * step[d]; the
+ * starts are clamped as ONNX specifies (the host derived the output shape
+ * from the same rules). */
+static DK_Status slice(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (out->size == 0) return DK_OK;
+  int64_t n, n_axes, n_steps;
+  const int64_t *starts = cpu_attr_ints(k, "starts", &n);
+  const int64_t *axes = cpu_attr_ints(k, "axes", &n_axes);
+  const int64_t *steps = cpu_attr_ints(k, "steps", &n_steps);
+  int64_t start[CPU_MAX_DIMS] = {0}, step[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < in->ndim; d++) step[d] = 1;
+  for (int64_t i = 0; i < n; i++) {
+    int32_t axis = normalized_axis(axes ? axes[i] : i, in->ndim);
+    int64_t dim = in->shape[axis], s = starts[i];
+    step[axis] = steps ? steps[i] : 1;
+    if (s < 0) s += dim;
+    int64_t high = step[axis] > 0 ? dim : dim - 1;
+    start[axis] = s < 0 ? 0 : s > high ? high : s;
+  }
+  const uint8_t *first = in->data;
+  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  movement_byte_strides(out, dst);
+  for (int32_t d = 0; d < in->ndim; d++) {
+    first += start[d] * in->strides[d] * in->itemsize;
+    /* A dim with one output element never steps (and a huge step times the
+     * stride could overflow). */
+    src[d] = out->shape[d] > 1 ? step[d] * in->strides[d] * in->itemsize : 0;
+  }
+  movement_copy(out->ndim, out->shape, out->data, dst, first, src, in->itemsize);
+  return DK_OK;
+}
+
+/* Broadcasting: size-1 (and missing leading) input dims are read with
+ * stride 0. */
+static DK_Status expand(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (out->size == 0) return DK_OK;
+  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  movement_byte_strides(out, dst);
+  cpu_broadcast_strides(in, out->ndim, src);
+  movement_copy(out->ndim, out->shape, out->data, dst, in->data, src, in->itemsize);
+  return DK_OK;
+}
+
+/* Output dim d of extent repeats[d] * in[d] is viewed as two dims
+ * (repeats[d], in[d]); the repeat dim reads the input with stride 0. The
+ * repeats follow from the shapes. */
+static DK_Status tile(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (out->size == 0) return DK_OK;
+  int64_t shape[MOVEMENT_MAX_DIMS], src[MOVEMENT_MAX_DIMS], dst[MOVEMENT_MAX_DIMS];
+  for (int32_t d = 0; d < in->ndim; d++) {
+    int64_t out_step = out->strides[d] * out->itemsize;
+    shape[2 * d] = out->shape[d] / in->shape[d];
+    shape[2 * d + 1] = in->shape[d];
+    dst[2 * d] = in->shape[d] * out_step;
+    dst[2 * d + 1] = out_step;
+    src[2 * d] = 0;
+    src[2 * d + 1] = in->strides[d] * in->itemsize;
+  }
+  movement_copy(2 * in->ndim, shape, out->data, dst, in->data, src, in->itemsize);
+  return DK_OK;
+}
+
+static const cpu_kernel_def k_movement[] = {
+    MOVEMENT_ALL_DTYPES("Transpose", transpose, CPU_STRIDED),
+    MOVEMENT_ALL_DTYPES("Concat", concat, CPU_STRIDED),
+    MOVEMENT_ALL_DTYPES("Split", split, CPU_STRIDED),
+    MOVEMENT_ALL_DTYPES("Slice", slice, CPU_STRIDED),
+    MOVEMENT_ALL_DTYPES("Expand", expand, CPU_STRIDED),
+    MOVEMENT_ALL_DTYPES("Tile", tile, CPU_STRIDED),
+};
+CPU_REGISTER_KERNELS(k_movement)
