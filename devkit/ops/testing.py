@@ -90,6 +90,24 @@ def _spacing(ref: np.ndarray, dtype) -> np.ndarray:
         return np.maximum(np.spacing(typed).astype(np.float64), float(np.finfo(dtype).smallest_subnormal))
 
 
+def round_to(values: np.ndarray, dtype) -> np.ndarray:
+    """float64 values correctly rounded (to nearest even) to a float dtype.
+
+    NumPy converts float64 to float16 directly; bfloat16 would round twice
+    (through float32), so it goes through float32 rounded to odd, which makes
+    the second rounding exact."""
+    dtype = np.dtype(dtype)
+    if dtype != bfloat16:
+        return values.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        nearest = values.astype(np.float32)
+        overshoot = np.abs(nearest.astype(np.float64)) > np.abs(values)
+        truncated = np.where(overshoot, np.nextafter(nearest, np.float32(0)), nearest)
+        inexact = np.isfinite(values) & (truncated.astype(np.float64) != values)
+        bits = truncated.view(np.uint32) | np.where(inexact, np.uint32(1), np.uint32(0))
+    return bits.view(np.float32).astype(bfloat16)
+
+
 def compare(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance) -> Comparison:
     """Compare a kernel's output with the (float64) reference under ``tolerance``."""
     ref = np.asarray(ref)
@@ -108,7 +126,7 @@ def compare(got: np.ndarray, ref: np.ndarray, tolerance: Tolerance) -> Compariso
     # Against the reference rounded to the output dtype: "exact" means
     # correctly rounded, and ulp counts from the correctly rounded value.
     with np.errstate(over="ignore"):
-        r = ref.astype(np.float64).astype(got.dtype).astype(np.float64)
+        r = round_to(ref.astype(np.float64), got.dtype).astype(np.float64)
     nan_g, nan_r = np.isnan(g), np.isnan(r)
     inf_mismatch = (np.isinf(g) | np.isinf(r)) & ~(nan_g | nan_r) & (g != r)
     nan_mismatch = nan_g != nan_r

@@ -1,0 +1,321 @@
+/*
+ * shape.c -- the shape family's data movement and generators: Identity,
+ * Reshape, Flatten, Squeeze, Unsqueeze, DepthToSpace, SpaceToDepth, Shape,
+ * Size, NonZero, Range, ConstantOfShape, EyeLike, OneHot. (Cast and Resize
+ * live in shape_cast.c and shape_resize.c.)
+ *
+ * The data movement kernels are dtype-agnostic byte copies by itemsize; one
+ * function serves every dtype's entry.
+ */
+#include "shape.h"
+
+/* ---- Strided copies -------------------------------------------------------- */
+
+/* cpu_inner_loop: operand 0 (destination) <- operand 1; ctx: the itemsize. */
+#define COPY_LOOP(T) \
+  for (int64_t i = 0; i < n; i++, o += s[0], a += s[1]) *(T *)o = *(const T *)a
+
+static void copy_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {
+  int64_t size = *(const int64_t *)ctx;
+  uint8_t *o = p[0];
+  const uint8_t *a = p[1];
+  if (s[0] == size && s[1] == size) {
+    memcpy(o, a, (size_t)(n * size));
+    return;
+  }
+  switch (size) {
+    case 1: COPY_LOOP(uint8_t); break;
+    case 2: COPY_LOOP(uint16_t); break;
+    case 4: COPY_LOOP(uint32_t); break;
+    default: COPY_LOOP(uint64_t); break;
+  }
+}
+
+/* Copies the elements of an ndim-dim index space: element (i...) of the
+ * destination, at dst + sum(i * dst_strides), gets the source's at src +
+ * sum(i * src_strides) (byte strides). */
+static void copy_nd(int32_t ndim, const int64_t *shape, uint8_t *dst, const int64_t *dst_strides,
+                    const uint8_t *src, const int64_t *src_strides, int64_t itemsize) {
+  int64_t strides[2][CPU_MAX_DIMS];
+  memcpy(strides[0], dst_strides, (size_t)ndim * sizeof(int64_t));
+  memcpy(strides[1], src_strides, (size_t)ndim * sizeof(int64_t));
+  uint8_t *base[2] = {dst, (uint8_t *)src};
+  cpu_nd_loop(2, ndim, shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, copy_loop, &itemsize);
+}
+
+/* Identity: any strides on both sides, same shape. */
+static DK_Status identity(const cpu_kernel_args *k) {
+  int64_t itemsize = k->in[0].itemsize;
+  cpu_elementwise(k, 1, copy_loop, &itemsize);
+  return DK_OK;
+}
+
+/* Reshape, Flatten, Squeeze, Unsqueeze: the input's elements in row-major
+ * order into the compact output, read through the input's strides. */
+static DK_Status copy_in_order(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  cpu_compact_strides(in->ndim, in->shape, dst);
+  for (int32_t d = 0; d < in->ndim; d++) {
+    dst[d] *= in->itemsize;
+    src[d] = in->strides[d] * in->itemsize;
+  }
+  copy_nd(in->ndim, in->shape, k->out[0].data, dst, in->data, src, in->itemsize);
+  return DK_OK;
+}
+
+/* ---- DepthToSpace, SpaceToDepth --------------------------------------------- */
+
+/* Both walk the output in a 6-D view whose blocked dims split a spatial dim
+ * (stride s) into (outer stride s * b, inner stride s). */
+static DK_Status depth_to_space(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  int64_t b = cpu_attr_int(k, "blocksize", 1), size = in->itemsize;
+  bool crd = strcmp(cpu_attr_string(k, "mode", "DCR"), "CRD") == 0;
+  int64_t c_out = out->shape[1];
+  const int64_t *is = in->strides, *os = out->strides;
+  /* The output as [N, C', H, b (row in block), W, b (column in block)]. */
+  int64_t shape[6] = {in->shape[0], c_out, in->shape[2], b, in->shape[3], b};
+  int64_t dst[6] = {os[0], os[1], os[2] * b, os[2], os[3] * b, os[3]};
+  /* Input channel: DCR (row * b + column) * C' + c; CRD (c * b + row) * b + column. */
+  int64_t src[6] = {is[0], crd ? is[1] * b * b : is[1], is[2], crd ? is[1] * b : is[1] * b * c_out,
+                    is[3], crd ? is[1] : is[1] * c_out};
+  for (int d = 0; d < 6; d++) {
+    dst[d] *= size;
+    src[d] *= size;
+  }
+  copy_nd(6, shape, out->data, dst, in->data, src, size);
+  return DK_OK;
+}
+
+static DK_Status space_to_depth(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  int64_t b = cpu_attr_int(k, "blocksize", 1), size = in->itemsize;
+  bool crd = strcmp(cpu_attr_string(k, "mode", "DCR"), "CRD") == 0;
+  int64_t c_in = in->shape[1];
+  const int64_t *is = in->strides, *os = out->strides;
+  /* The output as [N, b (row in block), b (column in block), C, H', W'];
+   * output channel DCR (row * b + column) * C + c, CRD (c * b + row) * b + column. */
+  int64_t shape[6] = {in->shape[0], b, b, c_in, out->shape[2], out->shape[3]};
+  int64_t dst[6] = {os[0], crd ? os[1] * b : os[1] * b * c_in, crd ? os[1] : os[1] * c_in,
+                    crd ? os[1] * b * b : os[1], os[2], os[3]};
+  int64_t src[6] = {is[0], is[2], is[3], is[1], is[2] * b, is[3] * b};
+  for (int d = 0; d < 6; d++) {
+    dst[d] *= size;
+    src[d] *= size;
+  }
+  copy_nd(6, shape, out->data, dst, in->data, src, size);
+  return DK_OK;
+}
+
+/* ---- Shape, Size, NonZero -------------------------------------------------- */
+
+/* The input's data is never read. */
+static DK_Status shape_of(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int64_t start = cpu_attr_int(k, "start", 0);
+  if (start < 0) start += in->ndim;
+  start = start < 0 ? 0 : start > in->ndim ? in->ndim : start;
+  int64_t *out = (int64_t *)k->out[0].data;
+  for (int64_t i = 0; i < k->out[0].size && start + i < in->ndim; i++) out[i] = in->shape[start + i];
+  return DK_OK;
+}
+
+static DK_Status size_of(const cpu_kernel_args *k) {
+  *(int64_t *)k->out[0].data = k->in[0].size;
+  return DK_OK;
+}
+
+/* Zero tests by bits, the sign bit masked off for floats: -0 is zero, NaN is not. */
+#define NONZERO_TEST(NAME, T, MASK)               \
+  static inline bool NAME(const uint8_t *p) {     \
+    T bits;                                       \
+    memcpy(&bits, p, sizeof bits);                \
+    return (bits & (MASK)) != 0;                  \
+  }
+NONZERO_TEST(nonzero_8, uint8_t, 0xffu)
+NONZERO_TEST(nonzero_32, uint32_t, 0xffffffffu)
+NONZERO_TEST(nonzero_64, uint64_t, UINT64_MAX)
+NONZERO_TEST(nonzero_half, uint16_t, 0x7fffu)
+NONZERO_TEST(nonzero_float, uint32_t, 0x7fffffffu)
+NONZERO_TEST(nonzero_double, uint64_t, UINT64_C(0x7fffffffffffffff))
+
+/* The host sized the output [rank, count] from the data it read; should the
+ * kernel find another count (the data changed while the op was queued), it
+ * writes no further than the output and fails. */
+#define NONZERO_KERNEL(NAME, TEST)                                                             \
+  static DK_Status NAME(const cpu_kernel_args *k) {                                            \
+    const cpu_tensor *x = &k->in[0];                                                           \
+    int64_t count = k->out[0].ndim == 2 ? k->out[0].shape[1] : 0, found = 0;                   \
+    int64_t *out = (int64_t *)k->out[0].data, index[CPU_MAX_DIMS] = {0};                       \
+    for (int64_t i = 0; i < x->size; i++) {                                                    \
+      if (TEST(x->data + i * x->itemsize)) {                                                   \
+        for (int32_t d = 0; found < count && d < x->ndim; d++) out[d * count + found] = index[d]; \
+        found++;                                                                               \
+      }                                                                                        \
+      for (int32_t d = x->ndim - 1; d >= 0 && ++index[d] == x->shape[d]; d--) index[d] = 0;    \
+    }                                                                                          \
+    if (found != count)                                                                        \
+      return cpu_kernel_fail(k, DK_FAILED_PRECONDITION,                                        \
+                             "X has %lld nonzero elements, but shape inference counted %lld "  \
+                             "(did the data change while the op was queued?)",                 \
+                             (long long)found, (long long)count);                              \
+    return DK_OK;                                                                              \
+  }
+
+NONZERO_KERNEL(nonzero_bytes, nonzero_8)
+NONZERO_KERNEL(nonzero_i32, nonzero_32)
+NONZERO_KERNEL(nonzero_i64, nonzero_64)
+NONZERO_KERNEL(nonzero_f16, nonzero_half)
+NONZERO_KERNEL(nonzero_f32, nonzero_float)
+NONZERO_KERNEL(nonzero_f64, nonzero_double)
+
+/* ---- Range, ConstantOfShape, EyeLike, OneHot ---------------------------------- */
+
+/* Range's start and delta arrive as one-element host attributes. */
+static DK_Status range_float(const cpu_kernel_args *k) {
+  int64_t n;
+  const double *start = cpu_attr_floats(k, "start", &n);
+  const double *delta = cpu_attr_floats(k, "delta", &n);
+  const cpu_tensor *out = &k->out[0];
+  if (out->size && (!start || !delta))
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "start and delta must be float host inputs");
+  for (int64_t i = 0; i < out->size; i++)
+    shape_store_double(out->data + i * out->itemsize, out->dtype, *start + (double)i * *delta);
+  return DK_OK;
+}
+
+/* start + i * delta in uint64: wraps exactly like the true value, which fits. */
+static DK_Status range_int(const cpu_kernel_args *k) {
+  int64_t n;
+  const int64_t *start = cpu_attr_ints(k, "start", &n);
+  const int64_t *delta = cpu_attr_ints(k, "delta", &n);
+  const cpu_tensor *out = &k->out[0];
+  if (out->size && (!start || !delta))
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "start and delta must be integer host inputs");
+  for (int64_t i = 0; i < out->size; i++) {
+    int64_t value = (int64_t)((uint64_t)*start + (uint64_t)i * (uint64_t)*delta);
+    if (out->itemsize == 4)
+      ((int32_t *)out->data)[i] = (int32_t)value;
+    else
+      ((int64_t *)out->data)[i] = value;
+  }
+  return DK_OK;
+}
+
+/* Fills a compact tensor with copies of one element: doubling memcpys. */
+static void fill(const cpu_tensor *t, const uint8_t *element) {
+  size_t total = (size_t)t->size * (size_t)t->itemsize, filled = (size_t)t->itemsize;
+  if (!total) return;
+  memcpy(t->data, element, filled);
+  while (filled < total) {
+    size_t chunk = filled < total - filled ? filled : total - filled;
+    memcpy(t->data + filled, t->data, chunk);
+    filled += chunk;
+  }
+}
+
+static DK_Status constant_of_shape(const cpu_kernel_args *k) {
+  uint8_t element[8];
+  shape_store_double(element, k->out[0].dtype, cpu_attr_float(k, "value", 0.0));
+  fill(&k->out[0], element);
+  return DK_OK;
+}
+
+/* The input's data is never read; zero bits are 0 in every dtype. */
+static DK_Status eye_like(const cpu_kernel_args *k) {
+  const cpu_tensor *out = &k->out[0];
+  if (!out->size) return DK_OK;
+  int64_t rows = out->shape[0], cols = out->shape[1], diagonal = cpu_attr_int(k, "k", 0);
+  uint8_t one[8];
+  shape_store_double(one, out->dtype, 1.0);
+  memset(out->data, 0, (size_t)(out->size * out->itemsize));
+  /* Clamped first, so that any int64 k is safe to negate: beyond the matrix
+   * either way nothing is set. */
+  diagonal = diagonal > cols ? cols : diagonal < -rows ? -rows : diagonal;
+  /* Row i holds its one at column i + diagonal, for i in [first, last). */
+  int64_t first = diagonal < 0 ? -diagonal : 0;
+  int64_t last = cols - diagonal < rows ? cols - diagonal : rows;
+  for (int64_t i = first; i < last; i++)
+    memcpy(out->data + (i * cols + i + diagonal) * out->itemsize, one, (size_t)out->itemsize);
+  return DK_OK;
+}
+
+/* Index -> position on the one-hot axis, or -1 when outside [-depth, depth):
+ * integers exactly, floats truncated toward zero first (NaN and inf fall
+ * outside). */
+static int64_t one_hot_position(const cpu_tensor *indices, int64_t i, int64_t depth) {
+  const uint8_t *p = indices->data + i * indices->itemsize;
+  int64_t position;
+  if (shape_is_float(indices->dtype)) {
+    double v = trunc(cpu_load_as_double(p, indices->dtype));
+    if (!(v >= -(double)depth && v < (double)depth)) return -1;
+    position = (int64_t)v;
+  } else {
+    position = cpu_load_as_int64(p, indices->dtype);
+    if (position < -depth || position >= depth) return -1;
+  }
+  return position < 0 ? position + depth : position;
+}
+
+/* The output as [outer, depth, inner]: all off_value, then on_value at each
+ * index's position. */
+static DK_Status one_hot(const cpu_kernel_args *k) {
+  const cpu_tensor *indices = &k->in[0], *values = &k->in[1], *out = &k->out[0];
+  if (!out->size) return DK_OK;
+  int64_t axis = cpu_attr_int(k, "axis", -1);
+  if (axis < 0) axis += out->ndim;
+  int64_t depth = out->shape[axis], inner = 1, size = out->itemsize;
+  for (int32_t d = (int32_t)axis + 1; d < out->ndim; d++) inner *= out->shape[d];
+  fill(out, values->data);
+  const uint8_t *on = values->data + size;
+  for (int64_t i = 0; i < indices->size; i++) {
+    int64_t position = one_hot_position(indices, i, depth);
+    if (position < 0) continue;
+    int64_t outer = i / inner, within = i % inner;
+    memcpy(out->data + ((outer * depth + position) * inner + within) * size, on, (size_t)size);
+  }
+  return DK_OK;
+}
+
+/* ---- Registration ------------------------------------------------------------ */
+
+#define ALL_DTYPES(OP, FN, FLAGS)                                                        \
+  {OP, DK_DTYPE_BOOL, FN, FLAGS}, {OP, DK_DTYPE_INT8, FN, FLAGS},                        \
+      {OP, DK_DTYPE_UINT8, FN, FLAGS}, {OP, DK_DTYPE_INT32, FN, FLAGS},                  \
+      {OP, DK_DTYPE_INT64, FN, FLAGS}, {OP, DK_DTYPE_FLOAT16, FN, FLAGS},                \
+      {OP, DK_DTYPE_BFLOAT16, FN, FLAGS}, {OP, DK_DTYPE_FLOAT32, FN, FLAGS},             \
+      {OP, DK_DTYPE_FLOAT64, FN, FLAGS}
+
+/* Kernels that read their input through its strides but write a compact
+ * output, or never read the input at all. */
+#define READS_STRIDED DK_KERNEL_STRIDED_INPUTS
+
+static const cpu_kernel_def k_shape[] = {
+    ALL_DTYPES("Identity", identity, CPU_STRIDED),
+    ALL_DTYPES("Reshape", copy_in_order, READS_STRIDED),
+    ALL_DTYPES("Flatten", copy_in_order, READS_STRIDED),
+    ALL_DTYPES("Squeeze", copy_in_order, READS_STRIDED),
+    ALL_DTYPES("Unsqueeze", copy_in_order, READS_STRIDED),
+    ALL_DTYPES("DepthToSpace", depth_to_space, CPU_STRIDED),
+    ALL_DTYPES("SpaceToDepth", space_to_depth, CPU_STRIDED),
+    ALL_DTYPES("Shape", shape_of, READS_STRIDED),
+    ALL_DTYPES("Size", size_of, READS_STRIDED),
+    ALL_DTYPES("EyeLike", eye_like, READS_STRIDED),
+    ALL_DTYPES("ConstantOfShape", constant_of_shape, 0),
+    ALL_DTYPES("OneHot", one_hot, 0),
+    {"NonZero", DK_DTYPE_BOOL, nonzero_bytes, 0},
+    {"NonZero", DK_DTYPE_INT8, nonzero_bytes, 0},
+    {"NonZero", DK_DTYPE_UINT8, nonzero_bytes, 0},
+    {"NonZero", DK_DTYPE_INT32, nonzero_i32, 0},
+    {"NonZero", DK_DTYPE_INT64, nonzero_i64, 0},
+    {"NonZero", DK_DTYPE_FLOAT16, nonzero_f16, 0},
+    {"NonZero", DK_DTYPE_BFLOAT16, nonzero_f16, 0},
+    {"NonZero", DK_DTYPE_FLOAT32, nonzero_f32, 0},
+    {"NonZero", DK_DTYPE_FLOAT64, nonzero_f64, 0},
+    {"Range", DK_DTYPE_FLOAT32, range_float, 0},
+    {"Range", DK_DTYPE_FLOAT64, range_float, 0},
+    {"Range", DK_DTYPE_INT32, range_int, 0},
+    {"Range", DK_DTYPE_INT64, range_int, 0},
+};
+CPU_REGISTER_KERNELS(k_shape)

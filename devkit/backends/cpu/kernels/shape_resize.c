@@ -1,0 +1,431 @@
+/*
+ * shape_resize.c -- Resize (ONNX opset 19).
+ *
+ * The geometry (per-dim scale, roi) comes from the host inputs as
+ * devkit/ops/shape.py's _resize_geometry derives it; each output position of
+ * a resized dim maps to an input coordinate x by the
+ * coordinate_transformation_mode. Then:
+ *
+ * - nearest: one input index per output position (x rounded by
+ *   nearest_mode, clamped); the output is a gather of elements, exact for
+ *   every dtype.
+ * - linear / cubic: separable. Each resized dim, in the order of `axes`, is
+ *   one pass over a float64 tensor: an output row is the weighted sum of the
+ *   input rows at its taps (indices clamped to the edge), taps of weight
+ *   exactly 0 skipped. The weights follow ONNX's reference formulas
+ *   operation for operation, so the result matches the NumPy reference bit
+ *   for bit; one rounding to the output dtype at the end (integers: half to
+ *   even, saturated).
+ *
+ * tf_crop_and_resize positions whose x falls outside [0, n_in - 1] take
+ * extrapolation_value.
+ */
+#include <stdlib.h>
+
+#include "shape.h"
+
+enum coordinate_mode {
+  HALF_PIXEL, HALF_PIXEL_SYMMETRIC, PYTORCH_HALF_PIXEL, ALIGN_CORNERS, ASYMMETRIC, TF_CROP_AND_RESIZE
+};
+enum interpolation { NEAREST, LINEAR, CUBIC };
+enum nearest_rounding { ROUND_PREFER_FLOOR, ROUND_PREFER_CEIL, FLOOR, CEIL };
+enum aspect_policy { STRETCH, NOT_LARGER, NOT_SMALLER };
+
+typedef struct resize_params {
+  int32_t naxes;
+  int64_t axes[CPU_MAX_DIMS]; /* the resized dims, in processing order */
+  double scale[CPU_MAX_DIMS];
+  double roi_start[CPU_MAX_DIMS], roi_end[CPU_MAX_DIMS];
+  enum coordinate_mode coordinates;
+  enum interpolation mode;
+  enum nearest_rounding rounding;
+  bool antialias, exclude_outside;
+  double cubic_a, extrapolation;
+} resize_params;
+
+static int choice(const char *value, const char *const *names, int count) {
+  for (int i = 0; i < count; i++)
+    if (strcmp(value, names[i]) == 0) return i;
+  return -1;
+}
+
+/* Reads and checks the attributes; the host validated them against the
+ * spec, the checks here only keep a malformed call from reading out of
+ * bounds. */
+static DK_Status read_params(const cpu_kernel_args *k, resize_params *p) {
+  static const char *const coordinate_names[] = {"half_pixel", "half_pixel_symmetric",
+                                                 "pytorch_half_pixel", "align_corners",
+                                                 "asymmetric", "tf_crop_and_resize"};
+  static const char *const mode_names[] = {"nearest", "linear", "cubic"};
+  static const char *const rounding_names[] = {"round_prefer_floor", "round_prefer_ceil", "floor",
+                                               "ceil"};
+  static const char *const policy_names[] = {"stretch", "not_larger", "not_smaller"};
+  const cpu_tensor *x = &k->in[0];
+  int32_t rank = x->ndim;
+  int64_t naxes, nscales, nsizes, nroi;
+  const int64_t *axes = cpu_attr_ints(k, "axes", &naxes);
+  const double *scales = cpu_attr_floats(k, "scales", &nscales);
+  const int64_t *sizes = cpu_attr_ints(k, "sizes", &nsizes);
+  const double *roi = cpu_attr_floats(k, "roi", &nroi);
+  if (!axes) naxes = rank;
+  if (naxes > rank)
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "%lld axes for rank %d", (long long)naxes, rank);
+  p->naxes = (int32_t)naxes;
+  for (int32_t i = 0; i < p->naxes; i++) {
+    int64_t a = axes ? axes[i] : i;
+    p->axes[i] = a < 0 ? a + rank : a;
+    if (p->axes[i] < 0 || p->axes[i] >= rank)
+      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "axis %lld is out of range for rank %d",
+                             (long long)a, rank);
+  }
+  if ((nscales != 0) == (nsizes != 0) || (nscales && nscales != naxes) ||
+      (nsizes && nsizes != naxes) || (nroi && nroi != 2 * naxes))
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "needs scales or sizes with one entry per axis and roi with two (got "
+                           "%lld scales, %lld sizes, %lld roi for %lld axes)",
+                           (long long)nscales, (long long)nsizes, (long long)nroi, (long long)naxes);
+  int coordinates = choice(cpu_attr_string(k, "coordinate_transformation_mode", "half_pixel"),
+                           coordinate_names, 6);
+  int mode = choice(cpu_attr_string(k, "mode", "nearest"), mode_names, 3);
+  int rounding = choice(cpu_attr_string(k, "nearest_mode", "round_prefer_floor"), rounding_names, 4);
+  int policy = choice(cpu_attr_string(k, "keep_aspect_ratio_policy", "stretch"), policy_names, 3);
+  if (coordinates < 0 || mode < 0 || rounding < 0 || policy < 0)
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "unknown mode string");
+  p->coordinates = (enum coordinate_mode)coordinates;
+  p->mode = (enum interpolation)mode;
+  p->rounding = (enum nearest_rounding)rounding;
+  p->antialias = cpu_attr_int(k, "antialias", 0) != 0;
+  p->exclude_outside = cpu_attr_int(k, "exclude_outside", 0) != 0;
+  p->cubic_a = cpu_attr_float(k, "cubic_coeff_a", -0.75);
+  p->extrapolation = cpu_attr_float(k, "extrapolation_value", 0.0);
+
+  for (int32_t d = 0; d < rank; d++) {
+    p->scale[d] = 1.0;
+    p->roi_start[d] = 0.0;
+    p->roi_end[d] = 1.0;
+  }
+  double common = 0.0;
+  for (int32_t i = 0; i < p->naxes; i++) {
+    int64_t a = p->axes[i];
+    double ratio = scales ? scales[i] : x->shape[a] ? (double)sizes[i] / (double)x->shape[a] : 1.0;
+    p->scale[a] = ratio;
+    if (i == 0 || (policy == NOT_LARGER && ratio < common) || (policy == NOT_SMALLER && ratio > common))
+      common = ratio;
+    if (roi) {
+      p->roi_start[a] = roi[i];
+      p->roi_end[a] = roi[naxes + i];
+    }
+  }
+  if (sizes && policy != STRETCH) /* one scale for every axis, keeping the aspect ratio */
+    for (int32_t i = 0; i < p->naxes; i++) p->scale[p->axes[i]] = common;
+  /* A non-empty output needs scale * n_in >= 1/2 (floor(n_in * scale) >= 1,
+   * or round(n_in * scale) >= 1); that also bounds the antialias filter's
+   * width, 2 / scale taps. */
+  for (int32_t i = 0; i < p->naxes; i++) {
+    int64_t a = p->axes[i];
+    if (!(isfinite(p->scale[a]) && p->scale[a] * (double)x->shape[a] >= 0.5))
+      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
+                             "scale %g of axis %lld does not give a non-empty output", p->scale[a],
+                             (long long)a);
+  }
+  return DK_OK;
+}
+
+/* Output position y of dim d -> input coordinate; *outside for
+ * tf_crop_and_resize positions beyond the input. `width` is ONNX's
+ * length_resized, scale * n_in (fractional). */
+static double source_coordinate(const resize_params *p, int64_t d, double y, int64_t n_in,
+                                int64_t n_out, bool *outside) {
+  double scale = p->scale[d], width = scale * (double)n_in;
+  *outside = false;
+  switch (p->coordinates) {
+    case HALF_PIXEL: return (y + 0.5) / scale - 0.5;
+    case HALF_PIXEL_SYMMETRIC: {
+      double adjustment = (double)n_out / width, center = (double)n_in / 2;
+      double offset = center * (1 - adjustment);
+      return offset + (y + 0.5) / scale - 0.5;
+    }
+    case PYTORCH_HALF_PIXEL: return width > 1 ? (y + 0.5) / scale - 0.5 : 0.0;
+    case ALIGN_CORNERS: return width != 1 ? y * (double)(n_in - 1) / (width - 1) : 0.0;
+    case ASYMMETRIC: return y / scale;
+    case TF_CROP_AND_RESIZE: {
+      double start = p->roi_start[d], end = p->roi_end[d], x;
+      if (width != 1)
+        x = y * (end - start) * (double)(n_in - 1) / (width - 1);
+      else
+        x = (end - start) * (double)(n_in - 1) / 2;
+      x = x + start * (double)(n_in - 1);
+      *outside = !(x >= 0 && x <= (double)(n_in - 1));
+      return x;
+    }
+  }
+  return 0.0;
+}
+
+/* A double holding an index-like value, clamped into [lo, hi] before it
+ * becomes an int64 (NaN -> lo): far-out coordinates then stay defined. */
+static int64_t clamped_index(double v, int64_t lo, int64_t hi) {
+  return v >= (double)hi ? hi : v >= (double)lo ? (int64_t)v : lo;
+}
+
+/* ---- nearest ------------------------------------------------------------------ */
+
+/* Input index of each output position of dim d, or -1 where outside. */
+static void nearest_indices(const resize_params *p, int64_t d, int64_t n_in, int64_t n_out,
+                            bool resized, int64_t *index) {
+  for (int64_t j = 0; j < n_out; j++) {
+    if (!resized) {
+      index[j] = j;
+      continue;
+    }
+    bool outside;
+    double x = source_coordinate(p, d, (double)j, n_in, n_out, &outside);
+    double floor_x = floor(x), fraction = x - floor_x;
+    bool up = p->rounding == ROUND_PREFER_FLOOR ? fraction > 0.5
+              : p->rounding == ROUND_PREFER_CEIL ? fraction >= 0.5
+              : p->rounding == CEIL              ? fraction > 0
+                                                 : false;
+    index[j] = outside ? -1 : clamped_index(floor_x + up, 0, n_in - 1);
+  }
+}
+
+static DK_Status resize_nearest(const cpu_kernel_args *k, const resize_params *p) {
+  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
+  int32_t rank = x->ndim;
+  int64_t size = x->itemsize, total = 0, *index[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < rank; d++) total += out->shape[d];
+  int64_t *tables = malloc((size_t)total * sizeof *tables);
+  if (!tables) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+  bool resized[CPU_MAX_DIMS] = {false};
+  for (int32_t i = 0; i < p->naxes; i++) resized[p->axes[i]] = true;
+  int64_t *next = tables;
+  for (int32_t d = 0; d < rank; d++) {
+    index[d] = next;
+    nearest_indices(p, d, x->shape[d], out->shape[d], resized[d], index[d]);
+    next += out->shape[d];
+  }
+  uint8_t fill[8];
+  shape_store_double(fill, out->dtype,
+                     shape_is_float(out->dtype) ? p->extrapolation : nearbyint(p->extrapolation));
+  /* Output rows along the last dim (rank >= 1: scales or sizes has an entry
+   * per axis); pos indexes the dims before it. */
+  int64_t row = out->shape[rank - 1], step = x->strides[rank - 1], pos[CPU_MAX_DIMS] = {0};
+  uint8_t *dst = out->data;
+  for (int64_t done = 0; done < out->size; done += row) {
+    int64_t base = 0;
+    bool outside = false;
+    for (int32_t d = 0; d < rank - 1; d++) {
+      outside |= index[d][pos[d]] < 0;
+      base += index[d][pos[d]] * x->strides[d];
+    }
+    for (int64_t j = 0; j < row; j++, dst += size) {
+      int64_t last = index[rank - 1][j];
+      if (outside || last < 0)
+        memcpy(dst, fill, (size_t)size);
+      else
+        memcpy(dst, x->data + (base + last * step) * size, (size_t)size);
+    }
+    for (int32_t d = rank - 2; d >= 0 && ++pos[d] == out->shape[d]; d--) pos[d] = 0;
+  }
+  free(tables);
+  return DK_OK;
+}
+
+/* ---- linear and cubic --------------------------------------------------------- */
+
+/* The taps of one dim: for output position j, `count` input indices
+ * (clamped) and weights at index[j * count + t] / weight[...]; outside[j]
+ * for tf_crop_and_resize positions. */
+typedef struct axis_taps {
+  int64_t count;
+  int64_t *index;
+  double *weight;
+  bool *outside;
+  bool identity; /* every position copies its own input row: no pass needed */
+} axis_taps;
+
+static double filter(enum interpolation mode, double x, double a) {
+  x = fabs(x);
+  if (mode == LINEAR) {
+    double w = 1 - x;
+    return w < 0 ? 0 : w > 1 ? 1 : w;
+  }
+  double x2 = x * x, x3 = x * x2;
+  if (x <= 1) return (a + 2) * x3 - (a + 3) * x2 + 1;
+  if (x < 2) return a * x3 - 5 * a * x2 + 8 * a * x - 4 * a;
+  return 0.0;
+}
+
+/* The weights of the `count` taps from `first` past the left neighbour of
+ * a coordinate that lies `ratio` in (0, 1] past it. */
+static void tap_weights(const resize_params *p, double scale, int64_t first, int64_t count,
+                        double ratio, double *w) {
+  double a = p->cubic_a;
+  if (p->antialias) {
+    double stretch = scale < 1 ? scale : 1, total = 0;
+    for (int64_t t = 0; t < count; t++) {
+      w[t] = filter(p->mode, ((double)(first + t) - ratio) * stretch, a);
+      total = total + w[t];
+    }
+    for (int64_t t = 0; t < count; t++) w[t] = w[t] / total;
+  } else if (p->mode == LINEAR) {
+    w[0] = 1 - ratio;
+    w[1] = ratio;
+  } else {
+    double r1 = ratio + 1, q = 1 - ratio, q1 = (1 - ratio) + 1;
+    w[0] = ((a * r1 - 5 * a) * r1 + 8 * a) * r1 - 4 * a;
+    w[1] = ((a + 2) * ratio - (a + 3)) * ratio * ratio + 1;
+    w[2] = ((a + 2) * q - (a + 3)) * q * q + 1;
+    w[3] = ((a * q1 - 5 * a) * q1 + 8 * a) * q1 - 4 * a;
+  }
+}
+
+static void free_taps(axis_taps *t) {
+  free(t->index);
+  free(t->weight);
+  free(t->outside);
+}
+
+static bool build_taps(const resize_params *p, int64_t d, int64_t n_in, int64_t n_out,
+                       axis_taps *t) {
+  int64_t support = p->mode == LINEAR ? 1 : 2, first = 1 - support;
+  if (p->antialias) {
+    double stretch = p->scale[d] < 1 ? p->scale[d] : 1;
+    first = (int64_t)floor(-(double)support / stretch) + 1;
+  }
+  t->count = 2 - 2 * first;
+  t->index = malloc((size_t)(n_out * t->count) * sizeof *t->index);
+  t->weight = malloc((size_t)(n_out * t->count) * sizeof *t->weight);
+  t->outside = malloc((size_t)n_out * sizeof *t->outside);
+  if (!t->index || !t->weight || !t->outside) return false;
+  t->identity = n_out == n_in;
+  for (int64_t j = 0; j < n_out; j++) {
+    int64_t *index = t->index + j * t->count;
+    double *w = t->weight + j * t->count;
+    double x = source_coordinate(p, d, (double)j, n_in, n_out, &t->outside[j]);
+    double floor_x = floor(x), left = x == floor_x ? x - 1 : floor_x;
+    tap_weights(p, p->scale[d], first, t->count, x - left, w);
+    /* Far beyond the edges every tap clamps to the same element: clamping
+     * `left` there changes nothing but keeps the conversion defined. */
+    int64_t base = clamped_index(left, -t->count - 1, n_in + t->count + 1);
+    double total = 0;
+    for (int64_t k = 0; k < t->count; k++) {
+      index[k] = base + first + k;
+      if (p->exclude_outside && (index[k] < 0 || index[k] >= n_in)) w[k] = 0;
+      total = total + w[k];
+    }
+    int64_t used = 0;
+    for (int64_t k = 0; k < t->count; k++) {
+      if (p->exclude_outside && total != 0) w[k] = w[k] / total;
+      index[k] = index[k] < 0 ? 0 : index[k] >= n_in ? n_in - 1 : index[k];
+      if (w[k] == 0) continue;
+      used++;
+      if (w[k] != 1 || index[k] != j) t->identity = false;
+    }
+    if (used != 1 || t->outside[j]) t->identity = false;
+  }
+  return true;
+}
+
+/* One separable pass over [outer, n_in, inner] -> [outer, n_out, inner]. */
+static void interpolate(const double *src, double *dst, int64_t outer, int64_t n_in,
+                        int64_t n_out, int64_t inner, const axis_taps *t, double fill) {
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t j = 0; j < n_out; j++) {
+      double *row = dst + (o * n_out + j) * inner;
+      if (t->outside[j]) {
+        for (int64_t i = 0; i < inner; i++) row[i] = fill;
+        continue;
+      }
+      for (int64_t i = 0; i < inner; i++) row[i] = 0.0;
+      for (int64_t k = 0; k < t->count; k++) {
+        double w = t->weight[j * t->count + k];
+        if (w == 0) continue;
+        const double *in = src + (o * n_in + t->index[j * t->count + k]) * inner;
+        for (int64_t i = 0; i < inner; i++) row[i] += w * in[i];
+      }
+    }
+  }
+}
+
+static void load_doubles(const cpu_tensor *x, double *dst) {
+  for (int64_t i = 0; i < x->size; i++) dst[i] = cpu_load_as_double(x->data + i * x->itemsize, x->dtype);
+}
+
+static void store_doubles(const double *src, const cpu_tensor *out) {
+  bool integer = !shape_is_float(out->dtype);
+  for (int64_t i = 0; i < out->size; i++)
+    shape_store_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
+}
+
+/* Runs the passes of taps[0..last] (identity ones skipped), float64 in
+ * between, and stores the result. */
+static DK_Status run_passes(const cpu_kernel_args *k, const resize_params *p,
+                            const axis_taps *taps, int32_t last) {
+  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
+  bool f64 = out->dtype == DK_DTYPE_FLOAT64;
+  double *owned = NULL, *result = (double *)out->data;
+  const double *current = (const double *)x->data;
+  if (!f64 || last < 0) { /* with no pass to run, the converted input is the result */
+    owned = malloc((size_t)x->size * sizeof *owned);
+    if (!owned) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+    load_doubles(x, owned);
+    current = owned;
+  }
+  int64_t shape[CPU_MAX_DIMS];
+  memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
+  for (int32_t i = 0; i <= last; i++) {
+    int64_t d = p->axes[i], outer = 1, inner = 1;
+    if (taps[i].identity) continue;
+    for (int64_t e = 0; e < d; e++) outer *= shape[e];
+    for (int64_t e = d + 1; e < x->ndim; e++) inner *= shape[e];
+    double *next = i == last && f64 ? result
+                                    : malloc((size_t)(outer * out->shape[d] * inner) * sizeof *next);
+    if (!next) {
+      free(owned);
+      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+    }
+    interpolate(current, next, outer, shape[d], out->shape[d], inner, &taps[i], p->extrapolation);
+    free(owned);
+    owned = next == result ? NULL : next;
+    current = next;
+    shape[d] = out->shape[d];
+  }
+  if (current != result) store_doubles(current, out);
+  free(owned);
+  return DK_OK;
+}
+
+static DK_Status resize_interpolate(const cpu_kernel_args *k, const resize_params *p) {
+  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
+  axis_taps taps[CPU_MAX_DIMS] = {{0}};
+  DK_Status status = DK_OK;
+  int32_t last = -1; /* the last pass that does any work */
+  for (int32_t i = 0; i < p->naxes && status == DK_OK; i++) {
+    int64_t d = p->axes[i];
+    if (!build_taps(p, d, x->shape[d], out->shape[d], &taps[i]))
+      status = cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the taps");
+    else if (!taps[i].identity)
+      last = i;
+  }
+  if (status == DK_OK) status = run_passes(k, p, taps, last);
+  for (int32_t i = 0; i < p->naxes; i++) free_taps(&taps[i]);
+  return status;
+}
+
+static DK_Status resize(const cpu_kernel_args *k) {
+  if (!k->out[0].size) return DK_OK;
+  if (!k->in[0].size)
+    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "cannot resize an empty input to a non-empty output");
+  resize_params p;
+  DK_Status status = read_params(k, &p);
+  if (status != DK_OK) return status;
+  return p.mode == NEAREST ? resize_nearest(k, &p) : resize_interpolate(k, &p);
+}
+
+static const cpu_kernel_def k_resize[] = {
+    {"Resize", DK_DTYPE_FLOAT32, resize, 0},  {"Resize", DK_DTYPE_FLOAT64, resize, 0},
+    {"Resize", DK_DTYPE_FLOAT16, resize, 0},  {"Resize", DK_DTYPE_BFLOAT16, resize, 0},
+    {"Resize", DK_DTYPE_INT8, resize, 0},     {"Resize", DK_DTYPE_UINT8, resize, 0},
+};
+CPU_REGISTER_KERNELS(k_resize)
