@@ -6,9 +6,34 @@ that passes fails the run, so the list only ever shrinks to the truth.
 
 from __future__ import annotations
 
+_ATTENTION_OPSET_24 = ("uses Attention's opset-24 nonpad_kv_seqlen input (a 7th input); the op set "
+                      "implements Attention at opset 23")
+_ATTENTION_OPSET_25 = ("uses Attention's opset-25 left_window_size/right_window_size attributes; the op set "
+                       "implements Attention at opset 23")
+_ATTENTION_BF16 = ("the expected output rounds to bfloat16 after every intermediate step; devkit computes "
+                   "in float32 and rounds once, 1 bfloat16 ulp (7.8e-3 relative) away, above the test's "
+                   "rtol of 1e-3 (devkit's error against an exact float64 result is the smaller: 0.0019 "
+                   "vs 0.0044)")
+_BATCHNORM_TRAINING = "BatchNormalization with training_mode=1 (running statistics) is a training op"
+
 EXPECTED_FAILURES: dict[str, dict[str, str]] = {
-    "*": {},
-    "cpu": {},
+    "*": {
+        **{f"test_attention_4d_{name}": _ATTENTION_OPSET_24 for name in (
+            "causal_nonpad_attn_mask_composition", "causal_nonpad_batch_prefill",
+            "causal_nonpad_continued_prefill", "causal_nonpad_negative_offset_structural_empty",
+            "causal_padded_kv_bf16", "diff_heads_mask4d_padded_kv", "gqa_causal_nonpad_decode",
+            "gqa_causal_nonpad_decode_fp16", "padded_kv_bf16")},
+        **{f"test_attention_{name}": _ATTENTION_OPSET_25 for name in (
+            "3d_local_window", "bidirectional_window", "local_window", "local_window_default",
+            "local_window_ext_cache_float16_mask", "local_window_ext_cache_rank2_mask",
+            "local_window_ext_cache_rank3_head_mask", "local_window_ext_cache_rank4_batch_mask",
+            "local_window_gqa_rank4_mask", "local_window_rank1_boolean_mask", "local_window_with_past")},
+        **{name: _BATCHNORM_TRAINING for name in (
+            "test_batchnorm_example_training_mode", "test_batchnorm_epsilon_training_mode")},
+    },
+    "cpu": {name: _ATTENTION_BF16 for name in (
+        "test_attention_3d_causal_bf16", "test_attention_4d_attn_mask_causal_bf16",
+        "test_attention_4d_causal_bf16")},
 }
 
 

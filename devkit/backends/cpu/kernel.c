@@ -188,7 +188,12 @@ static DK_Status resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool
     r->size *= t->shape[k];
   }
   cpu_compact_strides(r->ndim, r->shape, r->strides);
-  if (t->strides) {
+#ifdef DEVKIT_DEFECT_IGNORE_STRIDES
+  const bool honour_strides = false; /* the defect: every view read as compact */
+#else
+  const bool honour_strides = true;
+#endif
+  if (t->strides && honour_strides) {
     for (int32_t k = 0; k < t->ndim; k++) {
       if (!strided && r->shape[k] > 1 && t->strides[k] != r->strides[k])
         return cpu_set_error(DK_INVALID_ARGUMENT,
@@ -396,7 +401,12 @@ void cpu_broadcast_strides(const cpu_tensor *t, int32_t out_ndim, int64_t *byte_
   int32_t lead = out_ndim - t->ndim;
   for (int32_t d = 0; d < out_ndim; d++) {
     int32_t td = d - lead;
+#ifdef DEVKIT_DEFECT_SIZE1_BROADCAST
+    /* only missing leading dims broadcast; a present size-1 dim is walked */
+    byte_strides[d] = td < 0 ? 0 : t->strides[td] * t->itemsize;
+#else
     byte_strides[d] = td < 0 || t->shape[td] == 1 ? 0 : t->strides[td] * t->itemsize;
+#endif
   }
 }
 
@@ -435,24 +445,19 @@ double cpu_load_as_double(const uint8_t *p, DK_DTypeKey dtype) {
   }
 }
 
-/* Float -> integer conversion is undefined in C outside the target's range;
- * saturating (NaN -> 0) keeps it defined and matches common device behaviour. */
-#define SATURATE(T, lo, hi, v) \
-  ((v) != (v) ? (T)0 : (v) <= (double)(lo) ? (T)(lo) : (v) >= (double)(hi) ? (T)(hi) : (T)(v))
-
 void cpu_store_from_double(uint8_t *p, DK_DTypeKey dtype, double v) {
   switch ((int)dtype) {
     case DK_DTYPE_BOOL: *p = v != 0; break;
-    case DK_DTYPE_INT8: *(int8_t *)p = SATURATE(int8_t, INT8_MIN, INT8_MAX, v); break;
-    case DK_DTYPE_INT16: *(int16_t *)p = SATURATE(int16_t, INT16_MIN, INT16_MAX, v); break;
-    case DK_DTYPE_INT32: *(int32_t *)p = SATURATE(int32_t, INT32_MIN, INT32_MAX, v); break;
-    case DK_DTYPE_INT64: *(int64_t *)p = SATURATE(int64_t, INT64_MIN, INT64_MAX, v); break;
-    case DK_DTYPE_UINT8: *p = SATURATE(uint8_t, 0, UINT8_MAX, v); break;
-    case DK_DTYPE_UINT16: *(uint16_t *)p = SATURATE(uint16_t, 0, UINT16_MAX, v); break;
-    case DK_DTYPE_UINT32: *(uint32_t *)p = SATURATE(uint32_t, 0, UINT32_MAX, v); break;
-    case DK_DTYPE_UINT64: *(uint64_t *)p = SATURATE(uint64_t, 0, UINT64_MAX, v); break;
-    case DK_DTYPE_FLOAT16: *(uint16_t *)p = cpu_f32_to_f16((float)v); break;
-    case DK_DTYPE_BFLOAT16: *(uint16_t *)p = cpu_f32_to_bf16((float)v); break;
+    case DK_DTYPE_INT8: *(int8_t *)p = CPU_SATURATE(int8_t, INT8_MIN, INT8_MAX, v); break;
+    case DK_DTYPE_INT16: *(int16_t *)p = CPU_SATURATE(int16_t, INT16_MIN, INT16_MAX, v); break;
+    case DK_DTYPE_INT32: *(int32_t *)p = CPU_SATURATE(int32_t, INT32_MIN, INT32_MAX, v); break;
+    case DK_DTYPE_INT64: *(int64_t *)p = CPU_SATURATE(int64_t, INT64_MIN, INT64_MAX, v); break;
+    case DK_DTYPE_UINT8: *p = CPU_SATURATE(uint8_t, 0, UINT8_MAX, v); break;
+    case DK_DTYPE_UINT16: *(uint16_t *)p = CPU_SATURATE(uint16_t, 0, UINT16_MAX, v); break;
+    case DK_DTYPE_UINT32: *(uint32_t *)p = CPU_SATURATE(uint32_t, 0, UINT32_MAX, v); break;
+    case DK_DTYPE_UINT64: *(uint64_t *)p = CPU_SATURATE(uint64_t, 0, UINT64_MAX, v); break;
+    case DK_DTYPE_FLOAT16: *(uint16_t *)p = cpu_f64_to_f16(v); break;
+    case DK_DTYPE_BFLOAT16: *(uint16_t *)p = cpu_f64_to_bf16(v); break;
     case DK_DTYPE_FLOAT32: *(float *)p = (float)v; break;
     case DK_DTYPE_FLOAT64: *(double *)p = v; break;
     default: break;
@@ -472,7 +477,7 @@ int64_t cpu_load_as_int64(const uint8_t *p, DK_DTypeKey dtype) {
     case DK_DTYPE_BOOL: return *p != 0;
     default: {
       double v = cpu_load_as_double(p, dtype);
-      return SATURATE(int64_t, INT64_MIN, INT64_MAX, v);
+      return CPU_SATURATE(int64_t, INT64_MIN, INT64_MAX, v);
     }
   }
 }
@@ -488,6 +493,9 @@ void cpu_store_from_int64(uint8_t *p, DK_DTypeKey dtype, int64_t v) {
     case DK_DTYPE_INT8: *(int8_t *)p = (int8_t)(uint8_t)v; break;
     case DK_DTYPE_UINT8: *p = (uint8_t)v; break;
     case DK_DTYPE_BOOL: *p = v != 0; break;
+    case DK_DTYPE_FLOAT16: *(uint16_t *)p = cpu_i64_to_f16(v); break;
+    case DK_DTYPE_BFLOAT16: *(uint16_t *)p = cpu_i64_to_bf16(v); break;
+    case DK_DTYPE_FLOAT32: *(float *)p = (float)v; break;
     default: cpu_store_from_double(p, dtype, (double)v); break;
   }
 }

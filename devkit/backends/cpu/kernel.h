@@ -188,8 +188,49 @@ static inline uint16_t cpu_f32_to_bf16(float f) {
   return (uint16_t)(x >> 16);
 }
 
+/* double and int64 -> float16/bfloat16, rounded once to nearest even.
+ * Rounding to float32 first and then to float16/bfloat16 would round twice
+ * and can land one ulp off; rounding the first step to odd -- truncate, and
+ * set the last bit when anything was cut off -- keeps what the second
+ * rounding needs, as the final format has at least two fewer significand
+ * bits (float16: 11, bfloat16: 8, float32: 24). */
+static inline float cpu_f64_to_f32_odd(double d) {
+  float f = (float)d;
+  if (isfinite(d) && (double)f != d) {
+    if (fabs((double)f) > fabs(d)) f = nextafterf(f, 0.0f); /* truncate; inf -> FLT_MAX */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits |= 1u;
+    memcpy(&f, &bits, sizeof f);
+  }
+  return f;
+}
+
+static inline float cpu_i64_to_f32_odd(int64_t v) {
+  uint64_t magnitude = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  if (magnitude >> 24) { /* keep the top 24 significant bits, the last or-ed with the rest */
+    int shift = 40 - __builtin_clzll(magnitude);
+    uint64_t kept = magnitude >> shift;
+    if (magnitude & ((UINT64_C(1) << shift) - 1)) kept |= 1;
+    magnitude = kept << shift;
+  }
+  float f = (float)magnitude;
+  return v < 0 ? -f : f;
+}
+
+static inline uint16_t cpu_f64_to_f16(double d) { return cpu_f32_to_f16(cpu_f64_to_f32_odd(d)); }
+static inline uint16_t cpu_f64_to_bf16(double d) { return cpu_f32_to_bf16(cpu_f64_to_f32_odd(d)); }
+static inline uint16_t cpu_i64_to_f16(int64_t v) { return cpu_f32_to_f16(cpu_i64_to_f32_odd(v)); }
+static inline uint16_t cpu_i64_to_bf16(int64_t v) { return cpu_f32_to_bf16(cpu_i64_to_f32_odd(v)); }
+
+/* Float -> integer is undefined in C outside the target's range: truncate
+ * toward zero and saturate, NaN -> 0 (ONNX leaves it undefined too). */
+#define CPU_SATURATE(T, lo, hi, v) \
+  ((v) != (v) ? (T)0 : (v) <= (double)(lo) ? (T)(lo) : (v) >= (double)(hi) ? (T)(hi) : (T)(v))
+
 /* Any supported scalar <-> double, for kernels that are generic over dtype
- * (data movement, Cast, reference-speed paths). */
+ * (data movement, Cast, reference-speed paths). Stores round floats once and
+ * saturate integers (CPU_SATURATE); int64 stores into integers wrap. */
 double cpu_load_as_double(const uint8_t *p, DK_DTypeKey dtype);
 void cpu_store_from_double(uint8_t *p, DK_DTypeKey dtype, double value);
 /* int64 round trip without passing through double (exact for all int64). */

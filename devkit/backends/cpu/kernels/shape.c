@@ -181,7 +181,7 @@ static DK_Status range_float(const cpu_kernel_args *k) {
   if (out->size && (!start || !delta))
     return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "start and delta must be float host inputs");
   for (int64_t i = 0; i < out->size; i++)
-    shape_store_double(out->data + i * out->itemsize, out->dtype, *start + (double)i * *delta);
+    cpu_store_from_double(out->data + i * out->itemsize, out->dtype, *start + (double)i * *delta);
   return DK_OK;
 }
 
@@ -217,7 +217,7 @@ static void fill(const cpu_tensor *t, const uint8_t *element) {
 
 static DK_Status constant_of_shape(const cpu_kernel_args *k) {
   uint8_t element[8];
-  shape_store_double(element, k->out[0].dtype, cpu_attr_float(k, "value", 0.0));
+  cpu_store_from_double(element, k->out[0].dtype, cpu_attr_float(k, "value", 0.0));
   fill(&k->out[0], element);
   return DK_OK;
 }
@@ -228,7 +228,7 @@ static DK_Status eye_like(const cpu_kernel_args *k) {
   if (!out->size) return DK_OK;
   int64_t rows = out->shape[0], cols = out->shape[1], diagonal = cpu_attr_int(k, "k", 0);
   uint8_t one[8];
-  shape_store_double(one, out->dtype, 1.0);
+  cpu_store_from_double(one, out->dtype, 1.0);
   memset(out->data, 0, (size_t)(out->size * out->itemsize));
   /* Clamped first, so that any int64 k is safe to negate: beyond the matrix
    * either way nothing is set. */

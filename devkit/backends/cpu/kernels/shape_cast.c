@@ -24,17 +24,17 @@ static inline double load_f64(double x) { return x; }
 static inline uint8_t store_b8_i(int64_t v) { return v != 0; }
 static inline uint8_t store_b8_f(double v) { return v != 0; }
 static inline int8_t store_i8_i(int64_t v) { return (int8_t)(uint8_t)v; }
-static inline int8_t store_i8_f(double v) { return SHAPE_SATURATE(int8_t, INT8_MIN, INT8_MAX, v); }
+static inline int8_t store_i8_f(double v) { return CPU_SATURATE(int8_t, INT8_MIN, INT8_MAX, v); }
 static inline uint8_t store_u8_i(int64_t v) { return (uint8_t)v; }
-static inline uint8_t store_u8_f(double v) { return SHAPE_SATURATE(uint8_t, 0, UINT8_MAX, v); }
+static inline uint8_t store_u8_f(double v) { return CPU_SATURATE(uint8_t, 0, UINT8_MAX, v); }
 static inline int32_t store_i32_i(int64_t v) { return (int32_t)(uint32_t)v; }
-static inline int32_t store_i32_f(double v) { return SHAPE_SATURATE(int32_t, INT32_MIN, INT32_MAX, v); }
+static inline int32_t store_i32_f(double v) { return CPU_SATURATE(int32_t, INT32_MIN, INT32_MAX, v); }
 static inline int64_t store_i64_i(int64_t v) { return v; }
-static inline int64_t store_i64_f(double v) { return SHAPE_SATURATE(int64_t, INT64_MIN, INT64_MAX, v); }
-static inline uint16_t store_f16_i(int64_t v) { return shape_i64_to_f16(v); }
-static inline uint16_t store_f16_f(double v) { return shape_f64_to_f16(v); }
-static inline uint16_t store_bf16_i(int64_t v) { return shape_i64_to_bf16(v); }
-static inline uint16_t store_bf16_f(double v) { return shape_f64_to_bf16(v); }
+static inline int64_t store_i64_f(double v) { return CPU_SATURATE(int64_t, INT64_MIN, INT64_MAX, v); }
+static inline uint16_t store_f16_i(int64_t v) { return cpu_i64_to_f16(v); }
+static inline uint16_t store_f16_f(double v) { return cpu_f64_to_f16(v); }
+static inline uint16_t store_bf16_i(int64_t v) { return cpu_i64_to_bf16(v); }
+static inline uint16_t store_bf16_f(double v) { return cpu_f64_to_bf16(v); }
 /* int64 -> float and double -> float are correctly rounded conversions in C. */
 static inline float store_f32_i(int64_t v) { return (float)v; }
 static inline float store_f32_f(double v) { return (float)v; }

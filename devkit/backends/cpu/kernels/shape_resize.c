@@ -205,7 +205,7 @@ static DK_Status resize_nearest(const cpu_kernel_args *k, const resize_params *p
     next += out->shape[d];
   }
   uint8_t fill[8];
-  shape_store_double(fill, out->dtype,
+  cpu_store_from_double(fill, out->dtype,
                      shape_is_float(out->dtype) ? p->extrapolation : nearbyint(p->extrapolation));
   /* Output rows along the last dim (rank >= 1: scales or sizes has an entry
    * per axis); pos indexes the dims before it. */
@@ -355,7 +355,7 @@ static void load_doubles(const cpu_tensor *x, double *dst) {
 static void store_doubles(const double *src, const cpu_tensor *out) {
   bool integer = !shape_is_float(out->dtype);
   for (int64_t i = 0; i < out->size; i++)
-    shape_store_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
+    cpu_store_from_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
 }
 
 /* Runs the passes of taps[0..last] (identity ones skipped), float64 in

@@ -1,0 +1,370 @@
+/*
+ * nn.c -- normalization kernels (BatchNormalization in inference mode,
+ * LayerNormalization, RMSNormalization, GroupNormalization,
+ * InstanceNormalization), LRN and Trilu.
+ *
+ * Every float kernel loads elements as double, computes in double and rounds
+ * once on store: statistics are two-pass (mean, then the squared deviations)
+ * with pairwise summation, so float32 rows of any length and float64 rows get
+ * errors near one rounding of the output. Inputs are compact (no CPU_STRIDED):
+ * a normalized row, group or channel is one contiguous run of elements.
+ */
+#include <stdlib.h>
+
+#include "nn.h"
+
+/* ---- Per-dtype row helpers ------------------------------------------------ */
+
+/* Below this many elements a sum runs sequentially (four accumulators);
+ * above, it splits in halves: pairwise summation, error O(log n) roundings. */
+#define NN_PAIRWISE_BLOCK 256
+
+/* The mean and 1/sqrt(variance + eps) (or 1/sqrt(mean square + eps)) of a
+ * row, handed to the element loops through cpu_nd_loop's ctx. */
+typedef struct nn_row_stats {
+  double mean, inv;
+} nn_row_stats;
+
+/* The per-dtype helpers every kernel here uses, instantiated by NN_DTYPE. */
+typedef struct nn_dtype_ops {
+  /* sum of x[0..n) */
+  double (*sum)(const void *x, int64_t n);
+  /* sum of (x[i] - center)^2 */
+  double (*sum_sq)(const void *x, int64_t n, double center);
+  /* y[i] = (x[i] - center) * a + b */
+  void (*affine)(void *y, const void *x, int64_t n, double center, double a, double b);
+  /* cpu_nd_loop loops over (Y, X, Scale[, B]) with an nn_row_stats ctx:
+   * y = (x - mean) * inv * scale [+ b] */
+  cpu_inner_loop scale_bias, scale_only;
+  /* acc[i] += x[i]^2 */
+  void (*add_squares)(double *acc, const void *x, int64_t n);
+  /* y[i] = x[i] / (bias + alpha_over_size * acc[i]) ^ beta */
+  void (*lrn_finish)(void *y, const void *x, const double *acc, int64_t n, double bias,
+                     double alpha_over_size, double beta);
+} nn_dtype_ops;
+
+#define NN_DTYPE(SUF, T)                                                                   \
+  static double nn_sum_##SUF(const void *xv, int64_t n) {                                  \
+    const T *x = xv;                                                                       \
+    if (n > NN_PAIRWISE_BLOCK)                                                             \
+      return nn_sum_##SUF(x, n / 2) + nn_sum_##SUF(x + n / 2, n - n / 2);                  \
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                                 \
+    int64_t i = 0;                                                                         \
+    for (; i + 4 <= n; i += 4) {                                                           \
+      s0 += nn_ld_##SUF(x, i);                                                             \
+      s1 += nn_ld_##SUF(x, i + 1);                                                         \
+      s2 += nn_ld_##SUF(x, i + 2);                                                         \
+      s3 += nn_ld_##SUF(x, i + 3);                                                         \
+    }                                                                                      \
+    for (; i < n; i++) s0 += nn_ld_##SUF(x, i);                                            \
+    return (s0 + s1) + (s2 + s3);                                                          \
+  }                                                                                        \
+  static double nn_sum_sq_##SUF(const void *xv, int64_t n, double c) {                     \
+    const T *x = xv;                                                                       \
+    if (n > NN_PAIRWISE_BLOCK)                                                             \
+      return nn_sum_sq_##SUF(x, n / 2, c) + nn_sum_sq_##SUF(x + n / 2, n - n / 2, c);      \
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                                 \
+    int64_t i = 0;                                                                         \
+    for (; i + 4 <= n; i += 4) {                                                           \
+      double d0 = nn_ld_##SUF(x, i) - c, d1 = nn_ld_##SUF(x, i + 1) - c;                   \
+      double d2 = nn_ld_##SUF(x, i + 2) - c, d3 = nn_ld_##SUF(x, i + 3) - c;               \
+      s0 += d0 * d0;                                                                       \
+      s1 += d1 * d1;                                                                       \
+      s2 += d2 * d2;                                                                       \
+      s3 += d3 * d3;                                                                       \
+    }                                                                                      \
+    for (; i < n; i++) {                                                                   \
+      double d = nn_ld_##SUF(x, i) - c;                                                    \
+      s0 += d * d;                                                                         \
+    }                                                                                      \
+    return (s0 + s1) + (s2 + s3);                                                          \
+  }                                                                                        \
+  static void nn_affine_##SUF(void *yv, const void *xv, int64_t n, double c, double a,     \
+                              double b) {                                                  \
+    T *y = yv;                                                                             \
+    const T *x = xv;                                                                       \
+    for (int64_t i = 0; i < n; i++) nn_st_##SUF(y, i, (nn_ld_##SUF(x, i) - c) * a + b);    \
+  }                                                                                        \
+  static void nn_scale_bias_##SUF(int64_t n, uint8_t *const *p, const int64_t *s,          \
+                                  void *ctx) {                                             \
+    const nn_row_stats *r = ctx;                                                           \
+    uint8_t *y = p[0];                                                                     \
+    const uint8_t *x = p[1], *w = p[2], *b = p[3];                                         \
+    for (int64_t i = 0; i < n; i++, y += s[0], x += s[1], w += s[2], b += s[3]) {          \
+      double v = (nn_ld_##SUF((const T *)x, 0) - r->mean) * r->inv;                        \
+      nn_st_##SUF((T *)y, 0,                                                               \
+                  v * nn_ld_##SUF((const T *)w, 0) + nn_ld_##SUF((const T *)b, 0));        \
+    }                                                                                      \
+  }                                                                                        \
+  static void nn_scale_only_##SUF(int64_t n, uint8_t *const *p, const int64_t *s,          \
+                                  void *ctx) {                                             \
+    const nn_row_stats *r = ctx;                                                           \
+    uint8_t *y = p[0];                                                                     \
+    const uint8_t *x = p[1], *w = p[2];                                                    \
+    for (int64_t i = 0; i < n; i++, y += s[0], x += s[1], w += s[2]) {                     \
+      double v = (nn_ld_##SUF((const T *)x, 0) - r->mean) * r->inv;                        \
+      nn_st_##SUF((T *)y, 0, v * nn_ld_##SUF((const T *)w, 0));                            \
+    }                                                                                      \
+  }                                                                                        \
+  static void nn_add_squares_##SUF(double *acc, const void *xv, int64_t n) {               \
+    const T *x = xv;                                                                       \
+    for (int64_t i = 0; i < n; i++) {                                                      \
+      double v = nn_ld_##SUF(x, i);                                                        \
+      acc[i] += v * v;                                                                     \
+    }                                                                                      \
+  }                                                                                        \
+  static void nn_lrn_finish_##SUF(void *yv, const void *xv, const double *acc, int64_t n,  \
+                                  double bias, double alpha_over_size, double beta) {      \
+    T *y = yv;                                                                             \
+    const T *x = xv;                                                                       \
+    for (int64_t i = 0; i < n; i++)                                                        \
+      nn_st_##SUF(y, i, nn_ld_##SUF(x, i) / pow(bias + alpha_over_size * acc[i], beta));   \
+  }                                                                                        \
+  static const nn_dtype_ops nn_ops_##SUF = {                                               \
+      .sum = nn_sum_##SUF,                                                                 \
+      .sum_sq = nn_sum_sq_##SUF,                                                           \
+      .affine = nn_affine_##SUF,                                                           \
+      .scale_bias = nn_scale_bias_##SUF,                                                   \
+      .scale_only = nn_scale_only_##SUF,                                                   \
+      .add_squares = nn_add_squares_##SUF,                                                 \
+      .lrn_finish = nn_lrn_finish_##SUF,                                                   \
+  };
+
+NN_DTYPE(f32, float)
+NN_DTYPE(f64, double)
+NN_DTYPE(f16, uint16_t)
+NN_DTYPE(bf16, uint16_t)
+
+static int64_t nn_prod(const int64_t *shape, int32_t from, int32_t to) {
+  int64_t n = 1;
+  for (int32_t d = from; d < to; d++) n *= shape[d];
+  return n;
+}
+
+static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
+  return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld bytes of scratch",
+                         (long long)bytes);
+}
+
+/* ---- BatchNormalization (inference) --------------------------------------- */
+
+static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
+  const cpu_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2];
+  const cpu_tensor *mean = &k->in[3], *var = &k->in[4], *y = &k->out[0];
+  double eps = cpu_attr_float(k, "epsilon", 1e-5);
+  /* X is (N, C, D...) or (N) with one channel; with one channel the whole
+   * tensor is a single run. */
+  int64_t channels = x->ndim >= 2 ? x->shape[1] : 1;
+  int64_t inner = channels == 1 ? x->size : nn_prod(x->shape, 2, x->ndim);
+  int64_t runs = x->size ? x->size / inner : 0;
+  for (int64_t r = 0; r < runs; r++) {
+    int64_t c = r % channels;
+    double a = cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype) /
+               sqrt(cpu_load_as_double(var->data + c * var->itemsize, var->dtype) + eps);
+    ops->affine(y->data + r * inner * y->itemsize, x->data + r * inner * x->itemsize, inner,
+                cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype), a,
+                cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype));
+  }
+  return DK_OK;
+}
+
+/* ---- LayerNormalization, RMSNormalization ---------------------------------- */
+
+/* Normalizes X over dims [axis, ndim): rows of `inner` contiguous elements.
+ * Scale (and B) broadcast unidirectionally to X: each row walks them with
+ * cpu_nd_loop, starting at the offset its outer index selects. rms: no
+ * centering (mean 0), the mean square instead of the variance. */
+static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, bool rms) {
+  const cpu_tensor *x = &k->in[0], *scale = &k->in[1];
+  const cpu_tensor *bias = !rms && k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+  const cpu_tensor *y = &k->out[0];
+  float *mean_out = rms ? NULL : (float *)k->out[1].data;
+  float *inv_out = rms ? NULL : (float *)k->out[2].data;
+  double eps = cpu_attr_float(k, "epsilon", 1e-5);
+  int64_t axis = cpu_attr_int(k, "axis", -1);
+  if (axis < 0) axis += x->ndim;
+  int32_t ax = (int32_t)axis, inner_ndim = x->ndim - ax;
+  int64_t inner = nn_prod(x->shape, ax, x->ndim), outer = nn_prod(x->shape, 0, ax);
+
+  int nops = bias ? 4 : 3;
+  int64_t full[4][CPU_MAX_DIMS], strides[4][CPU_MAX_DIMS];
+  cpu_broadcast_strides(y, x->ndim, full[0]);
+  cpu_broadcast_strides(x, x->ndim, full[1]);
+  cpu_broadcast_strides(scale, x->ndim, full[2]);
+  if (bias) cpu_broadcast_strides(bias, x->ndim, full[3]);
+  for (int i = 0; i < nops; i++)
+    for (int32_t d = 0; d < inner_ndim; d++) strides[i][d] = full[i][ax + d];
+  cpu_inner_loop loop = bias ? ops->scale_bias : ops->scale_only;
+
+  for (int64_t r = 0; r < outer; r++) {
+    const uint8_t *row = x->data ? x->data + r * inner * x->itemsize : NULL;
+    nn_row_stats st;
+    if (rms) {
+      st.mean = 0.0;
+      st.inv = 1.0 / sqrt(ops->sum_sq(row, inner, 0.0) / (double)inner + eps);
+    } else {
+      st.mean = ops->sum(row, inner) / (double)inner;
+      st.inv = 1.0 / sqrt(ops->sum_sq(row, inner, st.mean) / (double)inner + eps);
+      mean_out[r] = (float)st.mean;
+      inv_out[r] = (float)st.inv;
+    }
+    if (!inner) continue;
+    /* The parameters' offsets for this row's outer index (row-major digits). */
+    int64_t rest = r, scale_off = 0, bias_off = 0;
+    for (int32_t d = ax - 1; d >= 0; d--) {
+      int64_t digit = rest % x->shape[d];
+      rest /= x->shape[d];
+      scale_off += digit * full[2][d];
+      if (bias) bias_off += digit * full[3][d];
+    }
+    uint8_t *base[4] = {y->data + r * inner * y->itemsize, (uint8_t *)row, scale->data + scale_off,
+                        bias ? bias->data + bias_off : NULL};
+    cpu_nd_loop(nops, inner_ndim, x->shape + ax, (const int64_t(*)[CPU_MAX_DIMS])strides, base, loop,
+                &st);
+  }
+  return DK_OK;
+}
+
+/* ---- GroupNormalization, InstanceNormalization ----------------------------- */
+
+/* X (N, C, D...): statistics per instance over `groups` runs of C / groups
+ * consecutive channels (with their spatial elements), then per channel
+ * y = (x - mean) * inv * scale[c] + bias[c]. InstanceNormalization is the
+ * case groups == C. */
+static DK_Status group_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, int64_t groups) {
+  const cpu_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2], *y = &k->out[0];
+  double eps = cpu_attr_float(k, "epsilon", 1e-5);
+  int64_t batch = x->shape[0], channels = x->shape[1], spatial = nn_prod(x->shape, 2, x->ndim);
+  if (x->size == 0) return DK_OK;
+  int64_t per_group = channels / groups, run = per_group * spatial;
+  for (int64_t n = 0; n < batch; n++) {
+    for (int64_t g = 0; g < groups; g++) {
+      int64_t start = (n * channels + g * per_group) * spatial;
+      const uint8_t *xs = x->data + start * x->itemsize;
+      double mean = ops->sum(xs, run) / (double)run;
+      double inv = 1.0 / sqrt(ops->sum_sq(xs, run, mean) / (double)run + eps);
+      for (int64_t j = 0; j < per_group; j++) {
+        int64_t c = g * per_group + j, offset = start + j * spatial;
+        ops->affine(y->data + offset * y->itemsize, x->data + offset * x->itemsize, spatial, mean,
+                    inv * cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype),
+                    cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype));
+      }
+    }
+  }
+  return DK_OK;
+}
+
+/* ---- LRN ------------------------------------------------------------------- */
+
+static DK_Status lrn(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
+  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+  int64_t size = cpu_attr_int(k, "size", 1);
+  double alpha = cpu_attr_float(k, "alpha", 1e-4), beta = cpu_attr_float(k, "beta", 0.75);
+  double bias = cpu_attr_float(k, "bias", 1.0);
+  int64_t batch = x->shape[0], channels = x->shape[1], spatial = nn_prod(x->shape, 2, x->ndim);
+  if (x->size == 0) return DK_OK;
+  /* The window is [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)]. */
+  int64_t before = (size - 1) / 2, after = size / 2;
+  double *acc = malloc((size_t)spatial * sizeof *acc);
+  if (!acc) return nn_no_memory(k, spatial * (int64_t)sizeof *acc);
+  for (int64_t n = 0; n < batch; n++) {
+    for (int64_t c = 0; c < channels; c++) {
+      int64_t lo = before >= c ? 0 : c - before;
+      int64_t hi = after >= channels - 1 - c ? channels - 1 : c + after;
+      memset(acc, 0, (size_t)spatial * sizeof *acc);
+      for (int64_t j = lo; j <= hi; j++)
+        ops->add_squares(acc, x->data + (n * channels + j) * spatial * x->itemsize, spatial);
+      int64_t offset = (n * channels + c) * spatial;
+      ops->lrn_finish(y->data + offset * y->itemsize, x->data + offset * x->itemsize, acc, spatial,
+                      bias, alpha / (double)size, beta);
+    }
+  }
+  free(acc);
+  return DK_OK;
+}
+
+/* ---- Trilu ------------------------------------------------------------------ */
+
+/* Data movement: every dtype shares this kernel (whole elements are copied,
+ * and a zero element is all-zero bytes in every dtype). */
+static DK_Status trilu(const cpu_kernel_args *k) {
+  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+  int64_t count;
+  const int64_t *kv = cpu_attr_ints(k, "k", &count);
+  int64_t diag = count ? kv[0] : 0;
+  bool upper = cpu_attr_int(k, "upper", 1) != 0;
+  int64_t rows = x->shape[x->ndim - 2], cols = x->shape[x->ndim - 1];
+  if (x->size == 0) return DK_OK;
+  int64_t item = x->itemsize, matrices = x->size / (rows * cols);
+  for (int64_t m = 0; m < matrices; m++) {
+    for (int64_t i = 0; i < rows; i++) {
+      /* Columns [keep_from, keep_to) survive; the comparisons avoid
+       * overflow for any int64 diagonal offset. */
+      int64_t keep_from, keep_to;
+      if (upper) {
+        keep_from = diag >= cols - i ? cols : (i + diag < 0 ? 0 : i + diag);
+        keep_to = cols;
+      } else {
+        keep_from = 0;
+        keep_to = diag >= cols - i - 1 ? cols : (i + diag + 1 < 0 ? 0 : i + diag + 1);
+      }
+      int64_t offset = (m * rows + i) * cols * item;
+      const uint8_t *src = x->data + offset;
+      uint8_t *dst = y->data + offset;
+      memset(dst, 0, (size_t)(keep_from * item));
+      memcpy(dst + keep_from * item, src + keep_from * item, (size_t)((keep_to - keep_from) * item));
+      memset(dst + keep_to * item, 0, (size_t)((cols - keep_to) * item));
+    }
+  }
+  return DK_OK;
+}
+
+/* ---- Registration -------------------------------------------------------- */
+
+#define NN_FLOAT_KERNELS(SUF)                                                              \
+  static DK_Status batchnorm_##SUF(const cpu_kernel_args *k) {                             \
+    return batchnorm(k, &nn_ops_##SUF);                                                    \
+  }                                                                                        \
+  static DK_Status layernorm_##SUF(const cpu_kernel_args *k) {                             \
+    return row_norm(k, &nn_ops_##SUF, false);                                              \
+  }                                                                                        \
+  static DK_Status rmsnorm_##SUF(const cpu_kernel_args *k) {                               \
+    return row_norm(k, &nn_ops_##SUF, true);                                               \
+  }                                                                                        \
+  static DK_Status groupnorm_##SUF(const cpu_kernel_args *k) {                             \
+    return group_norm(k, &nn_ops_##SUF, cpu_attr_int(k, "num_groups", 1));                 \
+  }                                                                                        \
+  static DK_Status instancenorm_##SUF(const cpu_kernel_args *k) {                          \
+    return group_norm(k, &nn_ops_##SUF, k->in[0].shape[1]);                                \
+  }                                                                                        \
+  static DK_Status lrn_##SUF(const cpu_kernel_args *k) { return lrn(k, &nn_ops_##SUF); }
+
+NN_FLOAT_KERNELS(f32)
+NN_FLOAT_KERNELS(f64)
+NN_FLOAT_KERNELS(f16)
+NN_FLOAT_KERNELS(bf16)
+
+#define NN_FLOAT_DEFS(SUF, DT)                              \
+  {"BatchNormalization", DT, batchnorm_##SUF, 0},           \
+  {"LayerNormalization", DT, layernorm_##SUF, 0},           \
+  {"RMSNormalization", DT, rmsnorm_##SUF, 0},               \
+  {"GroupNormalization", DT, groupnorm_##SUF, 0},           \
+  {"InstanceNormalization", DT, instancenorm_##SUF, 0},     \
+  {"LRN", DT, lrn_##SUF, 0}
+
+static const cpu_kernel_def k_nn[] = {
+    NN_FLOAT_DEFS(f32, DK_DTYPE_FLOAT32),
+    NN_FLOAT_DEFS(f64, DK_DTYPE_FLOAT64),
+    NN_FLOAT_DEFS(f16, DK_DTYPE_FLOAT16),
+    NN_FLOAT_DEFS(bf16, DK_DTYPE_BFLOAT16),
+    {"Trilu", DK_DTYPE_FLOAT32, trilu, 0},
+    {"Trilu", DK_DTYPE_FLOAT64, trilu, 0},
+    {"Trilu", DK_DTYPE_FLOAT16, trilu, 0},
+    {"Trilu", DK_DTYPE_BFLOAT16, trilu, 0},
+    {"Trilu", DK_DTYPE_INT8, trilu, 0},
+    {"Trilu", DK_DTYPE_UINT8, trilu, 0},
+    {"Trilu", DK_DTYPE_INT32, trilu, 0},
+    {"Trilu", DK_DTYPE_INT64, trilu, 0},
+    {"Trilu", DK_DTYPE_BOOL, trilu, 0},
+};
+CPU_REGISTER_KERNELS(k_nn)

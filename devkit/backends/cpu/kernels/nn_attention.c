@@ -1,0 +1,447 @@
+/*
+ * nn_attention.c -- Attention (opset 23) and RotaryEmbedding kernels.
+ *
+ * Attention runs per (batch, query head) on blocks of query rows: the
+ * scores block is scale * Q K^T (one GEMM), then each row gets softcap, the
+ * additive bias (attn_mask, causal), a max-subtracted softmax, and the block
+ * is multiplied by V (a second GEMM). The GEMMs are OpenBLAS's: float32,
+ * float16 and bfloat16 compute in float32 (float16/bfloat16 converted on the
+ * way in and out), float64 in float64. Inputs are compact.
+ */
+#include <cblas.h>
+#include <stdlib.h>
+
+#include "nn.h"
+
+/* Elements of the scores block a query-row block may take; bounds scratch
+ * memory for long key sequences. */
+#define ATTN_SCORE_BUDGET ((int64_t)1 << 20)
+/* ONNX TensorProto code of softmax_precision=DOUBLE. */
+#define ATTN_PRECISION_DOUBLE 11
+
+typedef struct attn_geom {
+  int64_t batch, hq, hkv, lq, lkv, past, total, d, dv;
+  /* Element strides of Q, K, V and Y between batches (_b), heads (_h) and
+   * sequence rows (_r); 3-D inputs interleave the heads within a row. */
+  int64_t q_b, q_h, q_r, k_b, k_h, k_r, v_b, v_h, v_r, y_b, y_h, y_r;
+  const cpu_tensor *mask; /* NULL when absent */
+  int64_t mask_strides[4]; /* against (batch, hq, lq, total); 0 where it broadcasts */
+  bool causal, wide_softmax;
+  int mode; /* qk_matmul_output_mode */
+  double scale, softcap;
+} attn_geom;
+
+static void attn_layout(int64_t heads, int64_t len, int64_t size, bool three_d, int64_t *b,
+                        int64_t *h, int64_t *r) {
+  *b = heads * len * size;
+  *h = three_d ? size : len * size;
+  *r = three_d ? heads * size : size;
+}
+
+static DK_Status attn_geometry(const cpu_kernel_args *k, attn_geom *g) {
+  const cpu_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+  bool three_d = q->ndim == 3;
+  memset(g, 0, sizeof *g);
+  g->batch = q->shape[0];
+  if (three_d) {
+    g->hq = cpu_attr_int(k, "q_num_heads", 1);
+    g->hkv = cpu_attr_int(k, "kv_num_heads", 1);
+    g->lq = q->shape[1];
+    g->lkv = kk->shape[1];
+    g->d = q->shape[2] / g->hq;
+    g->dv = v->shape[2] / g->hkv;
+  } else {
+    g->hq = q->shape[1];
+    g->hkv = kk->shape[1];
+    g->lq = q->shape[2];
+    g->lkv = kk->shape[2];
+    g->d = q->shape[3];
+    g->dv = v->shape[3];
+  }
+  g->past = k->num_inputs > 4 && k->in[4].ndim == 4 ? k->in[4].shape[2] : 0;
+  g->total = g->past + g->lkv;
+  attn_layout(g->hq, g->lq, g->d, three_d, &g->q_b, &g->q_h, &g->q_r);
+  attn_layout(g->hkv, g->lkv, g->d, three_d, &g->k_b, &g->k_h, &g->k_r);
+  attn_layout(g->hkv, g->lkv, g->dv, three_d, &g->v_b, &g->v_h, &g->v_r);
+  attn_layout(g->hq, g->lq, g->dv, three_d, &g->y_b, &g->y_h, &g->y_r);
+  if (k->num_inputs > 3 && k->in[3].ndim >= 0) {
+    const cpu_tensor *m = &k->in[3];
+    g->mask = m;
+    for (int32_t d = 0; d < 4; d++) {
+      int32_t md = d - (4 - m->ndim);
+      g->mask_strides[d] = md < 0 || m->shape[md] == 1 ? 0 : m->strides[md];
+    }
+  }
+  g->causal = cpu_attr_int(k, "is_causal", 0) != 0;
+  g->mode = (int)cpu_attr_int(k, "qk_matmul_output_mode", 0);
+  g->softcap = cpu_attr_float(k, "softcap", 0.0);
+  g->wide_softmax = cpu_attr_int(k, "softmax_precision", 1) == ATTN_PRECISION_DOUBLE;
+  g->scale = cpu_attr(k, "scale") ? cpu_attr_float(k, "scale", 1.0)
+             : g->d ? 1.0 / sqrt((double)g->d) : 1.0;
+  /* OpenBLAS takes 32-bit sizes and leading dimensions. */
+  const int64_t sizes[] = {g->d, g->dv, g->total, g->q_r, g->y_r};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i] > INT32_MAX)
+      return cpu_kernel_fail(k, DK_UNIMPLEMENTED,
+                             "a per-head size (head sizes %lld/%lld, %lld keys, rows of %lld/%lld) "
+                             "exceeds the 32-bit range of the BLAS",
+                             (long long)g->d, (long long)g->dv, (long long)g->total,
+                             (long long)g->q_r, (long long)g->y_r);
+  return DK_OK;
+}
+
+/* present = concat(past, new) along the sequence, in (batch, hkv, total, size)
+ * layout whatever the rank of the new keys/values. */
+static void attn_present(const attn_geom *g, const cpu_tensor *past, const cpu_tensor *fresh,
+                         int64_t size, int64_t f_b, int64_t f_h, int64_t f_r,
+                         const cpu_tensor *present) {
+  int64_t item = present->itemsize, row = size * item;
+  if (present->size == 0) return;
+  for (int64_t b = 0; b < g->batch; b++) {
+    for (int64_t h = 0; h < g->hkv; h++) {
+      uint8_t *dst = present->data + (b * g->hkv + h) * g->total * row;
+      if (g->past) {
+        memcpy(dst, past->data + (b * g->hkv + h) * g->past * row, (size_t)(g->past * row));
+        dst += g->past * row;
+      }
+      for (int64_t r = 0; r < g->lkv; r++)
+        memcpy(dst + r * row, fresh->data + (b * f_b + h * f_h + r * f_r) * item, (size_t)row);
+    }
+  }
+}
+
+/* The additive bias of score (b, h, qi, j): attn_mask (bool: False -> -inf)
+ * plus the causal -inf for keys after qi + past. */
+static inline double attn_bias(const attn_geom *g, const uint8_t *mask_row, int64_t qi, int64_t j) {
+  double bias = 0.0;
+  if (mask_row) {
+    const uint8_t *p = mask_row + j * g->mask_strides[3] * g->mask->itemsize;
+    bias = g->mask->dtype == DK_DTYPE_BOOL ? (*p ? 0.0 : -INFINITY) : cpu_load_as_double(p, g->mask->dtype);
+  }
+  if (g->causal && j > qi + g->past) bias += -INFINITY;
+  return bias;
+}
+
+/* Softmax of a row of scores in place, with the rules of ONNX's reference:
+ * a row with a NaN is all NaN; a row whose maximum is -inf (every key masked)
+ * is all zero. The exponentials are CT's (expf for float scores) unless
+ * `wide` (softmax_precision=DOUBLE) gives a row of doubles for them; sums are
+ * double either way. */
+#define ATTN_SOFTMAX(SUF, CT, EXP)                                          \
+  static void attn_softmax_##SUF(CT *s, int64_t n, double *wide) {          \
+    bool has_nan = false;                                                   \
+    double top = -INFINITY;                                                 \
+    for (int64_t j = 0; j < n; j++) {                                       \
+      has_nan |= isnan(s[j]);                                               \
+      if (s[j] > top) top = s[j];                                           \
+    }                                                                       \
+    if (has_nan || top == -INFINITY) {                                      \
+      for (int64_t j = 0; j < n; j++) s[j] = has_nan ? NAN : 0;             \
+      return;                                                               \
+    }                                                                       \
+    double sum = 0.0;                                                       \
+    if (wide) {                                                             \
+      for (int64_t j = 0; j < n; j++) sum += wide[j] = exp(s[j] - top);     \
+      for (int64_t j = 0; j < n; j++) s[j] = (CT)(wide[j] / sum);           \
+    } else {                                                                \
+      CT max = (CT)top; /* exact: top is one of the scores */               \
+      for (int64_t j = 0; j < n; j++) sum += s[j] = EXP(s[j] - max);        \
+      for (int64_t j = 0; j < n; j++) s[j] = (CT)(s[j] / sum);              \
+    }                                                                       \
+  }
+
+ATTN_SOFTMAX(f32, float, expf)
+ATTN_SOFTMAX(f64, double, exp)
+
+static void attn_gemm_f32(bool trans_b, int64_t m, int64_t n, int64_t kk, double alpha, const float *a,
+                          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+                    (blasint)n, (blasint)kk, (float)alpha, a, (blasint)lda, b, (blasint)ldb, 0.0f, c,
+                    (blasint)ldc);
+}
+
+static void attn_gemm_f64(bool trans_b, int64_t m, int64_t n, int64_t kk, double alpha, const double *a,
+                          int64_t lda, const double *b, int64_t ldb, double *c, int64_t ldc) {
+  scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
+                    (blasint)n, (blasint)kk, alpha, a, (blasint)lda, b, (blasint)ldb, 0.0, c,
+                    (blasint)ldc);
+}
+
+/* A rows x cols matrix (row stride ld) of a tensor as compute-type values:
+ * the tensor's own memory for float32 (*out_ld = ld), else converted into
+ * `scratch` (*out_ld = cols). */
+static const float *attn_view_f32(const uint8_t *src, DK_DTypeKey dtype, int64_t rows, int64_t cols,
+                                  int64_t ld, float *scratch, int64_t *out_ld) {
+  if (dtype == DK_DTYPE_FLOAT32) {
+    *out_ld = ld;
+    return (const float *)src;
+  }
+  for (int64_t r = 0; r < rows; r++) {
+    const uint16_t *in = (const uint16_t *)src + r * ld;
+    float *out = scratch + r * cols;
+    if (dtype == DK_DTYPE_FLOAT16)
+      for (int64_t c = 0; c < cols; c++) out[c] = cpu_f16_to_f32(in[c]);
+    else
+      for (int64_t c = 0; c < cols; c++) out[c] = cpu_bf16_to_f32(in[c]);
+  }
+  *out_ld = cols;
+  return scratch;
+}
+
+/* float64 is its own compute type: never converted. */
+static const double *attn_view_f64(const uint8_t *src, DK_DTypeKey dtype, int64_t rows, int64_t cols,
+                                   int64_t ld, double *scratch, int64_t *out_ld) {
+  (void)dtype, (void)rows, (void)cols, (void)scratch;
+  *out_ld = ld;
+  return (const double *)src;
+}
+
+/* Stores n compute-type values into a tensor of `dtype`. */
+static void attn_put_f32(uint8_t *dst, DK_DTypeKey dtype, const float *src, int64_t n) {
+  if (dtype == DK_DTYPE_FLOAT32) {
+    memcpy(dst, src, (size_t)n * sizeof *src);
+    return;
+  }
+  uint16_t *out = (uint16_t *)dst;
+  if (dtype == DK_DTYPE_FLOAT16)
+    for (int64_t i = 0; i < n; i++) out[i] = cpu_f32_to_f16(src[i]);
+  else
+    for (int64_t i = 0; i < n; i++) out[i] = cpu_f32_to_bf16(src[i]);
+}
+
+static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int64_t n) {
+  (void)dtype;
+  memcpy(dst, src, (size_t)n * sizeof *src);
+}
+
+/* One instantiation per compute type CT: f32 (float32, float16 and bfloat16
+ * storage) and f64.
+ *
+ * attn_scores: scores[rows x total] = scale * Q[b, h, i0 .. i0 + rows) K^T.
+ * attn_row: one query row of scores -> softcap, bias, softmax (and the
+ *   qk_matmul_output of the selected mode) -> probabilities in place.
+ * attention: the loop over (batch, kv head, its query heads, row blocks);
+ *   Y rows = probabilities V. */
+#define ATTN_IMPL(SUF, CT, TANH)                                                                  \
+  static void attn_scores_##SUF(const cpu_kernel_args *k, const attn_geom *g, int64_t b,          \
+                                int64_t h, int64_t i0, int64_t rows, const CT *keys, int64_t ldk, \
+                                CT *qbuf, CT *scores) {                                           \
+    const cpu_tensor *q = &k->in[0];                                                              \
+    if (!g->d) { /* empty dot products */                                                         \
+      memset(scores, 0, (size_t)(rows * g->total) * sizeof(CT));                                  \
+      return;                                                                                     \
+    }                                                                                             \
+    int64_t ldq;                                                                                  \
+    const uint8_t *src = q->data + (b * g->q_b + h * g->q_h + i0 * g->q_r) * q->itemsize;         \
+    const CT *qs = attn_view_##SUF(src, q->dtype, rows, g->d, g->q_r, qbuf, &ldq);                \
+    attn_gemm_##SUF(true, rows, g->total, g->d, g->scale, qs, ldq, keys, ldk, scores, g->total);  \
+  }                                                                                               \
+                                                                                                  \
+  static void attn_row_##SUF(const attn_geom *g, const cpu_tensor *qk, int64_t b, int64_t h,      \
+                             int64_t qi, CT *s, double *wide) {                                   \
+    int64_t total = g->total;                                                                     \
+    uint8_t *qk_row = qk->data + ((b * g->hq + h) * g->lq + qi) * total * qk->itemsize;           \
+    if (g->mode == 0) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
+    if (g->softcap > 0)                                                                           \
+      for (int64_t j = 0; j < total; j++) s[j] = (CT)(g->softcap * TANH(s[j] / (CT)g->softcap));  \
+    if (g->mode == 1) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
+    bool all_masked = false;                                                                      \
+    if (g->mask || g->causal) {                                                                   \
+      const uint8_t *mask_row =                                                                   \
+          g->mask ? g->mask->data + (b * g->mask_strides[0] + h * g->mask_strides[1] +            \
+                                     qi * g->mask_strides[2]) * g->mask->itemsize                 \
+                  : NULL;                                                                         \
+      all_masked = true;                                                                          \
+      for (int64_t j = 0; j < total; j++) {                                                       \
+        double bias = attn_bias(g, mask_row, qi, j);                                              \
+        all_masked &= bias == -INFINITY;                                                          \
+        s[j] = (CT)(s[j] + bias);                                                                 \
+      }                                                                                           \
+    }                                                                                             \
+    if (g->mode == 2) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
+    /* A row whose bias masks every key attends nothing (ONNX 23 errata). */                      \
+    if (all_masked)                                                                               \
+      memset(s, 0, (size_t)total * sizeof(CT));                                                   \
+    else                                                                                          \
+      attn_softmax_##SUF(s, total, wide);                                                         \
+    if (g->mode == 3) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
+  }                                                                                               \
+                                                                                                  \
+  static DK_Status attention_##SUF(const cpu_kernel_args *k, const attn_geom *g) {                \
+    const cpu_tensor *y = &k->out[0], *pk = &k->out[1], *pv = &k->out[2], *qk = &k->out[3];       \
+    DK_DTypeKey dt = y->dtype;                                                                    \
+    int64_t item = y->itemsize;                                                                   \
+    bool direct = sizeof(CT) == (size_t)item; /* the tensors hold CT: no conversions */           \
+    int64_t total = g->total, d = g->d, dv = g->dv, block = g->lq;                                \
+    if (total && block > ATTN_SCORE_BUDGET / total)                                               \
+      block = ATTN_SCORE_BUDGET / total > 1 ? ATTN_SCORE_BUDGET / total : 1;                      \
+    size_t n_scores = (size_t)(block * total), n_wide = g->wide_softmax ? (size_t)total : 0;       \
+    size_t n_conv = direct ? 0 : (size_t)((total + block) * (d + dv));                            \
+    size_t bytes = (n_scores + n_conv) * sizeof(CT) + n_wide * sizeof(double);                    \
+    void *scratch = malloc(bytes ? bytes : 1);                                                    \
+    if (!scratch)                                                                                 \
+      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED,                                            \
+                             "out of host memory for %zu bytes of scratch", bytes);               \
+    double *wide = n_wide ? scratch : NULL;                                                       \
+    CT *scores = (CT *)((uint8_t *)scratch + n_wide * sizeof(double));                            \
+    CT *kbuf = NULL, *vbuf = NULL, *qbuf = NULL, *ybuf = NULL; /* float16/bfloat16 in CT */      \
+    if (!direct) {                                                                                \
+      kbuf = scores + n_scores;                                                                   \
+      vbuf = kbuf + total * d;                                                                    \
+      qbuf = vbuf + total * dv;                                                                   \
+      ybuf = qbuf + block * d;                                                                    \
+    }                                                                                             \
+    int64_t group = g->hq / g->hkv;                                                               \
+    for (int64_t b = 0; b < g->batch; b++) {                                                      \
+      for (int64_t kh = 0; kh < g->hkv; kh++) {                                                   \
+        /* This kv head's keys and values, shared by its `group` query heads. */                  \
+        int64_t ldk = d, ldv = dv, kv = b * g->hkv + kh;                                          \
+        const CT *keys = NULL, *vals = NULL;                                                      \
+        if (total && d)                                                                           \
+          keys = attn_view_##SUF(pk->data + kv * total * d * item, dt, total, d, d, kbuf, &ldk);  \
+        if (total && dv)                                                                          \
+          vals = attn_view_##SUF(pv->data + kv * total * dv * item, dt, total, dv, dv, vbuf,      \
+                                 &ldv);                                                           \
+        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {                                 \
+          for (int64_t i0 = 0; i0 < g->lq; i0 += block) {                                         \
+            int64_t rows = g->lq - i0 < block ? g->lq - i0 : block;                               \
+            if (total) {                                                                          \
+              attn_scores_##SUF(k, g, b, h, i0, rows, keys, ldk, qbuf, scores);                   \
+              for (int64_t i = 0; i < rows; i++)                                                  \
+                attn_row_##SUF(g, qk, b, h, i0 + i, scores + i * total, wide);                    \
+            }                                                                                     \
+            if (!dv) continue;                                                                    \
+            uint8_t *yrow = y->data + (b * g->y_b + h * g->y_h + i0 * g->y_r) * item;             \
+            CT *out = direct ? (CT *)yrow : ybuf;                                                 \
+            int64_t ldy = direct ? g->y_r : dv;                                                   \
+            if (total)                                                                            \
+              attn_gemm_##SUF(false, rows, dv, total, 1.0, scores, total, vals, ldv, out, ldy);   \
+            else /* no keys: every row is fully masked */                                         \
+              for (int64_t i = 0; i < rows; i++) memset(out + i * ldy, 0, (size_t)dv * sizeof(CT)); \
+            if (!direct)                                                                          \
+              for (int64_t i = 0; i < rows; i++)                                                  \
+                attn_put_##SUF(yrow + i * g->y_r * item, dt, ybuf + i * dv, dv);                  \
+          }                                                                                       \
+        }                                                                                         \
+      }                                                                                           \
+    }                                                                                             \
+    free(scratch);                                                                                \
+    return DK_OK;                                                                                 \
+  }
+
+ATTN_IMPL(f32, float, tanhf)
+ATTN_IMPL(f64, double, tanh)
+
+static DK_Status attention(const cpu_kernel_args *k) {
+  attn_geom g;
+  DK_Status st = attn_geometry(k, &g);
+  if (st != DK_OK) return st;
+  const cpu_tensor *past_key = k->num_inputs > 4 ? &k->in[4] : NULL;
+  const cpu_tensor *past_value = k->num_inputs > 5 ? &k->in[5] : NULL;
+  attn_present(&g, past_key, &k->in[1], g.d, g.k_b, g.k_h, g.k_r, &k->out[1]);
+  attn_present(&g, past_value, &k->in[2], g.dv, g.v_b, g.v_h, g.v_r, &k->out[2]);
+  /* Nothing more to compute (this covers zero heads: hkv > 0 below). */
+  if (k->out[0].size == 0 && k->out[3].size == 0) return DK_OK;
+  return k->in[0].dtype == DK_DTYPE_FLOAT64 ? attention_f64(k, &g) : attention_f32(k, &g);
+}
+
+/* ---- RotaryEmbedding ------------------------------------------------------ */
+
+typedef struct rope_geom {
+  int64_t batch, seq, heads, head_size, half;
+  int64_t x_b, x_s, x_h; /* element strides of X (and Y) */
+  bool interleaved;
+} rope_geom;
+
+/* Rotates one head: pairs (i, i + half) or (2i, 2i + 1) of the first 2 * half
+ * elements; the rest is copied. Products and sums in double. */
+#define ROPE_ROW(SUF, T)                                                                         \
+  static void rope_row_##SUF(const rope_geom *g, const T *x, T *y, const T *cos, const T *sin) { \
+    for (int64_t i = 0; i < g->half; i++) {                                                      \
+      int64_t i1 = g->interleaved ? 2 * i : i, i2 = g->interleaved ? 2 * i + 1 : i + g->half;    \
+      double c = nn_ld_##SUF(cos, i), s = nn_ld_##SUF(sin, i);                                   \
+      double x1 = nn_ld_##SUF(x, i1), x2 = nn_ld_##SUF(x, i2);                                   \
+      nn_st_##SUF(y, i1, c * x1 - s * x2);                                                       \
+      nn_st_##SUF(y, i2, s * x1 + c * x2);                                                       \
+    }                                                                                            \
+    memcpy(y + 2 * g->half, x + 2 * g->half, (size_t)(g->head_size - 2 * g->half) * sizeof(T));  \
+  }
+
+ROPE_ROW(f32, float)
+ROPE_ROW(f64, double)
+ROPE_ROW(f16, uint16_t)
+ROPE_ROW(bf16, uint16_t)
+
+static DK_Status rotary_embedding(const cpu_kernel_args *k) {
+  const cpu_tensor *x = &k->in[0], *cos = &k->in[1], *sin = &k->in[2], *y = &k->out[0];
+  const cpu_tensor *ids = k->num_inputs > 3 && k->in[3].ndim >= 0 ? &k->in[3] : NULL;
+  rope_geom g;
+  g.batch = x->shape[0];
+  if (x->ndim == 4) {
+    g.heads = x->shape[1];
+    g.seq = x->shape[2];
+    g.head_size = x->shape[3];
+  } else {
+    g.heads = cpu_attr_int(k, "num_heads", 1);
+    g.seq = x->shape[1];
+    g.head_size = x->shape[2] / g.heads;
+  }
+  int64_t rotary = cpu_attr_int(k, "rotary_embedding_dim", 0);
+  g.half = (rotary ? rotary : g.head_size) / 2;
+  g.interleaved = cpu_attr_int(k, "interleaved", 0) != 0;
+  g.x_b = g.heads * g.seq * g.head_size;
+  g.x_s = x->ndim == 4 ? g.head_size : g.heads * g.head_size;
+  g.x_h = x->ndim == 4 ? g.seq * g.head_size : g.head_size;
+  if (x->size == 0) return DK_OK;
+  const int64_t *pos = ids ? (const int64_t *)ids->data : NULL;
+  int64_t positions = ids ? cos->shape[0] : 0;
+  for (int64_t i = 0; pos && i < g.batch * g.seq; i++)
+    if (pos[i] < 0 || pos[i] >= positions)
+      return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+                             "position_ids[%lld, %lld] = %lld is outside [0, %lld), the rows of cos_cache",
+                             (long long)(i / g.seq), (long long)(i % g.seq), (long long)pos[i],
+                             (long long)positions);
+  int64_t item = x->itemsize;
+  for (int64_t b = 0; b < g.batch; b++) {
+    for (int64_t s = 0; s < g.seq; s++) {
+      /* The cache row: the token's position, or its own (b, s) row. */
+      int64_t cache_row = pos ? pos[b * g.seq + s] : b * g.seq + s;
+      const uint8_t *c = cos->data + cache_row * g.half * item;
+      const uint8_t *sn = sin->data + cache_row * g.half * item;
+      for (int64_t h = 0; h < g.heads; h++) {
+        int64_t off = (b * g.x_b + s * g.x_s + h * g.x_h) * item;
+        const uint8_t *xr = x->data + off;
+        uint8_t *yr = y->data + off;
+        switch ((int)x->dtype) {
+          case DK_DTYPE_FLOAT32:
+            rope_row_f32(&g, (const float *)xr, (float *)yr, (const float *)c, (const float *)sn);
+            break;
+          case DK_DTYPE_FLOAT64:
+            rope_row_f64(&g, (const double *)xr, (double *)yr, (const double *)c, (const double *)sn);
+            break;
+          case DK_DTYPE_FLOAT16:
+            rope_row_f16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
+                         (const uint16_t *)sn);
+            break;
+          default:
+            rope_row_bf16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
+                          (const uint16_t *)sn);
+            break;
+        }
+      }
+    }
+  }
+  return DK_OK;
+}
+
+static const cpu_kernel_def k_nn_attention[] = {
+    {"Attention", DK_DTYPE_FLOAT32, attention, 0},
+    {"Attention", DK_DTYPE_FLOAT64, attention, 0},
+    {"Attention", DK_DTYPE_FLOAT16, attention, 0},
+    {"Attention", DK_DTYPE_BFLOAT16, attention, 0},
+    {"RotaryEmbedding", DK_DTYPE_FLOAT32, rotary_embedding, 0},
+    {"RotaryEmbedding", DK_DTYPE_FLOAT64, rotary_embedding, 0},
+    {"RotaryEmbedding", DK_DTYPE_FLOAT16, rotary_embedding, 0},
+    {"RotaryEmbedding", DK_DTYPE_BFLOAT16, rotary_embedding, 0},
+};
+CPU_REGISTER_KERNELS(k_nn_attention)
