@@ -427,6 +427,44 @@ register(OpSpec(
 ))
 
 
+def _dropout_infer(x, a):
+    ratio, training = (list(x[1:]) + [None, None])[:2]
+    rate = 0.5 if ratio is None else float(ratio.value.reshape(-1)[0])
+    if not 0 <= rate < 1:
+        raise ValueError(f"ratio {rate} is outside [0, 1)")
+    if training is not None and np.any(training.value) and rate != 0:
+        raise ValueError("training_mode is true with a nonzero ratio: devkit runs Dropout at inference "
+                         "only (training-mode Dropout draws random masks)")
+    return [(x[0].shape, x[0].dtype), (x[0].shape, BOOL)]
+
+
+def _dropout_cases(dtype, rng):
+    x = t.random(rng, (3, 5, 7), dtype)
+    return [
+        Case("default", [x]),
+        Case("ratio_inference", [x, np.array(0.5, np.float32), np.array(False)]),
+        Case("training_zero_ratio", [x, np.array(0.0, np.float32), np.array(True)]),
+        Case("empty", [t.random(rng, (0, 4), dtype)]),
+        Case("special", [t.special_values(dtype)]),
+    ]
+
+
+register(OpSpec(
+    name="Dropout", category="shape", opset=22,
+    inputs=(Input("data"), Input("ratio", optional=True, host=True),
+            Input("training_mode", optional=True, host=True)),
+    outputs=("output", "mask"),
+    attrs=(Attr("seed", "int", doc="unused at inference"),
+           Attr("ratio", "float", doc="opsets before 12; unused at inference")),
+    dtypes=(F32, F64, F16, BF16),
+    infer=_dropout_infer,
+    reference=lambda x, a: [x[0], np.ones(x[0].shape, bool)],
+    cases=_dropout_cases,
+    doc="Inference only: output is the data and mask is all true. training_mode true is refused "
+        "unless the ratio is 0 (the same result); the random masks of training are not drawn.",
+))
+
+
 # -- Shape, Size -------------------------------------------------------------------------------
 
 

@@ -50,6 +50,14 @@ static DK_Status identity(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
+/* Dropout at inference: the data unchanged, and a mask that keeps everything. */
+static DK_Status dropout(const cpu_kernel_args *k) {
+  int64_t itemsize = k->in[0].itemsize;
+  cpu_elementwise(k, 1, copy_loop, &itemsize);
+  if (k->num_outputs > 1) memset(k->out[1].data, 1, (size_t)k->out[1].size);
+  return DK_OK;
+}
+
 /* Reshape, Flatten, Squeeze, Unsqueeze: the input's elements in row-major
  * order into the compact output, read through the input's strides. */
 static DK_Status copy_in_order(const cpu_kernel_args *k) {
@@ -293,6 +301,10 @@ static DK_Status one_hot(const cpu_kernel_args *k) {
 
 static const cpu_kernel_def k_shape[] = {
     ALL_DTYPES("Identity", identity, CPU_STRIDED),
+    {"Dropout", DK_DTYPE_FLOAT16, dropout, DK_KERNEL_STRIDED_INPUTS},
+    {"Dropout", DK_DTYPE_BFLOAT16, dropout, DK_KERNEL_STRIDED_INPUTS},
+    {"Dropout", DK_DTYPE_FLOAT32, dropout, DK_KERNEL_STRIDED_INPUTS},
+    {"Dropout", DK_DTYPE_FLOAT64, dropout, DK_KERNEL_STRIDED_INPUTS},
     ALL_DTYPES("Reshape", copy_in_order, READS_STRIDED),
     ALL_DTYPES("Flatten", copy_in_order, READS_STRIDED),
     ALL_DTYPES("Squeeze", copy_in_order, READS_STRIDED),
