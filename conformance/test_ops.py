@@ -21,7 +21,7 @@ import pytest
 import devkit
 from devkit import ops
 from devkit.ops import testing
-from devkit.ops.dispatch import resolve_attrs
+from devkit.ops.dispatch import reference_arguments
 from devkit.ops.spec import dtype_name
 
 
@@ -77,14 +77,7 @@ def test_op(dev, op, dtype, case_name, strided, record_property):
             inputs.append(_strided_copy(dev, array) if strided else devkit.asarray(array, dev))
     outputs = devkit.run_op(op, inputs, case.attrs)
 
-    attrs = resolve_attrs(spec, case.attrs)
-    ref_inputs = []
-    for decl, value in zip(declared, case.inputs):
-        if value is not None and decl.name in host:
-            attrs[decl.name] = np.asarray(value)
-            ref_inputs.append(np.asarray(value))
-        else:
-            ref_inputs.append(testing.upcast(value))
+    ref_inputs, attrs = reference_arguments(spec, case.inputs, case.attrs)
     with np.errstate(all="ignore"):
         references = spec.reference(ref_inputs, attrs)
     tolerance = case.tolerance or spec.tolerance_for(key_dtype)

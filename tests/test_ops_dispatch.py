@@ -143,3 +143,12 @@ def test_launcher_refuses_ranks_above_its_limit():
     out = devkit.empty((1,) * 17, "float32")
     with pytest.raises(devkit.InvalidArgumentError, match="rank 17; the cpu plugin supports 0 to 16"):
         _raw_call(x, out)
+
+
+def test_older_attribute_form_of_a_host_input_binds_as_the_input():
+    a = f32(8) * 4
+    x = devkit.asarray(a)
+    np.testing.assert_array_equal(ops.Clip(x, min=-1.0, max=1.0).numpy(), np.clip(a, -1, 1))
+    np.testing.assert_array_equal(ops.Clip(x, np.float32(-1), max=np.float32(1)).numpy(), np.clip(a, -1, 1))
+    with pytest.raises(TypeError, match="Clip: 'min' is given both as an input and as an attribute"):
+        ops.Clip(x, np.float32(-1), min=-1.0)

@@ -46,7 +46,7 @@ def node_attributes(node, spec: _spec.OpSpec) -> dict:
     tensor_dtype = None
     for proto in node.attribute:
         declared = spec.attr(proto.name)
-        if declared is None:
+        if declared is None and proto.name not in spec.host_inputs:  # (older forms of host inputs pass)
             raise UnsupportedNodeError(f"{_describe(node)}: attribute '{proto.name}' is not supported")
         if proto.type == AttributeProto.TENSOR:
             array = numpy_helper.to_array(proto.t)
@@ -60,7 +60,7 @@ def node_attributes(node, spec: _spec.OpSpec) -> dict:
         else:
             kind = AttributeProto.AttributeType.Name(proto.type)
             raise UnsupportedNodeError(f"{_describe(node)}: attribute '{proto.name}' of type {kind} is not supported")
-        if declared.kind == "dtype" and isinstance(value, int):
+        if declared is not None and declared.kind == "dtype" and isinstance(value, int):
             value = onnx_dtype(value)
         attrs[proto.name] = value
     dtype_attr = spec.attr("dtype")

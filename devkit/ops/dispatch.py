@@ -106,11 +106,21 @@ def _coerce_attr(spec: OpSpec, attr: _spec.Attr, value):
     return value
 
 
+def _host_input_from_attribute(spec: OpSpec, bound: list, name: str, value) -> None:
+    """The older ONNX form of a host input is an attribute of the same name
+    (Clip's min/max, Squeeze's axes, Split's split): bind it as the input."""
+    index = next(i for i, decl in enumerate(spec.inputs) if decl.name == name)
+    if index < len(bound) and bound[index][1] is not None:
+        raise TypeError(f"{spec.name}: '{name}' is given both as an input and as an attribute")
+    while len(bound) <= index:
+        bound.append((spec.inputs[len(bound)], None))
+    bound[index] = (spec.inputs[index], value)
+
+
 def resolve_attrs(spec: OpSpec, given: Mapping | None) -> dict:
     """Attributes with defaults applied, each coerced and validated."""
     given = dict(given or {})
-    host = set(spec.host_inputs)
-    unknown = [name for name in given if spec.attr(name) is None and name not in host]
+    unknown = [name for name in given if spec.attr(name) is None]
     if unknown:
         known = ", ".join(a.name for a in spec.attrs) or "none"
         raise TypeError(f"{spec.name}: unknown attribute '{unknown[0]}' (it takes: {known})")
@@ -242,6 +252,10 @@ def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
              stream: Stream | None = None):
     """Binds and checks a call: (device, device inputs, host values, infos, attrs, key dtype)."""
     bound = _bind(spec, list(inputs))
+    attrs = dict(attrs or {})
+    for name in spec.host_inputs:
+        if name in attrs and spec.attr(name) is None:
+            _host_input_from_attribute(spec, bound, name, attrs.pop(name))
     attrs = resolve_attrs(spec, attrs)
     given = [v for d, v in bound if isinstance(v, Array)]
     dev = given[0].device if given else device(device_spec or "cpu:0")
@@ -281,6 +295,28 @@ def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
         raise TypeError(f"{spec.name}: dtype {dtype_name(key_dtype)} is not supported "
                         f"(the op takes {supported})")
     return dev, device_inputs, host_values, infos, attrs, np.dtype(key_dtype)
+
+
+def reference_arguments(spec: OpSpec, inputs: Sequence, attrs: Mapping | None = None) -> tuple[list, dict]:
+    """What ``spec.reference`` takes for a call: the inputs (floats upcast to
+    float64, host inputs as arrays) and the attributes, defaults applied and
+    the host inputs' values added under their names."""
+    from .testing import upcast
+
+    bound = _bind(spec, list(inputs))
+    attrs = dict(attrs or {})
+    for name in spec.host_inputs:
+        if name in attrs and spec.attr(name) is None:
+            _host_input_from_attribute(spec, bound, name, attrs.pop(name))
+    resolved = resolve_attrs(spec, attrs)
+    arguments = []
+    for decl, value in bound:
+        if value is not None and decl.host:
+            resolved[decl.name] = _host_value(spec, decl, value)
+            arguments.append(resolved[decl.name])
+        else:
+            arguments.append(upcast(value.numpy() if isinstance(value, Array) else value))
+    return arguments, resolved
 
 
 def infer(name: str, inputs: Sequence, attrs: Mapping | None = None):
