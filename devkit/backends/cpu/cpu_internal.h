@@ -47,6 +47,7 @@
 #endif
 #define CPU_MAX_DEVICES 64
 #define CPU_ALLOC_ALIGNMENT 64
+#define CPU_HUGE_PAGE ((size_t)2 << 20) /* x86-64 and arm64 transparent huge pages */
 
 /* ---- Errors -------------------------------------------------------------- */
 
