@@ -1,0 +1,510 @@
+/*
+ * linalg.c -- the linalg family's shared helpers (linalg.h) and the MatMul
+ * and Gemm kernels.
+ *
+ * Float products go through OpenBLAS (scipy-openblas32); float16/bfloat16
+ * run as float32 (linalg_run_as_f32). Integer MatMul uses a cache-blocked
+ * loop with wrapping arithmetic: BLAS has no integer GEMM.
+ */
+#include "linalg.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+
+/* The largest dimension handed to one BLAS call; a build may lower it (-D)
+ * to exercise the splitting on small tensors. */
+#ifndef LINALG_BLAS_MAX
+#define LINALG_BLAS_MAX INT32_MAX
+#endif
+
+/* ---- GEMM --------------------------------------------------------------- */
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+static void scale_rows(linalg_real real, int64_t m, int64_t n, double beta, void *c, int64_t ldc) {
+  for (int64_t i = 0; i < m; i++) {
+    if (real == LINALG_F64) {
+      double *row = (double *)c + i * ldc;
+      for (int64_t j = 0; j < n; j++) row[j] = beta == 0.0 ? 0.0 : beta * row[j];
+    } else {
+      float *row = (float *)c + i * ldc;
+      for (int64_t j = 0; j < n; j++) row[j] = beta == 0.0 ? 0.0f : (float)beta * row[j];
+    }
+  }
+}
+
+void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                 void *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) { /* no products: c = beta * c, beta == 0 clearing NaNs as BLAS does */
+    scale_rows(real, m, n, beta, c, ldc);
+    return;
+  }
+  const int64_t lim = LINALG_BLAS_MAX;
+  /* An operand whose leading dimension is out of range is stepped one stored
+   * row at a time, where any leading dimension >= the row width will do. */
+  int64_t mc = (ldc > lim || (!trans_a && lda > lim)) ? 1 : lim;
+  int64_t kc = ((trans_a && lda > lim) || (!trans_b && ldb > lim)) ? 1 : lim;
+  int64_t nc = (trans_b && ldb > lim) ? 1 : lim;
+  size_t es = real == LINALG_F64 ? sizeof(double) : sizeof(float);
+  for (int64_t i0 = 0; i0 < m; i0 += mc) {
+    int64_t mb = min64(mc, m - i0);
+    for (int64_t j0 = 0; j0 < n; j0 += nc) {
+      int64_t nb = min64(nc, n - j0);
+      for (int64_t p0 = 0; p0 < k; p0 += kc) {
+        int64_t kb = min64(kc, k - p0);
+        const uint8_t *ab = (const uint8_t *)a + (size_t)(trans_a ? p0 * lda + i0 : i0 * lda + p0) * es;
+        const uint8_t *bb = (const uint8_t *)b + (size_t)(trans_b ? j0 * ldb + p0 : p0 * ldb + j0) * es;
+        uint8_t *cb = (uint8_t *)c + (size_t)(i0 * ldc + j0) * es;
+        blasint la = (blasint)(lda > lim ? (trans_a ? mb : kb) : lda);
+        blasint lb = (blasint)(ldb > lim ? (trans_b ? kb : nb) : ldb);
+        blasint lc = (blasint)(ldc > lim ? nb : ldc);
+        double be = p0 == 0 ? beta : 1.0; /* later k blocks accumulate */
+        enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+        enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+        if (real == LINALG_F64)
+          scipy_cblas_dgemm(CblasRowMajor, ta, tb, (blasint)mb, (blasint)nb, (blasint)kb, alpha,
+                            (const double *)ab, la, (const double *)bb, lb, be, (double *)cb, lc);
+        else
+          scipy_cblas_sgemm(CblasRowMajor, ta, tb, (blasint)mb, (blasint)nb, (blasint)kb,
+                            (float)alpha, (const float *)ab, la, (const float *)bb, lb, (float)be,
+                            (float *)cb, lc);
+      }
+    }
+  }
+}
+
+/* ---- Scratch, copies, float16/bfloat16 ------------------------------------ */
+
+void *linalg_scratch(const cpu_kernel_args *k, size_t count, size_t size) {
+  void *p = calloc(count ? count : 1, size);
+  if (!p)
+    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %zu scratch elements of %zu bytes",
+                    count, size);
+  return p;
+}
+
+#define COPY_LOOP(NAME, T)                                                                \
+  static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {          \
+    (void)ctx;                                                                            \
+    uint8_t *o = p[0];                                                                    \
+    const uint8_t *x = p[1];                                                              \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1]) *(T *)o = *(const T *)x;        \
+  }
+COPY_LOOP(copy_1, uint8_t)
+COPY_LOOP(copy_2, uint16_t)
+COPY_LOOP(copy_4, uint32_t)
+COPY_LOOP(copy_8, uint64_t)
+
+#define WIDEN_LOOP(NAME, LOAD)                                                            \
+  static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {          \
+    (void)ctx;                                                                            \
+    uint8_t *o = p[0];                                                                    \
+    const uint8_t *x = p[1];                                                              \
+    for (int64_t i = 0; i < n; i++, o += s[0], x += s[1])                                 \
+      *(float *)o = LOAD(*(const uint16_t *)x);                                           \
+  }
+WIDEN_LOOP(widen_f16, cpu_f16_to_f32)
+WIDEN_LOOP(widen_bf16, cpu_bf16_to_f32)
+
+/* dst (compact, dst_itemsize bytes per element) = t through `loop`. */
+static void gather(const cpu_tensor *t, uint8_t *dst, int32_t dst_itemsize, cpu_inner_loop loop) {
+  int64_t strides[2][CPU_MAX_DIMS], compact[CPU_MAX_DIMS];
+  cpu_compact_strides(t->ndim, t->shape, compact);
+  for (int32_t d = 0; d < t->ndim; d++) {
+    strides[0][d] = compact[d] * dst_itemsize;
+    strides[1][d] = t->strides[d] * t->itemsize;
+  }
+  uint8_t *base[2] = {dst, t->data};
+  cpu_nd_loop(2, t->ndim, t->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, loop, NULL);
+}
+
+void *linalg_compact_copy(const cpu_kernel_args *k, const cpu_tensor *t) {
+  uint8_t *copy = linalg_scratch(k, (size_t)t->size, (size_t)t->itemsize);
+  if (!copy || t->size == 0) return copy;
+  cpu_inner_loop loop = t->itemsize == 8 ? copy_8 : t->itemsize == 4 ? copy_4
+                        : t->itemsize == 2 ? copy_2 : copy_1;
+  gather(t, copy, t->itemsize, loop);
+  return copy;
+}
+
+static bool is_low_float(const cpu_tensor *t) {
+  return t->ndim >= 0 && (t->dtype == DK_DTYPE_FLOAT16 || t->dtype == DK_DTYPE_BFLOAT16);
+}
+
+DK_Status linalg_run_as_f32(const cpu_kernel_args *k, cpu_compute_fn core) {
+  size_t total = k->num_inputs + k->num_outputs;
+  cpu_tensor *wide = linalg_scratch(k, total, sizeof *wide);
+  if (!wide) return DK_RESOURCE_EXHAUSTED;
+  memcpy(wide, k->in, k->num_inputs * sizeof *wide);
+  memcpy(wide + k->num_inputs, k->out, k->num_outputs * sizeof *wide);
+  DK_Status st = DK_OK;
+  for (size_t i = 0; i < total && st == DK_OK; i++) {
+    cpu_tensor *t = &wide[i];
+    if (!is_low_float(t)) continue;
+    float *buffer = linalg_scratch(k, (size_t)t->size, sizeof(float));
+    if (!buffer) {
+      st = DK_RESOURCE_EXHAUSTED;
+      break;
+    }
+    if (i < k->num_inputs && t->size)
+      gather(t, (uint8_t *)buffer, sizeof(float), t->dtype == DK_DTYPE_FLOAT16 ? widen_f16 : widen_bf16);
+    t->data = (uint8_t *)buffer;
+    t->dtype = DK_DTYPE_FLOAT32;
+    t->itemsize = sizeof(float);
+    cpu_compact_strides(t->ndim, t->shape, t->strides);
+  }
+  if (st == DK_OK) {
+    cpu_kernel_args args = *k;
+    args.in = wide;
+    args.out = wide + k->num_inputs;
+    st = core(&args);
+  }
+  for (size_t o = 0; o < k->num_outputs && st == DK_OK; o++) {
+    const cpu_tensor *t = &k->out[o];
+    if (!is_low_float(t)) continue;
+    const float *src = (const float *)wide[k->num_inputs + o].data;
+    uint16_t *dst = (uint16_t *)t->data;
+    if (t->dtype == DK_DTYPE_FLOAT16)
+      for (int64_t i = 0; i < t->size; i++) dst[i] = cpu_f32_to_f16(src[i]);
+    else
+      for (int64_t i = 0; i < t->size; i++) dst[i] = cpu_f32_to_bf16(src[i]);
+  }
+  for (size_t i = 0; i < total; i++) {
+    const cpu_tensor *original = i < k->num_inputs ? &k->in[i] : &k->out[i - k->num_inputs];
+    if (is_low_float(original) && wide[i].dtype == DK_DTYPE_FLOAT32) free(wide[i].data);
+  }
+  free(wide);
+  return st;
+}
+
+/* ---- Window geometry -------------------------------------------------------- */
+
+void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *in,
+                           const int64_t *out, const int64_t *kernel, linalg_window *w) {
+  int64_t ns, nd, np;
+  const int64_t *strides = cpu_attr_ints(k, "strides", &ns);
+  const int64_t *dilations = cpu_attr_ints(k, "dilations", &nd);
+  const int64_t *pads = cpu_attr_ints(k, "pads", &np);
+  const char *auto_pad = cpu_attr_string(k, "auto_pad", "NOTSET");
+  bool upper = strcmp(auto_pad, "SAME_UPPER") == 0, same = upper || strcmp(auto_pad, "SAME_LOWER") == 0;
+  bool explicit_pads = strcmp(auto_pad, "NOTSET") == 0 && np == 2 * n;
+  memset(w, 0, sizeof *w);
+  w->n = n;
+  for (int32_t d = 0; d < n; d++) {
+    w->grid[d] = out[d];
+    w->target[d] = in[d];
+    w->kernel[d] = kernel[d];
+    w->stride[d] = ns == n ? strides[d] : 1;
+    w->dilation[d] = nd == n ? dilations[d] : 1;
+    if (same) {
+      int64_t total = (out[d] - 1) * w->stride[d] + (kernel[d] - 1) * w->dilation[d] + 1 - in[d];
+      if (total < 0) total = 0;
+      w->pad[d] = upper ? total / 2 : total - total / 2;
+      w->pad_end[d] = total - w->pad[d];
+    } else if (explicit_pads) {
+      w->pad[d] = pads[d];
+      w->pad_end[d] = pads[n + d];
+    }
+  }
+}
+
+/* ---- MatMul -------------------------------------------------------------------- */
+
+/* Whether a rows x cols matrix with element strides (rs, cs) is a BLAS
+ * operand as it lies: row-major (*trans false) or column-major (*trans true)
+ * with leading dimension *ld. */
+static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld) {
+  int64_t r1 = rows > 1 ? rows : 1, c1 = cols > 1 ? cols : 1;
+  if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= c1)) {
+    *trans = false;
+    *ld = rows <= 1 ? c1 : rs;
+    return true;
+  }
+  if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= r1)) {
+    *trans = true;
+    *ld = cols <= 1 ? r1 : cs;
+    return true;
+  }
+  return false;
+}
+
+typedef struct mm_geometry {
+  int64_t m, n, k;
+  int32_t batch_nd;
+  int64_t batch_shape[CPU_MAX_DIMS];
+  int64_t batches;
+} mm_geometry;
+
+/* One MatMul operand: its matrices' element strides and, per output batch
+ * dim, the element stride between matrices (0 where it broadcasts). */
+typedef struct mm_operand {
+  const uint8_t *data;
+  int32_t itemsize;
+  int64_t rows, cols, rs, cs;
+  int64_t batch[CPU_MAX_DIMS];
+} mm_operand;
+
+static void mm_setup(const cpu_tensor *a, const cpu_tensor *b, const cpu_tensor *y, mm_geometry *g) {
+  bool a1 = a->ndim == 1, b1 = b->ndim == 1;
+  g->m = a1 ? 1 : a->shape[a->ndim - 2];
+  g->k = a->shape[a->ndim - 1];
+  g->n = b1 ? 1 : b->shape[b->ndim - 1];
+  g->batch_nd = y->ndim - (a1 ? 0 : 1) - (b1 ? 0 : 1);
+  for (int32_t d = 0; d < g->batch_nd; d++) g->batch_shape[d] = y->shape[d];
+  g->batches = linalg_prod(g->batch_shape, g->batch_nd);
+}
+
+/* t (with `data` and `strides`, possibly a compact copy's) as operand A
+ * (rows m, cols k) or B (rows k, cols n) of g. */
+static void mm_operand_init(const cpu_tensor *t, const uint8_t *data, const int64_t *strides, bool is_a,
+                            const mm_geometry *g, mm_operand *op) {
+  int32_t nd = t->ndim, matrix_nd = nd == 1 ? 1 : 2, tb = nd - matrix_nd;
+  op->data = data;
+  op->itemsize = t->itemsize;
+  op->rows = is_a ? g->m : g->k;
+  op->cols = is_a ? g->k : g->n;
+  if (nd == 1) { /* A: one row; B: one column */
+    op->rs = is_a ? 0 : strides[0];
+    op->cs = is_a ? strides[0] : 0;
+  } else {
+    op->rs = strides[nd - 2];
+    op->cs = strides[nd - 1];
+  }
+  for (int32_t d = 0; d < g->batch_nd; d++) {
+    int32_t td = d - (g->batch_nd - tb);
+    op->batch[d] = td < 0 || t->shape[td] == 1 ? 0 : strides[td];
+  }
+}
+
+/* The operand's BLAS layout; when its strides have none, a compact copy
+ * (returned in *copy for the caller to free) replaces it. */
+static DK_Status mm_operand_prepare(const cpu_kernel_args *k, const cpu_tensor *t, bool is_a,
+                                    const mm_geometry *g, mm_operand *op, bool *trans, int64_t *ld,
+                                    void **copy) {
+  mm_operand_init(t, t->data, t->strides, is_a, g, op);
+  *copy = NULL;
+  if (blas_layout(op->rows, op->cols, op->rs, op->cs, trans, ld)) return DK_OK;
+  *copy = linalg_compact_copy(k, t);
+  if (!*copy) return DK_RESOURCE_EXHAUSTED;
+  int64_t compact[CPU_MAX_DIMS];
+  cpu_compact_strides(t->ndim, t->shape, compact);
+  mm_operand_init(t, *copy, compact, is_a, g, op);
+  blas_layout(op->rows, op->cols, op->rs, op->cs, trans, ld);
+  return DK_OK;
+}
+
+/* Element offsets of batch `index` (odometer over g's batch dims). */
+static void mm_batch_offsets(const mm_geometry *g, const int64_t *index, const mm_operand *a,
+                             const mm_operand *b, int64_t *a_off, int64_t *b_off) {
+  *a_off = *b_off = 0;
+  for (int32_t d = 0; d < g->batch_nd; d++) {
+    *a_off += index[d] * a->batch[d];
+    *b_off += index[d] * b->batch[d];
+  }
+}
+
+static void mm_next_batch(const mm_geometry *g, int64_t *index) {
+  for (int32_t d = g->batch_nd - 1; d >= 0; d--) {
+    if (++index[d] < g->batch_shape[d]) return;
+    index[d] = 0;
+  }
+}
+
+/* Whether every batch can be one GEMM: B the same matrix for all of them and
+ * A's matrices consecutive runs of rows, lda apart. */
+static bool mm_foldable(const mm_geometry *g, const mm_operand *a, bool a_trans, int64_t lda,
+                        const mm_operand *b) {
+  if (a_trans) return false;
+  int64_t expected = g->m * lda;
+  for (int32_t d = g->batch_nd - 1; d >= 0; d--) {
+    if (g->batch_shape[d] == 1) continue;
+    if (b->batch[d] != 0 || a->batch[d] != expected) return false;
+    expected *= g->batch_shape[d];
+  }
+  return true;
+}
+
+static DK_Status matmul_float(const cpu_kernel_args *k) {
+  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  if (y->size == 0) return DK_OK;
+  linalg_real real = linalg_real_of(y);
+  mm_geometry g;
+  mm_setup(a, b, y, &g);
+  if (g.k == 0) { /* empty sums; A and B are empty (NULL) */
+    memset(y->data, 0, (size_t)(y->size * y->itemsize));
+    return DK_OK;
+  }
+  mm_operand oa, ob;
+  bool ta, tb;
+  int64_t lda, ldb;
+  void *a_copy, *b_copy = NULL;
+  DK_Status st = mm_operand_prepare(k, a, true, &g, &oa, &ta, &lda, &a_copy);
+  if (st == DK_OK) st = mm_operand_prepare(k, b, false, &g, &ob, &tb, &ldb, &b_copy);
+  if (st == DK_OK) {
+    size_t es = (size_t)y->itemsize;
+    if (mm_foldable(&g, &oa, ta, lda, &ob)) {
+      linalg_gemm(real, false, tb, g.m * g.batches, g.n, g.k, 1.0, oa.data, lda, ob.data, ldb, 0.0,
+                  y->data, g.n);
+    } else {
+      int64_t index[CPU_MAX_DIMS] = {0};
+      for (int64_t i = 0; i < g.batches; i++, mm_next_batch(&g, index)) {
+        int64_t a_off, b_off;
+        mm_batch_offsets(&g, index, &oa, &ob, &a_off, &b_off);
+        linalg_gemm(real, ta, tb, g.m, g.n, g.k, 1.0, oa.data + a_off * (int64_t)es, lda,
+                    ob.data + b_off * (int64_t)es, ldb, 0.0, y->data + i * g.m * g.n * (int64_t)es, g.n);
+      }
+    }
+  }
+  free(a_copy);
+  free(b_copy);
+  return st;
+}
+
+/* Integer GEMM c = a @ b on compact row-major matrices, wrapping around in
+ * the unsigned type U. Blocked over k and n so a panel of b stays in cache
+ * while every row of a streams past it; the inner loop vectorises. */
+#define INT_GEMM(NAME, T, U)                                                              \
+  static void NAME(int64_t m, int64_t n, int64_t k, const T *a, const T *b, T *c) {       \
+    enum { KB = 128, NB = 512 };                                                          \
+    memset(c, 0, (size_t)(m * n) * sizeof(T));                                            \
+    for (int64_t p0 = 0; p0 < k; p0 += KB) {                                              \
+      int64_t p1 = min64(k, p0 + KB);                                                     \
+      for (int64_t j0 = 0; j0 < n; j0 += NB) {                                            \
+        int64_t nb = min64(NB, n - j0);                                                   \
+        for (int64_t i = 0; i < m; i++) {                                                 \
+          U *crow = (U *)c + i * n + j0;                                                  \
+          for (int64_t p = p0; p < p1; p++) {                                             \
+            U av = (U)a[i * k + p];                                                       \
+            const T *brow = b + p * n + j0;                                               \
+            for (int64_t j = 0; j < nb; j++) crow[j] += av * (U)brow[j];                  \
+          }                                                                               \
+        }                                                                                 \
+      }                                                                                   \
+    }                                                                                     \
+  }
+INT_GEMM(int_gemm_i32, int32_t, uint32_t)
+INT_GEMM(int_gemm_i64, int64_t, uint64_t)
+
+static bool is_compact(const cpu_tensor *t) {
+  int64_t compact[CPU_MAX_DIMS];
+  cpu_compact_strides(t->ndim, t->shape, compact);
+  for (int32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->strides[d] != compact[d]) return false;
+  return true;
+}
+
+static DK_Status matmul_int(const cpu_kernel_args *k) {
+  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  if (y->size == 0) return DK_OK;
+  mm_geometry g;
+  mm_setup(a, b, y, &g);
+  if (g.k == 0) { /* empty sums; A and B are empty (NULL) */
+    memset(y->data, 0, (size_t)(y->size * y->itemsize));
+    return DK_OK;
+  }
+  bool a_compact = is_compact(a), b_compact = is_compact(b);
+  void *a_copy = a_compact ? NULL : linalg_compact_copy(k, a);
+  void *b_copy = b_compact ? NULL : linalg_compact_copy(k, b);
+  if ((!a_compact && !a_copy) || (!b_compact && !b_copy)) {
+    free(a_copy);
+    free(b_copy);
+    return DK_RESOURCE_EXHAUSTED;
+  }
+  int64_t sa[CPU_MAX_DIMS], sb[CPU_MAX_DIMS];
+  cpu_compact_strides(a->ndim, a->shape, sa);
+  cpu_compact_strides(b->ndim, b->shape, sb);
+  mm_operand oa, ob;
+  mm_operand_init(a, a_copy ? a_copy : a->data, sa, true, &g, &oa);
+  mm_operand_init(b, b_copy ? b_copy : b->data, sb, false, &g, &ob);
+  int64_t index[CPU_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < g.batches; i++, mm_next_batch(&g, index)) {
+    int64_t a_off, b_off, c_off = i * g.m * g.n;
+    mm_batch_offsets(&g, index, &oa, &ob, &a_off, &b_off);
+    if (y->dtype == DK_DTYPE_INT32)
+      int_gemm_i32(g.m, g.n, g.k, (const int32_t *)oa.data + a_off, (const int32_t *)ob.data + b_off,
+                   (int32_t *)y->data + c_off);
+    else
+      int_gemm_i64(g.m, g.n, g.k, (const int64_t *)oa.data + a_off, (const int64_t *)ob.data + b_off,
+                   (int64_t *)y->data + c_off);
+  }
+  free(a_copy);
+  free(b_copy);
+  return DK_OK;
+}
+
+static DK_Status matmul_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, matmul_float); }
+
+/* ---- Gemm ----------------------------------------------------------------------- */
+
+/* y = beta * c, c broadcast unidirectionally to y (m x n). */
+#define GEMM_FILL(NAME, T)                                                                   \
+  static void NAME(const cpu_tensor *c, double beta, T *y, int64_t m, int64_t n) {          \
+    int64_t rs = 0, cs = 0;                                                                  \
+    if (c->ndim >= 1 && c->shape[c->ndim - 1] != 1) cs = c->strides[c->ndim - 1];            \
+    if (c->ndim == 2 && c->shape[0] != 1) rs = c->strides[0];                                \
+    const T *src = (const T *)c->data;                                                       \
+    T scale = (T)beta;                                                                       \
+    for (int64_t i = 0; i < m; i++)                                                          \
+      for (int64_t j = 0; j < n; j++) y[i * n + j] = scale * src[i * rs + j * cs];           \
+  }
+GEMM_FILL(gemm_fill_f32, float)
+GEMM_FILL(gemm_fill_f64, double)
+
+static DK_Status gemm_float(const cpu_kernel_args *k) {
+  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  const cpu_tensor *c = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+  if (y->size == 0) return DK_OK;
+  linalg_real real = linalg_real_of(y);
+  bool trans_a = cpu_attr_int(k, "transA", 0) != 0, trans_b = cpu_attr_int(k, "transB", 0) != 0;
+  double alpha = cpu_attr_float(k, "alpha", 1.0), beta = cpu_attr_float(k, "beta", 1.0);
+  int64_t m = y->shape[0], n = y->shape[1], kk = a->shape[trans_a ? 0 : 1];
+  /* op(A) and op(B) as MatMul operands: the transposes are stride swaps. */
+  cpu_tensor va = *a, vb = *b;
+  if (trans_a) {
+    va.shape[0] = a->shape[1], va.shape[1] = a->shape[0];
+    va.strides[0] = a->strides[1], va.strides[1] = a->strides[0];
+  }
+  if (trans_b) {
+    vb.shape[0] = b->shape[1], vb.shape[1] = b->shape[0];
+    vb.strides[0] = b->strides[1], vb.strides[1] = b->strides[0];
+  }
+  mm_geometry g = {.m = m, .n = n, .k = kk, .batch_nd = 0, .batches = 1};
+  mm_operand oa, ob;
+  bool ta, tb;
+  int64_t lda, ldb;
+  void *a_copy, *b_copy = NULL;
+  DK_Status st = mm_operand_prepare(k, &va, true, &g, &oa, &ta, &lda, &a_copy);
+  if (st == DK_OK) st = mm_operand_prepare(k, &vb, false, &g, &ob, &tb, &ldb, &b_copy);
+  if (st == DK_OK) {
+    if (c) {
+      if (real == LINALG_F64)
+        gemm_fill_f64(c, beta, (double *)y->data, m, n);
+      else
+        gemm_fill_f32(c, beta, (float *)y->data, m, n);
+    }
+    linalg_gemm(real, ta, tb, m, n, kk, alpha, oa.data, lda, ob.data, ldb, c ? 1.0 : 0.0, y->data, n);
+  }
+  free(a_copy);
+  free(b_copy);
+  return st;
+}
+
+static DK_Status gemm_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, gemm_float); }
+
+/* MatMul and Gemm read strided inputs in place when BLAS can (transposed
+ * views included) and copy them otherwise; outputs are compact. */
+static const cpu_kernel_def k_linalg_gemm[] = {
+    {"MatMul", DK_DTYPE_FLOAT32, matmul_float, DK_KERNEL_STRIDED_INPUTS},
+    {"MatMul", DK_DTYPE_FLOAT64, matmul_float, DK_KERNEL_STRIDED_INPUTS},
+    {"MatMul", DK_DTYPE_FLOAT16, matmul_low, DK_KERNEL_STRIDED_INPUTS},
+    {"MatMul", DK_DTYPE_BFLOAT16, matmul_low, DK_KERNEL_STRIDED_INPUTS},
+    {"MatMul", DK_DTYPE_INT32, matmul_int, DK_KERNEL_STRIDED_INPUTS},
+    {"MatMul", DK_DTYPE_INT64, matmul_int, DK_KERNEL_STRIDED_INPUTS},
+    {"Gemm", DK_DTYPE_FLOAT32, gemm_float, DK_KERNEL_STRIDED_INPUTS},
+    {"Gemm", DK_DTYPE_FLOAT64, gemm_float, DK_KERNEL_STRIDED_INPUTS},
+    {"Gemm", DK_DTYPE_FLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
+    {"Gemm", DK_DTYPE_BFLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
+};
+CPU_REGISTER_KERNELS(k_linalg_gemm)

@@ -1,0 +1,81 @@
+/*
+ * linalg.h -- what the linalg kernels (linalg*.c) share: the OpenBLAS GEMM
+ * wrapper, running a float32 kernel for float16/bfloat16 tensors, scratch
+ * allocation, and window geometry for Conv, ConvTranspose and the pools.
+ */
+#ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
+#define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
+
+#include "kernel.h"
+
+/* The compute type of a float kernel: float16/bfloat16 run as float32. */
+typedef enum { LINALG_F32, LINALG_F64 } linalg_real;
+
+static inline linalg_real linalg_real_of(const cpu_tensor *t) {
+  return t->dtype == DK_DTYPE_FLOAT64 ? LINALG_F64 : LINALG_F32;
+}
+
+/* Row-major c[m x n] = alpha * op(a)[m x k] * op(b)[k x n] + beta * c through
+ * scipy_cblas_sgemm/dgemm, op transposing when trans_* is set; ld* are the
+ * row strides (elements) of the matrices as stored. Dimensions and leading
+ * dimensions beyond blasint's range are split into several calls. k == 0
+ * gives beta * c (0 when beta is 0); m == 0 or n == 0 does nothing. */
+void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                 void *c, int64_t ldc);
+
+/* Runs `core`, a kernel written for float32/float64, on a call whose
+ * float16/bfloat16 tensors are replaced by float32 copies: inputs are
+ * widened (honouring their strides), the core computes float32 outputs, and
+ * these are rounded once into the call's outputs. */
+DK_Status linalg_run_as_f32(const cpu_kernel_args *k, cpu_compute_fn core);
+
+/* calloc(count, size) for scratch (count 0 still allocates, so NULL means
+ * failure, reported as DK_RESOURCE_EXHAUSTED through cpu_kernel_fail). */
+void *linalg_scratch(const cpu_kernel_args *k, size_t count, size_t size);
+
+/* A compact row-major copy of `t` (any strides) in fresh scratch; NULL after
+ * reporting failure. */
+void *linalg_compact_copy(const cpu_kernel_args *k, const cpu_tensor *t);
+
+/* The product of n sizes. */
+static inline int64_t linalg_prod(const int64_t *sizes, int32_t n) {
+  int64_t p = 1;
+  for (int32_t i = 0; i < n; i++) p *= sizes[i];
+  return p;
+}
+
+/* Positions j in [0, count) with 0 <= start + j * step < limit (step >= 1)
+ * form the range [*lo, *hi) (empty: *lo == *hi). */
+static inline void linalg_valid_range(int64_t start, int64_t step, int64_t count, int64_t limit,
+                                      int64_t *lo, int64_t *hi) {
+  int64_t a = start >= 0 ? 0 : (-start - 1) / step + 1;
+  int64_t b = start >= limit ? 0 : (limit - start - 1) / step + 1;
+  if (a > count) a = count;
+  if (b > count) b = count;
+  *lo = a;
+  *hi = b > a ? b : a;
+}
+
+/* Window geometry of one call: `n` spatial axes; along axis d, grid position
+ * q and kernel tap t meet target position q * stride - pad + t * dilation.
+ * Conv and the pools walk output positions (the grid) and read the input
+ * (the target); ConvTranspose walks input positions and writes the output. */
+typedef struct linalg_window {
+  int32_t n;
+  int64_t grid[CPU_MAX_DIMS];   /* grid sizes */
+  int64_t target[CPU_MAX_DIMS]; /* target sizes */
+  int64_t kernel[CPU_MAX_DIMS];
+  int64_t stride[CPU_MAX_DIMS];
+  int64_t dilation[CPU_MAX_DIMS];
+  int64_t pad[CPU_MAX_DIMS];     /* begin padding (ConvTranspose: may be negative) */
+  int64_t pad_end[CPU_MAX_DIMS]; /* end padding (AveragePool counts it) */
+} linalg_window;
+
+/* Conv and the pools: geometry from the attributes (auto_pad, pads, strides,
+ * dilations) and the input, output and kernel spatial sizes; SAME_* pads
+ * come from the output sizes as the spec derives them. */
+void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *in,
+                           const int64_t *out, const int64_t *kernel, linalg_window *w);
+
+#endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_ */
