@@ -154,6 +154,15 @@ static void *stream_main(void *arg) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
     cpu_work *w = s->head;
     if (!w) break; /* stop requested and the queue is drained */
+#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
+    if (w->next) { /* run the second item before the first */
+      cpu_work *second = w->next;
+      w->next = second->next;
+      second->next = w;
+      if (s->tail == second) s->tail = w;
+      s->head = w = second;
+    }
+#endif
     s->head = w->next;
     if (!s->head) s->tail = NULL;
     pthread_mutex_unlock(&s->mu);
@@ -653,7 +662,11 @@ DK_Status cpu_event_query(int32_t dev, DK_Event event) {
   if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
+#ifdef DEVKIT_DEFECT_EARLY_EVENT
+  bool done = true;
+#else
   bool done = !e->last || e->last->done;
+#endif
   if (done && e->last && e->last->error)
     st = error_report(fn, e, "the stream before event", e->last->error);
   pthread_mutex_unlock(&e->mu);
@@ -671,6 +684,9 @@ DK_Status cpu_event_synchronize(int32_t dev, DK_Event event) {
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
   cpu_mark *m = e->last;
+#ifdef DEVKIT_DEFECT_EARLY_EVENT
+  m = NULL;
+#endif
   if (m) {
     m->refs++; /* a re-record during the wait may drop the event's reference */
     mark_wait(e, m);
