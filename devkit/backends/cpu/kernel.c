@@ -28,6 +28,17 @@ void cpu_register_kernels(const cpu_kernel_def *defs, size_t count) {
   g_registered[g_num_registered++] = (registered){defs, count};
 }
 
+static cpu_init_fn g_inits[16];
+static size_t g_num_inits;
+
+void cpu_register_init(cpu_init_fn fn) {
+  if (g_num_inits == sizeof g_inits / sizeof g_inits[0]) {
+    g_registration_overflow = true;
+    return;
+  }
+  g_inits[g_num_inits++] = fn;
+}
+
 static DK_Status kernel_launch(const DK_KernelCall *call);
 
 static DK_KernelEntry *g_entries;
@@ -47,7 +58,11 @@ static int compare_entries(const void *a, const void *b) {
 static DK_Status build_table(void) {
   static const char fn[] = "DK_PluginInit";
   if (g_registration_overflow)
-    return cpu_set_error(DK_INTERNAL, "%s: too many kernel files registered", fn);
+    return cpu_set_error(DK_INTERNAL, "%s: too many kernel files or initialisers registered", fn);
+  for (size_t i = 0; i < g_num_inits; i++) {
+    DK_Status st = g_inits[i]();
+    if (st != DK_OK) return st;
+  }
   size_t total = 0;
   for (size_t r = 0; r < g_num_registered; r++) total += g_registered[r].count;
   g_entries = calloc(total ? total : 1, sizeof *g_entries);

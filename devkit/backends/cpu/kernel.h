@@ -82,6 +82,16 @@ void cpu_register_kernels(const cpu_kernel_def *defs, size_t count);
     cpu_register_kernels(defs, sizeof(defs) / sizeof((defs)[0]));         \
   }
 
+/* A kernel file's one-time setup (a library's threads, say), run by the
+ * first DK_PluginInit before the table is published. A failure fails the
+ * plugin's load with the message set through cpu_set_error. */
+typedef DK_Status (*cpu_init_fn)(void);
+void cpu_register_init(cpu_init_fn fn);
+#define CPU_REGISTER_INIT(fn)                                            \
+  __attribute__((constructor)) static void cpu_register_init_##fn(void) { \
+    cpu_register_init(fn);                                               \
+  }
+
 /* The published table (plugin.c): pointers valid while the plugin is loaded.
  * Duplicate (op, dtype) registrations are refused at init. */
 DK_Status cpu_kernel_table(const DK_KernelEntry *const **entries, size_t *count);
