@@ -1,0 +1,227 @@
+"""Model regressions: whole ONNX models on the plugin under test, through
+devkit.onnx.prepare, against references devkit did not write.
+
+- light: the nine `light` models that ship in the onnx package (real
+  architectures whose weights ConstantOfShape makes), fed as onnx's backend
+  runner feeds them (Runner.generate_dummy_data) and compared with their stored
+  outputs at the rtol/atol onnx's model test cases list for each;
+- data: the onnx package's `simple`, `pytorch-converted` and
+  `pytorch-operator` model tests whose ops are all in the devkit set, on their
+  stored inputs and outputs, compared as onnx's runner compares them;
+- zoo: devkit.onnx.zoo's models, compared with onnxruntime (its CPU execution
+  provider) and with onnx.reference at ZOO_TOLERANCE.
+
+Every case records its measured error; zoo cases also record their latency
+next to onnxruntime's. A test listed in model_expectations.py must fail on its
+plugin (it is xfail); one that passes fails the run so the list stays true.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import statistics
+import time
+
+import numpy as np
+import pytest
+
+from devkit import onnx as donnx
+from devkit.onnx import zoo
+from devkit.ops import spec as _spec
+
+from .model_expectations import expected_failure
+
+DATA_KINDS = ("simple", "pytorch-converted", "pytorch-operator")
+# The light models that take over a second on the cpu plugin (2 cores) run in
+# the full profile only: vgg19 (~2.2 s), densenet121 (~1.9 s), inception_v2 (~1.2 s).
+HEAVY_LIGHT_MODELS = ("test_vgg19", "test_densenet121", "test_inception_v2")
+# float32 end to end: measured errors are at most ~2e-6 against either
+# reference (outputs up to ~6 in magnitude).
+ZOO_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+TIMED_RUNS = 5
+
+
+# -- collection ----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def light_models() -> dict:
+    """Test name -> the onnx package's model TestCase (model path in .url)."""
+    from onnx.backend.test.case.model import collect_testcases
+
+    return {case.name: case for case in collect_testcases() if case.kind == "real"}
+
+
+@functools.lru_cache(maxsize=1)
+def data_models() -> dict:
+    """Test name -> TestCase of every on-disk model test whose ops are all in the set."""
+    import onnx
+    from onnx.backend.test.loader import load_model_tests
+
+    selected = {}
+    for kind in DATA_KINDS:
+        for case in load_model_tests(kind=kind):
+            model = onnx.load(os.path.join(case.model_dir, "model.onnx"), load_external_data=False)
+            if all(_in_set(node) for node in model.graph.node):
+                selected[case.name] = case
+    return selected
+
+
+def _in_set(node) -> bool:
+    if node.op_type == "Constant":
+        return True
+    try:
+        spec = _spec.get(node.op_type)
+    except ValueError:
+        return False
+    return spec.domain == ("" if node.domain == "ai.onnx" else node.domain)
+
+
+def _light_params():
+    return [pytest.param(name, marks=[pytest.mark.full] if name in HEAVY_LIGHT_MODELS else [])
+            for name in sorted(light_models())]
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def _run_expecting(dev, name: str, check) -> None:
+    expected = expected_failure(dev.plugin.name, name)
+    try:
+        check()
+    except Exception:
+        if expected:
+            pytest.xfail(reason=expected)
+        raise
+    if expected:
+        pytest.fail(f"{name} is listed as an expected failure ({expected}) but passes: remove it "
+                    f"from conformance/model_expectations.py")
+
+
+def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Max abs error, and it relative to the reference's largest magnitude."""
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    if not want.size:
+        return 0.0, 0.0
+    error = float(np.max(np.abs(got - want)))
+    scale = float(np.max(np.abs(want)))
+    return error, error / scale if scale else error
+
+
+def _record_errors(record_property, outputs, references) -> None:
+    """The worst errors over the float outputs (shape mismatches fail later)."""
+    worst_abs = worst_rel = 0.0
+    for got, want in zip(outputs, references):
+        if got.shape == want.shape and want.dtype.kind == "f":
+            error, relative = _errors(got, want)
+            worst_abs, worst_rel = max(worst_abs, error), max(worst_rel, relative)
+    record_property("measured_error", worst_abs)
+    record_property("max_rel_error", worst_rel)
+
+
+def _load_tensor(path: str) -> np.ndarray:
+    import onnx
+    from onnx import numpy_helper
+
+    tensor = onnx.TensorProto()
+    with open(path, "rb") as f:
+        tensor.ParseFromString(f.read())
+    return numpy_helper.to_array(tensor)
+
+
+def _numbered(directory: str, stem: str) -> list[np.ndarray]:
+    count = len(glob.glob(os.path.join(directory, f"{stem}_*.pb")))
+    return [_load_tensor(os.path.join(directory, f"{stem}_{i}.pb")) for i in range(count)]
+
+
+# -- the light models -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", _light_params())
+def test_light_model(dev, name, record_property):
+    import onnx
+    from onnx.backend.test.runner import Runner
+
+    case = light_models()[name]
+    path = os.path.join(os.path.dirname(os.path.dirname(onnx.__file__)), case.url)
+    model = onnx.load(path)
+    initializers = {init.name for init in model.graph.initializer}
+    feeds = [Runner.generate_dummy_data(value, seed=0, name=case.model_name, random=False)
+             for value in model.graph.input if value.name not in initializers]
+    prefix = os.path.splitext(path)[0]
+    references = [_load_tensor(f"{prefix}_output_{i}.pb") for i in range(len(model.graph.output))]
+    record_property("tolerance", f"rtol {case.rtol:g} atol {case.atol:g}")
+
+    def check():
+        prepared = donnx.prepare(model, dev)
+        start = time.perf_counter()
+        outputs = prepared.run(feeds)
+        record_property("run_ms", (time.perf_counter() - start) * 1e3)
+        _record_errors(record_property, outputs, references)
+        Runner.assert_similar_outputs(references, outputs, rtol=case.rtol, atol=case.atol, model_dir=path)
+
+    _run_expecting(dev, name, check)
+
+
+# -- the onnx package's model tests ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(data_models()))
+def test_onnx_model(dev, name, record_property):
+    from onnx.backend.test.runner import Runner
+
+    case = data_models()[name]
+    data_sets = [(_numbered(directory, "input"), _numbered(directory, "output"))
+                 for directory in sorted(glob.glob(os.path.join(case.model_dir, "test_data_set_*")))]
+    assert data_sets, f"{case.model_dir} has no test data set"
+    record_property("tolerance", f"rtol {case.rtol:g} atol {case.atol:g}")
+
+    def check():
+        prepared = donnx.prepare(os.path.join(case.model_dir, "model.onnx"), dev)
+        results = [(prepared.run(inputs), references) for inputs, references in data_sets]
+        _record_errors(record_property, [o for outputs, _ in results for o in outputs],
+                       [r for _, references in results for r in references])
+        for outputs, references in results:
+            Runner.assert_similar_outputs(references, outputs, rtol=case.rtol, atol=case.atol,
+                                          model_dir=case.model_dir)
+
+    _run_expecting(dev, name, check)
+
+
+# -- the zoo ------------------------------------------------------------------------------
+
+def _median_ms(run) -> float:
+    """Median wall time of TIMED_RUNS calls, after the caller's first (warm-up) run:
+    devkit folds constants and shapes, and onnxruntime plans, on the first run."""
+    times = []
+    for _ in range(TIMED_RUNS):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_zoo_model(dev, name, record_property):
+    ort = pytest.importorskip("onnxruntime", reason="the zoo compares with onnxruntime: "
+                                                    "pip install 'devkit[test]'")
+    from onnx.reference import ReferenceEvaluator
+
+    model, inputs = zoo.MODELS[name]()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, inputs)  # also onnxruntime's warm-up
+    (reference,) = ReferenceEvaluator(model).run(None, inputs)
+    record_property("tolerance", f"rtol {ZOO_TOLERANCE['rtol']:g} atol {ZOO_TOLERANCE['atol']:g}")
+    record_property("onnxruntime_latency_ms", _median_ms(lambda: session.run(None, inputs)))
+
+    def check():
+        prepared = donnx.prepare(model, dev)
+        (got,) = prepared.run(inputs)  # also the warm-up
+        record_property("latency_ms", _median_ms(lambda: prepared.run(inputs)))
+        error, relative = _errors(got, want)
+        record_property("measured_error", error)
+        record_property("max_rel_error", relative)
+        record_property("reference_error", _errors(got, reference)[0])
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, **ZOO_TOLERANCE, err_msg=f"{name} vs onnxruntime")
+        np.testing.assert_allclose(got, reference, **ZOO_TOLERANCE, err_msg=f"{name} vs onnx.reference")
+
+    _run_expecting(dev, name, check)

@@ -1,0 +1,350 @@
+"""devkit.onnx.prepare: an ONNX model run op by op on any devkit plugin.
+
+A model is checked whole at prepare: its opset, every node's op, domain and
+attributes, the dtypes of graph inputs and initializers, and (where ONNX's
+type inference knows them) the dtype of every node's key input. Anything outside the
+op set raises UnsupportedNodeError naming the node, before anything runs.
+
+Values live in two places. Device values (Arrays) are what the model
+computes: graph inputs, initializers (uploaded once, at prepare) and the
+outputs of device ops. Host values (NumPy) are what only describes shapes:
+Constant outputs, Shape and Size of any value (its shape is known without
+touching the device), small initializers, and every node whose inputs are all
+host values and whose outputs are small -- evaluated with the op spec's NumPy
+reference. So shape subgraphs (Shape -> Gather -> Concat -> Reshape's target)
+never reach the device.
+
+Two caches make repeated runs cheap. Values that depend on no graph input
+(weights made by ConstantOfShape, a transposed initializer, folded shape
+arithmetic) are computed at the first run and kept; host values that depend
+on input shapes are kept per set of input shapes. Other intermediate values
+are dropped after their last use, so device memory holds the weights, the
+folded constants and the live activations only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+from ..ops import dispatch
+from ..ops import spec as _spec
+from ..ops import testing as _testing
+from ..runtime import Array, Device, asarray
+from ..runtime import device as _device
+from .nodes import UnsupportedNodeError, _constant, _describe, check_node, node_attributes, onnx_dtype, to_numpy
+
+MIN_OPSET, MAX_OPSET = 13, 23
+# Host values are at most this many elements: initializers that small keep a
+# host copy, and nodes on host values making outputs that small run on the host.
+HOST_VALUE_LIMIT = 4096
+
+
+def load(model):
+    """``model`` (a ModelProto, its serialized bytes or a path) as a ModelProto
+    of ONNX opset 13 or later: older models go through onnx's version converter."""
+    import onnx
+    from onnx import version_converter
+
+    if isinstance(model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model))
+    elif isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"expected an onnx.ModelProto, bytes or a path, got {type(model).__name__}")
+    version = _onnx_opset(model)
+    if version > MAX_OPSET:
+        raise UnsupportedNodeError(
+            f"the model imports ONNX opset {version}; devkit runs opsets {MIN_OPSET} to {MAX_OPSET}")
+    if version >= MIN_OPSET:
+        return model
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except (version_converter.ConvertError, RuntimeError, ValueError) as exc:  # a failing adapter raises RuntimeError
+        raise UnsupportedNodeError(f"the model imports ONNX opset {version}, and onnx's version converter "
+                                   f"could not bring it to {MIN_OPSET}: {exc}") from None
+
+
+def _onnx_opset(model) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    raise UnsupportedNodeError("the model imports no ONNX opset")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One node, checked: its spec and attributes, or for a Constant (spec
+    None) its value."""
+
+    node: object
+    spec: _spec.OpSpec | None
+    attrs: dict
+    constant: np.ndarray | None = None
+
+
+def _check_step(node) -> _Step:
+    spec = check_node(node)
+    if spec is None:
+        value = _constant(node)
+        try:
+            _dtypes.normalize(value.dtype)
+        except TypeError as exc:
+            raise UnsupportedNodeError(f"{_describe(node)}: {exc}") from None
+        return _Step(node, None, {}, value)
+    attrs = node_attributes(node, spec)
+    try:
+        dispatch.resolve_attrs(spec, attrs)  # attribute values outside the spec's choices or checks
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedNodeError(f"{_describe(node)}: {exc}") from None
+    return _Step(node, spec, attrs)
+
+
+def _check_key_dtypes(model, steps: list[_Step]) -> None:
+    """ONNX's type inference gives the dtype of most values: a node whose key
+    input has a dtype the op does not take fails here, not in the middle of a run."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(model).graph
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.value_info, *inferred.input, *inferred.output]
+             if value.type.HasField("tensor_type")}
+    types.update({init.name: init.data_type for init in model.graph.initializer})
+    for step in steps:
+        spec, node = step.spec, step.node
+        if spec is None:
+            continue
+        if isinstance(spec.key, str):  # a dtype attribute, e.g. EyeLike's
+            dtype = dispatch.resolve_attrs(spec, step.attrs).get(spec.key)
+        elif spec.key < len(node.input) and types.get(node.input[spec.key]):  # 0: not inferred
+            try:
+                dtype = onnx_dtype(types[node.input[spec.key]])
+            except UnsupportedNodeError as exc:
+                raise UnsupportedNodeError(f"{_describe(node)}: input '{node.input[spec.key]}': {exc}") from None
+        else:
+            continue
+        if dtype is not None and dtype not in spec.dtypes:
+            allowed = ", ".join(_spec.dtype_name(d) for d in spec.dtypes)
+            raise UnsupportedNodeError(f"{_describe(node)}: {node.op_type} on {_spec.dtype_name(dtype)} is "
+                                       f"outside the op set (it takes {allowed})")
+
+
+def check_model(model) -> None:
+    """Raise UnsupportedNodeError naming what in ``model`` devkit cannot run;
+    uploads nothing."""
+    _Checked(load(model))
+
+
+class _Checked:
+    """A model loaded, upgraded and checked: what prepare knows before uploading."""
+
+    def __init__(self, model):
+        from onnx import numpy_helper
+
+        self.model = model
+        graph = model.graph
+        self.steps = [_check_step(node) for node in graph.node]
+        _check_key_dtypes(model, self.steps)
+        for init in graph.initializer:
+            try:
+                onnx_dtype(init.data_type)
+            except UnsupportedNodeError as exc:
+                raise UnsupportedNodeError(f"initializer '{init.name}': {exc}") from None
+        self.initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+        self.input_names = [value.name for value in graph.input]
+        # Inputs that are also initializers carry defaults a feed may override (ONNX IR >= 4).
+        self.feed_names = [name for name in self.input_names if name not in self.initializers]
+        self.output_names = [value.name for value in graph.output]
+        self.input_types: dict[str, tuple[np.dtype, tuple | None]] = {}
+        for value in graph.input:
+            if not value.type.HasField("tensor_type"):
+                raise UnsupportedNodeError(f"graph input '{value.name}' is not a tensor")
+            tensor = value.type.tensor_type
+            try:
+                dtype = onnx_dtype(tensor.elem_type)
+            except UnsupportedNodeError as exc:
+                raise UnsupportedNodeError(f"graph input '{value.name}': {exc}") from None
+            # Fixed dims as ints, symbolic or unknown ones as None; no shape at all: None.
+            shape = (tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+                     if tensor.HasField("shape") else None)
+            self.input_types[value.name] = (dtype, shape)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the runs with one set of fed inputs share."""
+
+    static: list[bool]            # per step: depends on no fed input
+    kept: set[str]                # static values a non-static step or a graph output reads
+    release: list[list[str]]      # per step: values it is the last to read
+    constants: dict | None = None  # the kept static values, once a run made them
+
+
+class PreparedModel:
+    """A model checked against the op set, its initializers on the device."""
+
+    def __init__(self, model, device: str | Device = "cpu"):
+        checked = _Checked(load(model))
+        self.model = checked.model
+        self.device = _device(device)
+        self.input_names = checked.input_names
+        self.feed_names = checked.feed_names
+        self.output_names = checked.output_names
+        self._steps = checked.steps
+        self._input_types = checked.input_types
+        self._initializers = {name: asarray(array, self.device) for name, array in checked.initializers.items()}
+        self._host_twins = {name: array for name, array in checked.initializers.items()
+                            if array.size <= HOST_VALUE_LIMIT}
+        self._plans: dict[frozenset, _Plan] = {}
+        self._shape_values: dict[tuple, dict[str, np.ndarray]] = {}
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def _bind(self, inputs) -> dict[str, np.ndarray]:
+        if isinstance(inputs, Mapping):
+            unknown = [name for name in inputs if name not in self.input_names]
+            if unknown:
+                raise ValueError(f"unknown input '{unknown[0]}' (the model takes {', '.join(self.feed_names)})")
+            feed = dict(inputs)
+        else:
+            inputs = list(inputs)
+            # A list longer than the inputs without initializers lists every graph input.
+            names = self.feed_names if len(inputs) <= len(self.feed_names) else self.input_names
+            if len(inputs) > len(names):
+                raise ValueError(f"{len(inputs)} inputs given; the model takes {len(self.feed_names)}")
+            feed = dict(zip(names, inputs))
+        missing = [name for name in self.feed_names if name not in feed]
+        if missing:
+            raise ValueError(f"input '{missing[0]}' is missing")
+        bound = {}
+        for name, value in feed.items():
+            array = np.asarray(value)
+            dtype, shape = self._input_types[name]
+            if array.dtype != dtype:
+                raise TypeError(f"input '{name}' has dtype {array.dtype}, the model declares "
+                                f"{_spec.dtype_name(dtype)}")
+            if shape is not None and (array.ndim != len(shape) or any(
+                    want is not None and want != got for want, got in zip(shape, array.shape))):
+                declared = "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+                raise ValueError(f"input '{name}' has shape {array.shape}, the model declares {declared}")
+            bound[name] = array
+        return bound
+
+    # -- running -------------------------------------------------------------------------
+
+    def _plan(self, fed: frozenset) -> _Plan:
+        plan = self._plans.get(fed)
+        if plan is not None:
+            return plan
+        static_values = {name for name in self._initializers if name not in fed}
+        static, last_read, kept = [], {}, set()
+        for index, step in enumerate(self._steps):
+            names = [name for name in step.node.input if name]
+            is_static = all(name in static_values for name in names)
+            static.append(is_static)
+            for name in names:
+                last_read[name] = index
+                if not is_static and name in static_values:
+                    kept.add(name)
+            for name in step.node.output:
+                if name:
+                    last_read.setdefault(name, index)  # an output nothing reads goes at once
+                    if is_static:
+                        static_values.add(name)
+        kept.update(name for name in self.output_names if name in static_values)
+        release = [[] for _ in self._steps]
+        for name, index in last_read.items():
+            if name not in self.output_names:
+                release[index].append(name)
+        plan = self._plans[fed] = _Plan(static, kept, release)
+        return plan
+
+    def run(self, inputs) -> list[np.ndarray]:
+        """Run the model: ``inputs`` is a list (graph-input order) or a dict by
+        name of NumPy arrays; returns the outputs as NumPy arrays. A dict may
+        also override initializers that are graph inputs; so may a list that
+        gives every graph input."""
+        feed = self._bind(inputs)
+        plan = self._plan(frozenset(feed))
+        signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
+        shape_values = self._shape_values.get(signature)
+        # Each value is an Array (on the device) or a NumPy array (a host value).
+        values: dict[str, Array | np.ndarray] = {
+            name: array for name, array in self._initializers.items() if name not in feed}
+        values.update({name: asarray(array, self.device) for name, array in feed.items()})
+        host_twins = {name: array for name, array in self._host_twins.items() if name not in feed}
+        values.update(plan.constants or {})
+        values.update(shape_values or {})
+        new_constants = {} if plan.constants is None else None
+        new_shape_values = {} if shape_values is None else None
+        for index, step in enumerate(self._steps):
+            outputs = [name for name in step.node.output if name]
+            done = plan.constants is not None if plan.static[index] else all(name in values for name in outputs)
+            if not done:
+                for name, value in zip(step.node.output, self._run_step(step, values, host_twins)):
+                    if not name:
+                        continue
+                    values[name] = value
+                    if new_constants is not None and plan.static[index] and name in plan.kept:
+                        new_constants[name] = value
+                    elif new_shape_values is not None and not plan.static[index] and isinstance(value, np.ndarray):
+                        new_shape_values[name] = value
+            for name in plan.release[index]:
+                values.pop(name, None)
+        if new_constants is not None:
+            plan.constants = new_constants
+        if new_shape_values is not None:
+            self._shape_values[signature] = new_shape_values
+        # Host values are cached: the caller gets copies.
+        return [np.array(value) if isinstance(value, np.ndarray) else to_numpy(value)
+                for value in (values[name] for name in self.output_names)]
+
+    def _run_step(self, step: _Step, values: dict, host_twins: dict) -> list:
+        node, spec, attrs = step.node, step.spec, step.attrs
+        if spec is None:  # Constant: a host value unless it is too big for one
+            value = step.constant
+            return [value if value.size <= HOST_VALUE_LIMIT else asarray(value, self.device)]
+        names = list(node.input)
+        if node.op_type in ("Shape", "Size"):
+            # Only the shape matters to the reference: a zero-stride stand-in has it.
+            stand_in = np.broadcast_to(np.uint8(0), values[names[0]].shape)
+            return self._host_eval(spec, [stand_in], attrs)
+        host_inputs = [self._host_value(name, values, host_twins) if name else None for name in names]
+        if all(value is not None for name, value in zip(names, host_inputs) if name):
+            inferred = dispatch.infer(node.op_type, host_inputs, attrs)
+            if all(int(np.prod(shape)) <= HOST_VALUE_LIMIT for shape, _ in inferred):
+                return self._host_eval(spec, host_inputs, attrs, inferred)
+        return dispatch.run_op(node.op_type, [values[name] if name else None for name in names], attrs,
+                               device=self.device)
+
+    @staticmethod
+    def _host_value(name: str, values: dict, host_twins: dict) -> np.ndarray | None:
+        """The value on the host (a host value or an initializer's twin), or None."""
+        value = values[name]
+        return value if isinstance(value, np.ndarray) else host_twins.get(name)
+
+    @staticmethod
+    def _host_eval(spec: _spec.OpSpec, inputs: Sequence, attrs: dict, inferred=None) -> list[np.ndarray]:
+        """A node on host values: the spec's reference, cast to the inferred dtypes."""
+        if inferred is None:
+            inferred = dispatch.infer(spec.name, inputs, attrs)
+        resolved = dispatch.resolve_attrs(spec, attrs)
+        declared = [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(len(inputs))]
+        for decl, value in zip(declared, inputs):
+            if decl.host and value is not None:
+                resolved[decl.name] = np.asarray(value)
+        with np.errstate(all="ignore"):
+            results = spec.reference([value if decl.host else _testing.upcast(value)
+                                      for decl, value in zip(declared, inputs)], resolved)
+        return [np.asarray(r).astype(dtype).reshape(shape) for r, (shape, dtype) in zip(results, inferred)]
+
+
+def prepare(model, device: str | Device = "cpu") -> PreparedModel:
+    """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
+    set and upload its initializers to ``device``. An op, attribute or dtype
+    outside the set raises UnsupportedNodeError naming the node."""
+    return PreparedModel(model, device)
