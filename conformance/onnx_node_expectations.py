@@ -18,7 +18,6 @@ _DROPOUT_TRAINING = ("training-mode Dropout with a nonzero ratio draws a random 
                      "is NumPy's random stream); devkit runs Dropout at inference only")
 _MOD_FLOAT_FMOD_0 = ("float Mod with fmod=0 (NumPy's np.mod) is an opset-28 addition; devkit implements Mod "
                      "at opset 13, where fmod=0 is for integers and float inputs are refused")
-_BATCHNORM_TRAINING = "BatchNormalization with training_mode=1 (running statistics) is a training op"
 
 EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "*": {
@@ -38,8 +37,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
             "float16_mixed_sign_fmod_0", "float32_mixed_sign_fmod_0", "float64_mixed_sign_fmod_0",
             "float_edge_cases_fmod_0_float16", "float_edge_cases_fmod_0_float32",
             "float_edge_cases_fmod_0_float64")},
-        **{name: _BATCHNORM_TRAINING for name in (
-            "test_batchnorm_example_training_mode", "test_batchnorm_epsilon_training_mode")},
     },
     "cpu": {name: _ATTENTION_BF16 for name in (
         "test_attention_3d_causal_bf16", "test_attention_4d_attn_mask_causal_bf16",

@@ -1,6 +1,7 @@
 """Normalization, attention and other neural-network ops: BatchNormalization
-(inference), LayerNormalization, RMSNormalization, GroupNormalization,
-InstanceNormalization, LRN, Attention, RotaryEmbedding and Trilu.
+(inference and training mode), LayerNormalization, RMSNormalization,
+GroupNormalization, InstanceNormalization, LRN, Attention, RotaryEmbedding and
+Trilu.
 
 Every op but Trilu takes the four float dtypes. float16 and bfloat16 are
 storage types: kernels compute in float32 or better and round once on store.
@@ -102,13 +103,6 @@ _NORM_TOLERANCE = {
 # -- BatchNormalization ----------------------------------------------------------------
 
 
-def _training_mode_check(value) -> str | None:
-    if value == 1:
-        return ("training_mode=1 (batch statistics, running_mean/running_var outputs) is not supported: "
-                "devkit's BatchNormalization is inference only")
-    return None if value == 0 else f"must be 0 or 1, got {value}"
-
-
 def _batchnorm_infer(inputs, attrs):
     x, scale, bias, mean, var = inputs
     if x.ndim < 1:
@@ -119,13 +113,22 @@ def _batchnorm_infer(inputs, attrs):
         _require_shape(info, (channels,), name, "one value per channel")
     require_same_dtype([scale, bias], ["scale", "B"])
     require_same_dtype([mean, var], ["input_mean", "input_var"])
-    return [(x.shape, x.dtype)]
+    return [(x.shape, x.dtype), (mean.shape, mean.dtype), (var.shape, var.dtype)]
 
 
 def _batchnorm_reference(inputs, attrs):
     x, scale, bias, mean, var = inputs
     v = lambda p: _channel_view(p, x.ndim)  # noqa: E731
-    return [v(scale) * (x - v(mean)) / np.sqrt(v(var) + attrs["epsilon"]) + v(bias)]
+    running_mean, running_var = mean, var
+    if attrs["training_mode"]:
+        axes = (0,) + tuple(range(2, x.ndim))
+        batch_mean, batch_var = (m.reshape(-1) for m in _moments(x, axes))
+        momentum = attrs["momentum"]
+        running_mean = mean * momentum + batch_mean * (1 - momentum)
+        running_var = var * momentum + batch_var * (1 - momentum)
+        mean, var = batch_mean, batch_var
+    y = v(scale) * (x - v(mean)) / np.sqrt(v(var) + attrs["epsilon"]) + v(bias)
+    return [y, running_mean, running_var]
 
 
 def _batchnorm_cases(dtype, rng):
@@ -150,6 +153,16 @@ def _batchnorm_cases(dtype, rng):
         Case("empty", [r(0, 3, 4), *params(3)]),
         Case("large", [r(2, 67, 1031), *params(67)]),
         Case("special", [_with_specials(r(2, 3, 5), dtype), *params(3)]),
+        Case("training", [r(2, 3, 4, 5), *params(3)], {"training_mode": 1}),
+        Case("training_momentum", [r(4, 3, 5), *params(3)], {"training_mode": 1, "momentum": 0.25}),
+        Case("training_epsilon", [r(3, 2, 3, 3), *params(2)], {"training_mode": 1, "epsilon": 0.1}),
+        Case("training_nc_only", [r(6, 5), *params(5)], {"training_mode": 1}),
+        Case("training_1d", [r(9), *params(1)], {"training_mode": 1}),
+        Case("training_one_per_channel", [r(1, 3, 1), *params(3)], {"training_mode": 1}),
+        Case("training_params_in_other_dtype", [r(2, 3, 5), *params(3, other)], {"training_mode": 1}),
+        Case("training_empty", [r(0, 3, 4), *params(3)], {"training_mode": 1}),
+        Case("training_large", [r(16, 67, 129), *params(67)], {"training_mode": 1}),
+        Case("training_special", [_with_specials(r(2, 3, 5), dtype), *params(3)], {"training_mode": 1}),
     ]
 
 
@@ -159,18 +172,23 @@ register(OpSpec(
             Input("scale", doc="(C)"), Input("B", doc="(C)"),
             Input("input_mean", doc="(C), the estimated mean"),
             Input("input_var", doc="(C), the estimated variance")),
-    outputs=("Y",),
+    outputs=("Y", "running_mean", "running_var"),
     attrs=(_EPSILON,
-           Attr("momentum", "float", float(np.float32(0.9)), doc="training only: accepted and unused"),
-           Attr("training_mode", "int", 0, check=_training_mode_check, doc="must be 0 (inference)")),
+           Attr("momentum", "float", float(np.float32(0.9)),
+                doc="training mode: the weight of the running statistics in their update"),
+           Attr("training_mode", "int", 0, choices=(0, 1),
+                doc="1: normalize with the batch statistics and update the running ones")),
     dtypes=ALL_FLOAT,
     infer=_batchnorm_infer,
     reference=_batchnorm_reference,
     cases=_batchnorm_cases,
     tolerance=_NORM_TOLERANCE,
-    doc="Y = (X - input_mean) / sqrt(input_var + epsilon) * scale + B per channel (inference mode). "
-        "scale and B share a float dtype, input_mean and input_var share one; either may differ from X's. "
-        "training_mode=1 is refused: training (batch statistics, running outputs) is not in the op set.",
+    doc="Y = (X - mean) / sqrt(var + epsilon) * scale + B per channel. Inference (training_mode 0): mean and "
+        "var are input_mean and input_var, and running_mean and running_var return them unchanged. Training "
+        "mode: mean and var are the batch's (over N and the spatial dims; var the population variance, as "
+        "ONNX's reference), and running_mean = input_mean * momentum + mean * (1 - momentum), likewise "
+        "running_var; an empty batch gives NaN statistics. scale and B share a float dtype, input_mean and "
+        "input_var share one (the running outputs take it); either may differ from X's.",
 ))
 
 

@@ -1,6 +1,6 @@
 /*
- * nn.c -- normalization kernels (BatchNormalization in inference mode,
- * LayerNormalization, RMSNormalization, GroupNormalization,
+ * nn.c -- normalization kernels (BatchNormalization in inference and
+ * training mode, LayerNormalization, RMSNormalization, GroupNormalization,
  * InstanceNormalization), LRN and Trilu.
  *
  * Every float kernel loads elements as double, computes in double and rounds
@@ -146,24 +146,51 @@ static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
                          (long long)bytes);
 }
 
-/* ---- BatchNormalization (inference) --------------------------------------- */
+/* ---- BatchNormalization ----------------------------------------------------- */
 
+/* Inference: normalizes with input_mean/input_var and passes them on as the
+ * running statistics. Training mode: with the batch's mean and population
+ * variance per channel (over the channel's run in every image: a sum of
+ * pairwise run sums, then the squared deviations from the mean), and the
+ * running statistics move towards them by 1 - momentum. */
 static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
   const cpu_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2];
   const cpu_tensor *mean = &k->in[3], *var = &k->in[4], *y = &k->out[0];
-  double eps = cpu_attr_float(k, "epsilon", 1e-5);
-  /* X is (N, C, D...) or (N) with one channel; with one channel the whole
-   * tensor is a single run. */
-  int64_t channels = x->ndim >= 2 ? x->shape[1] : 1;
-  int64_t inner = channels == 1 ? x->size : nn_prod(x->shape, 2, x->ndim);
-  int64_t runs = x->size ? x->size / inner : 0;
-  for (int64_t r = 0; r < runs; r++) {
-    int64_t c = r % channels;
-    double a = cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype) /
-               sqrt(cpu_load_as_double(var->data + c * var->itemsize, var->dtype) + eps);
-    ops->affine(y->data + r * inner * y->itemsize, x->data + r * inner * x->itemsize, inner,
-                cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype), a,
-                cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype));
+  const cpu_tensor *running_mean = &k->out[1], *running_var = &k->out[2];
+  double eps = cpu_attr_float(k, "epsilon", 1e-5), momentum = cpu_attr_float(k, "momentum", 0.9);
+  bool training = cpu_attr_int(k, "training_mode", 0) == 1;
+  /* X is (N, C, D...): image n's run of channel c (`inner` elements) starts
+   * at element (n * C + c) * inner. X (N) has one channel, one run. */
+  bool batched = x->ndim >= 2;
+  int64_t channels = batched ? x->shape[1] : 1, batch = batched ? x->shape[0] : 1;
+  int64_t inner = batched ? nn_prod(x->shape, 2, x->ndim) : x->size;
+  int64_t images = x->size ? batch : 0; /* no pointer into an empty (NULL) tensor */
+  for (int64_t c = 0; c < channels; c++) {
+    double m = cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype);
+    double v = cpu_load_as_double(var->data + c * var->itemsize, var->dtype);
+    if (training) {
+      double count = (double)(batch * inner), sum = 0.0, squares = 0.0;
+      for (int64_t n = 0; n < images; n++)
+        sum += ops->sum(x->data + (n * channels + c) * inner * x->itemsize, inner);
+      double batch_mean = sum / count; /* NaN for an empty batch */
+      for (int64_t n = 0; n < images; n++)
+        squares += ops->sum_sq(x->data + (n * channels + c) * inner * x->itemsize, inner, batch_mean);
+      m = m * momentum + batch_mean * (1 - momentum);
+      v = v * momentum + squares / count * (1 - momentum);
+      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
+      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
+      m = batch_mean;
+      v = squares / count;
+    } else {
+      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
+      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
+    }
+    double a = cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype) / sqrt(v + eps);
+    double b = cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype);
+    for (int64_t n = 0; n < images; n++) {
+      int64_t at = (n * channels + c) * inner;
+      ops->affine(y->data + at * y->itemsize, x->data + at * x->itemsize, inner, m, a, b);
+    }
   }
   return DK_OK;
 }

@@ -1,0 +1,122 @@
+/*
+ * training_pool.c -- MaxPoolGrad and AveragePoolGrad.
+ *
+ * Both scatter dY into a float64 accumulator of X's shape (windows overlap,
+ * so elements gather several contributions), rounded once into dX.
+ * MaxPoolGrad follows MaxPool's Indices; AveragePoolGrad walks AveragePool's
+ * windows (linalg_window_forward, dY's spatial sizes as the grid) and
+ * divides by the same count AveragePool does.
+ */
+#include "linalg.h"
+#include "training.h"
+
+#include <stdlib.h>
+
+/* ---- MaxPoolGrad ---------------------------------------------------------------- */
+
+/* MaxPool's column-major spatial offset (storage_order 1) as a row-major one. */
+static int64_t row_major(int64_t at, const int64_t *spatial, int32_t n) {
+  int64_t coords[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < n; d++) {
+    coords[d] = at % spatial[d];
+    at /= spatial[d];
+  }
+  int64_t index = 0;
+  for (int32_t d = 0; d < n; d++) index = index * spatial[d] + coords[d];
+  return index;
+}
+
+static DK_Status max_pool_grad(const cpu_kernel_args *k) {
+  const cpu_tensor *dy = &k->in[0], *indices = &k->in[1], *dx = &k->out[0];
+  bool column_major = cpu_attr_int(k, "storage_order", 0) == 1;
+  int32_t n = dx->ndim - 2;
+  int64_t plane = training_prod(dx->shape, 2, dx->ndim);
+  double *buf = training_scratch(k, dx->size + dy->size);
+  if (!buf) return DK_RESOURCE_EXHAUSTED;
+  double *acc = buf, *grad = buf + dx->size;
+  training_widen(grad, dy->data, dy->dtype, dy->size);
+  const int64_t *index = (const int64_t *)indices->data;
+  for (int64_t i = 0; i < dy->size; i++) {
+    int64_t at = index[i];
+    if (at == -1) continue; /* a window that missed X */
+    if (at < 0 || at >= dx->size) {
+      free(buf);
+      return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+                             "index %lld (element %lld of Indices) is out of range for X of %lld elements",
+                             (long long)at, (long long)i, (long long)dx->size);
+    }
+    if (column_major) at = at - at % plane + row_major(at % plane, dx->shape + 2, n);
+    acc[at] += grad[i];
+  }
+  training_narrow(dx->data, dx->dtype, acc, dx->size);
+  free(buf);
+  return DK_OK;
+}
+
+/* ---- AveragePoolGrad ------------------------------------------------------------ */
+
+static DK_Status average_pool_grad(const cpu_kernel_args *k) {
+  const cpu_tensor *dy = &k->in[0], *dx = &k->out[0];
+  int64_t count;
+  const int64_t *kernel = cpu_attr_ints(k, "kernel_shape", &count);
+  bool include_pad = cpu_attr_int(k, "count_include_pad", 0) == 1;
+  linalg_window w;
+  linalg_window_forward(k, dx->ndim - 2, dx->shape + 2, dy->shape + 2, kernel, &w);
+  int64_t in_plane = linalg_prod(w.target, w.n), out_plane = linalg_prod(w.grid, w.n);
+  int64_t planes = dx->shape[0] * dx->shape[1];
+  double *buf = training_scratch(k, dx->size + dy->size);
+  if (!buf) return DK_RESOURCE_EXHAUSTED;
+  double *acc = buf, *grad = buf + dx->size;
+  training_widen(grad, dy->data, dy->dtype, dy->size);
+  for (int64_t p = 0; p < planes; p++) {
+    double *plane_acc = acc + p * in_plane;
+    const double *plane_grad = grad + p * out_plane;
+    int64_t q[CPU_MAX_DIMS] = {0};
+    for (int64_t o = 0; o < out_plane; o++) {
+      /* The window of output position q: per axis, tap 0 lands at first[d],
+       * taps [lo, hi) land inside X (with count_include_pad, those inside
+       * the explicitly padded X count too). */
+      int64_t first[CPU_MAX_DIMS], lo[CPU_MAX_DIMS], hi[CPU_MAX_DIMS], divisor = 1;
+      bool empty = false;
+      for (int32_t d = 0; d < w.n; d++) {
+        first[d] = q[d] * w.stride[d] - w.pad[d];
+        linalg_valid_range(first[d], w.dilation[d], w.kernel[d], w.target[d], &lo[d], &hi[d]);
+        empty = empty || lo[d] == hi[d];
+        int64_t plo = lo[d], phi = hi[d];
+        if (include_pad)
+          linalg_valid_range(first[d] + w.pad[d], w.dilation[d], w.kernel[d],
+                             w.target[d] + w.pad[d] + w.pad_end[d], &plo, &phi);
+        divisor *= phi - plo;
+      }
+      for (int32_t d = w.n - 1; d >= 0 && ++q[d] == w.grid[d]; d--) q[d] = 0;
+      if (empty) continue; /* no element of X to pass a gradient to */
+      double share = plane_grad[o] / (double)divisor;
+      /* Every tap inside X, row-major. */
+      int64_t tap[CPU_MAX_DIMS];
+      for (int32_t d = 0; d < w.n; d++) tap[d] = lo[d];
+      for (;;) {
+        int64_t at = 0;
+        for (int32_t d = 0; d < w.n; d++) at = at * w.target[d] + first[d] + tap[d] * w.dilation[d];
+        plane_acc[at] += share;
+        int32_t d = w.n - 1;
+        for (; d >= 0; d--) {
+          if (++tap[d] < hi[d]) break;
+          tap[d] = lo[d];
+        }
+        if (d < 0) break;
+      }
+    }
+  }
+  training_narrow(dx->data, dx->dtype, acc, dx->size);
+  free(buf);
+  return DK_OK;
+}
+
+/* ---- Registration ----------------------------------------------------------- */
+
+#define POOL_DEFS(SFX, DT)                          \
+  {"MaxPoolGrad", DT, max_pool_grad, 0},            \
+  {"AveragePoolGrad", DT, average_pool_grad, 0},
+
+static const cpu_kernel_def k_training_pool[] = {TRAINING_FLOAT_TYPES(POOL_DEFS)};
+CPU_REGISTER_KERNELS(k_training_pool)
