@@ -329,11 +329,13 @@ def test_markdown_report_has_every_section(cpu_run):
     _, out = cpu_run
     text = (out / "report.md").read_text()
     for heading in ("# devkit conformance report: cpu", "## Summary", "## Plugin and devices",
-                    "## Kernel coverage (op × dtype)", "## Measured errors",
+                    "## Kernel coverage (op × dtype)", "## Measured errors", "## CPU fallbacks",
                     "## Failures, crashes and timeouts", "## Expected failures", "## Skipped"):
         assert heading in text
     assert "**PASSED**" in text
-    assert "The plugin publishes no kernels" in text
+    kernels = len(devkit.load_plugin("cpu").kernels)
+    assert f"{kernels} kernels in the plugin's kernel table" in text
+    assert "| Conv |  |  |  |  |  | ✓ | ✓ | ✓ | ✓ |" in text  # the four float dtypes only
     assert "| 1 | devkit cpu device 1 |" in text
 
 
