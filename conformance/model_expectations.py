@@ -1,8 +1,8 @@
 """Model tests a plugin is known to fail, each with its reason.
 
 Keyed by plugin name ("*": every plugin), then by test name (the onnx
-package's model test name, or a zoo model's name). A listed test that passes
-fails the run, so the list only ever shrinks to the truth.
+package's model test name, or a zoo model's name); see known_failures.py for
+how the suite honours it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,3 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
     "cpu": {},
 }
 
-
-def expected_failure(plugin: str, test: str) -> str | None:
-    """The written reason ``test`` is expected to fail on ``plugin``, or None."""
-    for key in (plugin, "*"):
-        if reason := EXPECTED_FAILURES.get(key, {}).get(test):
-            return reason
-    return None

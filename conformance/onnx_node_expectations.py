@@ -1,7 +1,7 @@
 """ONNX node tests a plugin is known to fail, each with its reason.
 
-Keyed by plugin name ("*": every plugin), then by test name. A listed test
-that passes fails the run, so the list only ever shrinks to the truth.
+Keyed by plugin name ("*": every plugin), then by test name; see
+known_failures.py for how the suite honours it.
 """
 
 from __future__ import annotations
@@ -43,10 +43,3 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
         "test_attention_4d_causal_bf16")},
 }
 
-
-def expected_failure(plugin: str, test: str) -> str | None:
-    """The written reason ``test`` is expected to fail on ``plugin``, or None."""
-    for key in (plugin, "*"):
-        if reason := EXPECTED_FAILURES.get(key, {}).get(test):
-            return reason
-    return None

@@ -31,7 +31,8 @@ from devkit import onnx as donnx
 from devkit.onnx import zoo
 from devkit.ops import spec as _spec
 
-from .model_expectations import expected_failure
+from .known_failures import run_expecting
+from .model_expectations import EXPECTED_FAILURES
 
 DATA_KINDS = ("simple", "pytorch-converted", "pytorch-operator")
 # The light models that take over a second on the cpu plugin (2 cores) run in
@@ -86,16 +87,7 @@ def _light_params():
 # -- helpers ---------------------------------------------------------------------------
 
 def _run_expecting(dev, name: str, check) -> None:
-    expected = expected_failure(dev.plugin.name, name)
-    try:
-        check()
-    except Exception:
-        if expected:
-            pytest.xfail(reason=expected)
-        raise
-    if expected:
-        pytest.fail(f"{name} is listed as an expected failure ({expected}) but passes: remove it "
-                    f"from conformance/model_expectations.py")
+    run_expecting(EXPECTED_FAILURES, "conformance/model_expectations.py", dev.plugin.name, name, check)
 
 
 def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:

@@ -25,7 +25,8 @@ import pytest
 from devkit import onnx as donnx
 from devkit.onnx import UnsupportedNodeError
 
-from .onnx_node_expectations import expected_failure
+from .known_failures import run_expecting
+from .onnx_node_expectations import EXPECTED_FAILURES
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,16 +86,8 @@ def test_onnx_node(dev, name):
     case = node_tests()[name]
     if reason := _outside_dtype_set(case):
         pytest.skip(reason=f"outside devkit's dtype set: {reason}")
-    expected = expected_failure(dev.plugin.name, name)
-    try:
-        _run_case(dev, case)
-    except Exception:
-        if expected:
-            pytest.xfail(reason=expected)
-        raise
-    if expected:
-        pytest.fail(f"{name} is listed as an expected failure ({expected}) but passes: remove it "
-                    f"from conformance/onnx_node_expectations.py")
+    run_expecting(EXPECTED_FAILURES, "conformance/onnx_node_expectations.py", dev.plugin.name, name,
+                  lambda: _run_case(dev, case))
 
 
 def _array(value) -> np.ndarray:

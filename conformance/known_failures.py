@@ -1,0 +1,36 @@
+"""Known failures of the suites that run external oracles, and how a case honours them.
+
+Each list (onnx_node_expectations.py, model_expectations.py) maps a plugin
+name ("*": every plugin) to {test name: written reason}. A listed test that
+fails is reported as an expected failure with its reason; one that passes
+fails the run, so a list only ever shrinks to the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+
+def reason_for(table: dict[str, dict[str, str]], plugin: str, test: str) -> str | None:
+    """The written reason ``test`` is expected to fail on ``plugin``, or None."""
+    for key in (plugin, "*"):
+        if reason := table.get(key, {}).get(test):
+            return reason
+    return None
+
+
+def run_expecting(table: dict[str, dict[str, str]], list_file: str, plugin: str, test: str,
+                  check: Callable[[], None]) -> None:
+    """Run ``check``, honouring ``test``'s entry in ``table`` (kept in ``list_file``)."""
+    expected = reason_for(table, plugin, test)
+    try:
+        check()
+    except Exception:
+        if expected:
+            pytest.xfail(reason=expected)
+        raise
+    if expected:
+        pytest.fail(f"{test} is listed as an expected failure ({expected}) but passes: remove it "
+                    f"from {list_file}")
