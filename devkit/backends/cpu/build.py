@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,15 +36,19 @@ def headers() -> list[Path]:
 def blas() -> tuple[list[str], list[str]]:
     """(compile args, link args) for scipy-openblas32's OpenBLAS.
 
-    The library is found at run time through two rpaths: next to an installed
-    devkit in the same site-packages, and where it was at build time (an
-    editable install, or a build tree)."""
+    The library is found at run time through rpaths: next to an installed
+    devkit in the same site-packages (a wheel); in the site-packages of the
+    interpreter that builds, where pip installs the runtime dependency (an
+    editable install: pip's isolated build environment, where the library is
+    at build time, is deleted afterwards); and where it is now (a build tree
+    in an environment that already has it)."""
     import scipy_openblas32
 
     lib_dir = Path(scipy_openblas32.get_lib_dir())
+    installed = Path(sysconfig.get_paths()["purelib"]) / "scipy_openblas32" / "lib"
+    rpaths = dict.fromkeys(["$ORIGIN/../../../scipy_openblas32/lib", str(installed), str(lib_dir)])
     return ([f"-I{scipy_openblas32.get_include_dir()}"],
-            [f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}",
-             "-Wl,-rpath,$ORIGIN/../../../scipy_openblas32/lib", f"-Wl,-rpath,{lib_dir}"])
+            [f"-L{lib_dir}", f"-l{scipy_openblas32.get_library()}", *(f"-Wl,-rpath,{r}" for r in rpaths)])
 
 
 def build(out_dir: os.PathLike, *, kernels: list[str] | None = None, defines=(),
