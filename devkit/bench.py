@@ -1,5 +1,7 @@
 """devkit-bench: benchmarks against a named peer measured in the same run.
 
+    devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (see devkit.bench_ops)
+
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
 
@@ -409,7 +411,16 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--max-iters", type=int, default=1000)
     bench.add_argument("--timeout", type=float, default=1800, help="seconds for each launch")
     bench.add_argument("--json", help="also write the results to this file")
+    op_bench = commands.add_parser("ops", help="op latency vs NumPy and onnxruntime")
+    op_bench.add_argument("--plugin", default="cpu")
+    op_bench.add_argument("--only", help="comma-separated op names (default: every benchmark)")
+    op_bench.add_argument("--repeat", type=int, default=10)
+    op_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "ops":
+        from .bench_ops import ops_main
+
+        sys.exit(ops_main(args))
     if args.nranks < 1 or args.min_bytes < 1 or args.max_bytes < args.min_bytes:
         parser.error("need -n >= 1 and 1 <= --min-bytes <= --max-bytes")
     sys.exit(collectives_main(args))

@@ -1,0 +1,166 @@
+"""devkit-bench ops: op latency on a plugin against NumPy and onnxruntime in the same run.
+
+    devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--repeat 20] [--json PATH]
+
+Every benchmark runs the op through devkit.run_op on the default stream
+(complete on return) with device-resident inputs, and the same computation
+with NumPy and, where it is installed, onnxruntime (a one-node model,
+CPUExecutionProvider). Reported: the median time of each, and the ratios
+peer / devkit (above 1: devkit is faster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+MI = 1 << 20
+
+
+@dataclasses.dataclass
+class OpBench:
+    name: str
+    op: str
+    inputs: Callable[[np.random.Generator], list[np.ndarray]]
+    numpy: Callable[..., np.ndarray]
+    attrs: dict = dataclasses.field(default_factory=dict)
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _layer_norm(x, scale, bias, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def _conv2d(x, w):
+    """3x3, stride 1, pad 1, as im2col + matmul: NumPy's best without SciPy."""
+    n, c, h, wd = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    cols = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # n c h w 3 3
+    cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n * h * wd, c * 9)
+    return (cols @ w.reshape(w.shape[0], -1).T).reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
+
+
+BENCHMARKS = [
+    OpBench("Add 16Mi f32", "Add", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.add),
+    OpBench("Add broadcast 4096x4096 + 4096", "Add", lambda r: [_f32(r, 4096, 4096), _f32(r, 4096)], np.add),
+    OpBench("Mul 16Mi f32", "Mul", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.multiply),
+    OpBench("Exp 16Mi f32", "Exp", lambda r: [_f32(r, 16 * MI)], np.exp),
+    OpBench("Relu 16Mi f32", "Relu", lambda r: [_f32(r, 16 * MI)], lambda x: np.maximum(x, 0)),
+    OpBench("ReduceSum 16Mi f32 (all)", "ReduceSum", lambda r: [_f32(r, 16 * MI)],
+            lambda x: np.sum(x, keepdims=True), {"keepdims": 1}),
+    OpBench("ReduceSum 4096x4096 axis -1", "ReduceSum", lambda r: [_f32(r, 4096, 4096), np.array([-1])],
+            lambda x, axes: np.sum(x, axis=-1, keepdims=True)),
+    OpBench("Softmax 4096x1024", "Softmax", lambda r: [_f32(r, 4096, 1024)], _softmax),
+    OpBench("MatMul 1024x1024x1024 f32", "MatMul", lambda r: [_f32(r, 1024, 1024), _f32(r, 1024, 1024)], np.matmul),
+    OpBench("Conv 1x64x56x56 k3x3 -> 64", "Conv", lambda r: [_f32(r, 1, 64, 56, 56), _f32(r, 64, 64, 3, 3)],
+            _conv2d, {"pads": [1, 1, 1, 1]}),
+    OpBench("Transpose 4096x4096", "Transpose", lambda r: [_f32(r, 4096, 4096)],
+            lambda x: np.ascontiguousarray(x.T)),
+    OpBench("LayerNormalization 4096x1024", "LayerNormalization",
+            lambda r: [_f32(r, 4096, 1024), _f32(r, 1024), _f32(r, 1024)], _layer_norm),
+]
+
+
+def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm-up: first-touch page faults, BLAS thread start
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
+    """A one-node onnxruntime session for the op, or None without onnxruntime."""
+    try:
+        import onnxruntime
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    from . import ops
+
+    spec = ops.get(bench.op)
+    names = [f"in{i}" for i in range(len(inputs))]
+    node = helper.make_node(bench.op, names, ["out"] + [f"extra{i}" for i in range(len(spec.outputs) - 1)],
+                            **bench.attrs)
+    graph = helper.make_graph(
+        [node], "bench",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+         for n, x in zip(names, inputs)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
+    options = onnxruntime.SessionOptions()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    feed = dict(zip(names, inputs))
+    return lambda: session.run(["out"], feed)
+
+
+def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
+    import devkit
+
+    dev = devkit.device(f"{plugin}:0")
+    rows = []
+    for bench in BENCHMARKS:
+        if only and bench.op not in only:
+            continue
+        rng = np.random.default_rng(0)
+        inputs = bench.inputs(rng)
+        spec = devkit.ops.get(bench.op)
+        host_names = set(spec.host_inputs)
+        device_inputs = [x if spec.inputs[min(i, len(spec.inputs) - 1)].name in host_names
+                         else devkit.asarray(x, dev) for i, x in enumerate(inputs)]
+        result = devkit.run_op(bench.op, device_inputs, bench.attrs)[0].numpy()
+        expected = bench.numpy(*inputs)
+        error = float(np.max(np.abs(result.astype(np.float64) - expected))) if expected.size else 0.0
+        devkit_s = _median_seconds(lambda: devkit.run_op(bench.op, device_inputs, bench.attrs), repeat)
+        numpy_s = _median_seconds(lambda: bench.numpy(*inputs), repeat)
+        session = _onnxruntime_session(bench, inputs)
+        ort_s = _median_seconds(session, repeat) if session else None
+        rows.append({"benchmark": bench.name, "op": bench.op, "plugin": plugin, "devkit_ms": devkit_s * 1e3,
+                     "numpy_ms": numpy_s * 1e3, "onnxruntime_ms": None if ort_s is None else ort_s * 1e3,
+                     "numpy_over_devkit": numpy_s / devkit_s,
+                     "onnxruntime_over_devkit": None if ort_s is None else ort_s / devkit_s,
+                     "max_abs_diff_vs_numpy": error})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="op latency (median); ratio = peer time / devkit time, >1 means devkit is faster")
+    for column in ("benchmark", "devkit ms", "NumPy ms", "NumPy/devkit", "onnxruntime ms", "ORT/devkit",
+                   "max |diff|"):
+        table.add_column(column, justify="left" if column == "benchmark" else "right")
+    for r in rows:
+        ort = r["onnxruntime_ms"]
+        table.add_row(r["benchmark"], f"{r['devkit_ms']:.3f}", f"{r['numpy_ms']:.3f}", f"{r['numpy_over_devkit']:.2f}",
+                      "-" if ort is None else f"{ort:.3f}",
+                      "-" if ort is None else f"{r['onnxruntime_over_devkit']:.2f}", f"{r['max_abs_diff_vs_numpy']:.2g}")
+    Console().print(table)
+
+
+def ops_main(args) -> int:
+    only = args.only.split(",") if args.only else None
+    rows = run(args.plugin, only, args.repeat)
+    print_rows(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
