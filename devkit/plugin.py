@@ -16,6 +16,7 @@ Every plugin, whatever its origin, is driven through the same
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import threading
@@ -32,9 +33,10 @@ PLUGIN_PATH_ENV = "DEVKIT_PLUGIN_PATH"
 
 _BACKENDS_DIR = Path(__file__).parent / "backends"
 _BUILTIN_LIBRARIES = {"cpu": _BACKENDS_DIR / "cpu" / "libdevkit_cpu.so"}
+# Built-ins written in Python: modules exposing ``dk_plugin_init``.
+_BUILTIN_MODULES = {"opencl": "devkit.backends.opencl"}
 # Built-in names whose backend is not part of this release yet.
 _BUILTIN_PENDING = {
-    "opencl": "the opencl reference backend is not part of this devkit release yet",
     "cuda": "the cuda reference backend is not part of this devkit release yet",
 }
 
@@ -210,6 +212,8 @@ def _resolve_and_load(key: str) -> Plugin:
                 f"built-in plugin {key!r} is not built ({library} is missing); "
                 f"reinstall devkit with 'pip install -e .'")
         return _load_library(library, "built-in")
+    if key in _BUILTIN_MODULES:
+        return _load_builtin_module(key)
     if key in _BUILTIN_PENDING:
         raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
     raise PluginLoadError(
@@ -219,7 +223,7 @@ def _resolve_and_load(key: str) -> Plugin:
 
 
 def builtin_names() -> list[str]:
-    return sorted({*_BUILTIN_LIBRARIES, *_BUILTIN_PENDING})
+    return sorted({*_BUILTIN_LIBRARIES, *_BUILTIN_MODULES, *_BUILTIN_PENDING})
 
 
 def _looks_like_path(key: str) -> bool:
@@ -252,6 +256,18 @@ def _load_entry_point(entry_point: metadata.EntryPoint) -> Plugin:
             f"{where} returned {type(target).__name__}, which is neither a library path "
             f"nor an object with a 'dk_plugin_init' DK_PluginInitFn")
     return _initialise(init, keepalive=target, source="entry point", location=where)
+
+
+def _load_builtin_module(key: str) -> Plugin:
+    module_name = _BUILTIN_MODULES[key]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"built-in plugin {key!r} cannot be imported ({exc}); it needs pyopencl and an "
+            f"OpenCL driver (see docs/opencl.md)") from exc
+    return _initialise(module.dk_plugin_init, keepalive=module, source="built-in",
+                       location=module_name)
 
 
 def _load_library(path: Path, source: str) -> Plugin:

@@ -41,10 +41,9 @@ def test_missing_path():
         devkit.load_plugin("/nonexistent/libdevkit_gone.so")
 
 
-@pytest.mark.parametrize("name", ["opencl", "cuda"])
-def test_builtin_not_in_this_release_is_refused_with_a_reason(name):
+def test_builtin_not_in_this_release_is_refused_with_a_reason():
     with pytest.raises(devkit.PluginLoadError, match="not part of this devkit release"):
-        devkit.load_plugin(name)
+        devkit.load_plugin("cuda")
 
 
 def test_plugin_path_discovery(tmp_path, monkeypatch):
@@ -62,7 +61,9 @@ def test_list_plugins_reports_builtins():
     cpu = listed["cpu"]
     assert cpu.loads and cpu.source == "built-in" and cpu.error is None
     assert cpu.abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR) and cpu.device_count >= 1
-    assert not listed["opencl"].loads and "not part of this devkit release" in listed["opencl"].error
+    # Whether opencl loads depends on the machine (pyopencl and an OpenCL driver); it is always listed.
+    assert listed["opencl"].source == "built-in"
+    assert listed["opencl"].loads or "docs/opencl.md" in listed["opencl"].error
 
 
 def _fake_distribution(site, entry_points: str, module: str):

@@ -1,0 +1,417 @@
+"""DK_PluginInit and the DK_DeviceApi table of the opencl plugin.
+
+Every table function is an ffi.callback with the header's exact function
+pointer type, so the host drives this plugin exactly as it drives a C one.
+The callbacks, the structs they fill and the strings they point to live in
+module globals: they must outlive every host reference (plugins are never
+unloaded).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyopencl as cl
+
+from ... import __version__
+from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from . import kernels
+from .errors import PluginError, callback, invalid, last_error_message, set_error
+from .runtime import (
+    Device,
+    Event,
+    Mark,
+    Stream,
+    _new_handle,
+    create_devices,
+    handle_key,
+    select_devices,
+    stage_between_contexts,
+)
+
+_devices: list[Device] = []
+_keepalive: list = []
+_init_lock = threading.Lock()
+_init_result: tuple[int, str] | None = None  # (status, message) of the one initialisation
+_info = None  # the DK_PluginInfo every DK_PluginInit copies out
+_log = {"fn": ffi.NULL, "user_data": ffi.NULL}
+
+
+def log(level: int, message: str) -> None:
+    if _log["fn"] != ffi.NULL:
+        _log["fn"](_log["user_data"], level, message.encode())
+
+
+def _device(dev: int) -> Device:
+    if not 0 <= dev < len(_devices):
+        raise invalid(f"device index {dev} out of range [0, {len(_devices)})")
+    return _devices[dev]
+
+
+def _not_null(pointer, what: str) -> None:
+    if pointer == ffi.NULL:
+        raise invalid(f"{what} is NULL")
+
+
+def _copy_out(dst, src, ctype: str) -> None:
+    """VERSIONING rule 4: write only what the caller's struct_size holds."""
+    size_field = ffi.sizeof("size_t")
+    if dst.struct_size < size_field:
+        raise invalid(f"struct_size {dst.struct_size} is smaller than the struct_size field itself")
+    n = min(dst.struct_size, ffi.sizeof(ctype))
+    ffi.memmove(ffi.cast("char *", dst) + size_field, ffi.cast("char *", src) + size_field,
+                n - size_field)
+    dst.struct_size = n
+
+
+def _wait_on_self(what: str, stream: Stream) -> PluginError:
+    return PluginError(C.DK_FAILED_PRECONDITION,
+                       f"called from a callback running on {what} {id(stream):#x}, which would "
+                       f"wait for itself")
+
+
+# -- device --------------------------------------------------------------------------
+
+
+def get_device_count(count):
+    _not_null(count, "count")
+    count[0] = len(_devices)
+
+
+def get_device_properties(dev, props):
+    d = _device(dev)
+    _not_null(props, "props")
+    cl_device = d.cl_device
+    flags = C.DK_DEVICE_FP16 | C.DK_DEVICE_BF16  # stored as ushort, computed in float32
+    if d.fp64:
+        flags |= C.DK_DEVICE_FP64
+    if getattr(cl_device, "host_unified_memory", False):
+        flags |= C.DK_DEVICE_UNIFIED_MEMORY
+    full = ffi.new("DK_DeviceProperties *", {
+        "struct_size": ffi.sizeof("DK_DeviceProperties"),
+        "name": cl_device.name.strip().encode()[:127],
+        "vendor": cl_device.vendor.strip().encode()[:127],
+        "driver_version": cl_device.driver_version.strip().encode()[:63],
+        "device_type": C.DK_DEVICE_TYPE_OPENCL,
+        "compute_units": max(1, int(cl_device.max_compute_units)),
+        "total_memory": d.total_memory,
+        "max_alloc_size": d.max_alloc,
+        "alloc_alignment": d.alignment,
+        "flags": flags,
+    })
+    _copy_out(props, full, "DK_DeviceProperties")
+
+
+def device_synchronize(dev):
+    _device(dev).synchronize()
+
+
+# -- memory --------------------------------------------------------------------------
+
+
+def mem_alloc(dev, size, mem):
+    d = _device(dev)
+    _not_null(mem, "mem")
+    mem[0] = d.alloc(size)
+
+
+def mem_free(dev, mem):
+    d = _device(dev)
+    if mem != ffi.NULL:
+        d.free(mem)
+
+
+def mem_get_info(dev, free_bytes, total_bytes):
+    d = _device(dev)
+    _not_null(free_bytes, "free_bytes")
+    _not_null(total_bytes, "total_bytes")
+    free_bytes[0], total_bytes[0] = d.mem_info()
+
+
+def memset(dev, mem, offset, value, size, stream):
+    d = _device(dev)
+    m = d.mem("mem", mem, offset, size)
+    s = d.stream(stream)
+    if size:
+        d.submit(s, lambda q: cl.enqueue_fill_buffer(q, m.buffer, np.uint8(value), offset, size))
+
+
+def copy_h2d(dev, dst, dst_offset, src, size, stream):
+    d = _device(dev)
+    if size:
+        _not_null(src, "src")
+    m = d.mem("dst", dst, dst_offset, size)
+    s = d.stream(stream)
+    if size:
+        host = ffi.buffer(src, size)
+        d.copy_host(s, lambda q: cl.enqueue_copy(q, m.buffer, host, dst_offset=dst_offset))
+
+
+def copy_d2h(dev, dst, src, src_offset, size, stream):
+    d = _device(dev)
+    if size:
+        _not_null(dst, "dst")
+    m = d.mem("src", src, src_offset, size)
+    s = d.stream(stream)
+    if size:
+        host = ffi.buffer(dst, size)
+        d.copy_host(s, lambda q: cl.enqueue_copy(q, host, m.buffer, src_offset=src_offset))
+
+
+def copy_d2d(dev, dst, dst_offset, src, src_offset, size, stream):
+    d = _device(dev)
+    to = d.mem("dst", dst, dst_offset, size)
+    source = d.mem("src", src, src_offset, size)
+    s = d.stream(stream)
+    if size:
+        d.copy_d2d(to, dst_offset, source, src_offset, size, s)
+
+
+def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
+    dd, sd = _device(dst_dev), _device(src_dev)
+    to = dd.mem("dst", dst, dst_offset, size)
+    source = sd.mem("src", src, src_offset, size)
+    s = dd.stream(stream)
+    if not size:
+        return
+    if dd.context is sd.context:  # buffers are context-wide: one copy command
+        dd.copy_d2d(to, dst_offset, source, src_offset, size, s)
+    else:
+        stage_between_contexts(dd, to, dst_offset, sd, source, src_offset, size, s)
+
+
+def mem_alloc_async(dev, size, stream, mem):
+    d = _device(dev)
+    d.stream(stream)  # validated; allocation is immediate, so later work may use it
+    _not_null(mem, "mem")
+    mem[0] = d.alloc(size)
+
+
+def mem_free_async(dev, mem, stream):
+    d = _device(dev)
+    s = d.stream(stream)
+    if mem == ffi.NULL:
+        return
+    if s is None:
+        d.free(mem)
+    else:
+        d.free_async(mem, s)
+
+
+# -- streams -------------------------------------------------------------------------
+
+
+def stream_create(dev, stream):
+    d = _device(dev)
+    _not_null(stream, "stream")
+    s = Stream(d)
+    key, handle = _new_handle("DK_Stream")
+    with d.lock:
+        d.streams[key] = s
+    stream[0] = handle
+
+
+def stream_destroy(dev, stream):
+    d = _device(dev)
+    if stream == ffi.NULL:
+        return
+    with d.lock:
+        s = d.streams.get(handle_key(stream))
+        if s is not None and not s.on_worker():
+            del d.streams[handle_key(stream)]
+    if s is None:
+        d.stream(stream)  # raises the "not a live stream" error
+    if s.on_worker():
+        raise _wait_on_self("stream", s)
+    s.close()
+
+
+def stream_synchronize(dev, stream):
+    s = _device(dev).stream(stream)
+    if s is None:
+        return C.DK_OK  # NULL-stream work is complete when its call returns
+    if s.on_worker():
+        raise _wait_on_self("stream", s)
+    return s.check(wait=True)
+
+
+def stream_query(dev, stream):
+    s = _device(dev).stream(stream)
+    return C.DK_OK if s is None else s.check(wait=False)
+
+
+def stream_wait_event(dev, stream, event):
+    d = _device(dev)
+    e = d.event("event", event)
+    s = d.stream(stream)
+    mark = e.mark  # the record current at this call
+    if mark is None:
+        return
+    if s is None:
+        mark.event.wait()
+    else:
+        s.enqueue(lambda q: cl.enqueue_barrier(q, wait_for=[mark.event]))
+
+
+def stream_add_callback(dev, stream, fn, user_data):
+    d = _device(dev)
+    _not_null(fn, "fn")
+    s = d.stream(stream)
+    if s is None:
+        fn(user_data)  # the NULL stream has nothing pending to order after
+    else:
+        s.add_host_work(lambda: fn(user_data))
+
+
+# -- events --------------------------------------------------------------------------
+
+
+def event_create(dev, flags, event):
+    d = _device(dev)
+    _not_null(event, "event")
+    if flags & ~C.DK_EVENT_DISABLE_TIMING:
+        raise invalid(f"unknown flags {flags:#x} (allowed: DK_EVENT_DISABLE_TIMING = "
+                      f"{C.DK_EVENT_DISABLE_TIMING:#x})")
+    key, handle = _new_handle("DK_Event")
+    with d.lock:
+        d.events[key] = Event(timing=not flags & C.DK_EVENT_DISABLE_TIMING)
+    event[0] = handle
+
+
+def event_destroy(dev, event):
+    d = _device(dev)
+    if event == ffi.NULL:
+        return
+    with d.lock:
+        found = d.events.pop(handle_key(event), None)
+    if found is None:  # a pending marker lives on in its queue; nothing else to release
+        raise invalid(f"event {handle_key(event):#x} is not a live event on {d.name}")
+
+
+def event_record(dev, event, stream):
+    d = _device(dev)
+    e = d.event("event", event)
+    s = d.stream(stream)
+    if s is None:
+        marker = cl.enqueue_marker(d.queue)
+        marker.wait()
+    else:
+        marker = s.enqueue(cl.enqueue_marker)
+    e.mark = Mark(marker)
+
+
+def event_query(dev, event):
+    mark = _device(dev).event("event", event).mark
+    return C.DK_OK if mark is None else mark.status(wait=False)
+
+
+def event_synchronize(dev, event):
+    mark = _device(dev).event("event", event).mark
+    return C.DK_OK if mark is None else mark.status(wait=True)
+
+
+def event_elapsed_ms(dev, start, end, ms):
+    d = _device(dev)
+    _not_null(ms, "ms")
+    events = {"start": d.event("start", start), "end": d.event("end", end)}
+    for what, e in events.items():
+        if e.mark is None:
+            raise invalid(f"{what} event was never recorded")
+        if not e.timing:
+            raise invalid(f"{what} event was created with DK_EVENT_DISABLE_TIMING")
+    for e in events.values():
+        if e.mark.status(wait=False) == C.DK_NOT_READY:
+            return C.DK_NOT_READY
+    # Profiling timestamps of the markers: device nanoseconds at completion.
+    ms[0] = (events["end"].mark.event.profile.end - events["start"].mark.event.profile.end) / 1e6
+
+
+# -- the table and DK_PluginInit -------------------------------------------------------
+
+_FUNCTIONS = {
+    "get_device_count": get_device_count, "get_device_properties": get_device_properties,
+    "device_synchronize": device_synchronize, "mem_alloc": mem_alloc, "mem_free": mem_free,
+    "mem_get_info": mem_get_info, "memset": memset, "copy_h2d": copy_h2d, "copy_d2h": copy_d2h,
+    "copy_d2d": copy_d2d, "stream_create": stream_create, "stream_destroy": stream_destroy,
+    "stream_synchronize": stream_synchronize, "stream_query": stream_query,
+    "stream_wait_event": stream_wait_event, "stream_add_callback": stream_add_callback,
+    "event_create": event_create, "event_destroy": event_destroy, "event_record": event_record,
+    "event_query": event_query, "event_synchronize": event_synchronize,
+    "event_elapsed_ms": event_elapsed_ms, "copy_p2p": copy_p2p,
+    "mem_alloc_async": mem_alloc_async, "mem_free_async": mem_free_async,
+}
+# Absent (NULL, the host's documented fallback): host_alloc / host_free, whose
+# page-locked memory OpenCL only offers as mapped buffers, and the collectives.
+
+
+def _build_api():
+    api = ffi.new("DK_DeviceApi *", {"struct_size": ffi.sizeof("DK_DeviceApi")})
+    api_type = dict(ffi.typeof("DK_DeviceApi").fields)
+    for name, fn in _FUNCTIONS.items():
+        pointer = callback(api_type[name].type, name, fn)
+        _keepalive.append(pointer)
+        setattr(api, name, pointer)
+    return api
+
+
+_last_error_fn = ffi.callback("DK_LastErrorFn", last_error_message)
+_strings = {key: ffi.new("char[]", value.encode())
+            for key, value in (("name", "opencl"), ("version", __version__),
+                               ("device_type", "opencl"))}
+
+
+def _initialise_once() -> tuple[int, str]:
+    global _info
+    try:
+        cl_devices = select_devices()
+        if not cl_devices:
+            return C.DK_UNAVAILABLE, ("no OpenCL device found: the ICD loader reports no platform "
+                                      "with devices (install one, e.g. 'apt-get install "
+                                      "pocl-opencl-icd')")
+        _devices.extend(create_devices(cl_devices))
+        table = kernels.build_table(_devices, _device)
+    except PluginError as exc:
+        return exc.status, f"DK_PluginInit: {exc.message}"
+    except cl.Error as exc:
+        return C.DK_UNAVAILABLE, f"DK_PluginInit: OpenCL error while opening the devices: {exc}"
+    api = _build_api()
+    entries = ffi.new("DK_KernelEntry *[]", [ffi.addressof(e) for e in table.entries])
+    _info = ffi.new("DK_PluginInfo *", {
+        "struct_size": ffi.sizeof("DK_PluginInfo"), "abi_major": ABI_MAJOR, "abi_minor": ABI_MINOR,
+        "last_error_message": _last_error_fn, "name": _strings["name"],
+        "version": _strings["version"], "device_type": _strings["device_type"], "api": api,
+        "kernels": entries, "num_kernels": len(table.entries),
+    })
+    _keepalive.extend([api, table, entries])
+    return C.DK_OK, ""
+
+
+def _plugin_init(host, out):
+    global _init_result
+    if out == ffi.NULL:
+        return set_error(C.DK_INVALID_ARGUMENT, "DK_PluginInit: out is NULL")
+    if out.struct_size >= field_end("DK_PluginInfo", "last_error_message"):
+        out.last_error_message = _last_error_fn
+    if out.struct_size < field_end("DK_PluginInfo", "api"):
+        return set_error(C.DK_INVALID_ARGUMENT,
+                         f"DK_PluginInit: out->struct_size {out.struct_size} cannot hold 'api' "
+                         f"(needs {field_end('DK_PluginInfo', 'api')})")
+    if host != ffi.NULL and host.struct_size >= field_end("DK_HostInfo", "log_user_data"):
+        _log["fn"], _log["user_data"] = host.log, host.log_user_data
+    with _init_lock:
+        first = _init_result is None
+        if first:
+            _init_result = _initialise_once()
+    status, message = _init_result
+    if status != C.DK_OK:
+        return set_error(status, message)
+    if first:
+        log(C.DK_LOG_INFO, "devkit opencl plugin: " + "; ".join(
+            f"{d.index}: {d.cl_device.name.strip()} ({d.cl_device.platform.name.strip()})"
+            for d in _devices))
+    _copy_out(out, _info, "DK_PluginInfo")
+    return C.DK_OK
+
+
+dk_plugin_init = callback("DK_PluginInitFn", "DK_PluginInit", _plugin_init)
