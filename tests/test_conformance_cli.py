@@ -358,15 +358,17 @@ def test_a_case_belongs_to_the_suite_its_module_names():
     assert Case("test_onnx_node.py::test_x[cpu]", None).suite == "onnx-node"
 
 
-def test_cpu_fallback_is_allowed_on_request_and_counted_in_the_reports(tmp_path):
+def test_unclaimed_kernels_skip_and_cpu_fallback_runs_them_counted_in_the_reports(tmp_path):
     from devkit.backends.cpu import build as cpu_build
 
     bare = cpu_build.build(tmp_path / "bare", kernels=[], name="bare")  # a plugin without kernels
     selection = ["--suite", "onnx-node", "-k", "test_add and not bcast and not int and not uint"]
-    refused = run_cli(bare, *selection, "--json", tmp_path / "refused.json")
-    assert refused.returncode == 1
-    failed = json.loads((tmp_path / "refused.json").read_text())["cases"][0]
-    assert "has no kernel for dtype float32" in failed["message"]
+    unclaimed = run_cli(bare, *selection, "--json", tmp_path / "unclaimed.json")
+    assert unclaimed.returncode == 0, unclaimed.stdout + unclaimed.stderr
+    skipped = json.loads((tmp_path / "unclaimed.json").read_text())["cases"][0]
+    assert skipped["status"] == "skipped"
+    assert "not claimed by the plugin" in skipped["message"]
+    assert "has no kernel for dtype float32" in skipped["message"]
 
     allowed = run_cli(bare, *selection, "--allow-cpu-fallback", "--json", tmp_path / "run.json",
                       "--report", tmp_path / "report.md")
