@@ -33,7 +33,6 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..ops import dispatch
 from ..ops import spec as _spec
-from ..ops import testing as _testing
 from ..runtime import Array, Device, asarray
 from ..runtime import device as _device
 from .nodes import UnsupportedNodeError, _constant, _describe, check_node, node_attributes, onnx_dtype, to_numpy
@@ -332,14 +331,9 @@ class PreparedModel:
         """A node on host values: the spec's reference, cast to the inferred dtypes."""
         if inferred is None:
             inferred = dispatch.infer(spec.name, inputs, attrs)
-        resolved = dispatch.resolve_attrs(spec, attrs)
-        declared = [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(len(inputs))]
-        for decl, value in zip(declared, inputs):
-            if decl.host and value is not None:
-                resolved[decl.name] = np.asarray(value)
+        arguments, resolved = dispatch.reference_arguments(spec, inputs, attrs)
         with np.errstate(all="ignore"):
-            results = spec.reference([value if decl.host else _testing.upcast(value)
-                                      for decl, value in zip(declared, inputs)], resolved)
+            results = spec.reference(arguments, resolved)
         return [np.asarray(r).astype(dtype).reshape(shape) for r, (shape, dtype) in zip(results, inferred)]
 
 
