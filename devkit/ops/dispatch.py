@@ -117,6 +117,16 @@ def _host_input_from_attribute(spec: OpSpec, bound: list, name: str, value) -> N
     bound[index] = (spec.inputs[index], value)
 
 
+def _bind_all(spec: OpSpec, inputs: Sequence, attrs: Mapping | None) -> tuple[list, dict]:
+    """The bound inputs, older attribute forms of host inputs included, and the other attributes."""
+    bound = _bind(spec, list(inputs))
+    attrs = dict(attrs or {})
+    for name in spec.host_inputs:
+        if name in attrs and spec.attr(name) is None:
+            _host_input_from_attribute(spec, bound, name, attrs.pop(name))
+    return bound, attrs
+
+
 def resolve_attrs(spec: OpSpec, given: Mapping | None) -> dict:
     """Attributes with defaults applied, each coerced and validated."""
     given = dict(given or {})
@@ -251,11 +261,7 @@ def _make_compact(dev: Device, array: Array, stream: Stream | None) -> Array:
 def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
              stream: Stream | None = None):
     """Binds and checks a call: (device, device inputs, host values, infos, attrs, key dtype)."""
-    bound = _bind(spec, list(inputs))
-    attrs = dict(attrs or {})
-    for name in spec.host_inputs:
-        if name in attrs and spec.attr(name) is None:
-            _host_input_from_attribute(spec, bound, name, attrs.pop(name))
+    bound, attrs = _bind_all(spec, inputs, attrs)
     attrs = resolve_attrs(spec, attrs)
     given = [v for d, v in bound if isinstance(v, Array)]
     dev = given[0].device if given else device(device_spec or "cpu:0")
@@ -303,11 +309,7 @@ def reference_arguments(spec: OpSpec, inputs: Sequence, attrs: Mapping | None = 
     the host inputs' values added under their names."""
     from .testing import upcast
 
-    bound = _bind(spec, list(inputs))
-    attrs = dict(attrs or {})
-    for name in spec.host_inputs:
-        if name in attrs and spec.attr(name) is None:
-            _host_input_from_attribute(spec, bound, name, attrs.pop(name))
+    bound, attrs = _bind_all(spec, inputs, attrs)
     resolved = resolve_attrs(spec, attrs)
     arguments = []
     for decl, value in bound:
