@@ -73,6 +73,15 @@ typedef struct cpu_kernel_def {
   uint64_t flags;    /* DK_KernelFlags */
 } cpu_kernel_def;
 
+/* Definitions of op OP for every dtype of the op set (bool, the four integer
+ * and the four float types), all served by compute function FN. */
+#define CPU_ALL_DTYPES(OP, FN, FLAGS)                                     \
+  {OP, DK_DTYPE_BOOL, FN, FLAGS}, {OP, DK_DTYPE_INT8, FN, FLAGS},         \
+      {OP, DK_DTYPE_UINT8, FN, FLAGS}, {OP, DK_DTYPE_INT32, FN, FLAGS},   \
+      {OP, DK_DTYPE_INT64, FN, FLAGS}, {OP, DK_DTYPE_FLOAT16, FN, FLAGS}, \
+      {OP, DK_DTYPE_BFLOAT16, FN, FLAGS}, {OP, DK_DTYPE_FLOAT32, FN, FLAGS}, \
+      {OP, DK_DTYPE_FLOAT64, FN, FLAGS}
+
 /* Adds `count` definitions (static storage) to the plugin's kernel table.
  * Called before DK_PluginInit, from CPU_REGISTER_KERNELS constructors, so a
  * kernel file needs no central list: linking it in registers it. */

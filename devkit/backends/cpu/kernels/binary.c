@@ -363,12 +363,6 @@ static DK_Status where_kernel(const cpu_kernel_args *k) {
   ENTRY(OP, DK_DTYPE_INT32, NAME##_i32)         \
   ENTRY(OP, DK_DTYPE_INT64, NAME##_i64)
 #define NUMERIC_ENTRIES(OP, NAME) FLOAT_ENTRIES(OP, NAME) INT_ENTRIES(OP, NAME)
-/* One function for every dtype. */
-#define ALL_DTYPES_ENTRIES(OP, FN)                                                         \
-  ENTRY(OP, DK_DTYPE_FLOAT32, FN) ENTRY(OP, DK_DTYPE_FLOAT64, FN)                          \
-  ENTRY(OP, DK_DTYPE_FLOAT16, FN) ENTRY(OP, DK_DTYPE_BFLOAT16, FN)                         \
-  ENTRY(OP, DK_DTYPE_INT8, FN) ENTRY(OP, DK_DTYPE_UINT8, FN) ENTRY(OP, DK_DTYPE_INT32, FN) \
-  ENTRY(OP, DK_DTYPE_INT64, FN) ENTRY(OP, DK_DTYPE_BOOL, FN)
 
 static const cpu_kernel_def k_binary[] = {
     NUMERIC_ENTRIES("Add", add)
@@ -398,6 +392,6 @@ static const cpu_kernel_def k_binary[] = {
     INT_ENTRIES("BitwiseAnd", bitwise_and)
     INT_ENTRIES("BitwiseOr", bitwise_or)
     INT_ENTRIES("BitwiseXor", bitwise_xor)
-    ALL_DTYPES_ENTRIES("Where", where_kernel)
+    CPU_ALL_DTYPES("Where", where_kernel, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_binary)

@@ -272,11 +272,11 @@ static DK_Status tile(const cpu_kernel_args *k) {
 }
 
 static const cpu_kernel_def k_movement[] = {
-    MOVEMENT_ALL_DTYPES("Transpose", transpose, CPU_STRIDED),
-    MOVEMENT_ALL_DTYPES("Concat", concat, CPU_STRIDED),
-    MOVEMENT_ALL_DTYPES("Split", split, CPU_STRIDED),
-    MOVEMENT_ALL_DTYPES("Slice", slice, CPU_STRIDED),
-    MOVEMENT_ALL_DTYPES("Expand", expand, CPU_STRIDED),
-    MOVEMENT_ALL_DTYPES("Tile", tile, CPU_STRIDED),
+    CPU_ALL_DTYPES("Transpose", transpose, CPU_STRIDED),
+    CPU_ALL_DTYPES("Concat", concat, CPU_STRIDED),
+    CPU_ALL_DTYPES("Split", split, CPU_STRIDED),
+    CPU_ALL_DTYPES("Slice", slice, CPU_STRIDED),
+    CPU_ALL_DTYPES("Expand", expand, CPU_STRIDED),
+    CPU_ALL_DTYPES("Tile", tile, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_movement)

@@ -3,7 +3,7 @@
  *
  * The kernels move elements without looking at their values (Scatter*'s
  * reductions and Pad's constant aside), so most are generic over the element
- * size and registered once per dtype with MOVEMENT_ALL_DTYPES.
+ * size and registered once per dtype with CPU_ALL_DTYPES.
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_MOVEMENT_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_MOVEMENT_H_
@@ -12,14 +12,6 @@
 
 /* Tile views a rank-r tensor as 2r dims (repeat, extent) for movement_copy. */
 #define MOVEMENT_MAX_DIMS (2 * CPU_MAX_DIMS)
-
-/* Every dtype of the data-movement ops, all served by one compute function. */
-#define MOVEMENT_ALL_DTYPES(OP, FN, FLAGS)                                   \
-  {OP, DK_DTYPE_FLOAT32, FN, FLAGS}, {OP, DK_DTYPE_FLOAT64, FN, FLAGS},      \
-      {OP, DK_DTYPE_FLOAT16, FN, FLAGS}, {OP, DK_DTYPE_BFLOAT16, FN, FLAGS}, \
-      {OP, DK_DTYPE_INT8, FN, FLAGS}, {OP, DK_DTYPE_UINT8, FN, FLAGS},       \
-      {OP, DK_DTYPE_INT32, FN, FLAGS}, {OP, DK_DTYPE_INT64, FN, FLAGS},      \
-      {OP, DK_DTYPE_BOOL, FN, FLAGS}
 
 /* Copies one element. The constant sizes become single loads and stores
  * (memcpy keeps them free of alignment and aliasing assumptions). */

@@ -100,8 +100,8 @@ static DK_Status gather_nd(const cpu_kernel_args *k) {
 }
 
 static const cpu_kernel_def k_movement_gather[] = {
-    MOVEMENT_ALL_DTYPES("Gather", gather, 0),
-    MOVEMENT_ALL_DTYPES("GatherElements", gather_elements, 0),
-    MOVEMENT_ALL_DTYPES("GatherND", gather_nd, 0),
+    CPU_ALL_DTYPES("Gather", gather, 0),
+    CPU_ALL_DTYPES("GatherElements", gather_elements, 0),
+    CPU_ALL_DTYPES("GatherND", gather_nd, 0),
 };
 CPU_REGISTER_KERNELS(k_movement_gather)

@@ -137,6 +137,6 @@ static DK_Status pad(const cpu_kernel_args *k) {
 }
 
 static const cpu_kernel_def k_movement_pad[] = {
-    MOVEMENT_ALL_DTYPES("Pad", pad, CPU_STRIDED),
+    CPU_ALL_DTYPES("Pad", pad, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_movement_pad)

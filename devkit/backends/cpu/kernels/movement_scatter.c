@@ -168,7 +168,7 @@ static DK_Status scatter_nd(const cpu_kernel_args *k) {
 }
 
 static const cpu_kernel_def k_movement_scatter[] = {
-    MOVEMENT_ALL_DTYPES("ScatterElements", scatter_elements, 0),
-    MOVEMENT_ALL_DTYPES("ScatterND", scatter_nd, 0),
+    CPU_ALL_DTYPES("ScatterElements", scatter_elements, 0),
+    CPU_ALL_DTYPES("ScatterND", scatter_nd, 0),
 };
 CPU_REGISTER_KERNELS(k_movement_scatter)

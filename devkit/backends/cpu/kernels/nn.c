@@ -384,14 +384,6 @@ static const cpu_kernel_def k_nn[] = {
     NN_FLOAT_DEFS(f64, DK_DTYPE_FLOAT64),
     NN_FLOAT_DEFS(f16, DK_DTYPE_FLOAT16),
     NN_FLOAT_DEFS(bf16, DK_DTYPE_BFLOAT16),
-    {"Trilu", DK_DTYPE_FLOAT32, trilu, 0},
-    {"Trilu", DK_DTYPE_FLOAT64, trilu, 0},
-    {"Trilu", DK_DTYPE_FLOAT16, trilu, 0},
-    {"Trilu", DK_DTYPE_BFLOAT16, trilu, 0},
-    {"Trilu", DK_DTYPE_INT8, trilu, 0},
-    {"Trilu", DK_DTYPE_UINT8, trilu, 0},
-    {"Trilu", DK_DTYPE_INT32, trilu, 0},
-    {"Trilu", DK_DTYPE_INT64, trilu, 0},
-    {"Trilu", DK_DTYPE_BOOL, trilu, 0},
+    CPU_ALL_DTYPES("Trilu", trilu, 0),
 };
 CPU_REGISTER_KERNELS(k_nn)

@@ -288,34 +288,27 @@ static DK_Status one_hot(const cpu_kernel_args *k) {
 
 /* ---- Registration ------------------------------------------------------------ */
 
-#define ALL_DTYPES(OP, FN, FLAGS)                                                        \
-  {OP, DK_DTYPE_BOOL, FN, FLAGS}, {OP, DK_DTYPE_INT8, FN, FLAGS},                        \
-      {OP, DK_DTYPE_UINT8, FN, FLAGS}, {OP, DK_DTYPE_INT32, FN, FLAGS},                  \
-      {OP, DK_DTYPE_INT64, FN, FLAGS}, {OP, DK_DTYPE_FLOAT16, FN, FLAGS},                \
-      {OP, DK_DTYPE_BFLOAT16, FN, FLAGS}, {OP, DK_DTYPE_FLOAT32, FN, FLAGS},             \
-      {OP, DK_DTYPE_FLOAT64, FN, FLAGS}
-
 /* Kernels that read their input through its strides but write a compact
  * output, or never read the input at all. */
 #define READS_STRIDED DK_KERNEL_STRIDED_INPUTS
 
 static const cpu_kernel_def k_shape[] = {
-    ALL_DTYPES("Identity", identity, CPU_STRIDED),
+    CPU_ALL_DTYPES("Identity", identity, CPU_STRIDED),
     {"Dropout", DK_DTYPE_FLOAT16, dropout, DK_KERNEL_STRIDED_INPUTS},
     {"Dropout", DK_DTYPE_BFLOAT16, dropout, DK_KERNEL_STRIDED_INPUTS},
     {"Dropout", DK_DTYPE_FLOAT32, dropout, DK_KERNEL_STRIDED_INPUTS},
     {"Dropout", DK_DTYPE_FLOAT64, dropout, DK_KERNEL_STRIDED_INPUTS},
-    ALL_DTYPES("Reshape", copy_in_order, READS_STRIDED),
-    ALL_DTYPES("Flatten", copy_in_order, READS_STRIDED),
-    ALL_DTYPES("Squeeze", copy_in_order, READS_STRIDED),
-    ALL_DTYPES("Unsqueeze", copy_in_order, READS_STRIDED),
-    ALL_DTYPES("DepthToSpace", depth_to_space, CPU_STRIDED),
-    ALL_DTYPES("SpaceToDepth", space_to_depth, CPU_STRIDED),
-    ALL_DTYPES("Shape", shape_of, READS_STRIDED),
-    ALL_DTYPES("Size", size_of, READS_STRIDED),
-    ALL_DTYPES("EyeLike", eye_like, READS_STRIDED),
-    ALL_DTYPES("ConstantOfShape", constant_of_shape, 0),
-    ALL_DTYPES("OneHot", one_hot, 0),
+    CPU_ALL_DTYPES("Reshape", copy_in_order, READS_STRIDED),
+    CPU_ALL_DTYPES("Flatten", copy_in_order, READS_STRIDED),
+    CPU_ALL_DTYPES("Squeeze", copy_in_order, READS_STRIDED),
+    CPU_ALL_DTYPES("Unsqueeze", copy_in_order, READS_STRIDED),
+    CPU_ALL_DTYPES("DepthToSpace", depth_to_space, CPU_STRIDED),
+    CPU_ALL_DTYPES("SpaceToDepth", space_to_depth, CPU_STRIDED),
+    CPU_ALL_DTYPES("Shape", shape_of, READS_STRIDED),
+    CPU_ALL_DTYPES("Size", size_of, READS_STRIDED),
+    CPU_ALL_DTYPES("EyeLike", eye_like, READS_STRIDED),
+    CPU_ALL_DTYPES("ConstantOfShape", constant_of_shape, 0),
+    CPU_ALL_DTYPES("OneHot", one_hot, 0),
     {"NonZero", DK_DTYPE_BOOL, nonzero_bytes, 0},
     {"NonZero", DK_DTYPE_INT8, nonzero_bytes, 0},
     {"NonZero", DK_DTYPE_UINT8, nonzero_bytes, 0},
