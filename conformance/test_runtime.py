@@ -28,13 +28,20 @@ def random_bytes(n: int, seed: int = 0) -> np.ndarray:
 
 
 class Gate:
-    """A host callback that holds a stream until ``open()``."""
+    """A host callback that holds a stream while the ``with`` block runs.
+
+    Leaving the block opens it, also when an assertion inside fails, so a
+    failing case does not wait out the callback's limit.
+    """
 
     def __init__(self, stream: devkit.Stream):
         self._event = threading.Event()
         stream.add_callback(lambda: self._event.wait(30))
 
-    def open(self):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
         self._event.set()
 
 
@@ -122,12 +129,11 @@ def test_alloc_beyond_capacity_raises_oom_and_device_stays_usable(dev):
 def test_mem_free_async_in_stream_order(dev):
     free_before, _ = dev.mem_get_info()
     with dev.create_stream() as stream:
-        gate = Gate(stream)
-        buffer = dev.alloc(MiB, stream)
-        buffer.fill(7, stream=stream)
-        out = buffer.copy_to_host(stream=stream)
-        buffer.free(stream)
-        gate.open()
+        with Gate(stream):
+            buffer = dev.alloc(MiB, stream)
+            buffer.fill(7, stream=stream)
+            out = buffer.copy_to_host(stream=stream)
+            buffer.free(stream)
         stream.synchronize()
     assert np.all(out == 7)
     assert dev.mem_get_info()[0] == free_before
@@ -238,11 +244,10 @@ def test_stream_work_is_asynchronous(dev):
     buffer = dev.alloc(4096)
     buffer.fill(0)
     with dev.create_stream() as stream:
-        gate = Gate(stream)
-        buffer.fill(0x11, stream=stream)
-        assert stream.query() is False
-        assert np.all(buffer.copy_to_host() == 0), "stream work ran before the stream reached it"
-        gate.open()
+        with Gate(stream):
+            buffer.fill(0x11, stream=stream)
+            assert stream.query() is False
+            assert np.all(buffer.copy_to_host() == 0), "stream work ran before the stream reached it"
         stream.synchronize()
         assert stream.query() is True
     assert np.all(buffer.copy_to_host() == 0x11)
@@ -252,11 +257,10 @@ def test_stream_runs_in_submission_order(dev):
     buffer = dev.alloc(MiB)
     snapshots = []
     with dev.create_stream() as stream:
-        gate = Gate(stream)
-        for value in range(1, 33):
-            buffer.fill(value, stream=stream)
-            snapshots.append(buffer.view(value * 7, 16).copy_to_host(stream=stream))
-        gate.open()
+        with Gate(stream):
+            for value in range(1, 33):
+                buffer.fill(value, stream=stream)
+                snapshots.append(buffer.view(value * 7, 16).copy_to_host(stream=stream))
         stream.synchronize()
     assert [int(s[0]) for s in snapshots] == list(range(1, 33))
     assert all(np.all(s == s[0]) for s in snapshots)
@@ -269,19 +273,18 @@ def test_dependent_copy_chain_across_two_streams(dev):
     for b in (b1, b2, b3):
         b.fill(0)
     with dev.create_stream() as a, dev.create_stream() as b:
-        gate = Gate(a)
-        b1.copy_from_host(data, stream=a)
-        e1 = a.record()
-        b.wait_event(e1)
-        b2.copy_from(b1, stream=b)
-        e2 = b.record()
-        a.wait_event(e2)
-        b3.copy_from(b2, stream=a)
-        e3 = a.record()
-        b.wait_event(e3)
-        out = b3.copy_to_host(stream=b)
-        assert b.query() is False, "stream b ran past stream_wait_event before a released it"
-        gate.open()
+        with Gate(a):
+            b1.copy_from_host(data, stream=a)
+            e1 = a.record()
+            b.wait_event(e1)
+            b2.copy_from(b1, stream=b)
+            e2 = b.record()
+            a.wait_event(e2)
+            b3.copy_from(b2, stream=a)
+            e3 = a.record()
+            b.wait_event(e3)
+            out = b3.copy_to_host(stream=b)
+            assert b.query() is False, "stream b ran past stream_wait_event before a released it"
         b.synchronize()
         a.synchronize()
     assert np.array_equal(out, data)
@@ -293,13 +296,12 @@ def test_callbacks_run_in_stream_order_after_earlier_work(dev):
     host = np.zeros(MiB, np.uint8)
     seen, order = [], []
     with dev.create_stream() as stream:
-        gate = Gate(stream)
-        buffer.copy_from_host(data, stream=stream)
-        buffer.copy_to_host(host, stream=stream)
-        stream.add_callback(lambda: seen.append(host.copy()))
-        for i in range(100):
-            stream.add_callback(lambda i=i: order.append(i))
-        gate.open()
+        with Gate(stream):
+            buffer.copy_from_host(data, stream=stream)
+            buffer.copy_to_host(host, stream=stream)
+            stream.add_callback(lambda: seen.append(host.copy()))
+            for i in range(100):
+                stream.add_callback(lambda i=i: order.append(i))
         stream.synchronize()
     assert order == list(range(100))
     assert np.array_equal(seen[0], data), "callback ran before the earlier copy completed"
@@ -357,10 +359,9 @@ def test_event_never_recorded_is_complete(dev):
 
 def test_event_query_before_and_after(dev):
     with dev.create_stream() as stream, dev.create_event() as event:
-        gate = Gate(stream)
-        event.record(stream)
-        assert event.query() is False
-        gate.open()
+        with Gate(stream):
+            event.record(stream)
+            assert event.query() is False
         event.synchronize()
         assert event.query() is True
 
@@ -369,10 +370,9 @@ def test_event_rerecord_tracks_latest_position(dev):
     with dev.create_stream() as stream, dev.create_event() as event:
         event.record(stream)
         stream.synchronize()
-        gate = Gate(stream)
-        event.record(stream)
-        assert event.query() is False
-        gate.open()
+        with Gate(stream):
+            event.record(stream)
+            assert event.query() is False
         stream.synchronize()
         assert event.query() is True
 
@@ -401,22 +401,20 @@ def test_event_elapsed_errors(dev):
             untimed.elapsed_ms(timed)
         with pytest.raises(devkit.InvalidArgumentError):
             never.elapsed_ms(timed)
-        gate = Gate(stream)
-        pending = stream.record()
-        with pytest.raises(devkit.NotReadyError):
-            timed.elapsed_ms(pending)
-        gate.open()
+        with Gate(stream):
+            pending = stream.record()
+            with pytest.raises(devkit.NotReadyError):
+                timed.elapsed_ms(pending)
         stream.synchronize()
 
 
 def test_event_destroyed_while_pending(dev):
     with dev.create_stream() as stream:
-        gate = Gate(stream)
-        event = stream.record()
-        other = dev.create_stream()
-        other.wait_event(event)
-        event.destroy()
-        gate.open()
+        with Gate(stream):
+            event = stream.record()
+            other = dev.create_stream()
+            other.wait_event(event)
+            event.destroy()
         stream.synchronize()
         other.synchronize()
         other.destroy()

@@ -91,11 +91,16 @@ class Verdict:
         return self.exit_status == 1 and any(re.search(self.defect.catches, case) for case in self.failing)
 
 
+# A defect may hang a case (a stream that never reaches a callback); the runner records
+# that as a `timeout` failure, and this limit keeps the whole selection short.
+CASE_TIMEOUT_S = 60
+
+
 def run_conformance(defect: Defect, library: Path, work_dir: Path) -> Verdict:
     """Run the variant's conformance selection and read which cases failed."""
     report = work_dir / f"{defect.name}.json"
     command = [sys.executable, "-m", "devkit.conformance_cli", str(library), "--suite", defect.suite,
-               "-k", defect.keyword, "--json", str(report)]
+               "-k", defect.keyword, "--case-timeout", str(CASE_TIMEOUT_S), "--json", str(report)]
     process = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     failing = []
     if report.exists():
