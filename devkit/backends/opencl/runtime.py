@@ -201,6 +201,7 @@ class Device:
         self.alignment = max(1, int(cl_device.mem_base_addr_align) // 8)  # reported in bits
         self.fp64 = "cl_khr_fp64" in cl_device.extensions.split()
         self.name = f"opencl device {index} ({cl_device.name.strip()})"
+        self.stand_in: cl.Buffer | None = None  # an empty tensor's kernel argument (kernels.py)
 
     # -- registries -------------------------------------------------------------
 
