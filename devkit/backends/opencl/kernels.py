@@ -1,18 +1,20 @@
-"""Kernel infrastructure: the program cache, tensor arguments and the kernel table.
+"""Kernel infrastructure: the program cache, dtypes in OpenCL C, tensor
+arguments, calls and the kernel table.
 
-Programs are built once per (source, options, device) and kept in memory; their
-binaries also go to disk under $XDG_CACHE_HOME/devkit/opencl (default
-~/.cache/devkit/opencl), keyed by a hash of source, options and the device's
-identity, so that a second process loads them instead of compiling.
+Programs are built once per (device, source, options) and kept in memory. On
+disk, a second process finds them in one of two caches, both keyed by source,
+options and device: where the driver caches source builds itself (PoCL, under
+$XDG_CACHE_HOME/pocl; NVIDIA), in the driver's; elsewhere in pyopencl's binary
+cache, kept under $XDG_CACHE_HOME/devkit/opencl (default ~/.cache/devkit/opencl).
+Asking PoCL for a program's binary would compile every kernel in it, which its
+own cache makes needless (pyopencl.characterize.has_src_build_cache).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,51 +33,23 @@ def cache_dir() -> Path:
 
 
 class ProgramCache:
-    """Built programs by (device, source, options); binaries persisted on disk."""
+    """Built programs by (device, source, options), each built once per process."""
 
     def __init__(self):
         self._programs: dict[tuple[int, str, str], cl.Program] = {}
         self._lock = threading.Lock()
-        self.disk_hits = 0
-        self.compiles = 0
-
-    @staticmethod
-    def _key(device: Device, source: str, options: str) -> str:
-        d = device.cl_device
-        identity = "\0".join([d.platform.name, d.platform.version, d.name, d.vendor,
-                              d.driver_version, options, source])
-        return hashlib.sha256(identity.encode()).hexdigest()
+        self.builds = 0
 
     def get(self, device: Device, source: str, options: str = "") -> cl.Program:
         memo_key = (device.index, source, options)
         with self._lock:
             program = self._programs.get(memo_key)
             if program is None:
-                program = self._programs[memo_key] = self._load_or_build(device, source, options)
+                program = cl.Program(device.context, source).build(
+                    options, devices=[device.cl_device], cache_dir=str(cache_dir()))
+                self._programs[memo_key] = program
+                self.builds += 1
             return program
-
-    def _load_or_build(self, device: Device, source: str, options: str) -> cl.Program:
-        path = cache_dir() / f"{self._key(device, source, options)}.bin"
-        if path.exists():
-            try:
-                program = cl.Program(device.context, [device.cl_device], [path.read_bytes()])
-                program.build(options)
-                self.disk_hits += 1
-                return program
-            except (cl.Error, OSError):
-                pass  # a stale or truncated entry: rebuild and overwrite it below
-        program = cl.Program(device.context, source).build(options, devices=[device.cl_device])
-        self.compiles += 1
-        binary = program.get_info(cl.program_info.BINARIES)[0]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Written whole, then renamed: a concurrent reader never sees a partial file.
-            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-                tmp.write(binary)
-            os.replace(tmp.name, path)
-        except OSError:
-            pass  # an unwritable cache only costs the next process a compile
-        return program
 
 
 programs = ProgramCache()
@@ -171,7 +145,7 @@ def prelude(prefix: str, key: int, fp64: bool) -> str:
     else:
         compute, acc = t.storage, "long" if t.kind != "uint" else "ulong"
     if t.storage == "half":
-        load, store = f"vload_half((i), (p))", f"vstore_half_rte((float)(v), (i), (p))"
+        load, store = "vload_half((i), (p))", "vstore_half_rte((float)(v), (i), (p))"
     elif t.storage == "ushort" and t.is_float:
         load, store = "dk_bf16_load((p)[i])", "((p)[i] = dk_bf16_store((float)(v)))"
     elif t.kind == "bool":
@@ -200,7 +174,9 @@ class Tensor:
     def __init__(self, device: Device, what: str, tensor, itemsize: int | None = None):
         ndim = tensor.ndim
         self.dtype = key_of(tensor.dtype)
-        itemsize = itemsize or cl_type(self.dtype).itemsize
+        # Sized from the dtype's bits, not CL_TYPES: an input need not have a kernel dtype
+        # (Pow's exponent may be int16 or uint64, say).
+        itemsize = itemsize or max(1, tensor.dtype.bits * tensor.dtype.lanes // 8)
         self.shape = [int(tensor.shape[i]) for i in range(ndim)]
         if tensor.strides == ffi.NULL:
             strides, step = [0] * ndim, 1
@@ -305,6 +281,29 @@ class Call:
         return cl.Buffer(self.device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                          hostbuf=array)
 
+    def zeros(self, count: int, dtype=np.int32) -> cl.Buffer:
+        """A small zeroed device buffer: a flag or counter kernels write."""
+        return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                         hostbuf=np.zeros(count, dtype))
+
+    def check_in_stream_order(self, check) -> None:
+        """Queues ``check(queue)`` behind the work enqueued so far: it reads back
+        what the kernels recorded (blocking copies on ``queue``) and returns a
+        PluginError for a failure, or None. The call itself never waits: a
+        stream keeps the error for its next synchronization; on the NULL
+        stream, where the kernels have already run, it is raised here."""
+        stream = self.stream
+
+        def run(queue: cl.CommandQueue) -> None:
+            error = check(queue)
+            if error is None:
+                return
+            if stream is None:
+                raise error
+            stream.fail(error)
+
+        self.device.copy_host(stream, run)
+
     def launch(self, source: str, name: str, args: list, global_size, local_size=None,
                options: str = "") -> None:
         """Builds (cached) and enqueues kernel ``name`` of ``source`` in stream order.
@@ -318,6 +317,65 @@ class Call:
         local = None if local_size is None else tuple(int(n) for n in np.atleast_1d(local_size))
         self.device.submit(self.stream,
                            lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
+
+
+# ---- strided copies ------------------------------------------------------------------
+
+# A dtype of each element width whose prelude stores plain integers (bfloat16:
+# ushort): copies through its P_t move the bits unchanged, whatever the dtype,
+# so every dtype of a width shares one program.
+STORAGE_OF_WIDTH = {1: C.DK_DTYPE_UINT8, 2: C.DK_DTYPE_BFLOAT16, 4: C.DK_DTYPE_INT32,
+                    8: C.DK_DTYPE_INT64}
+
+# A view of a buffer: (element offset, shape, strides).
+View = tuple[int, list[int], list[int]]
+
+_COPY = """
+/* meta: the source view's shape then strides (n0 dims), the destination's
+ * (n1 dims); both walk the same n elements in row-major order. */
+kernel void k_copy(global const X_t *x, long x_off, global X_t *y, long y_off,
+                   int n0, int n1, global const long *meta, long n) {
+  long i = get_global_id(0);
+  if (i >= n) return;
+  y[y_off + dk_offset(i, n1, meta + 2 * n0, meta + 2 * n0 + n1)] =
+      x[x_off + dk_offset(i, n0, meta, meta + n0)];
+}
+"""
+_COPY_GROUP = 256
+
+
+def collapse(shape, strides) -> tuple[list[int], list[int]]:
+    """The fewest dims walking the same elements in the same row-major order:
+    size-1 dims dropped, a dim merged into the one before it where that one
+    steps exactly over it. A compact tensor becomes one dim of stride 1."""
+    dims: list[list[int]] = []
+    for n, s in zip(shape, strides):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == s * n:
+            dims[-1] = [dims[-1][0] * n, s]
+        else:
+            dims.append([n, s])
+    return [n for n, _ in dims], [s for _, s in dims]
+
+
+def whole(t: Tensor) -> View:
+    return t.offset, t.shape, t.strides
+
+
+def copy(c: Call, x, src: View, y: Tensor, dst: View) -> None:
+    """Copies the elements of view ``src`` of x (a Tensor or a cl.Buffer of
+    y's dtype) to view ``dst`` of y, both walked in row-major order (their
+    shapes hold the same count). Bit-exact."""
+    n = int(np.prod(dst[1], dtype=np.int64))
+    if n == 0:
+        return
+    (s_shape, s_strides), (d_shape, d_strides) = collapse(*src[1:]), collapse(*dst[1:])
+    source = prelude("X", STORAGE_OF_WIDTH[cl_type(y.dtype).itemsize], False) + _COPY
+    group = min(_COPY_GROUP, c.device.cl_device.max_work_group_size)
+    c.launch(source, "k_copy", [x, np.int64(src[0]), y, np.int64(dst[0]), np.int32(len(s_shape)),
+                                np.int32(len(d_shape)), c.buffer(s_shape + s_strides + d_shape + d_strides),
+                                np.int64(n)], round_up(n, group), group)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -350,9 +408,8 @@ class KernelTable:
         for key in supported_dtypes(op, self.devices):
             if (op, CL_TYPES[key].name) in unclaimed:
                 continue
-            device_of = self.device_of
 
-            def fn(call, key=key):
+            def fn(call, key=key, device_of=self.device_of):
                 run(Call(op, call, device_of), key)
 
             self.add(op, key, fn, flags)
