@@ -12,9 +12,16 @@ import devkit
 from devkit.backends.cpu import build as cpu_build
 
 
-@pytest.fixture(scope="module")
-def dev(tmp_path_factory):
-    """A cpu plugin holding the movement kernels (built from this checkout)."""
+@pytest.fixture(scope="module", params=["cpu", "opencl"])
+def dev(request, tmp_path_factory):
+    """A cpu plugin holding the movement kernels (built from this checkout), and the
+    opencl plugin, whose kernels find bad indices on the device."""
+    if request.param == "opencl":
+        pytest.importorskip("pyopencl", reason="pyopencl is not installed (scripts/install-opencl.sh)")
+        try:
+            return devkit.load_plugin("opencl").device(0)
+        except devkit.PluginLoadError as exc:
+            pytest.skip(reason=f"no usable OpenCL device: {exc}")
     kernels = sorted(p.stem for p in (cpu_build.HERE / "kernels").glob("movement*.c"))
     path = cpu_build.build(tmp_path_factory.mktemp("movement"), kernels=kernels, name="movement")
     return devkit.load_plugin(str(path)).device(0)
