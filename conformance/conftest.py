@@ -8,6 +8,7 @@ that fails to load fails its cases: it is never silently dropped.
 import gc
 import os
 
+import numpy as np
 import pytest
 
 import devkit
@@ -51,6 +52,21 @@ def dev_pair(plugin) -> tuple[devkit.Device, devkit.Device]:
     if plugin.device_count < 2:
         pytest.skip(reason=f"plugin '{plugin.name}' has one device; this case needs two")
     return plugin.device(0), plugin.device(1)
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+@pytest.fixture
+def record_property(record_property):
+    """pytest's, with NumPy scalars made Python numbers: properties travel
+    between processes (pytest-xdist, devkit-conformance's workers)."""
+    return lambda name, value: record_property(name, _plain(value))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -39,6 +39,10 @@ WORKER = Path(worker.__file__)
 COLLECTIVE_FUNCTIONS = ("ccl_unique_id_size", "ccl_get_unique_id", "ccl_comm_init", "ccl_comm_destroy",
                         "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
                         "all_to_all", "send", "recv", "group_start", "group_end")
+# Under pytest-xdist --dist loadgroup the module stays on one worker, so the
+# matrix runs (a session fixture) run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("collectives")
+
 MATRIX_TIMEOUT = 600      # seconds for one worker run of the whole matrix
 CCL_TIMEOUT_SECONDS = 20  # a rank that fell out of step fails the rest in this long, not hangs
 
