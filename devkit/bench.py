@@ -416,7 +416,15 @@ def main(argv: list[str] | None = None) -> None:
     op_bench.add_argument("--only", help="comma-separated op names (default: every benchmark)")
     op_bench.add_argument("--repeat", type=int, default=10)
     op_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    opencl_bench = commands.add_parser("opencl", help="the opencl plugin vs pyopencl.array and CLBlast, "
+                                                      "and its start-up time")
+    opencl_bench.add_argument("--repeat", type=int, default=10)
+    opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "opencl":
+        from .bench_opencl import opencl_main
+
+        sys.exit(opencl_main(args))
     if args.command == "ops":
         from .bench_ops import ops_main
 

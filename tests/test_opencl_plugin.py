@@ -2,6 +2,7 @@
 program cache across processes, error paths. Skipped without pyopencl or an
 OpenCL device (scripts/install-opencl.sh installs PoCL)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -147,3 +148,26 @@ def test_claims_the_whole_spec_less_justified_exclusions():
                 claimed_anyway.append(f"{spec.name}[{name}]")
     assert not missing, f"{len(missing)} (op, dtype) pairs lack a kernel: {', '.join(missing[:40])}"
     assert not claimed_anyway, f"listed as unclaimed but claimed: {', '.join(claimed_anyway)}"
+
+
+def test_bench_compares_with_the_peers_on_the_same_device(tmp_path):
+    """devkit-bench opencl: the three benchmarks, devkit's results checked
+    against float64, each peer measured or reported as not installed, and
+    both start-up times."""
+    _plugin()
+    out = tmp_path / "bench.json"
+    result = subprocess.run([sys.executable, "-m", "devkit.bench", "opencl", "--repeat", "1",
+                             "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    rows = {row["benchmark"]: row for row in report["ops"]}
+    assert set(rows) == {"Add 16Mi f32", "ReduceSum 16Mi f32 (all)", "MatMul 1024x1024 f32"}
+    assert rows["Add 16Mi f32"]["max_abs_error_vs_float64"] == 0  # one float32 rounding of exact inputs
+    assert rows["ReduceSum 16Mi f32 (all)"]["max_abs_error_vs_float64"] < 1e-2
+    assert rows["MatMul 1024x1024 f32"]["max_abs_error_vs_float64"] < 1e-3
+    for row in rows.values():
+        if row["peer_ms"] is not None:
+            assert row["peer_over_devkit"] == pytest.approx(row["peer_ms"] / row["devkit_ms"])
+        else:
+            assert row["peer_over_devkit"] is None
+    assert report["startup_s"]["cold"] > 0 and report["startup_s"]["warm"] > 0
