@@ -59,11 +59,14 @@ def _label(plugin: str) -> str:
     return os.path.basename(plugin)
 
 
+def _no_collectives(name: str) -> str:
+    return f"plugin '{name}' has no collectives (the optional section of its table is NULL)"
+
+
 def per_plugin(argnames: str, make):
     """parametrize(argnames) with ``make(plugin)``'s params for each plugin with collectives.
 
-    A plugin without collectives gets one case, skipped with the reason "no
-    collectives"; one that does not load gets one case, which fails loading it.
+    A plugin without collectives gets one case, skipped saying so; one that does not load gets one case, which fails loading it.
     """
     params = []
     for plugin in PLUGINS:
@@ -72,7 +75,7 @@ def per_plugin(argnames: str, make):
             params += make(plugin)
         else:
             placeholder = (plugin,) + (None,) * (argnames.count(","))
-            marks = pytest.mark.skip(reason="no collectives") if has is False else ()
+            marks = pytest.mark.skip(reason=_no_collectives(_label(plugin))) if has is False else ()
             params.append(pytest.param(*placeholder, id=_label(plugin), marks=marks))
     return pytest.mark.parametrize(argnames, params)
 
@@ -180,7 +183,7 @@ def assert_exact_on_every_rank(run: WorkerRun, case_id: str, nranks: int) -> dic
 
 def test_plugin_has_collectives(plugin):
     if not plugin.has_collectives:
-        pytest.skip(reason="no collectives")
+        pytest.skip(reason=_no_collectives(plugin.name))
     missing = [name for name in COLLECTIVE_FUNCTIONS if not plugin.has(name)]
     assert not missing, f"the collectives section is all or nothing; NULL: {', '.join(missing)}"
 
@@ -275,7 +278,7 @@ def test_peer_that_never_joins(tmp_path, plugin_name, nranks, absent):
 
 def _collective_plugin(plugin) -> devkit.Plugin:
     if not plugin.has_collectives:
-        pytest.skip(reason="no collectives")
+        pytest.skip(reason=_no_collectives(plugin.name))
     return plugin
 
 
