@@ -133,7 +133,8 @@ def prelude(prefix: str, key: int, fp64: bool) -> str:
       float32 where the device has fp64 (rounded once on store), the storage
       type otherwise;
     - ``P_acc``: the accumulator for sums and dot products (double for every
-      float type where the device has fp64, else float; long for integers);
+      float type where the device has fp64, else float; long for signed
+      integers and bool, ulong for unsigned ones);
     - ``P_load(p, i)`` -> P_ct, ``P_store(p, i, v)`` (bool stores v != 0);
     - ``P_U``: the unsigned type of integer dtypes, ``P_IS_FLOAT`` 0/1.
     """
