@@ -39,8 +39,8 @@ from .kernels import (
     Tensor,
     broadcast_strides,
     cl_type,
+    launch_items,
     prelude,
-    round_up,
 )
 
 # -- formulas ---------------------------------------------------------------------------
@@ -433,14 +433,12 @@ def _merge_dims(shape: list[int], strides: list[list[int]]) -> tuple[list[int], 
 
 
 @functools.cache
-def _launch_config(device: cl.Device) -> tuple[int, str]:
-    """The work-group size and the build options of every elementwise launch."""
-    # One fixed size: PoCL builds a kernel's work-group function per local size.
-    group = min(256, device.max_work_group_size)
-    # float16/bfloat16 compute in float, and their Div, Sqrt and Reciprocal are
-    # exact only with a correctly rounded float division and square root.
+def _build_options(device: cl.Device) -> str:
+    """The build options of every elementwise program: float16/bfloat16 compute
+    in float, and their Div, Sqrt and Reciprocal are exact only with a correctly
+    rounded float division and square root."""
     exact = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
-    return group, "-cl-fp32-correctly-rounded-divide-sqrt" if exact else ""
+    return "-cl-fp32-correctly-rounded-divide-sqrt" if exact else ""
 
 
 def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: list = ()) -> None:
@@ -454,8 +452,7 @@ def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: 
     meta = c.buffer(shape + [s for tensor_strides in strides for s in tensor_strides])
     args = [a for t in operands for a in (t, np.int64(t.offset))]
     args += [out, np.int64(out.offset), np.int32(len(shape)), meta, np.int64(n), *scalars]
-    group, options = _launch_config(c.device.cl_device)
-    c.launch(source, f"k_{kernel}", args, round_up(n, group), group, options)
+    launch_items(c, source, f"k_{kernel}", args, n, _build_options(c.device.cl_device))
 
 
 def _scalar(t: ClType, fp64: bool):

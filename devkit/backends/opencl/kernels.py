@@ -342,9 +342,6 @@ kernel void k_copy(global const X_t *x, long x_off, global X_t *y, long y_off,
       x[x_off + dk_offset(i, n0, meta, meta + n0)];
 }
 """
-_COPY_GROUP = 256
-
-
 def collapse(shape, strides) -> tuple[list[int], list[int]]:
     """The fewest dims walking the same elements in the same row-major order:
     size-1 dims dropped, a dim merged into the one before it where that one
@@ -373,10 +370,29 @@ def copy(c: Call, x, src: View, y: Tensor, dst: View) -> None:
         return
     (s_shape, s_strides), (d_shape, d_strides) = collapse(*src[1:]), collapse(*dst[1:])
     source = prelude("X", STORAGE_OF_WIDTH[cl_type(y.dtype).itemsize], False) + _COPY
-    group = min(_COPY_GROUP, c.device.cl_device.max_work_group_size)
-    c.launch(source, "k_copy", [x, np.int64(src[0]), y, np.int64(dst[0]), np.int32(len(s_shape)),
-                                np.int32(len(d_shape)), c.buffer(s_shape + s_strides + d_shape + d_strides),
-                                np.int64(n)], round_up(n, group), group)
+    launch_items(c, source, "k_copy", [x, np.int64(src[0]), y, np.int64(dst[0]), np.int32(len(s_shape)),
+                                       np.int32(len(d_shape)),
+                                       c.buffer(s_shape + s_strides + d_shape + d_strides), np.int64(n)], n)
+
+
+def group_size(c: Call, preferred: int = 256) -> int:
+    """The local size of a kind of launch: ``preferred`` (a power of two),
+    halved until the device takes it. One size per device whatever the
+    shapes, since PoCL compiles a kernel anew for each local size it is
+    enqueued with; a power of two, which tree reductions halve."""
+    size = preferred
+    while size > c.device.cl_device.max_work_group_size:
+        size //= 2
+    return size
+
+
+def launch_items(c: Call, source: str, name: str, args: list, n: int, options: str = "",
+                 preferred: int = 256) -> None:
+    """Launches kernel ``name`` with a work-item per element of ``n``, rounded
+    up to whole work-groups (the kernel bounds-checks); nothing when n is 0."""
+    if n:
+        group = group_size(c, preferred)
+        c.launch(source, name, args, round_up(n, group), group, options)
 
 
 def round_up(n: int, multiple: int) -> int:

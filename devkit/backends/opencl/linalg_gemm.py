@@ -30,7 +30,7 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C
-from .kernels import Call, cl_type, prelude, round_up
+from .kernels import Call, cl_type, launch_items, prelude, round_up
 from .runtime import Device
 
 
@@ -296,9 +296,7 @@ def gemm(c: Call, key: int, a: Matrix, b: Matrix, y: Matrix, m: int, n: int, k: 
                  options=t.options())
     else:
         total = count * m * n
-        group = min(64, c.device.cl_device.max_work_group_size)
-        c.launch(source, "k_gemm_direct", args + [np.int64(total)], round_up(total, group), group,
-                 options=t.options())
+        launch_items(c, source, "k_gemm_direct", args + [np.int64(total)], total, t.options(), preferred=64)
 
 
 # ---- strided views: gathers, conversions and sums ------------------------------------
@@ -350,10 +348,9 @@ def sum_view(c: Call, src_key: int, src: cl.Buffer, src_offset: int, kept: list[
         return
     inner = int(np.prod([dim[0] for dim in summed], dtype=np.int64))
     meta = c.buffer([d[j] for j in range(3) for d in kept] + [d[j] for j in range(2) for d in summed])
-    group = min(64, c.device.cl_device.max_work_group_size)
-    c.launch(_sum_source(src_key, dst_key, c.fp64), "k_sum_view",
-             [src, np.int64(src_offset), dst, np.int64(dst_offset), np.int32(len(kept)),
-              np.int32(len(summed)), meta, np.int64(inner), np.int64(total)], round_up(total, group), group)
+    launch_items(c, _sum_source(src_key, dst_key, c.fp64), "k_sum_view",
+                 [src, np.int64(src_offset), dst, np.int64(dst_offset), np.int32(len(kept)),
+                  np.int32(len(summed)), meta, np.int64(inner), np.int64(total)], total, preferred=64)
 
 
 def work_dtype(key: int) -> int:

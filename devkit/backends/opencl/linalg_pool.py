@@ -22,7 +22,7 @@ import pyopencl as cl
 
 from ...abi import C
 from ...ops.linalg import window_geometry
-from .kernels import STRIDED, Call, cl_type, prelude, round_up
+from .kernels import STRIDED, Call, cl_type, group_size, launch_items, prelude
 
 _WINDOW = """
 /* meta: per spatial axis the input sizes, output sizes, kernel sizes,
@@ -193,8 +193,7 @@ def _window(c: Call, outputs: list) -> tuple[cl.Buffer, int, int]:
 
 
 def _launch_window(c: Call, key: int, name: str, args: list, total: int) -> None:
-    size = min(64, c.device.cl_device.max_work_group_size)
-    c.launch(_source(key, c.fp64), name, args + [np.int64(total)], round_up(total, size), size)
+    launch_items(c, _source(key, c.fp64), name, args + [np.int64(total)], total, preferred=64)
 
 
 def _max_pool(c: Call, key: int) -> None:
@@ -227,8 +226,7 @@ def _global_pool(c: Call, key: int) -> None:
     x, y = c.inputs[0], c.outputs[0]
     if y.size == 0:
         return
-    # A power of two for the tree, as wide as the device allows up to 256.
-    size = 1 << (min(256, c.device.cl_device.max_work_group_size).bit_length() - 1)
+    size = group_size(c)  # a power of two, which the tree halves
     c.launch(_source(key, c.fp64), f"k_{c.op}",
              [x, np.int64(x.offset), y, np.int64(y.offset), np.int64(math.prod(x.shape[2:])),
               cl.LocalMemory(size * 8)], y.size * size, size)

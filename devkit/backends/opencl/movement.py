@@ -35,12 +35,10 @@ from .kernels import (
     broadcast_strides,
     cl_type,
     copy,
+    launch_items,
     prelude,
-    round_up,
     whole,
 )
-
-_GROUP = 256  # work-group size every 1-D launch is rounded up to
 
 # Per element width: the NumPy scalar passed as the X_t of STORAGE_OF_WIDTH's
 # dtype, the OpenCL type of the raw bits.
@@ -217,10 +215,6 @@ def _scatter_source(key: int, fp64: bool) -> str:
     return prelude("X", key, fp64) + f"typedef {bits} X_bits;\n" + _SCATTER
 
 
-def _launch(c: Call, source: str, name: str, args: list, n: int) -> None:
-    c.launch(source, name, args, round_up(n, _GROUP), _GROUP)
-
-
 def _itemsize(t: Tensor) -> int:
     return cl_type(t.dtype).itemsize
 
@@ -336,10 +330,10 @@ def _pad(c: Call, key: int) -> None:
     offset = x.offset + sum(c0 * s for c0, s in zip(crop, x.strides))
     meta = c.buffer(y.shape + y.strides + x.strides + [max(0, b) for b in begin] + kept)
     constant = c.attrs.get("constant_value", [0])[0]
-    _launch(c, _move_source(_itemsize(y)), "k_pad",
-            [x, np.int64(offset), y, np.int64(y.offset), np.int32(y.ndim), meta,
-             _storage_bits(constant, key), np.int32(_PAD_MODES[c.attrs["mode"]]),
-             np.int64(y.size)], y.size)
+    launch_items(c, _move_source(_itemsize(y)), "k_pad",
+                 [x, np.int64(offset), y, np.int64(y.offset), np.int32(y.ndim), meta,
+                  _storage_bits(constant, key), np.int32(_PAD_MODES[c.attrs["mode"]]),
+                  np.int64(y.size)], y.size)
 
 
 # ---- indices: Gather*, Scatter* -------------------------------------------------------------
@@ -367,10 +361,10 @@ def _check_indices(c: Call, indices: Tensor, bounds: list[int], first_axis: int,
     bounds_buffer = c.buffer(bounds)
     for slot, base in enumerate(range(0, n, _CHUNK)):
         count = min(_CHUNK, n - base)
-        _launch(c, _move_source(itemsize), "k_check_indices",
-                [indices, np.int64(indices.offset), _wide(indices), np.int32(indices.ndim), meta,
-                 np.int32(depth), bounds_buffer, np.int64(base), np.int64(count), first,
-                 np.int32(slot)], count)
+        launch_items(c, _move_source(itemsize), "k_check_indices",
+                     [indices, np.int64(indices.offset), _wide(indices), np.int32(indices.ndim), meta,
+                      np.int32(depth), bounds_buffer, np.int64(base), np.int64(count), first,
+                      np.int32(slot)], count)
 
     def report(queue) -> None:
         found = np.empty(chunks, np.uint32)
@@ -405,10 +399,10 @@ def _gather(c: Call, x: Tensor, indices: Tensor, x_strides: list[int], i_strides
         return
     meta = c.buffer(y.shape + y.strides + x_strides + i_strides)
     axes = c.buffer(dims + x.strides[first_axis:first_axis + depth])
-    _launch(c, _move_source(_itemsize(x)), "k_gather",
-            [x, np.int64(x.offset), indices, np.int64(indices.offset), _wide(indices), y,
-             np.int64(y.offset), np.int32(y.ndim), meta, np.int32(depth), axes,
-             np.int64(i_step), np.int64(y.size)], y.size)
+    launch_items(c, _move_source(_itemsize(x)), "k_gather",
+                 [x, np.int64(x.offset), indices, np.int64(indices.offset), _wide(indices), y,
+                  np.int64(y.offset), np.int32(y.ndim), meta, np.int32(depth), axes,
+                  np.int64(i_step), np.int64(y.size)], y.size)
 
 
 def _gather_axis(c: Call, key: int) -> None:
@@ -457,12 +451,12 @@ def _scatter(c: Call, key: int, parallel: list[int], strides: tuple[list[int], .
         return
     meta = c.buffer([v for part in (parallel, *strides, sequence, *seq_strides) for v in part])
     axes = c.buffer(dims + y.strides[first_axis:first_axis + depth])
-    _launch(c, _scatter_source(key, c.fp64), "k_scatter",
-            [y, np.int64(y.offset), indices, np.int64(indices.offset), _wide(indices), updates,
-             np.int64(updates.offset), np.int32(len(parallel)), np.int32(len(sequence)), meta,
-             np.int32(depth), axes, np.int64(i_step),
-             np.int32(_REDUCTIONS[c.attrs.get("reduction", "none")]), np.int64(n_par),
-             np.int64(n_seq)], n_par)
+    launch_items(c, _scatter_source(key, c.fp64), "k_scatter",
+                 [y, np.int64(y.offset), indices, np.int64(indices.offset), _wide(indices), updates,
+                  np.int64(updates.offset), np.int32(len(parallel)), np.int32(len(sequence)), meta,
+                  np.int32(depth), axes, np.int64(i_step),
+                  np.int32(_REDUCTIONS[c.attrs.get("reduction", "none")]), np.int64(n_par),
+                  np.int64(n_seq)], n_par)
 
 
 def _scatter_elements(c: Call, key: int) -> None:

@@ -19,13 +19,12 @@ import numpy as np
 from ...abi import C
 from . import nn_attention
 from .errors import invalid
-from .kernels import STRIDED, broadcast_strides, cl_type, prelude
+from .kernels import STRIDED, broadcast_strides, cl_type, launch_items, prelude
 from .nn_common import (
     GROUP_REDUCE,
     acc,
     count,
     launch_groups,
-    launch_items,
     tensor_args,
 )
 

@@ -22,8 +22,8 @@ import pyopencl as cl
 
 from ...abi import C
 from .errors import PluginError, invalid
-from .kernels import STRIDED, broadcast_strides, prelude
-from .nn_common import GROUP_REDUCE, acc, launch_groups, launch_items, tensor_args
+from .kernels import STRIDED, broadcast_strides, launch_items, prelude
+from .nn_common import GROUP_REDUCE, acc, launch_groups, tensor_args
 
 # attn_mask kinds: k_Attention's mask_kind argument.
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = 0, 1, 2

@@ -1,15 +1,12 @@
-"""What the kernels of nn.py and nn_attention.py share: work-group sizing,
-X_acc arguments and local memory, and the work-group reductions in OpenCL C."""
+"""What the kernels of nn.py and nn_attention.py share: X_acc arguments and
+local memory, work-group launches, and the work-group reductions in OpenCL C."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyopencl as cl
 
-from .kernels import round_up
-
-# Work-items per work-group of every kernel here, where the device allows.
-_MAX_GROUP = 256
+from .kernels import group_size
 
 # Work-group reductions over X_acc: each returns the combination of every
 # work-item's v to each of them. scratch holds get_local_size(0) values, a
@@ -47,25 +44,9 @@ def local_acc(c, size: int) -> cl.LocalMemory:
     return cl.LocalMemory(size * (8 if c.fp64 else 4))
 
 
-def group_size(c) -> int:
-    """The work-group size of every kernel here: one power of two per device,
-    whatever the shapes, since PoCL compiles a kernel anew for each local size
-    it is enqueued with (and the reductions need a power of two)."""
-    cap = min(_MAX_GROUP, int(c.device.cl_device.max_work_group_size))
-    return 1 << (cap.bit_length() - 1)
-
-
 def tensor_args(*tensors) -> list:
     """The (buffer, element offset) kernel arguments of each tensor."""
     return [a for t in tensors for a in (t, np.int64(t.offset))]
-
-
-def launch_items(c, source: str, name: str, args: list, n: int) -> None:
-    """Launches kernel ``name`` with a work-item per element of n, if any."""
-    if n == 0:
-        return
-    local = group_size(c)
-    c.launch(source, name, args, round_up(n, local), local)
 
 
 def launch_groups(c, source: str, name: str, args: list, groups: int) -> None:

@@ -26,13 +26,12 @@ import numpy as np
 import pyopencl as cl
 
 from . import reduce_arg, reduce_scan, reduce_topk
-from .kernels import STRIDED, Call, Tensor, cl_type, round_up
+from .kernels import STRIDED, Call, Tensor, cl_type, group_size, round_up
 from .reduce_common import (
     build_options,
     coalesce,
     header,
     item_per_slice,
-    work_group_size,
 )
 
 _SHIFT_OP = "LogSumExpShift"
@@ -218,7 +217,7 @@ _MAX_GROUPS = 1024
 
 def _reduce(c: Call, key: int, op: str, x: Tensor, y: Tensor, meta, nk: int, nr: int, count: int,
             aux) -> None:
-    source, options, wg, n_out = _source(key, c.fp64), build_options(c), work_group_size(c), y.size
+    source, options, wg, n_out = _source(key, c.fp64), build_options(c), group_size(c), y.size
     kernel, number = _kernel_of(key)[op]
 
     def launch(stage: int, groups: int, chunk: int, part, global_size: int) -> None:

@@ -20,13 +20,12 @@ import functools
 
 import numpy as np
 
-from .kernels import Call, cl_type, round_up
+from .kernels import Call, cl_type, group_size, round_up
 from .reduce_common import (
     along_axis,
     build_options,
     header,
     item_per_slice,
-    work_group_size,
 )
 
 # Per kind of dtype: "vb is a greater (less) value than va", "they tie".
@@ -154,7 +153,7 @@ def _run(c: Call, key: int) -> None:
         return
     axis = c.attrs["axis"] + x.ndim if c.attrs["axis"] < 0 else c.attrs["axis"]
     meta, nk, n_out = along_axis(c, x, axis, [(y, c.op not in ("ArgMax", "ArgMin"))])
-    length, wg = x.shape[axis], work_group_size(c)
+    length, wg = x.shape[axis], group_size(c)
     rows = item_per_slice(c, n_out, length)
     x_args = [np.int32(rows), x, np.int64(x.offset)]
     y_args = [np.int64(y.offset), meta, np.int32(nk), np.int64(length), np.int64(n_out)]

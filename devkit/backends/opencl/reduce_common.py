@@ -14,29 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import Call, Tensor, cl_type, prelude
-
-# A power of two: the tree reductions and the bitonic sort halve it.
-_MAX_WORK_GROUP = 256
-
-
-def work_group_size(c: Call) -> int:
-    """The local size of every kernel of the family on ``c``'s device."""
-    size = _MAX_WORK_GROUP
-    while size > int(c.device.cl_device.max_work_group_size):
-        size //= 2
-    return size
+from .kernels import Call, Tensor, cl_type, group_size, prelude
 
 
 def build_options(c: Call) -> str:
-    return f"-DWG={work_group_size(c)}"
+    return f"-DWG={group_size(c)}"
 
 
 def item_per_slice(c: Call, slices: int, length: int) -> bool:
     """Whether a work-item per slice (output, or row along the axis) beats
     a work-group per slice: for short slices, and for slices enough to give
     every compute unit a full work-group of them."""
-    wg = work_group_size(c)
+    wg = group_size(c)
     return length <= wg or slices >= wg * int(c.device.cl_device.max_compute_units)
 
 

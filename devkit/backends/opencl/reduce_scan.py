@@ -20,13 +20,12 @@ import functools
 
 import numpy as np
 
-from .kernels import Call, cl_type, round_up
+from .kernels import Call, cl_type, group_size, round_up
 from .reduce_common import (
     along_axis,
     build_options,
     header,
     item_per_slice,
-    work_group_size,
 )
 
 # meta: the nk kept dims' shape, strides in x, strides in y; the axis' stride
@@ -92,7 +91,7 @@ def _run_cumsum(c: Call, key: int) -> None:
     (axis,) = c.attrs["axis"]
     axis = axis + x.ndim if axis < 0 else axis
     meta, nk, n_out = along_axis(c, x, axis, [(y, True)])
-    length, wg = x.shape[axis], work_group_size(c)
+    length, wg = x.shape[axis], group_size(c)
     source, options = _source(key, c.fp64), build_options(c)
     args = [x, np.int64(x.offset), y, np.int64(y.offset), meta, np.int32(nk), np.int64(length)]
     flags = [np.int32(c.attrs["exclusive"]), np.int32(c.attrs["reverse"])]

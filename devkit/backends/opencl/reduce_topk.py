@@ -24,8 +24,8 @@ import functools
 import numpy as np
 import pyopencl as cl
 
-from .kernels import Call, cl_type, round_up
-from .reduce_common import along_axis, build_options, header, work_group_size
+from .kernels import Call, cl_type, group_size, round_up
+from .reduce_common import along_axis, build_options, header
 
 # The value's key for each kind of dtype, from v (X_ct).
 _FLOAT_KEY = {
@@ -138,7 +138,7 @@ def _run_topk(c: Call, key: int) -> None:
     axis = c.attrs["axis"] + x.ndim if c.attrs["axis"] < 0 else c.attrs["axis"]
     (k,) = c.attrs["K"]
     meta, nk, n_slices = along_axis(c, x, axis, [(values, True), (indices, True)])
-    length, wg = x.shape[axis], work_group_size(c)
+    length, wg = x.shape[axis], group_size(c)
     source, options, block = _source(key, c.fp64), build_options(c), 2 * wg
     padded = 1 << (length - 1).bit_length()
     total = round_up(n_slices * padded, block)

@@ -17,9 +17,19 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C
-from .kernels import STORAGE_OF_WIDTH, STRIDED, Call, Tensor, cl_type, copy, prelude
+from .kernels import (
+    STORAGE_OF_WIDTH,
+    STRIDED,
+    Call,
+    Tensor,
+    cl_type,
+    copy,
+    group_size,
+    launch_items,
+    prelude,
+)
 from .shape_cast import cast, constant_of_shape, eye_like, fill, range_
-from .shape_kit import INDEXING, group_size, launch_1d, walk
+from .shape_kit import INDEXING, walk
 from .shape_resize import resize
 
 _WIDTH = """
@@ -231,10 +241,10 @@ def _one_hot(c: Call, key: int) -> None:
     axis = c.attrs["axis"]
     axis = axis + y.ndim if axis < 0 else axis
     depth, inner = y.shape[axis], int(np.prod(y.shape[axis + 1:], dtype=np.int64))
-    launch_1d(c, _one_hot_source(cl_type(key).itemsize, indices.dtype, c.fp64), "k_one_hot",
-              [indices, np.int64(indices.offset), *walk(c, (indices.shape, indices.strides)),
-               values, np.int64(values.offset), np.int64(values.strides[0]),
-               y, np.int64(y.offset), np.int64(depth), np.int64(inner), np.int64(y.size)], y.size)
+    launch_items(c, _one_hot_source(cl_type(key).itemsize, indices.dtype, c.fp64), "k_one_hot",
+                 [indices, np.int64(indices.offset), *walk(c, (indices.shape, indices.strides)),
+                  values, np.int64(values.offset), np.int64(values.strides[0]),
+                  y, np.int64(y.offset), np.int64(depth), np.int64(inner), np.int64(y.size)], y.size)
 
 
 UNCLAIMED: dict[tuple[str, str], str] = {}

@@ -14,13 +14,12 @@ import functools
 import numpy as np
 
 from ...abi import C
-from .kernels import CL_TYPES, Call, cl_type, prelude
+from .kernels import CL_TYPES, Call, cl_type, launch_items, prelude
 from .shape_kit import (
     INDEXING,
     ROUND_TO_ODD,
     ROUND_TO_ODD_DOUBLE,
     convert,
-    launch_1d,
     real_type,
     value_kind,
     walk,
@@ -112,8 +111,8 @@ def _real(c: Call, value: float):
 def generate(c: Call, name: str, key: int, y, y_offset: int, n: int, *args) -> None:
     """Runs generator k_<name>_<dtype key's name> over the n elements of y (a
     compact Tensor or cl.Buffer) from y_offset: args between y_off and n."""
-    launch_1d(c, _source(_real_key(c.fp64), c.fp64), f"k_{name}_{cl_type(key).name}",
-              [y, np.int64(y_offset), *args, np.int64(n)], n)
+    launch_items(c, _source(_real_key(c.fp64), c.fp64), f"k_{name}_{cl_type(key).name}",
+                 [y, np.int64(y_offset), *args, np.int64(n)], n)
 
 
 def fill(c: Call, key: int, y, y_offset: int, n: int, value: float) -> None:
@@ -126,9 +125,9 @@ def cast(c: Call, key: int) -> None:
     x, y = c.inputs[0], c.outputs[0]
     if y.size == 0:
         return
-    launch_1d(c, _source(key, c.fp64), f"k_cast_{cl_type(y.dtype).name}",
-              [x, np.int64(x.offset), y, np.int64(y.offset),
-               *walk(c, (x.shape, x.strides), (y.shape, y.strides)), np.int64(y.size)], y.size)
+    launch_items(c, _source(key, c.fp64), f"k_cast_{cl_type(y.dtype).name}",
+                 [x, np.int64(x.offset), y, np.int64(y.offset),
+                  *walk(c, (x.shape, x.strides), (y.shape, y.strides)), np.int64(y.size)], y.size)
 
 
 def constant_of_shape(c: Call, key: int) -> None:

@@ -1,4 +1,4 @@
-"""What the shape family's kernels share: 1-D launches, strided views in
+"""What the shape family's kernels share: strided views in
 row-major order, and the family's conversions in OpenCL C.
 
 Conversions (devkit/ops/shape.py): a float result is the exact value rounded
@@ -11,20 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import Call, ClType, collapse, round_up
-
-
-
-def group_size(c: Call) -> int:
-    return min(256, c.device.cl_device.max_work_group_size)
-
-
-def launch_1d(c: Call, source: str, name: str, args: list, n: int) -> None:
-    """Enqueues ``name`` over ``n`` work-items (rounded up to whole groups:
-    the kernel bounds-checks); nothing when ``n`` is 0."""
-    if n:
-        group = group_size(c)
-        c.launch(source, name, args, round_up(n, group), group)
+from .kernels import Call, ClType, collapse
 
 
 def walk(c: Call, *views) -> list:

@@ -27,13 +27,12 @@ import pyopencl as cl
 
 from ...ops.shape import _COORDINATE_MODES, _resize_geometry
 from .errors import invalid
-from .kernels import STORAGE_OF_WIDTH, Call, cl_type, prelude
+from .kernels import STORAGE_OF_WIDTH, Call, cl_type, launch_items, prelude
 from .shape_cast import fill
 from .shape_kit import (
     ROUND_TO_ODD,
     ROUND_TO_ODD_DOUBLE,
     convert,
-    launch_1d,
     real_type,
 )
 
@@ -242,10 +241,10 @@ def _nearest(c: Call, key: int, source: str, real, axes, scale, starts, ends, mo
         fill(c, key, fill_element, 0, 1, value)
     else:
         fill_element = x.buffer  # never read: no position falls outside
-    launch_1d(c, source, "k_nearest",
-              [x, np.int64(x.offset), y, np.int64(y.offset), fill_element, np.int32(x.ndim),
-               c.buffer(dims), c.buffer(geometry, real), np.int32(mode),
-               np.int32(_NEAREST_MODES.index(c.attrs["nearest_mode"])), np.int64(y.size)], y.size)
+    launch_items(c, source, "k_nearest",
+                 [x, np.int64(x.offset), y, np.int64(y.offset), fill_element, np.int32(x.ndim),
+                  c.buffer(dims), c.buffer(geometry, real), np.int32(mode),
+                  np.int32(_NEAREST_MODES.index(c.attrs["nearest_mode"])), np.int64(y.size)], y.size)
 
 
 def _interpolate(c: Call, source: str, real, axes, scale, starts, ends, mode: int) -> None:
@@ -275,12 +274,12 @@ def _interpolate(c: Call, source: str, real, axes, scale, starts, ends, mode: in
             dst, dst_offset = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE,
                                         n * np.dtype(real).itemsize), 0
         name = ("k_from_x" if src is x else "k_from_real") + ("_last" if last else "")
-        launch_1d(c, source, name,
-                  [src, np.int64(src_offset), dst, np.int64(dst_offset), np.int32(len(shape)),
-                   c.buffer(shape), c.buffer(strides), np.int32(axis), np.int64(n_in),
-                   real(scale[axis]), real(starts[axis]), real(ends[axis]), np.int32(mode),
-                   np.int32(cubic), np.int32(antialias), np.int32(attrs["exclude_outside"]),
-                   real(attrs["cubic_coeff_a"]), np.int64(first), np.int64(2 - 2 * first),
-                   real(attrs["extrapolation_value"]), np.int64(n)], n)
+        launch_items(c, source, name,
+                     [src, np.int64(src_offset), dst, np.int64(dst_offset), np.int32(len(shape)),
+                      c.buffer(shape), c.buffer(strides), np.int32(axis), np.int64(n_in),
+                      real(scale[axis]), real(starts[axis]), real(ends[axis]), np.int32(mode),
+                      np.int32(cubic), np.int32(antialias), np.int32(attrs["exclude_outside"]),
+                      real(attrs["cubic_coeff_a"]), np.int64(first), np.int64(2 - 2 * first),
+                      real(attrs["extrapolation_value"]), np.int64(n)], n)
         src, src_offset = dst, 0
         strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]

@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 from . import training_conv, training_loss, training_pool, training_rows
-from .kernels import STRIDED, Call, prelude
-from .training_common import NO_CONTRACT, OFFSETS, acc_scalar, launch_elementwise, offsets_meta
+from .kernels import STRIDED, Call, launch_items, prelude
+from .training_common import NO_CONTRACT, OFFSETS, acc_scalar, offsets_meta
 
 # ---- activation gradients ------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def _pointwise(c: Call, key: int) -> None:
     strided, meta = offsets_meta(c, [dy, fwd, dx])
     args = [dy, np.int64(dy.offset), fwd, np.int64(fwd.offset), dx, np.int64(dx.offset),
             np.int64(dx.size), strided, np.int32(dx.ndim), meta, acc_scalar(c, c.attrs.get("alpha", 0.0))]
-    launch_elementwise(c, _pointwise_source(key, c.fp64), f"k_{name}", args, dx.size)
+    launch_items(c, _pointwise_source(key, c.fp64), f"k_{name}", args, dx.size)
 
 
 # ---- optimizers: Momentum, Adagrad, Adam ----------------------------------------------
@@ -185,7 +185,7 @@ def _optimizer(c: Call, key: int) -> None:
         strided, meta = offsets_meta(c, tensors)
         args = tensors + [c.buffer([t.offset for t in tensors]), np.int64(size), strided,
                           np.int32(read[0].ndim), meta]
-        launch_elementwise(c, source, f"k_{c.op}", args + [acc_scalar(c, v) for v in scalars] + flags, size)
+        launch_items(c, source, f"k_{c.op}", args + [acc_scalar(c, v) for v in scalars] + flags, size)
 
 
 # ---- registration ----------------------------------------------------------------------

@@ -14,26 +14,10 @@ import pyopencl as cl
 
 from ...abi import C
 from .errors import PluginError
-from .kernels import Call, Tensor, round_up
+from .kernels import Call, Tensor, group_size, round_up
 
-ELEMENTWISE_GROUP = 256  # one work-item per element
 ROW_GROUP = 64           # work-items of a row kernel's work-group (a power of two)
 SHORT_ROW = 64           # rows up to this long take one work-item each
-
-
-def local_size(c: Call, preferred: int) -> int:
-    """``preferred``, or the largest power of two the device takes if smaller."""
-    limit = int(c.device.cl_device.max_work_group_size)
-    size = preferred
-    while size > limit:
-        size //= 2
-    return size
-
-
-def launch_elementwise(c: Call, source: str, name: str, args: list, n: int) -> None:
-    """One work-item per element of ``n`` (> 0), bounds-checked in the kernel."""
-    group = local_size(c, ELEMENTWISE_GROUP)
-    c.launch(source, name, args, round_up(n, group), group)
 
 
 def launch_rows(c: Call, source: str, name: str, args: list, rows: int, length: int) -> None:
@@ -42,7 +26,7 @@ def launch_rows(c: Call, source: str, name: str, args: list, rows: int, length: 
     one for a short one) and dim 1 the rows, ROW_GROUP / lanes per group. The
     kernel's last arguments, appended here, are ``long rows`` and its local
     scratch (``local acc *``, one element per work-item); see row_helpers."""
-    group = local_size(c, ROW_GROUP)
+    group = group_size(c, ROW_GROUP)
     lanes = 1 if length <= SHORT_ROW else group
     per_group = group // lanes
     c.launch(source, name, args + [np.int64(rows), cl.LocalMemory(group * acc_itemsize(c))],

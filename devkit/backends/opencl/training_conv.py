@@ -19,8 +19,8 @@ import numpy as np
 
 from ...ops.linalg import window_geometry
 from .errors import invalid
-from .kernels import Call, prelude
-from .training_common import NO_CONTRACT, VALID_RANGE, launch_elementwise, launch_rows, row_helpers
+from .kernels import Call, launch_items, prelude
+from .training_common import NO_CONTRACT, VALID_RANGE, launch_rows, row_helpers
 
 # meta, per spatial axis of `rank`: X's size, dY's size, the kernel size,
 # stride, dilation and begin pad (6 rows of rank). Shapes: X (N, C, ...),
@@ -150,7 +150,7 @@ def _conv_grad(c: Call, key: int) -> None:
     if dx.size:
         args = [dy, np.int64(dy.offset), w, np.int64(w.offset), dx, np.int64(dx.offset), np.int64(dx.size),
                 np.int64(channels), np.int64(filters), np.int64(cg), np.int64(mg), rank, meta]
-        launch_elementwise(c, source, "k_ConvGrad_dx", args, dx.size)
+        launch_items(c, source, "k_ConvGrad_dx", args, dx.size)
     if dw.size + db.size:
         args = [dy, np.int64(dy.offset), x, np.int64(x.offset), dw, np.int64(dw.offset), db, np.int64(db.offset),
                 np.int64(dw.size), np.int64(x.shape[0]), np.int64(channels), np.int64(filters), np.int64(cg),

@@ -15,9 +15,15 @@ import math
 
 import numpy as np
 
-from .kernels import Call, prelude
-from .training_common import (NO_CONTRACT, RangeCheck, acc_itemsize, launch_elementwise, launch_rows,
-                              row_helpers, scratch)
+from .kernels import Call, launch_items, prelude
+from .training_common import (
+    NO_CONTRACT,
+    RangeCheck,
+    acc_itemsize,
+    launch_rows,
+    row_helpers,
+    scratch,
+)
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 
@@ -193,7 +199,7 @@ def _loss_grad(c: Call, key: int) -> None:
         args = ([dy, np.int64(dy.offset), log_prob, np.int64(log_prob.offset), labels, np.int64(labels.offset)]
                 + label.args + [grad, np.int64(grad.offset), np.int32(reduction), total, np.int64(classes),
                                 np.int64(d_size), np.int64(grad.size), label.check.flag])
-        launch_elementwise(c, source, "k_SoftmaxCrossEntropyLossGrad", args, grad.size)
+        launch_items(c, source, "k_SoftmaxCrossEntropyLossGrad", args, grad.size)
     label.report()
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from ...ops.linalg import window_geometry
 from .errors import invalid
-from .kernels import Call, prelude
-from .training_common import NO_CONTRACT, VALID_RANGE, RangeCheck, launch_elementwise, scratch
+from .kernels import Call, launch_items, prelude
+from .training_common import NO_CONTRACT, VALID_RANGE, RangeCheck, scratch
 
 # A list of at most this many dY elements is summed in dY order (that of
 # the cpu plugin, deterministic); a longer one, which MaxPool's own indices
@@ -154,18 +154,18 @@ def _max_pool_grad(c: Call, key: int) -> None:
         raise invalid(f"dY has {dy.size} elements; MaxPoolGrad links at most 2^31 - 1")
     source = _source(c, key)
     head = scratch(c, dx.size, 4)
-    launch_elementwise(c, source, "k_max_pool_heads", [head, np.int64(dx.size)], dx.size)
+    launch_items(c, source, "k_max_pool_heads", [head, np.int64(dx.size)], dx.size)
     next_ = scratch(c, dy.size, 4)
     if dy.size:
         check = RangeCheck(c)
         args = [indices, np.int64(indices.offset), np.int64(dy.size), head, next_, np.int64(dx.size),
                 np.int32(c.attrs["storage_order"] == 1), np.int32(dx.ndim - 2), c.buffer(dx.shape[2:]), check.flag]
-        launch_elementwise(c, source, "k_max_pool_link", args, dy.size)
+        launch_items(c, source, "k_max_pool_link", args, dy.size)
         check.report(indices, lambda values: (values == -1) | ((values >= 0) & (values < dx.size)),
                      lambda value, i: f"index {value} (element {i} of Indices) is out of range for X of "
                                       f"{dx.size} elements")
     args = [dy, np.int64(dy.offset), head, next_, dx, np.int64(dx.offset), np.int64(dx.size)]
-    launch_elementwise(c, source, "k_MaxPoolGrad", args, dx.size)
+    launch_items(c, source, "k_MaxPoolGrad", args, dx.size)
 
 
 def _average_pool_grad(c: Call, key: int) -> None:
@@ -181,7 +181,7 @@ def _average_pool_grad(c: Call, key: int) -> None:
     meta = [*dx.shape[2:], *out, *kernel, *strides, *dilations, *begin, *end]
     args = [dy, np.int64(dy.offset), dx, np.int64(dx.offset), np.int64(dx.size), np.int32(len(kernel)),
             c.buffer(meta), np.int64(math.prod(kernel)), np.int32(c.attrs["count_include_pad"] == 1)]
-    launch_elementwise(c, _source(c, key), "k_AveragePoolGrad", args, dx.size)
+    launch_items(c, _source(c, key), "k_AveragePoolGrad", args, dx.size)
 
 
 def register(table, unclaimed) -> None:

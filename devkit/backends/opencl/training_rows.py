@@ -17,7 +17,14 @@ import numpy as np
 from ...abi import C
 from .errors import invalid
 from .kernels import Call, prelude
-from .training_common import NO_CONTRACT, acc_itemsize, acc_scalar, launch_rows, row_helpers, scratch
+from .training_common import (
+    NO_CONTRACT,
+    acc_itemsize,
+    acc_scalar,
+    launch_rows,
+    row_helpers,
+    scratch,
+)
 
 # ---- SoftmaxGrad, LogSoftmaxGrad ----------------------------------------------------------
 
