@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import devkit
-from devkit import bench
+from devkit.bench import collectives as bench
 
 
 @pytest.mark.parametrize("collective,factor", [

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench_ops import MI, _median_seconds
+from .ops import MI, _median_seconds
 
 _STARTUP_SCRIPT = """
 import time

@@ -1,6 +1,4 @@
-"""devkit-bench: benchmarks against a named peer measured in the same run.
-
-    devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (see devkit.bench_ops)
+"""devkit-bench collectives: collective bandwidth, nccl-tests style, against torch's gloo.
 
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
@@ -183,7 +181,7 @@ class GlooRank:
         import torch
         import torch.distributed as dist
 
-        from .distributed import launch_environment
+        from ..distributed import launch_environment
 
         env = launch_environment()
         self.torch, self.dist = torch, dist
@@ -288,7 +286,7 @@ def rank_main(args) -> int:
 
 
 def run_ranks(backend: str, config_path: Path, out_path: Path, nranks: int, timeout: float) -> list:
-    from .launch import run
+    from ..launch import run
 
     command = [sys.executable, "-m", "devkit.bench", RANK_COMMAND, "--backend", backend,
                "--config", str(config_path), "--out", str(out_path)]
@@ -385,54 +383,3 @@ def collectives_main(args) -> int:
                                                           "peer": peer_text}, "rows": rows}, indent=1))
     wrong = sum(row[p]["wrong"] for row in rows for p in ("out_of_place", "in_place"))
     return 1 if wrong else 0
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [RANK_COMMAND]:  # what each launched rank runs; not for users
-        rank = argparse.ArgumentParser(prog=f"devkit-bench {RANK_COMMAND}")
-        rank.add_argument("--backend", choices=("devkit", "gloo"), required=True)
-        rank.add_argument("--config", required=True)
-        rank.add_argument("--out", required=True)
-        sys.exit(rank_main(rank.parse_args(argv[1:])))
-    parser = argparse.ArgumentParser(prog="devkit-bench", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser("collectives", help="collective bandwidth, nccl-tests style, vs gloo")
-    bench.add_argument("-n", "--nranks", type=int, default=2)
-    bench.add_argument("--plugin", default="cpu")
-    bench.add_argument("--dtype", default="float32", choices=("float32", "float64", "int32", "int64"))
-    bench.add_argument("--min-bytes", type=parse_bytes, default=1 << 10)
-    bench.add_argument("--max-bytes", type=parse_bytes, default=64 << 20)
-    bench.add_argument("--collectives", default=",".join(COLLECTIVES),
-                       help="comma-separated subset of " + ", ".join(COLLECTIVES))
-    bench.add_argument("--peer", choices=("gloo", "none"), default="gloo")
-    bench.add_argument("--seconds", type=float, default=0.2,
-                       help="time to spend on each measurement (default 0.2)")
-    bench.add_argument("--max-iters", type=int, default=1000)
-    bench.add_argument("--timeout", type=float, default=1800, help="seconds for each launch")
-    bench.add_argument("--json", help="also write the results to this file")
-    op_bench = commands.add_parser("ops", help="op latency vs NumPy and onnxruntime")
-    op_bench.add_argument("--plugin", default="cpu")
-    op_bench.add_argument("--only", help="comma-separated op names (default: every benchmark)")
-    op_bench.add_argument("--repeat", type=int, default=10)
-    op_bench.add_argument("--json", type=Path, help="also write the results to this file")
-    opencl_bench = commands.add_parser("opencl", help="the opencl plugin vs pyopencl.array and CLBlast, "
-                                                      "and its start-up time")
-    opencl_bench.add_argument("--repeat", type=int, default=10)
-    opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
-    args = parser.parse_args(argv)
-    if args.command == "opencl":
-        from .bench_opencl import opencl_main
-
-        sys.exit(opencl_main(args))
-    if args.command == "ops":
-        from .bench_ops import ops_main
-
-        sys.exit(ops_main(args))
-    if args.nranks < 1 or args.min_bytes < 1 or args.max_bytes < args.min_bytes:
-        parser.error("need -n >= 1 and 1 <= --min-bytes <= --max-bytes")
-    sys.exit(collectives_main(args))
-
-
-if __name__ == "__main__":
-    main()

@@ -93,7 +93,7 @@ def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
         from onnx import TensorProto, helper
     except ImportError:
         return None
-    from . import ops
+    from .. import ops
 
     spec = ops.get(bench.op)
     names = [f"in{i}" for i in range(len(inputs))]
