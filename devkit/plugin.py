@@ -46,6 +46,8 @@ _API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
 _FIRST_OPTIONAL = "copy_p2p"
 REQUIRED_FUNCTIONS = tuple(_API_FUNCTIONS[: _API_FUNCTIONS.index(_FIRST_OPTIONAL)])
 OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):])
+# The graph section (ABI 1.1): all of it or none of it.
+GRAPH_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("graph_"))
 
 _log = logging.getLogger("devkit.plugin")
 
@@ -125,6 +127,11 @@ class Plugin:
     @property
     def has_collectives(self) -> bool:
         return self.has("ccl_comm_init")
+
+    @property
+    def has_graphs(self) -> bool:
+        """Whether the plugin captures graphs itself (else the host replays them)."""
+        return self.has("graph_begin_capture")
 
     # -- devices -------------------------------------------------------------
 
@@ -357,6 +364,14 @@ def _check_versions(info, location: str) -> None:
     if null:
         raise PluginLoadError(
             f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
+    graph = [fn for fn in GRAPH_FUNCTIONS
+             if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
+    if graph and len(graph) != len(GRAPH_FUNCTIONS):
+        absent = [fn for fn in GRAPH_FUNCTIONS if fn not in graph]
+        raise PluginLoadError(
+            f"{location}: the graph section is partial: it has {', '.join(graph)} but not "
+            f"{', '.join(absent)} (NULL or past the table's {api.struct_size} bytes); a plugin "
+            f"implements all {len(GRAPH_FUNCTIONS)} graph functions or none")
 
 
 def list_plugins() -> list[PluginDescriptor]:

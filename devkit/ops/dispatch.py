@@ -223,7 +223,11 @@ def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], output
     call.outputs, call.num_outputs = tensors_out, len(outputs)
     call.attributes, call.num_attributes = attr_ptrs, len(attrs)
     call.user_data = entry.user_data
-    check(dev.plugin, entry.fn(call), f"kernel {op}[{dtype_name(_key_dtype_of(entry))}]")
+    if stream is not None and stream.capturing is not None:  # recorded into a graph (devkit/graph.py)
+        stream.capturing.add_kernel(entry, call, [keep, tensors_in, tensors_out, attr_ptrs], inputs,
+                                    outputs, f"{op}[{dtype_name(_key_dtype_of(entry))}]")
+    else:
+        check(dev.plugin, entry.fn(call), f"kernel {op}[{dtype_name(_key_dtype_of(entry))}]")
     if stream is not None:
         stream.retain(*inputs, *outputs)
 
