@@ -29,6 +29,9 @@
  *     treats fields and functions past the plugin's struct_size as absent and
  *     uses its documented fallback. A required function that is absent or
  *     NULL makes the host refuse the plugin with a message naming it.
+ *  6. History: 1.0 is the first version; 1.1 appends the OPTIONAL graph
+ *     section to DK_DeviceApi (a 1.0 plugin's table ends before it, and the
+ *     host then replays graphs itself).
  *
  * ========================================================================
  * ERROR MODEL
@@ -518,27 +521,23 @@ typedef struct DK_DeviceApi {
    * the functions above, with the same rules as below.
    *
    * Between graph_begin_capture(dev, s) and graph_end_capture(dev, s, ...)
-   * work submitted to stream s, from any thread, is recorded, not run:
-   *   - kernel calls (everything reachable from the DK_KernelCall is copied,
-   *     as for an ordinary launch; the kernel validates the call now and
-   *     reports a bad one at once, and a call that fails is not recorded);
-   *   - memset and copy_d2d;
-   *   - copy_h2d and copy_d2h: the host pointer is read / written at every
-   *     launch, so that host memory must stay valid while the graph may be
-   *     launched;
-   *   - event_record: every launch re-records the event at that position;
-   *     stream_wait_event: every launch waits for the record of the event
-   *     that is the most recent when graph_launch is called.
-   * While s is capturing these calls fail with DK_FAILED_PRECONDITION and
-   * change nothing:
-   *   - on s: stream_synchronize, stream_query, stream_destroy,
-   *     stream_add_callback (a host function would have to outlive every
-   *     launch), mem_alloc_async, mem_free_async, a nested
-   *     graph_begin_capture, and graph_launch;
-   *   - on the device of s: device_synchronize and mem_free (captured work
-   *     may use the memory). mem_alloc is allowed: memory a graph uses is
-   *     allocated at capture time and owned by the host, which keeps it
-   *     allocated while the graph may be launched.
+   * work submitted to stream s, from any thread, is recorded, not run.
+   * Recorded: kernel calls (everything reachable from the DK_KernelCall is
+   * copied, as for an ordinary launch; the kernel validates the call now,
+   * and a call that fails is not recorded); memset and copy_d2d; copy_h2d
+   * and copy_d2h, whose host pointer is read or written at every launch, so
+   * that host memory must stay valid while the graph may be launched;
+   * event_record, which every launch re-records at that position; and
+   * stream_wait_event, where every launch waits for the record of the event
+   * that is the most recent when graph_launch is called.
+   * Refused with DK_FAILED_PRECONDITION, changing nothing: on s,
+   * stream_synchronize, stream_query, stream_destroy, stream_add_callback
+   * (a host function would have to outlive every launch), mem_alloc_async,
+   * mem_free_async, a nested graph_begin_capture and graph_launch; on the
+   * device of s, device_synchronize and mem_free (captured work may use the
+   * memory). mem_alloc is allowed: memory a graph uses is allocated at
+   * capture time and owned by the host, which keeps it allocated while the
+   * graph may be launched.
    * The NULL stream cannot capture, and work on other streams is not
    * affected. Memory freed while a graph still refers to it makes its next
    * launch fail with DK_INVALID_ARGUMENT where the plugin can tell. */
