@@ -81,7 +81,7 @@ class Graph(Destroyable):
     def __init__(self, stream: Stream, native: bool):
         self.device: Device = stream.device
         self.native = native
-        self._stream: Stream | None = stream  # while capturing
+        self._stream: Stream | None = None    # while capturing
         self._handle = None                   # native: the DK_Graph
         self._steps: list = []                # host replay: what launch() calls, in order
         self._slots: list[_Slot] = []
@@ -91,12 +91,13 @@ class Graph(Destroyable):
 
     # -- capture -----------------------------------------------------------------
 
-    def _begin(self) -> None:
-        dev, stream = self.device, self._stream
+    def _begin(self, stream: Stream) -> None:
+        dev = self.device
         if stream.capturing is not None:
             raise _refused(dev, "graph_begin_capture", "the stream is already capturing a graph")
         if self.native:
             dev.call("graph_begin_capture", dev.index, stream.handle)
+        self._stream = stream
         stream.capturing = self
         dev._captures.append(self)
         dev._capture_hook = _device_call
@@ -304,7 +305,7 @@ def capture(stream: Stream, mode: str = "auto"):
             f"{plugin.name}: the plugin has no graph section (ABI 1.1); capture(mode='host') "
             f"replays the work on the host"))
     graph = Graph(stream, plugin.has_graphs if mode == "auto" else mode == "native")
-    graph._begin()
+    graph._begin(stream)
     try:
         yield graph
     except BaseException:
