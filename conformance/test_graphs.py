@@ -4,8 +4,9 @@ Every case runs twice per plugin: "native" drives the plugin's own graph
 section (ABI 1.1; skipped, with the reason, where the plugin has none), and
 "host" hides the section so that the host records the prebuilt calls and
 replays them, which is what a plugin without the section gets. Results are
-exact: the ops used (Add, Mul, Relu, Gather on float32) round the same way
-in NumPy.
+exact: the ops used (Add and Relu on float32, which every plugin with
+kernels has, and Gather where the plugin has it) round the same way in
+NumPy.
 """
 
 import threading
@@ -50,14 +51,14 @@ def op(name: str, *inputs, stream=None):
 
 
 def capture_affine(stream, mode, x, w, b):
-    """y = relu(x * w + b), captured; returns (graph, y)."""
+    """y = relu(x + w + b), captured; returns (graph, y)."""
     with stream.capture(mode) as graph:
-        y = op("Relu", op("Add", op("Mul", x, w, stream=stream), b, stream=stream), stream=stream)
+        y = op("Relu", op("Add", op("Add", x, w, stream=stream), b, stream=stream), stream=stream)
     return graph, y
 
 
 def affine(x, w, b):
-    return np.maximum(x * w + b, np.float32(0))
+    return np.maximum(x + w + b, np.float32(0))
 
 
 def test_capture_records_without_running_and_launch_runs(dev, stream, mode):
@@ -65,14 +66,14 @@ def test_capture_records_without_running_and_launch_runs(dev, stream, mode):
     marker = devkit.zeros(16, "uint8", dev)
     with stream.capture(mode) as graph:
         marker.buffer.fill(7, stream=stream)
-        y = op("Relu", op("Add", op("Mul", x, w, stream=stream), b, stream=stream), stream=stream)
+        y = op("Relu", op("Add", op("Add", x, w, stream=stream), b, stream=stream), stream=stream)
     stream.synchronize()
     assert (marker.numpy() == 0).all(), "captured work ran during the capture"
     graph.launch(stream)
     stream.synchronize()
     assert (marker.numpy() == 7).all()
     np.testing.assert_array_equal(y.numpy(), affine(x.numpy(), w.numpy(), b.numpy()))
-    assert graph.num_slots == 3 + 3 + 2  # Mul, Add, Relu: inputs then outputs
+    assert graph.num_slots == 3 + 3 + 2  # Add, Add, Relu: inputs then outputs
     graph.destroy()
 
 
@@ -116,7 +117,7 @@ def test_launches_on_two_streams_joined_by_events(dev, stream, mode):
         with stream.capture(mode) as graph_a:
             y = op("Add", x, one, stream=stream)
         with other.capture(mode) as graph_b:
-            z = op("Mul", y, y, stream=other)
+            z = op("Add", y, y, stream=other)
         for launch_stream in (stream, other):
             z.buffer.fill(0)
             graph_a.launch(launch_stream)
@@ -125,7 +126,7 @@ def test_launches_on_two_streams_joined_by_events(dev, stream, mode):
             graph_b.launch(other)
             other.synchronize()
             expected = x.numpy() + 1
-            np.testing.assert_array_equal(z.numpy(), expected * expected)
+            np.testing.assert_array_equal(z.numpy(), expected + expected)
         stream.synchronize()
         graph_a.destroy()
         graph_b.destroy()
@@ -135,7 +136,7 @@ def test_captured_event_record_is_redone_by_every_launch(dev, stream, mode):
     x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
     with dev.create_stream() as other, dev.create_event() as done:
         with stream.capture(mode) as graph:
-            y = op("Relu", op("Add", op("Mul", x, w, stream=stream), b, stream=stream),
+            y = op("Relu", op("Add", op("Add", x, w, stream=stream), b, stream=stream),
                    stream=stream)
             done.record(stream)
         copy = devkit.empty(N, "float32", dev)
@@ -182,7 +183,7 @@ def test_rebind_inputs_and_outputs(dev, stream, mode):
     # Rebinding again (after launches) and by slot, into a buffer at an offset.
     big = devkit.zeros(3 * N, "float32", dev)
     big.buffer.copy_from_host(np.concatenate([values(20)] * 3))
-    assert graph.rebind(0, big.buffer, offset=N * 4) == 1  # slot 0: Mul's first input
+    assert graph.rebind(0, big.buffer, offset=N * 4) == 1  # slot 0: the first Add's first input
     graph.launch(stream)
     stream.synchronize()
     np.testing.assert_array_equal(y2.numpy(), affine(values(20), w.numpy(), b.numpy()))
@@ -279,6 +280,9 @@ def test_raw_calls_refused_while_capturing(plugin, dev, stream, native):
 
 
 def test_error_inside_a_launched_graph_is_sticky_on_its_stream(dev, stream, mode):
+    if dev.plugin.kernel_entry("Gather", np.float32) is None:
+        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 Gather, whose bad indices "
+                           f"make the launched graph fail")
     data = devkit.asarray(values(0, 8), dev)
     indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
     with stream.capture(mode) as graph:
@@ -299,7 +303,7 @@ def test_destroy_with_a_launch_pending_and_memory_back_to_baseline(dev, mode):
     x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
     with dev.create_stream() as s:
         with s.capture(mode) as graph:
-            y = op("Relu", op("Add", op("Mul", x, w, stream=s), b, stream=s), stream=s)
+            y = op("Relu", op("Add", op("Add", x, w, stream=s), b, stream=s), stream=s)
             scratch = devkit.empty(4096, "uint8", dev, stream=s)
             del scratch  # freed during the capture: released when it ends
         gate = threading.Event()
