@@ -26,6 +26,9 @@ call's inputs before its outputs (omitted optional inputs are not slots).
 ``graph.rebind(captured_array, new_array)`` moves every slot lying in the
 captured array's memory to the same place in the new one; ``rebind(slot,
 array_or_buffer)`` moves one slot.
+
+On the host path a kernel validates its call when it is replayed: a call it
+refuses raises from ``launch()``, after the steps before it were submitted.
 """
 
 from __future__ import annotations

@@ -283,9 +283,14 @@ class Call:
                          hostbuf=array)
 
     def zeros(self, count: int, dtype=np.int32) -> cl.Buffer:
-        """A small zeroed device buffer: a flag or counter kernels write."""
-        return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                         hostbuf=np.zeros(count, dtype))
+        """A small zeroed device buffer: a flag or counter kernels write (zeroed
+        again before every launch of a graph that recorded it)."""
+        host = np.zeros(count, dtype)
+        buffer = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                           hostbuf=host)
+        if self.stream is not None and self.stream.capture is not None:
+            self.stream.capture.zero_before_launch(buffer, host.nbytes)
+        return buffer
 
     def check_in_stream_order(self, check) -> None:
         """Queues ``check(queue)`` behind the work enqueued so far: it reads back
@@ -294,12 +299,14 @@ class Call:
         stream keeps the error for its next synchronization; on the NULL
         stream, where the kernels have already run, it is raised here."""
         stream = self.stream
+        # A graph's check fails whichever stream replays it: raised there.
+        recorded = stream is not None and stream.capture is not None
 
         def run(queue: cl.CommandQueue) -> None:
             error = check(queue)
             if error is None:
                 return
-            if stream is None:
+            if stream is None or recorded:
                 raise error
             stream.fail(error)
 
@@ -316,8 +323,10 @@ class Call:
         kernel.set_args(*[a.buffer if isinstance(a, Tensor) else a for a in args])
         global_size = tuple(int(n) for n in np.atleast_1d(global_size))
         local = None if local_size is None else tuple(int(n) for n in np.atleast_1d(local_size))
-        self.device.submit(self.stream,
-                           lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
+        # The closure holds the arguments: a graph enqueues it later (graph.py), and a
+        # kernel does not keep its buffer arguments alive.
+        self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
+            q, kernel, global_size, local))
 
 
 # ---- strided copies ------------------------------------------------------------------
@@ -427,7 +436,11 @@ class KernelTable:
                 continue
 
             def fn(call, key=key, device_of=self.device_of):
-                run(Call(op, call, device_of), key)
+                c = Call(op, call, device_of)
+                if c.stream is not None and c.stream.capture is not None:  # graph.py
+                    c.stream.capture.add_kernel(call, lambda copy: run(Call(op, copy, device_of), key))
+                else:
+                    run(c, key)
 
             self.add(op, key, fn, flags)
 
