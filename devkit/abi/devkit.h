@@ -562,8 +562,9 @@ typedef struct DK_DeviceApi {
    * byte_offset, for launches submitted after this call; shape, strides and
    * dtype stay as captured. The tensor's elements must lie inside `mem`
    * (else DK_OUT_OF_RANGE); `slot` >= num_slots is DK_OUT_OF_RANGE. While a
-   * launch of the graph is pending it is DK_FAILED_PRECONDITION: synchronize
-   * the streams it was launched on first. */
+   * launch of the graph is pending a plugin may refuse it with
+   * DK_FAILED_PRECONDITION: synchronize the streams it was launched on
+   * first. */
   DK_Status (*graph_rebind)(int32_t dev, DK_Graph graph, size_t slot, DK_Mem mem,
                             size_t offset);
   /* NULL accepted. May be called while launches are pending: resources are
