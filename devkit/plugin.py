@@ -214,8 +214,9 @@ def _resolve_and_load(key: str) -> Plugin:
     if key in builtin_names():
         _warn_about_shadows(key)
         return _load_builtin(key)
-    for candidate in _plugin_path_candidates(key):
-        return _load_library(candidate, PLUGIN_PATH_ENV)
+    candidates = _plugin_path_candidates(key)
+    if candidates:
+        return _load_library(candidates[0], PLUGIN_PATH_ENV)
     entry_point = _entry_points().get(key)
     if entry_point is not None:
         return _load_entry_point(entry_point)
