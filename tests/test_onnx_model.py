@@ -103,13 +103,14 @@ def test_initializer_inputs_are_overridable_defaults():
 
 
 def test_values_of_initializers_alone_are_folded_once(device_ops):
-    """Transpose(w) depends on no input: it runs at the first run only, unless
-    a feed overrides w, which it then reads."""
+    """The interpreter: Transpose(w) depends on no input: it runs at the first
+    run only, unless a feed overrides w, which it then reads (plans:
+    tests/test_engine.py)."""
     w = np.arange(80 * 60, dtype=np.float32).reshape(80, 60) / 1000  # above the host-value size
     nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
     model = make_model(nodes, [value("x", [2, 60]), value("w", [80, 60])], [value("y", [2, 80])],
                        [init("w", w)], ir_version=8)
-    prepared = donnx.prepare(model)
+    prepared = donnx.prepare(model, plan=False)
     x = np.random.default_rng(3).standard_normal((2, 60)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_allclose(prepared.run([x])[0], x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
@@ -137,7 +138,7 @@ def shape_subgraph_model():
 
 
 def test_shape_subgraph_stays_on_the_host(device_ops):
-    prepared = donnx.prepare(shape_subgraph_model())
+    prepared = donnx.prepare(shape_subgraph_model(), plan=False)
     for batch in (4, 4, 1, 4):
         x = np.random.default_rng(batch).standard_normal((batch, 6)).astype(np.float32)
         (y,) = prepared.run([x])
@@ -155,13 +156,18 @@ def test_host_outputs_are_copies():
     np.testing.assert_array_equal(prepared.run([np.zeros((5, 3), np.float32)])[0], [5, 3])
 
 
+def relu_chain_model(length: int, size: int):
+    """h0 (size,) -> ``length`` Relus -> h{length}."""
+    nodes = [helper.make_node("Relu", [f"h{i}"], [f"h{i + 1}"]) for i in range(length)]
+    return make_model(nodes, [value("h0", [size])], [value(f"h{length}", [size])])
+
+
 def test_intermediate_values_are_freed_after_their_last_use(monkeypatch):
-    """A chain of Relus holds two activations at a time, not the whole chain."""
+    """The interpreter: a chain of Relus holds two activations at a time, not
+    the whole chain (a plan's arena: tests/test_engine.py)."""
     dev = devkit.device("cpu:0")
-    chain = 8
-    nodes = [helper.make_node("Relu", [f"h{i}"], [f"h{i + 1}"]) for i in range(chain)]
-    model = make_model(nodes, [value("h0", [1 << 18])], [value(f"h{chain}", [1 << 18])])
-    prepared = donnx.prepare(model, dev)
+    model = relu_chain_model(8, 1 << 18)
+    prepared = donnx.prepare(model, dev, plan=False)
     x = np.random.default_rng(4).standard_normal(1 << 18).astype(np.float32)
     baseline = dev.mem_get_info()[0]
     peak = 0

@@ -231,13 +231,13 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
         if decl.host and isinstance(value, _Slot):
             raise NotPlannable(f"{_describe(node)}: its input '{decl.name}' is computed on the device, "
                                f"so its value is only known while the graph runs")
+        if decl.read_by_infer and isinstance(value, _Slot):
+            raise NotPlannable(f"{_describe(node)}: its output shape depends on its input values")
     stand_ins = [value.stand_in if isinstance(value, _Slot) else value for value in given]
     resolved = dispatch.resolve(spec, stand_ins, node.attrs, device)
     if resolved.entry is None:
         raise NotPlannable(f"{_describe(node)}: plugin '{device.plugin.name}' has no kernel for "
                            f"{_spec.dtype_name(resolved.key_dtype)}")
-    if resolved.reads_values:
-        raise NotPlannable(f"{_describe(node)}: its output shape depends on its input values")
     call_inputs, slot_inputs = [], []
     for position_in_call, position in enumerate(resolved.call_inputs):
         value = None if position is None else given[position]

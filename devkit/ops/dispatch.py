@@ -281,7 +281,7 @@ class Resolved:
     outputs: list[tuple[tuple[int, ...], np.dtype]]
     call_inputs: list[int | None]
     attributes: list[tuple[str, str, object]]
-    reads_values: bool  # shape inference read a device input's values (NonZero's)
+    reads_values: bool  # the call read a device array's values: a host input, NonZero's input
 
 
 def resolve(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=None,
@@ -297,9 +297,13 @@ def resolve(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=N
             call_inputs.append(None if info is None else position)
     while call_inputs and call_inputs[-1] is None:
         call_inputs.pop()
+    # A host input given as a device Array (its values read back) or a device input
+    # shape inference reads: the call depends on values, not only on shapes.
+    reads_values = (any(decl.read_by_infer for _, decl, _ in device_inputs)
+                    or any(decl.host and isinstance(value, Array)
+                           for decl, value in zip(_declared(spec, len(inputs)), inputs)))
     return Resolved(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
-                    _attribute_list(spec, attrs, host_values),
-                    any(decl.read_by_infer for _, decl, _ in device_inputs))
+                    _attribute_list(spec, attrs, host_values), reads_values)
 
 
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
