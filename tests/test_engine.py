@@ -240,9 +240,9 @@ def test_a_plan_releases_its_device_memory():
 
 @pytest.fixture
 def cache():
-    dispatch.clear_call_cache()
-    yield dispatch.call_cache_info
-    dispatch.clear_call_cache()
+    devkit.ops.clear_call_cache()
+    yield devkit.ops.call_cache_info
+    devkit.ops.clear_call_cache()
 
 
 def test_repeated_calls_hit_the_cache(cache):
