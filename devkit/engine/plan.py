@@ -112,18 +112,21 @@ class Plan:
     def arena_bytes(self) -> int:
         return self.memory.arena_bytes
 
-    def run(self, feed: Mapping[str, np.ndarray], stream: Stream | None = None) -> list[np.ndarray]:
+    def run(self, feed: Mapping[str, np.ndarray], stream: Stream | None = None, *,
+            wait: bool | None = None) -> list[np.ndarray]:
         """Inputs in (copied into the arena), the calls replayed, outputs out.
-        Without ``stream`` the plan's own stream is synchronized once before
-        returning; with one, nothing waits and the outputs are defined once
-        ``stream`` has been synchronized. Runs of one plan take turns."""
+        Without ``stream`` the work goes to a stream of the plan's own. With
+        ``wait`` (the default without a stream) the stream is synchronized
+        once before returning; else nothing waits and the outputs are defined
+        once ``stream`` has been synchronized. Runs of one plan take turns."""
+        if wait is None:
+            wait = stream is None
         with self._lock:
             if stream is None:
                 if self._stream is None:
                     self._stream = self.device.create_stream()
-                work = self._stream
-            else:
-                work = stream
+                stream = self._stream
+            work = stream
             for name, array in self._inputs:
                 host = feed[name]
                 if host.size:
@@ -140,10 +143,10 @@ class Plan:
                 if out.size:
                     value.buffer.copy_to_host(out.reshape(-1).view(np.uint8), stream=work)
                 results.append(out)
-            if stream is None:
+            if wait:
                 work.synchronize()
             else:
-                stream.retain(self)
+                work.retain(self)
             return results
 
 
