@@ -97,6 +97,16 @@ class _Graph:
         return self.op("BatchNormalization", [x, self.const("bn_scale", scale), self.const("bn_b", bias),
                                               self.const("bn_mean", mean), self.const("bn_var", var)])
 
+    def conv_bn(self, x: str, c_in: int, c_out: int, kernel: int, stride: int = 1) -> str:
+        return self.batch_norm(self.conv(x, c_in, c_out, kernel, stride, bias=False), c_out)
+
+    def basic_block(self, x: str, c_in: int, c_out: int, stride: int) -> str:
+        """ResNet's basic block: two 3x3 conv_bn, the shortcut a strided 1x1 conv_bn where shapes change."""
+        h = self.op("Relu", [self.conv_bn(x, c_in, c_out, 3, stride)])
+        h = self.conv_bn(h, c_out, c_out, 3)
+        shortcut = x if stride == 1 and c_in == c_out else self.conv_bn(x, c_in, c_out, 1, stride)
+        return self.op("Relu", [self.op("Add", [h, shortcut])])
+
     def norm_scale(self, n: int) -> np.ndarray:
         return self.rng.uniform(0.8, 1.2, n).astype(np.float32)
 
@@ -128,20 +138,10 @@ def resnet(seed: int = 0, batch: int = 2, size: int = 32, width: int = 16, class
     """x (batch, 3, size, size): a stem, a basic residual block, a strided block
     with a projection shortcut, global pooling and a classifier."""
     g = _Graph(seed)
-
-    def conv_bn(x, c_in, c_out, kernel, stride=1):
-        return g.batch_norm(g.conv(x, c_in, c_out, kernel, stride, bias=False), c_out)
-
-    def block(x, c_in, c_out, stride):
-        h = g.op("Relu", [conv_bn(x, c_in, c_out, 3, stride)])
-        h = conv_bn(h, c_out, c_out, 3)
-        shortcut = x if stride == 1 and c_in == c_out else conv_bn(x, c_in, c_out, 1, stride)
-        return g.op("Relu", [g.op("Add", [h, shortcut])])
-
-    h = g.op("Relu", [conv_bn("x", 3, width, 3)])
+    h = g.op("Relu", [g.conv_bn("x", 3, width, 3)])
     h = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    h = block(h, width, width, 1)
-    h = block(h, width, 2 * width, 2)
+    h = g.basic_block(h, width, width, 1)
+    h = g.basic_block(h, width, 2 * width, 2)
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
     logits = g.op("Gemm", [h, g.weight("fc_w", (classes, 2 * width), fan_in=2 * width),
                            g.const("fc_b", g.small(classes))], transB=1)
@@ -252,21 +252,11 @@ def resnet18(seed: int = 0, batch: int = 1, size: int = 224, classes: int = 1000
     """x (batch, 3, size, size) -> logits: torchvision's ResNet-18 layout
     (7x7 stem, four stages of two basic blocks, 64 to 512 channels)."""
     g = _Graph(seed)
-
-    def conv_bn(x, c_in, c_out, kernel, stride=1):
-        return g.batch_norm(g.conv(x, c_in, c_out, kernel, stride, bias=False), c_out)
-
-    def block(x, c_in, c_out, stride):
-        h = g.op("Relu", [conv_bn(x, c_in, c_out, 3, stride)])
-        h = conv_bn(h, c_out, c_out, 3)
-        shortcut = x if stride == 1 and c_in == c_out else conv_bn(x, c_in, c_out, 1, stride)
-        return g.op("Relu", [g.op("Add", [h, shortcut])])
-
-    h = g.op("Relu", [conv_bn("x", 3, 64, 7, 2)])
+    h = g.op("Relu", [g.conv_bn("x", 3, 64, 7, 2)])
     h = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     channels = 64
     for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        h = block(block(h, channels, width, stride), width, width, 1)
+        h = g.basic_block(g.basic_block(h, channels, width, stride), width, width, 1)
         channels = width
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
     logits = g.op("Gemm", [h, g.weight("fc_w", (classes, channels), fan_in=channels),
