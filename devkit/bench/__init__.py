@@ -3,7 +3,7 @@
     devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (devkit.bench.ops)
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
     devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
-                        [--repeat 15] [--quick] [--json PATH]
+                        [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]     (devkit.bench.collectives)
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
 
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     engine_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
     engine_bench.add_argument("--only", default="eager,chain,models",
                               help="comma-separated subset of eager, chain, models")
+    engine_bench.add_argument("--models", help="comma-separated zoo models (default: zoo.MODELS and zoo.LARGE_MODELS)")
     engine_bench.add_argument("--repeat", type=int, default=15)
     engine_bench.add_argument("--quick", action="store_true", help="a short run: 20 chain nodes, two small models")
     engine_bench.add_argument("--json", type=Path, help="also write the results to this file")

@@ -1,8 +1,8 @@
 """devkit-bench engine: the host cost of devkit's execution engine against
 torch, NumPy and onnxruntime, measured in the same run.
 
-    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] [--repeat 15]
-                        [--quick] [--json PATH]
+    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] [--models resnet18,gpt]
+                        [--repeat 15] [--quick] [--json PATH]
 
 - eager: a 1-element float32 Add through devkit.ops.Add (the call cache's
   path) against torch.add and numpy.add;
@@ -152,14 +152,16 @@ def chain_rows(plugins: list[str], nodes: int, repeat: int) -> list[dict]:
     return rows
 
 
-def model_rows(plugins: list[str], quick: bool, repeat: int) -> list[dict]:
+def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat: int) -> list[dict]:
     from ..onnx import zoo
 
-    builders = dict(zoo.MODELS)
-    if quick:  # the test's run: two small models
-        builders = {name: builders[name] for name in ("mlp", "resnet")}
-    else:
-        builders.update(zoo.LARGE_MODELS)
+    builders = {**zoo.MODELS, **zoo.LARGE_MODELS}
+    if models is None:  # the quick run (the test's): two small models
+        models = ["mlp", "resnet"] if quick else list(builders)
+    unknown = sorted(set(models) - set(builders))
+    if unknown:
+        raise SystemExit(f"devkit-bench engine: no model {unknown[0]!r} (the zoo has {', '.join(builders)})")
+    builders = {name: builders[name] for name in models}
     rows = []
     for plugin in plugins:
         for name, build in builders.items():
@@ -171,14 +173,14 @@ def model_rows(plugins: list[str], quick: bool, repeat: int) -> list[dict]:
     return rows
 
 
-def run(plugins: list[str], only: list[str], repeat: int, quick: bool) -> list[dict]:
+def run(plugins: list[str], only: list[str], repeat: int, quick: bool, models: list[str] | None = None) -> list[dict]:
     rows = []
     if "eager" in only:
         rows += eager_rows(repeat, 200 if quick else 2000)
     if "chain" in only:
         rows += chain_rows(plugins, 20 if quick else 200, repeat)
     if "models" in only:
-        rows += model_rows(plugins, quick, repeat)
+        rows += model_rows(plugins, models, quick, repeat)
     return rows
 
 
@@ -201,7 +203,7 @@ def engine_main(args) -> int:
     only = args.only.split(",")
     if args.plugins and "opencl" in plugins:
         os.environ.setdefault("POCL_DEVICES", "pthread pthread")
-    rows = run(plugins, only, args.repeat, args.quick)
+    rows = run(plugins, only, args.repeat, args.quick, args.models.split(",") if args.models else None)
     print_rows(rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -237,12 +237,12 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
         if decl.read_by_infer and isinstance(value, _Slot):
             raise NotPlannable(f"{_describe(node)}: its output shape depends on its input values")
     stand_ins = [value.stand_in if isinstance(value, _Slot) else value for value in given]
-    resolved = dispatch.resolve(spec, stand_ins, node.attrs, device)
-    if resolved.entry is None:
+    bound = dispatch.bind_call(spec, stand_ins, node.attrs, device)
+    if bound.entry is None:
         raise NotPlannable(f"{_describe(node)}: plugin '{device.plugin.name}' has no kernel for "
-                           f"{_spec.dtype_name(resolved.key_dtype)}")
+                           f"{_spec.dtype_name(bound.key_dtype)}")
     call_inputs, slot_inputs = [], []
-    for position_in_call, position in enumerate(resolved.call_inputs):
+    for position_in_call, position in enumerate(bound.call_inputs):
         value = None if position is None else given[position]
         if isinstance(value, _Slot):
             slot_inputs.append((position_in_call, value))
@@ -251,10 +251,10 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
             value = asarray(value, device)
             resident.append(value)
         call_inputs.append(value)
-    made = [_Slot(shape, dtype, index, stand_in_buffer) for shape, dtype in resolved.outputs]
+    made = [_Slot(shape, dtype, index, stand_in_buffer) for shape, dtype in bound.outputs]
     slots.extend(made)
-    call = KernelCall(device, resolved.entry, node.op, call_inputs, [slot.stand_in for slot in made],
-                      resolved.attributes)
+    call = KernelCall(device, bound.entry, node.op, call_inputs, [slot.stand_in for slot in made],
+                      bound.attributes)
     steps.append((call, slot_inputs, list(enumerate(made))))
     return made
 

@@ -267,8 +267,9 @@ def _infer(spec: OpSpec, infos, attrs) -> list[tuple[tuple[int, ...], np.dtype]]
 
 
 @dataclasses.dataclass
-class Resolved:
-    """A call checked and resolved: what to launch for it, nothing allocated.
+class BoundCall:
+    """A call bound, checked and shape-inferred, its kernel found: what to
+    launch for it, nothing allocated.
 
     ``call_inputs`` gives, per kernel input, the position of its value in the
     given inputs (None: an omitted optional input keeping its place)."""
@@ -284,8 +285,8 @@ class Resolved:
     reads_values: bool  # the call read a device array's values: a host input, NonZero's input
 
 
-def resolve(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=None,
-            stream: Stream | None = None) -> Resolved:
+def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=None,
+              stream: Stream | None = None) -> BoundCall:
     """Bind, check and shape-infer a call and find its kernel."""
     dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, device_spec, stream)
     outputs = _infer(spec, infos, attrs)
@@ -302,8 +303,8 @@ def resolve(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=N
     reads_values = (any(decl.read_by_infer for _, decl, _ in device_inputs)
                     or any(decl.host and isinstance(value, Array)
                            for decl, value in zip(_declared(spec, len(inputs)), inputs)))
-    return Resolved(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
-                    _attribute_list(spec, attrs, host_values), reads_values)
+    return BoundCall(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
+                     _attribute_list(spec, attrs, host_values), reads_values)
 
 
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
@@ -326,13 +327,13 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
         return cached.run(inputs, stream)
     _cache_counts[1] += 1
     spec = _spec.get(name)
-    resolved = resolve(spec, inputs, attrs, device, stream)
-    dev, entry = resolved.device, resolved.entry
+    bound = bind_call(spec, inputs, attrs, device, stream)
+    dev, entry = bound.device, bound.entry
     if entry is None:
-        return _run_without_kernel(spec, dev, inputs, resolved.attrs, resolved.key_dtype, stream)
+        return _run_without_kernel(spec, dev, inputs, bound.attrs, bound.key_dtype, stream)
     compacted = False
     call_inputs: list[Array | None] = []
-    for position in resolved.call_inputs:
+    for position in bound.call_inputs:
         if position is None:
             call_inputs.append(None)
             continue
@@ -341,12 +342,12 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
         if not array.is_contiguous and not entry.flags & C.DK_KERNEL_STRIDED_INPUTS:
             array, compacted = _make_compact(dev, array, stream), True
         call_inputs.append(array)
-    results = [empty(shape, dtype, dev, stream) for shape, dtype in resolved.outputs]
-    call = _call_kernel(dev, entry, name, call_inputs, results, resolved.attributes, stream)
-    if key is not None and not compacted and not resolved.reads_values:
+    results = [empty(shape, dtype, dev, stream) for shape, dtype in bound.outputs]
+    call = _call_kernel(dev, entry, name, call_inputs, results, bound.attributes, stream)
+    if key is not None and not compacted and not bound.reads_values:
         if len(cache) >= CALL_CACHE_SIZE:
             cache.clear()
-        cache[key] = _CachedCall(resolved, call)
+        cache[key] = _CachedCall(bound, call)
     return results
 
 
@@ -419,19 +420,19 @@ def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, device_spec) -
 
 
 class _CachedCall:
-    """A resolved call and its prebuilt kernel call: a run allocates the
+    """A bound call and its prebuilt kernel call: a run allocates the
     outputs and patches the data pointers."""
 
     __slots__ = ("device", "call", "inputs", "outputs", "_plugin_call")
 
-    def __init__(self, resolved: Resolved, call: KernelCall):
-        self.device = resolved.device
+    def __init__(self, bound: BoundCall, call: KernelCall):
+        self.device = bound.device
         self.call = call
-        self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(resolved.call_inputs)
+        self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(bound.call_inputs)
                        if position is not None]
         self.outputs = [(call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)),
                          math.prod(shape) * dtype.itemsize)
-                        for slot, (shape, dtype) in enumerate(resolved.outputs)]
+                        for slot, (shape, dtype) in enumerate(bound.outputs)]
 
     def run(self, inputs: Sequence, stream: Stream | None) -> list[Array]:
         # engine.calls.bind, inlined: this loop is most of an eager op's host cost.
