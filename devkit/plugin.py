@@ -32,6 +32,7 @@ from pathlib import Path
 from . import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
+from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
 
 ENTRY_POINT_GROUP = "devkit.plugins"
@@ -80,6 +81,7 @@ class Plugin:
         self._devices: dict[int, object] = {}
         self._devices_lock = threading.Lock()
         self._kernel_index: dict[str, list] | None = None
+        self._kernel_by_key: dict[tuple[str, int, int], object] = {}
 
     # -- the table -----------------------------------------------------------
 
@@ -103,27 +105,30 @@ class Plugin:
 
     def kernel_entries(self, op: str | None = None) -> list:
         """The kernel table's DK_KernelEntry pointers (for one op, or all)."""
-        if self._kernel_index is None:
-            index: dict[str, list] = {}
-            if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
-                for i in range(self._info.num_kernels):
-                    entry = self._info.kernels[i]
-                    if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
-                        index.setdefault(_string(entry.op), []).append(entry)
-            self._kernel_index = index
+        index = self._kernel_index if self._kernel_index is not None else self._index_kernels()
         if op is not None:
-            return list(self._kernel_index.get(op, ()))
-        return [entry for entries in self._kernel_index.values() for entry in entries]
+            return list(index.get(op, ()))
+        return [entry for entries in index.values() for entry in entries]
+
+    def _index_kernels(self) -> dict[str, list]:
+        index: dict[str, list] = {}
+        by_key: dict[tuple[str, int, int], object] = {}
+        if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
+            for i in range(self._info.num_kernels):
+                entry = self._info.kernels[i]
+                if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
+                    op = _string(entry.op)
+                    index.setdefault(op, []).append(entry)
+                    if entry.dtype.lanes in (0, 1):  # the first entry for a key wins
+                        by_key.setdefault((op, entry.dtype.code, entry.dtype.bits), entry)
+        self._kernel_index, self._kernel_by_key = index, by_key
+        return index
 
     def kernel_entry(self, op: str, dtype):
         """The entry for (op, key dtype), or None when the plugin has none."""
-        from .dtypes import code_bits
-
-        code, bits = code_bits(dtype)
-        for entry in self.kernel_entries(op):
-            if entry.dtype.code == code and entry.dtype.bits == bits and entry.dtype.lanes in (0, 1):
-                return entry
-        return None
+        if self._kernel_index is None:
+            self._index_kernels()
+        return self._kernel_by_key.get((op, *code_bits(dtype)))
 
     @property
     def kernels(self) -> list[tuple[str, int, int, int]]:

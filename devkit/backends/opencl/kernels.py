@@ -37,8 +37,21 @@ class ProgramCache:
 
     def __init__(self):
         self._programs: dict[tuple[int, str, str], cl.Program] = {}
+        self._kernels: dict[tuple[int, str, str, str], tuple[cl.Kernel, threading.Lock]] = {}
         self._lock = threading.Lock()
         self.builds = 0
+
+    def kernel(self, device: Device, source: str, options: str, name: str) -> tuple[cl.Kernel, threading.Lock]:
+        """Kernel ``name`` of the program, made once: a new cl.Kernel costs
+        pyopencl an argument-setter generation (~1 ms) at its first set_args.
+        Its arguments are state, so launches hold the lock from set_args to enqueue."""
+        memo_key = (device.index, source, options, name)
+        found = self._kernels.get(memo_key)
+        if found is None:
+            found = (cl.Kernel(self.get(device, source, options), name), threading.Lock())
+            with self._lock:
+                found = self._kernels.setdefault(memo_key, found)
+        return found
 
     def get(self, device: Device, source: str, options: str = "") -> cl.Program:
         memo_key = (device.index, source, options)
@@ -319,14 +332,21 @@ class Call:
         ``args`` are pyopencl kernel arguments: Tensors (passed as their buffer),
         cl.Buffers, numpy scalars (np.int64(...), ...) or cl.LocalMemory.
         """
-        kernel = cl.Kernel(programs.get(self.device, source, options), name)
-        kernel.set_args(*[a.buffer if isinstance(a, Tensor) else a for a in args])
         global_size = tuple(int(n) for n in np.atleast_1d(global_size))
         local = None if local_size is None else tuple(int(n) for n in np.atleast_1d(local_size))
-        # The closure holds the arguments: a graph enqueues it later (graph.py), and a
-        # kernel does not keep its buffer arguments alive.
-        self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
-            q, kernel, global_size, local))
+        buffers = [a.buffer if isinstance(a, Tensor) else a for a in args]
+        if self.stream is not None and self.stream.capture is not None:
+            # A graph enqueues this at every launch (graph.py): it gets a kernel of its
+            # own, whose arguments stay as set now, and the closure keeps them alive.
+            kernel = cl.Kernel(programs.get(self.device, source, options), name)
+            kernel.set_args(*buffers)
+            self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
+                q, kernel, global_size, local))
+            return
+        kernel, lock = programs.kernel(self.device, source, options, name)
+        with lock:  # submit enqueues before it returns, and an enqueue takes the arguments as set
+            kernel.set_args(*buffers)
+            self.device.submit(self.stream, lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
 
 
 # ---- strided copies ------------------------------------------------------------------
