@@ -17,7 +17,8 @@ Every collective takes contiguous ``devkit.Array``s on the communicator's
 device, checks them before calling into the plugin, and returns its output
 array. With ``stream=None`` the call is complete when it returns; with a
 stream it is enqueued and the arrays are kept alive until the stream is
-synchronized. See docs/collectives.md.
+synchronized; freeing one meanwhile releases its memory only after the
+collective (docs/framework-guide.md). See docs/collectives.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,11 @@ handle when it is garbage-collected, closed explicitly, or leaves a ``with``
 block. Work submitted to a stream may still be pending when a call returns;
 the Python objects it uses (host arrays, buffers, callbacks) are kept alive by
 the stream until it is known to be complete (``synchronize`` or a ``query``
-that finds it idle).
+that finds it idle), and memory it uses is never released under it: freeing
+a buffer orders the release after that work (see "the rule" below and
+docs/framework-guide.md). Allocations go through a per-device caching
+allocator (``memory_stats``, ``empty_cache``; ``DEVKIT_ALLOCATOR=none``
+bypasses it).
 """
 
 from __future__ import annotations
@@ -187,6 +191,8 @@ class Stream(Destroyable):
         pending work: freeing it orders the release after that work.
         """
         allocations = [allocation for allocation in map(_allocation_of, objects) if allocation]
+        for allocation in allocations:
+            allocation.used_on_streams = True
         with self._lock:
             self._pending.extend(objects)
             self._allocations.update(allocations)
@@ -377,13 +383,15 @@ class _DeviceMemory:
         self._returned: collections.deque = collections.deque()  # (nbytes, capacity, block or None)
         self._idle_events: list[Event] = []
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._max_alloc_size = 0  # read from the properties at the first allocation
         _DeviceMemory._all.append(self)
 
     # -- allocation ---------------------------------------------------------------
 
     def allocate(self, nbytes: int, stream: Stream | None) -> _Allocation:
         dev = self.device
-        limit = dev.properties.max_alloc_size
+        limit = self._max_alloc_size or dev.properties.max_alloc_size
+        self._max_alloc_size = limit
         if nbytes > limit:
             raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {dev}: more than its "
                                    f"max_alloc_size of {limit} bytes")
@@ -426,6 +434,9 @@ class _DeviceMemory:
 
     def _ready(self, block: _Block, stream: Stream | None) -> bool:
         """True when only ``stream``'s own (earlier, so ordered) work may still use the block."""
+        if not block.waits:
+            return True
+
         def ordered(ref) -> bool:
             return stream is not None and ref() is stream
 
@@ -484,6 +495,8 @@ class _DeviceMemory:
                 self._take_returned()
 
     def _pending_streams(self, allocation: _Allocation) -> list[Stream]:
+        if not allocation.used_on_streams:
+            return []
         with self.device._streams_lock:
             streams = list(self.device._streams)
         return [s for s in streams if s._handle is not None and allocation in s._allocations]
@@ -493,9 +506,7 @@ class _DeviceMemory:
         if stream is None and pending:
             stream = pending[0]
         if stream is not None and dev.plugin.has("mem_free_async"):
-            for other in pending:
-                if other is not stream:
-                    stream.wait_event(other.record(Event(dev, timing=False)))
+            self._join(stream, pending)
             dev.call("mem_free_async", dev.index, handle, stream.handle)
             return
         try:
@@ -507,15 +518,19 @@ class _DeviceMemory:
     def _add_waits(self, block: _Block, pending: list[Stream], stream: Stream | None) -> None:
         """Tag the block with an event on every stream whose work may use it."""
         if stream is not None:  # free(stream): order the other streams' work into `stream`
-            for other in pending:
-                if other is not stream:
-                    stream.wait_event(other.record(Event(self.device, timing=False)))
+            self._join(stream, pending)
             pending = [stream]
         for waited in pending:
             earlier = [e for r, e in block.waits if r() is waited]  # superseded: later on the same stream
             block.waits = [(r, e) for r, e in block.waits if r() is not waited]
             self._idle_events += earlier
             block.waits.append((weakref.ref(waited), self._idle_event().record(waited)))
+
+    def _join(self, stream: Stream, others: list[Stream]) -> None:
+        """Work submitted to ``stream`` from now on runs after what ``others`` have so far."""
+        for other in others:
+            if other is not stream:
+                stream.wait_event(other.record(Event(self.device, timing=False)))
 
     def _idle_event(self) -> Event:
         try:
@@ -619,6 +634,7 @@ class _Allocation:
         self.nbytes = nbytes
         self.block = block
         self._owned = handle  # until released
+        self.used_on_streams = False  # set by Stream.retain: only then can work be pending on it
         self._holds = 0
         self._free_stream: Stream | None = None
 
@@ -803,10 +819,16 @@ class _HostMemory:
             "version": 3, "data": (address, False), "shape": tuple(shape),
             "strides": tuple(byte_strides), "typestr": dtype.str,
         }
+        self._allocation = None
         owner.buffer._allocation.hold()
+        self._allocation = owner.buffer._allocation
 
     def __del__(self):
-        self.owner.buffer._allocation.unhold(finalizing=True)
+        if self._allocation is not None:
+            try:
+                self._allocation.unhold(finalizing=True)
+            except Exception:  # interpreter shutdown or an already-failed plugin
+                pass
 
 
 class Array:
@@ -820,15 +842,18 @@ class Array:
         self.offset = int(offset)
         if any(n < 0 for n in self.shape) or len(self.strides) != len(self.shape):
             raise ValueError(f"invalid shape {self.shape} with strides {self.strides}")
-        self._check_addressable()
+        if (not 0 <= self.offset <= buffer.nbytes or self.size * self.itemsize > _INT64_MAX
+                or max(self.shape, default=0) > _INT64_MAX
+                or max(map(abs, self.strides), default=0) > _INT64_MAX):
+            self._refuse_unaddressable()
         low, high = self._extent()
         if self.size and (low < 0 or high > buffer.nbytes):
             raise IndexError(
                 f"array of shape {self.shape}, strides {self.strides} at offset {self.offset} "
                 f"reaches bytes [{low}, {high}) outside the {buffer.nbytes}-byte buffer")
 
-    def _check_addressable(self) -> None:
-        """Kernels take shapes, strides and byte counts as int64: everything must fit."""
+    def _refuse_unaddressable(self) -> None:
+        """Kernels take shapes, strides and byte counts as int64: say what does not fit."""
         if not 0 <= self.offset <= self.buffer.nbytes:
             raise IndexError(f"array offset {self.offset} is outside the {self.buffer.nbytes}-byte "
                              f"buffer")
@@ -837,8 +862,7 @@ class Array:
                 f"array of shape {self.shape} ({self.dtype}) holds {self.size} elements, "
                 f"{self.nbytes} bytes: past any device's reach (past int64; {self.device}'s "
                 f"max_alloc_size is {self.device.properties.max_alloc_size} bytes)")
-        if any(abs(s) > _INT64_MAX for s in self.strides) or any(n > _INT64_MAX for n in self.shape):
-            raise ValueError(f"shape {self.shape} with strides {self.strides} does not fit int64")
+        raise ValueError(f"shape {self.shape} with strides {self.strides} does not fit int64")
 
     @property
     def device(self) -> Device:
@@ -994,7 +1018,12 @@ def empty(shape, dtype="float32", device_spec: str | Device = "cpu:0",
           stream: Stream | None = None) -> Array:
     """An uninitialised array on a device."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    shape = tuple(_check_size(n, f"dimension of shape {shape}") for n in shape)
+    try:
+        shape = tuple(map(operator.index, shape))
+    except TypeError:
+        shape = tuple(_check_size(n, f"dimension of shape {shape}") for n in shape)  # raises, naming it
+    if min(shape, default=0) < 0:
+        _check_size(min(shape), f"dimension of shape {shape}")
     dtype = dtypes.normalize(dtype)
     dev = device(device_spec)
     return Array(dev.alloc(math.prod(shape) * dtype.itemsize, stream), shape, dtype)

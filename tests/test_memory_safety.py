@@ -460,3 +460,23 @@ def test_unknown_allocator_is_refused():
     assert "DEVKIT_ALLOCATOR='buddy' is not an allocator (choose from caching, none)" in result.stderr
     with pytest.raises(ValueError, match="allocator 'buddy' is not one of caching, none"):
         devkit.set_allocator("buddy")
+
+
+def test_without_mem_free_async_free_waits_for_the_pending_work(monkeypatch):
+    """The direct path's fallback (the header's): synchronize the streams using it, then mem_free."""
+    previous = devkit.set_allocator("none")
+    try:
+        dev = devkit.device("cpu:1")
+        plugin_has = dev.plugin.has
+        monkeypatch.setattr(dev.plugin, "has", lambda name: name != "mem_free_async" and plugin_has(name))
+        stream = dev.create_stream()
+        buffer = dev.alloc(1 << 16)
+        gate = Gate(stream)
+        buffer.fill(5, stream=stream)
+        out = buffer.copy_to_host(stream=stream)
+        threading.Timer(0.2, gate.open).start()
+        buffer.free()
+        assert stream.query(), "free() returned before the work using the buffer had run"
+        assert np.all(out == 5)
+    finally:
+        devkit.set_allocator(previous)
