@@ -315,6 +315,7 @@ class Event(Destroyable):
 ALLOCATOR_ENV = "DEVKIT_ALLOCATOR"
 ALLOCATORS = ("caching", "none")
 _INT64_MAX = (1 << 63) - 1
+_SIZE_MAX = (1 << 64) - 1
 
 
 def _allocator_from_environment() -> str:
@@ -390,11 +391,12 @@ class _DeviceMemory:
 
     def allocate(self, nbytes: int, stream: Stream | None) -> _Allocation:
         dev = self.device
-        limit = self._max_alloc_size or dev.properties.max_alloc_size
-        self._max_alloc_size = limit
+        if not self._max_alloc_size:
+            self._max_alloc_size = dev.properties.max_alloc_size or _SIZE_MAX  # 0: none reported
+        limit = self._max_alloc_size
         if nbytes > limit:
             raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {dev}: more than its "
-                                   f"max_alloc_size of {limit} bytes")
+                                   f"max_alloc_size of {dev.properties.max_alloc_size} bytes")
         capacity = _size_class(nbytes)
         if _allocator == "none" or capacity > limit:
             return self._allocate_direct(nbytes, stream)
