@@ -10,6 +10,7 @@ mem_free_async).
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 import threading
 
@@ -20,8 +21,25 @@ import devkit
 from devkit import runtime
 from tests.conftest import run_python
 
-# Shared by the subprocess cases: a gate holds a stream until opened, so work
-# queued behind it is pending for certain; `scribble` allocates and overwrites
+class Gate:
+    """Holds a stream until opened, so work queued behind it is pending for certain."""
+
+    def __init__(self, stream):
+        self.event = threading.Event()
+        stream.add_callback(lambda: self.event.wait(30))
+
+    def open(self):
+        self.event.set()
+
+
+def fill_and_read_behind_a_gate(stream, buffer, value):
+    """Queue a fill and a read-back behind a closed gate: (gate, host copy once it opens)."""
+    gate = Gate(stream)
+    buffer.fill(value, stream=stream)
+    return gate, buffer.copy_to_host(stream=stream)
+
+
+# Shared by the subprocess cases: Gate (above); `scribble` allocates and overwrites
 # memory on the default stream, which would land in a block released too early.
 PRELUDE = """
 import threading
@@ -30,14 +48,13 @@ import devkit
 from devkit import ops
 
 dev = devkit.device("cpu:0")
-
-class Gate:
-    def __init__(self, stream):
-        self.event = threading.Event()
-        stream.add_callback(lambda: self.event.wait(30))
-
-    def open(self):
-        self.event.set()
+""" + inspect.getsource(Gate) + inspect.getsource(fill_and_read_behind_a_gate) + """
+def open_and_check(gate, stream, out, value):
+    # scribble over memory released too early (if any), then let the work run and check it
+    scribble(len(out))
+    gate.open()
+    stream.synchronize()
+    assert np.all(out == value)
 
 def scribble(nbytes, times=4):
     for _ in range(times):
@@ -61,26 +78,16 @@ CRASH_CASES = {
     "free-with-pending-work": """
         stream = dev.create_stream()
         buffer = dev.alloc(1 << 20)
-        gate = Gate(stream)
-        buffer.fill(7, stream=stream)
-        out = buffer.copy_to_host(stream=stream)
+        gate, out = fill_and_read_behind_a_gate(stream, buffer, 7)
         buffer.free()
         assert freed(buffer)
-        scribble(1 << 20)
-        gate.open()
-        stream.synchronize()
-        assert np.all(out == 7)
+        open_and_check(gate, stream, out, 7)
     """,
     "with-block-with-pending-work": """
         stream = dev.create_stream()
         with dev.alloc(1 << 20) as buffer:
-            gate = Gate(stream)
-            buffer.fill(9, stream=stream)
-            out = buffer.copy_to_host(stream=stream)
-        scribble(1 << 20)
-        gate.open()
-        stream.synchronize()
-        assert np.all(out == 9)
+            gate, out = fill_and_read_behind_a_gate(stream, buffer, 9)
+        open_and_check(gate, stream, out, 9)
     """,
     "free-op-output-before-its-stream-ran": """
         stream = dev.create_stream()
@@ -139,22 +146,15 @@ CRASH_CASES = {
     "free-on-another-stream-than-the-work": """
         producer, consumer = dev.create_stream(), dev.create_stream()
         buffer = dev.alloc(1 << 20)
-        gate = Gate(producer)
-        buffer.fill(4, stream=producer)
-        out = buffer.copy_to_host(stream=producer)
+        gate, out = fill_and_read_behind_a_gate(producer, buffer, 4)
         buffer.free(consumer)  # ordered after the producer's work as well
         consumer.synchronize()
-        scribble(1 << 20)
-        gate.open()
-        producer.synchronize()
-        assert np.all(out == 4)
+        open_and_check(gate, producer, out, 4)
     """,
     "empty-cache-waits-for-pending-work": """
         stream = dev.create_stream()
         buffer = dev.alloc(1 << 20)
-        gate = Gate(stream)
-        buffer.fill(6, stream=stream)
-        out = buffer.copy_to_host(stream=stream)
+        gate, out = fill_and_read_behind_a_gate(stream, buffer, 6)
         buffer.free()
         threading.Timer(0.2, gate.open).start()
         devkit.empty_cache()  # frees the block only once the stream has run past it
@@ -302,16 +302,6 @@ def caching():
     dev.synchronize()
     devkit.empty_cache(dev)
     devkit.set_allocator(previous)
-
-
-class Gate:
-    def __init__(self, stream):
-        self.event = threading.Event()
-        stream.add_callback(lambda: self.event.wait(30))
-
-    def open(self):
-        self.event.set()
-
 
 def test_size_classes():
     assert [runtime._size_class(n) for n in (0, 1, 512, 513, 640, 641, 1024, 1025)] == \
@@ -471,9 +461,7 @@ def test_without_mem_free_async_free_waits_for_the_pending_work(monkeypatch):
         monkeypatch.setattr(dev.plugin, "has", lambda name: name != "mem_free_async" and plugin_has(name))
         stream = dev.create_stream()
         buffer = dev.alloc(1 << 16)
-        gate = Gate(stream)
-        buffer.fill(5, stream=stream)
-        out = buffer.copy_to_host(stream=stream)
+        gate, out = fill_and_read_behind_a_gate(stream, buffer, 5)
         threading.Timer(0.2, gate.open).start()
         buffer.free()
         assert stream.query(), "free() returned before the work using the buffer had run"
