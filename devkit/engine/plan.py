@@ -104,7 +104,7 @@ class Plan:
         self._outputs = outputs      # per graph output: an arena or resident Array, or a host value
         self._arena = arena
         self._resident = resident    # device values the calls read that nothing else holds
-        self._launcher = make_launcher(calls)
+        self._launcher = make_launcher(device, calls)
         self._stream: Stream | None = None
         self._lock = threading.Lock()
 
@@ -133,7 +133,7 @@ class Plan:
                     if not host.flags.c_contiguous:
                         host = host.copy(order="C")
                     array.buffer.copy_from_host(host.reshape(-1).view(np.uint8), stream=work)
-            self._launcher.replay(work.handle)
+            self._launcher.replay(work)
             results = []
             for value in self._outputs:
                 if isinstance(value, np.ndarray):  # host values are the plan's: the caller gets copies
