@@ -34,7 +34,7 @@ from devkit.onnx import zoo
 from devkit.ops import spec as _spec
 
 from .known_failures import run_expecting
-from .model_expectations import EXPECTED_FAILURES
+from .model_expectations import EXPECTED_FAILURES, ORDER_DEPENDENT
 
 DATA_KINDS = ("simple", "pytorch-converted", "pytorch-operator")
 # The light models that take over a second on the cpu plugin (2 cores) run in
@@ -89,7 +89,8 @@ def _light_params():
 # -- helpers ---------------------------------------------------------------------------
 
 def _run_expecting(dev, name: str, check) -> None:
-    run_expecting(EXPECTED_FAILURES, "conformance/model_expectations.py", dev.plugin.name, name, check)
+    run_expecting(EXPECTED_FAILURES, "conformance/model_expectations.py", dev.plugin.name, name, check,
+                  ORDER_DEPENDENT)
 
 
 def _prepared_pair(model, dev):
