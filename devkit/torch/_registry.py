@@ -1,0 +1,94 @@
+"""Registers devkit as torch's PrivateUse1 backend, named ``devkit``."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from ..plugin import load_plugin
+from ..runtime import Device
+from . import _dispatch, _memory
+
+_lock = threading.Lock()
+_device: Device | None = None
+_library: torch.library.Library | None = None
+
+
+class _BackendModule:
+    """``torch.devkit``: what torch asks of a device module."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return _device is not None
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return _device is not None
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        """Random numbers come from torch's CPU generator, which torch.manual_seed seeds."""
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        registered_device().synchronize()
+
+    @staticmethod
+    def get_amp_supported_dtype():
+        return [torch.float16, torch.bfloat16]
+
+
+def register(plugin: str | os.PathLike = "cpu") -> Device:
+    """Put torch tensors of device type ``devkit`` on ``plugin``'s device 0.
+
+    ``plugin`` is a plugin name or the path of its library. torch allows one
+    PrivateUse1 backend per process, so a second call must name the same plugin.
+    """
+    global _device, _library
+    with _lock:
+        dev = load_plugin(plugin).device(0)
+        if _device is not None:
+            if dev is not _device:
+                raise RuntimeError(f"devkit.torch is registered on {_device.plugin.name}; torch allows one "
+                                   f"PrivateUse1 backend per process, so it cannot also use {dev.plugin.name}")
+            return _device
+        if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _memory.DEVICE_TYPE):
+            raise RuntimeError(f"torch's PrivateUse1 backend is already "
+                               f"'{torch._C._get_privateuse1_backend_name()}'")
+        _setup_privateuseone_for_python_backend(_memory.DEVICE_TYPE, backend_module=_BackendModule())
+        _library = torch.library.Library("_", "IMPL")
+        _library.fallback(_dispatch.kernel, "PrivateUse1")
+        _device = dev
+        from . import _compile
+        _compile.register_backend()
+        return dev
+
+
+def registered_device() -> Device:
+    if _device is None:
+        raise RuntimeError("devkit.torch.register(plugin) has not been called")
+    return _device
+
+
+def devkit_device(device) -> Device:
+    """The devkit Device a torch device argument of a factory names."""
+    if device is not None:
+        index = torch.device(device).index
+        if index not in (None, 0):
+            raise RuntimeError(f"devkit.torch runs on devkit:0 ({registered_device()}); got {device}")
+    return registered_device()
