@@ -25,6 +25,8 @@ from ._memory import numpy_dtype, to_array, wrap
 
 aten = torch.ops.aten
 LOWERINGS: dict = {}
+# Ops whose default PrivateUse1 kernel raises: they need a kernel of their own, not the fallback.
+OVERRIDEABLE = ("convolution_overrideable", "convolution_backward_overrideable")
 
 
 def lower(*ops):
@@ -920,6 +922,18 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
     if transposed:
         return out(run1("ConvTranspose", inputs, output_padding=list(output_padding), **attrs))
     return out(run1("Conv", inputs, **attrs))
+
+
+@lower(aten.convolution_overrideable.default)
+def convolution_overrideable(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    return convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@lower(aten.convolution_backward_overrideable.default)
+def convolution_backward_overrideable(grad_output, input, weight, stride, padding, dilation, transposed,
+                                      output_padding, groups, output_mask):
+    return convolution_backward(grad_output, input, weight, None, stride, padding, dilation, transposed,
+                                output_padding, groups, output_mask)
 
 
 @lower(aten.convolution_backward.default)

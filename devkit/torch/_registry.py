@@ -10,11 +10,11 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..plugin import load_plugin
 from ..runtime import Device
-from . import _dispatch, _memory
+from . import _aten, _dispatch, _memory
 
 _lock = threading.Lock()
 _device: Device | None = None
-_library: torch.library.Library | None = None
+_libraries: list = []  # torch unregisters kernels when their Library dies
 
 
 class _BackendModule:
@@ -59,7 +59,7 @@ def register(plugin: str | os.PathLike = "cpu") -> Device:
     ``plugin`` is a plugin name or the path of its library. torch allows one
     PrivateUse1 backend per process, so a second call must name the same plugin.
     """
-    global _device, _library
+    global _device
     with _lock:
         dev = load_plugin(plugin).device(0)
         if _device is not None:
@@ -73,6 +73,10 @@ def register(plugin: str | os.PathLike = "cpu") -> Device:
         _setup_privateuseone_for_python_backend(_memory.DEVICE_TYPE, backend_module=_BackendModule())
         _library = torch.library.Library("_", "IMPL")
         _library.fallback(_dispatch.kernel, "PrivateUse1")
+        _overrides = torch.library.Library("aten", "IMPL")
+        for name in _aten.OVERRIDEABLE:
+            _overrides.impl(name, _aten.LOWERINGS[getattr(torch.ops.aten, name).default], "PrivateUse1")
+        _libraries.extend([_library, _overrides])
         _device = dev
         from . import _compile
         _compile.register_backend()
