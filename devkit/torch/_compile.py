@@ -1,14 +1,55 @@
 """``torch.compile(model, backend="devkit")``: aot_autograd with torch's core-ATen
-decompositions, then each FX graph run op by op on devkit."""
+decompositions; each FX graph then runs op by op, every aten node calling its
+devkit lowering directly (no dispatcher or autograd on the way)."""
 
 from __future__ import annotations
 
 import torch
 from torch._decomp import core_aten_decompositions
+from torch.fx.node import map_arg
+
+from . import _aten, _dispatch
 
 
-def _run_graph(graph_module: torch.fx.GraphModule, example_inputs):
-    return graph_module.forward
+def _has_devkit_tensor(values) -> bool:
+    for value in values:
+        if _aten.is_devkit(value) or (isinstance(value, (list, tuple)) and _has_devkit_tensor(value)):
+            return True
+    return False
+
+
+def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
+    """A boxed callable running ``graph_module``'s nodes in order on devkit."""
+    nodes = list(graph_module.graph.nodes)
+    steps = []
+    for node in nodes:
+        if node.op == "call_function":
+            target = node.target
+            direct = _dispatch.implementation(target) if isinstance(target, torch._ops.OpOverload) else None
+            steps.append((node, target, direct))
+        elif node.op == "get_attr":
+            steps.append((node, None, getattr(graph_module, node.target)))
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    output = next(n for n in nodes if n.op == "output")
+
+    def run(args):
+        env = dict(zip(placeholders, args))
+        args.clear()  # boxed: the inputs die as soon as the graph is done with them
+        lookup = env.__getitem__
+        for node, target, direct in steps:
+            if target is None:
+                env[node] = direct
+                continue
+            node_args = map_arg(node.args, lookup)
+            node_kwargs = map_arg(node.kwargs, lookup)
+            if direct is not None and _has_devkit_tensor(node_args):
+                env[node] = direct(*node_args, **node_kwargs)
+            else:
+                env[node] = target(*node_args, **node_kwargs)
+        return map_arg(output.args[0], lookup)
+
+    run._boxed_call = True
+    return run
 
 
 def register_backend() -> None:
@@ -17,5 +58,5 @@ def register_backend() -> None:
 
     if "devkit" in list_backends(exclude_tags=()):
         return
-    register(name="devkit")(aot_autograd(fw_compiler=_run_graph, bw_compiler=_run_graph,
+    register(name="devkit")(aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
                                           decompositions=core_aten_decompositions()))

@@ -54,19 +54,18 @@ class _BackendModule:
 
 
 def register(plugin: str | os.PathLike = "cpu") -> Device:
-    """Put torch tensors of device type ``devkit`` on ``plugin``'s device 0.
+    """Put new torch tensors of device type ``devkit`` on ``plugin``'s device 0.
 
-    ``plugin`` is a plugin name or the path of its library. torch allows one
-    PrivateUse1 backend per process, so a second call must name the same plugin.
+    ``plugin`` is a plugin name or the path of its library. Registering again
+    with another plugin moves where new tensors go; tensors made before stay on
+    their plugin (an op mixing the two raises an error naming both devices).
     """
     global _device
     with _lock:
         dev = load_plugin(plugin).device(0)
         if _device is not None:
-            if dev is not _device:
-                raise RuntimeError(f"devkit.torch is registered on {_device.plugin.name}; torch allows one "
-                                   f"PrivateUse1 backend per process, so it cannot also use {dev.plugin.name}")
-            return _device
+            _device = dev
+            return dev
         if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _memory.DEVICE_TYPE):
             raise RuntimeError(f"torch's PrivateUse1 backend is already "
                                f"'{torch._C._get_privateuse1_backend_name()}'")
