@@ -21,7 +21,7 @@ from ..ops import dispatch as _dispatch
 from ..ops import run_op
 from ..runtime import Array
 from . import _memory
-from ._memory import numpy_dtype, to_array, wrap
+from ._memory import Unsupported, numpy_dtype, to_array, wrap
 
 aten = torch.ops.aten
 LOWERINGS: dict = {}
@@ -552,7 +552,7 @@ def _binary(onnx: str, kind=PROMOTION.DEFAULT, *, compare=False):
 def _with_alpha(onnx: str):
     def add_sub(self, other, *, alpha=1):
         dtype = result_dtype(self, other)
-        if self.dtype == torch.bool and dtype == torch.bool:
+        if dtype == torch.bool:
             return out(run1("Or" if onnx == "Add" else "Xor", [arr(self), arr(other, dtype)]))
         b = arr(other, dtype)
         if alpha != 1:
@@ -940,7 +940,7 @@ def convolution_backward_overrideable(grad_output, input, weight, stride, paddin
 def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                          output_padding, groups, output_mask):
     if transposed:
-        raise NotImplementedError("aten::convolution_backward: transposed convolutions have no devkit gradient")
+        raise Unsupported("aten::convolution_backward: transposed convolutions have no devkit gradient")
     dx, dw, db = run("ConvGrad", [to_array(grad_output), to_array(input), to_array(weight)],
                      **_conv_attrs(weight, stride, padding, dilation, groups))
     return tuple(out(a) if wanted else None for a, wanted in zip((dx, dw, db), output_mask))
@@ -1005,19 +1005,22 @@ def max_pool_with_indices_backward(grad_output, self, kernel_size, stride, paddi
 @lower(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def avg_pool(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
              divisor_override=None):
-    if divisor_override is not None:
-        raise NotImplementedError("aten::avg_pool2d: devkit's AveragePool has no divisor_override")
     x = to_array(self)
     padding = [padding] if isinstance(padding, int) else padding
-    return out(run1("AveragePool", [x], count_include_pad=int(count_include_pad),
-                    **_pool_attrs(x.ndim, kernel_size, stride, padding, None, ceil_mode)))
+    attrs = _pool_attrs(x.ndim, kernel_size, stride, padding, None, ceil_mode)
+    if divisor_override is None:
+        return out(run1("AveragePool", [x], count_include_pad=int(count_include_pad), **attrs))
+    if ceil_mode:
+        raise Unsupported("aten::avg_pool2d: devkit runs divisor_override without ceil_mode")
+    mean_ = run1("AveragePool", [x], count_include_pad=1, **attrs)  # the window sum over its full size
+    return out(run1("Mul", [mean_, np.asarray(math.prod(attrs["kernel_shape"]) / divisor_override, x.dtype)]))
 
 
 @lower(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
 def avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad,
                       divisor_override):
     if divisor_override is not None:
-        raise NotImplementedError("aten::avg_pool2d_backward: devkit's AveragePool has no divisor_override")
+        raise Unsupported("aten::avg_pool2d_backward: devkit's AveragePoolGrad has no divisor_override")
     x = to_array(self)
     return out(run1("AveragePoolGrad", [to_array(grad_output), np.asarray(x.shape, np.int64)],
                     count_include_pad=int(count_include_pad),
@@ -1030,7 +1033,7 @@ def adaptive_avg_pool2d(self, output_size):
     in_h, in_w = x.shape[-2:]
     out_h, out_w = output_size
     if in_h % out_h or in_w % out_w:
-        raise NotImplementedError("aten::_adaptive_avg_pool2d: devkit runs only output sizes that divide the input")
+        raise Unsupported("aten::_adaptive_avg_pool2d: devkit runs only output sizes that divide the input")
     kernel = [in_h // out_h, in_w // out_w]
     return out(run1("AveragePool", [x], kernel_shape=kernel, strides=kernel))
 
@@ -1118,7 +1121,7 @@ def scatter_add(self, dim, index, src):
 @lower(aten.scatter_reduce.two)
 def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if not include_self or reduce == "mean":
-        raise NotImplementedError(f"aten::scatter_reduce: devkit runs include_self=True with sum, prod, amax, amin "
+        raise Unsupported(f"aten::scatter_reduce: devkit runs include_self=True with sum, prod, amax, amin "
                                   f"(got reduce={reduce!r}, include_self={include_self})")
     return _scatter(self, dim, index, src, _SCATTER_REDUCTIONS[reduce])
 
@@ -1126,7 +1129,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 def _leading_indices(self, indices, what):
     """The integer index tensors of ``indices`` (the leading dims), broadcast and stacked for GatherND."""
     if any(i is None for i in indices) or any(i.dtype in (torch.bool, torch.uint8) for i in indices):
-        raise NotImplementedError(f"aten::{what}: devkit runs integer indices on the leading dims only")
+        raise Unsupported(f"aten::{what}: devkit runs integer indices on the leading dims only")
     arrays = [arr(i, torch.int64) for i in indices]
     shape = np.broadcast_shapes(*[a.shape for a in arrays])
     sizes = np.asarray(self.shape[:len(arrays)], np.int64).reshape([1] * len(shape) + [len(arrays)])
@@ -1231,3 +1234,91 @@ def masked_select(self, mask):
     if not shape:
         x, flags = x.reshape(1), flags.reshape(1)
     return out(run1("GatherND", [x, run1("Transpose", [run1("NonZero", [flags])])]))
+
+
+@lower(aten.arange.start_out)
+def arange_out(start, end, step=1, *, out):
+    result = arange(start, end, step, dtype=out.dtype)
+    if tuple(out.shape) != tuple(result.shape):
+        out.resize_(result.shape)
+    return write(out, to_array(result))
+
+
+@lower(aten._index_put_impl_.default)
+def _index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    return write(self, to_array(index_put(self, indices, values, accumulate)))
+
+
+@lower(aten.atan2.default)
+def atan2(self, other):
+    dtype = result_dtype(self, other, kind=PROMOTION.INT_TO_FLOAT)
+    host = numpy_dtype(dtype)
+    y, x = arr(self, dtype), arr(other, dtype)
+    zero, pi = np.asarray(0, host), np.asarray(math.pi, host)
+    base = run1("Atan", [run1("Div", [y, x])])  # x == 0 gives +-inf, so +-pi/2
+    left = run1("Where", [run1("Less", [y, zero]), run1("Sub", [base, pi]), run1("Add", [base, pi])])
+    result = run1("Where", [run1("Less", [x, zero]), left, base])
+    origin = run1("And", [run1("Equal", [x, zero]), run1("Equal", [y, zero])])
+    return out(run1("Where", [origin, zero, result]))
+
+
+@lower(aten.hypot.default)
+def hypot(self, other):
+    dtype = result_dtype(self, other, kind=PROMOTION.INT_TO_FLOAT)
+    a, b = arr(self, dtype), arr(other, dtype)
+    return out(run1("Sqrt", [run1("Add", [run1("Mul", [a, a]), run1("Mul", [b, b])])]))
+
+
+@lower(aten.erfc.default)
+def erfc(self):
+    x = arr(self, result_dtype(self, kind=PROMOTION.INT_TO_FLOAT))
+    return out(run1("Neg", [run1("Sub", [run1("Erf", [x]), np.asarray(1, x.dtype)])]))
+
+
+def _nan_ignoring(onnx):
+    def fmax_fmin(self, other):
+        dtype = result_dtype(self, other)
+        a, b = arr(self, dtype), arr(other, dtype)
+        both = run1(onnx, [a, b])
+        if not dtype.is_floating_point:
+            return out(both)
+        return out(run1("Where", [run1("IsNaN", [a]), b, run1("Where", [run1("IsNaN", [b]), a, both])]))
+    return fmax_fmin
+
+
+lower(aten.fmax.default)(_nan_ignoring("Max"))
+lower(aten.fmin.default)(_nan_ignoring("Min"))
+
+
+@lower(aten.signbit.default)
+def signbit(self):
+    x = to_array(self)
+    if not self.dtype.is_floating_point:
+        return out(run1("Less", [x, np.asarray(0, x.dtype)]))
+    one = np.asarray(1, x.dtype)
+    # -0.0 and negative NaN: the sign of 1/x and of copysign are what signbit reads
+    negative = run1("Less", [x, np.asarray(0, x.dtype)])
+    negative_zero = run1("And", [run1("Equal", [x, np.asarray(0, x.dtype)]),
+                                 run1("Less", [run1("Div", [one, x]), np.asarray(0, x.dtype)])])
+    return out(run1("Or", [negative, negative_zero]))
+
+
+@lower(aten.equal.default)
+def equal(self, other):
+    if tuple(self.shape) != tuple(other.shape):
+        return False
+    same = run1("Equal", [to_array(self), arr(other, self.dtype)])
+    return bool(run1("ReduceMin", [cast(same, np.uint8)], keepdims=0).numpy()) if same.size else True
+
+
+@lower(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    product = run1("MatMul", [to_array(mat), to_array(vec)])
+    if alpha != 1:
+        product = run1("Mul", [product, np.asarray(alpha, product.dtype)])
+    if beta == 0:
+        return out(product)
+    bias = arr(self, mat.dtype)
+    if beta != 1:
+        bias = run1("Mul", [bias, np.asarray(beta, product.dtype)])
+    return out(run1("Add", [product, bias]))

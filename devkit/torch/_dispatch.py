@@ -18,6 +18,7 @@ from torch.utils import _pytree
 
 from ..ops import dispatch as _ops_dispatch
 from . import _aten, _memory
+from ._memory import Unsupported
 
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
 _resolved: dict = {}
@@ -41,11 +42,12 @@ def _functional_overload(op):
         if packet is not None and overload in packet.overloads():
             return getattr(packet, overload)
         return None
-    inputs = [a.name for a in schema.arguments if a.name not in mutated]
+    inputs = [(a.name, str(a.type)) for a in schema.arguments if a.name not in mutated]
     packet = op.overloadpacket
     for name in packet.overloads():
         candidate = getattr(packet, name)
-        if not _mutated_arguments(candidate) and [a.name for a in candidate._schema.arguments] == inputs:
+        if not _mutated_arguments(candidate) and \
+                [(a.name, str(a.type)) for a in candidate._schema.arguments] == inputs:
             return candidate
     return None
 
@@ -77,13 +79,26 @@ def _decomposed(op, decomposition):
         if active is None:
             active = _decomposing.ops = set()
         if op in active:  # the decomposition calls its own op: devkit has no kernel for it
-            return _unsupported(op)(*args, **kwargs)
+            raise Unsupported(_no_lowering(op))
         active.add(op)
         try:
-            return decomposition(*args, **kwargs)
+            result = decomposition(*args, **kwargs)
         finally:
             active.discard(op)
+        if result is NotImplemented:  # torch's decomposition declines these arguments
+            raise Unsupported(_no_lowering(op))
+        return result
     return run_decomposition
+
+
+def _lowering_then_decomposition(op, lowering, decomposition):
+    """A lowering that refuses some arguments (Unsupported) hands them to torch's decomposition."""
+    def run(*args, **kwargs):
+        try:
+            return lowering(*args, **kwargs)
+        except Unsupported:
+            return decomposition(*args, **kwargs)
+    return run
 
 
 def implementation(op):
@@ -95,8 +110,9 @@ def implementation(op):
         inner = implementation(functional)
         if inner is not None:
             impl = _inplace_or_out(op, functional, inner)
-    if impl is None and op in _DECOMPOSITIONS:
-        impl = _decomposed(op, _DECOMPOSITIONS[op])
+    if op in _DECOMPOSITIONS:
+        decomposition = _decomposed(op, _DECOMPOSITIONS[op])
+        impl = decomposition if impl is None else _lowering_then_decomposition(op, impl, decomposition)
     _resolved[op] = impl
     return impl
 
@@ -106,14 +122,19 @@ def _plugin_name() -> str:
     return _registry.registered_device().plugin.name
 
 
-def _unsupported(op):
-    def cpu_or_raise(*args, **kwargs):
-        if not _ops_dispatch.fallback_enabled():
-            raise NotImplementedError(
-                f"aten::{op._schema.name.split('::')[1]}.{op._overloadname} has no devkit lowering "
-                f"(plugin '{_plugin_name()}'); devkit.ops.set_fallback(True) runs it on torch's CPU")
-        return _run_on_cpu(op, args, kwargs)
-    return cpu_or_raise
+def _op_name(op) -> str:
+    return f"aten::{op._schema.name.split('::')[1]}.{op._overloadname}"
+
+
+def _no_lowering(op) -> str:
+    return f"{_op_name(op)} has no devkit lowering"
+
+
+def _cpu_or_raise(op, args, kwargs, reason: str):
+    if not _ops_dispatch.fallback_enabled():
+        raise Unsupported(f"{reason} (plugin '{_plugin_name()}'); devkit.ops.set_fallback(True) "
+                          f"runs it on torch's CPU")
+    return _run_on_cpu(op, args, kwargs)
 
 
 def _run_on_cpu(op, args, kwargs):
@@ -156,8 +177,16 @@ def _run_on_cpu(op, args, kwargs):
 
 def kernel(op, *args, **kwargs):
     """The PrivateUse1 backend fallback torch calls for every aten op on a devkit tensor."""
-    impl = _resolved.get(op) or implementation(op) or _unsupported(op)
-    return impl(*args, **kwargs)
+    impl = _resolved.get(op) or implementation(op)
+    if impl is None:
+        return _cpu_or_raise(op, args, kwargs, _no_lowering(op))
+    try:
+        return impl(*args, **kwargs)
+    except Unsupported as exc:
+        if getattr(_decomposing, "ops", None):  # inside a decomposition: the outermost op decides
+            raise
+        reason = str(exc) if str(exc).startswith("aten::") else f"{_op_name(op)}: {exc}"
+        return _cpu_or_raise(op, args, kwargs, reason.split(" (plugin")[0])
 
 
 def supported_ops() -> list:

@@ -27,7 +27,7 @@ DEVICE_TYPE = "devkit"
 TORCH_TO_NUMPY = {
     torch.float32: np.dtype("float32"), torch.float64: np.dtype("float64"),
     torch.float16: np.dtype("float16"), torch.bfloat16: dtypes.bfloat16,
-    torch.int8: np.dtype("int8"), torch.int16: np.dtype("int16"), torch.int32: np.dtype("int32"),
+    torch.int8: np.dtype("int8"), torch.int32: np.dtype("int32"),
     torch.int64: np.dtype("int64"), torch.uint8: np.dtype("uint8"), torch.bool: np.dtype("bool"),
 }
 NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
@@ -42,11 +42,15 @@ _live_after_collect = 0
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 
 
+class Unsupported(NotImplementedError):
+    """An aten op, or a form or dtype of one, that devkit cannot run (the CPU fallback may)."""
+
+
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     try:
         return TORCH_TO_NUMPY[dtype]
     except KeyError:
-        raise TypeError(f"devkit has no dtype for torch.{str(dtype).split('.')[-1]}") from None
+        raise Unsupported(f"devkit's op set has no dtype torch.{str(dtype).split('.')[-1]}") from None
 
 
 def torch_dtype(dtype) -> torch.dtype:
