@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("devkit.torch needs PyTorch: pip install 'devkit[torch]'") from exc
 
 from ._dispatch import implementation, supported_ops
-from ._memory import DEVICE_TYPE, collect, live_allocations, to_array, wrap
+from ._memory import DEVICE_TYPE, Unsupported, collect, live_allocations, to_array, wrap
 from ._registry import register, registered_device
 
 
@@ -28,5 +28,5 @@ def from_array(array):
     return wrap(array)
 
 
-__all__ = ["DEVICE_TYPE", "collect", "from_array", "implementation", "live_allocations", "register",
+__all__ = ["DEVICE_TYPE", "Unsupported", "collect", "from_array", "implementation", "live_allocations", "register",
            "registered_device", "supported_ops", "to_array"]

@@ -8,7 +8,7 @@ import threading
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from ..plugin import load_plugin
+from ..plugin import Plugin, load_plugin
 from ..runtime import Device
 from . import _aten, _dispatch, _memory
 
@@ -53,16 +53,16 @@ class _BackendModule:
         return [torch.float16, torch.bfloat16]
 
 
-def register(plugin: str | os.PathLike = "cpu") -> Device:
+def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
     """Put new torch tensors of device type ``devkit`` on ``plugin``'s device 0.
 
-    ``plugin`` is a plugin name or the path of its library. Registering again
+    ``plugin`` is a plugin name, the path of its library or a loaded Plugin. Registering again
     with another plugin moves where new tensors go; tensors made before stay on
     their plugin (an op mixing the two raises an error naming both devices).
     """
     global _device
     with _lock:
-        dev = load_plugin(plugin).device(0)
+        dev = (plugin if isinstance(plugin, Plugin) else load_plugin(plugin)).device(0)
         if _device is not None:
             _device = dev
             return dev
