@@ -2,6 +2,7 @@
 
     devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (devkit.bench.ops)
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
+    devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]     (devkit.bench.collectives)
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
 
@@ -50,7 +51,16 @@ def main(argv: list[str] | None = None) -> None:
                                                       "and its start-up time")
     opencl_bench.add_argument("--repeat", type=int, default=10)
     opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    torch_bench = commands.add_parser("torch", help="devkit.torch eager overhead per aten op and the "
+                                                    "torch.compile path vs torch's CPU")
+    torch_bench.add_argument("--plugin", default="cpu")
+    torch_bench.add_argument("--repeat", type=int, default=7)
+    torch_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "torch":
+        from .torch import torch_main
+
+        sys.exit(torch_main(args))
     if args.command == "opencl":
         from .opencl import opencl_main
 
