@@ -4,7 +4,9 @@
 
 eager: the time of one aten op on small tensors (64 float32 elements) on the
 plugin through devkit.torch, and on torch's CPU; the overhead is the
-difference of the medians (the target on cpu is at most 15 us).
+difference of the medians (the target on cpu is at most 15 us). Times are
+the process's CPU time (time.process_time: every thread, the plugin's too),
+which a machine shared with other work disturbs less than wall time.
 compile: a GPT-style block (models.gpt_block) forward under
 torch.compile(backend="devkit") against torch eager on the CPU (the target
 is at most 1.5x). Repetitions interleave devkit and torch so that a busy
@@ -32,10 +34,10 @@ def _eager_cases(torch):
 
 
 def _time_per_call(fn, calls: int) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (time.process_time() - start) / calls
 
 
 def eager(torch, dt, repeat: int, calls: int = 200) -> list[dict]:

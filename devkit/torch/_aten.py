@@ -25,8 +25,6 @@ from ._memory import Unsupported, numpy_dtype, to_array, wrap
 
 aten = torch.ops.aten
 LOWERINGS: dict = {}
-# Ops whose default PrivateUse1 kernel raises: they need a kernel of their own, not the fallback.
-OVERRIDEABLE = ("convolution_overrideable", "convolution_backward_overrideable")
 
 
 def lower(*ops):

@@ -4,6 +4,8 @@ devkit lowering directly (no dispatcher or autograd on the way)."""
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.node import map_arg
@@ -52,11 +54,23 @@ def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
     return run
 
 
-def register_backend() -> None:
-    from torch._dynamo import list_backends, register_backend as register
+def devkit_backend(graph_module: torch.fx.GraphModule, example_inputs):
+    """The "devkit" torch.compile backend (found through the torch_dynamo_backends entry point)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    if "devkit" in list_backends(exclude_tags=()):
-        return
-    register(name="devkit")(aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                                          decompositions=core_aten_decompositions()))
+    global _aot
+    if _aot is None:
+        _aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                            decompositions=core_aten_decompositions())
+    return _aot(graph_module, example_inputs)
+
+
+_aot = None
+
+
+def register_backend() -> None:
+    """Registers the backend where torch._dynamo is loaded already (importing it takes seconds;
+    otherwise torch finds the backend through devkit's entry point when torch.compile asks)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and "devkit" not in dynamo.list_backends(exclude_tags=()):
+        dynamo.register_backend(name="devkit")(devkit_backend)

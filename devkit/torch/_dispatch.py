@@ -189,6 +189,41 @@ def kernel(op, *args, **kwargs):
         return _cpu_or_raise(op, args, kwargs, reason.split(" (plugin")[0])
 
 
+def kernel_for(op):
+    def op_kernel(*args, **kwargs):
+        return kernel(op, *args, **kwargs)
+    return op_kernel
+
+
+# Ops whose composite kernel raises for a backend of its own: they need a devkit kernel.
+_OVERRIDEABLE = {torch.ops.aten.convolution_overrideable.default,
+                 torch.ops.aten.convolution_backward_overrideable.default}
+
+
+def direct_kernel_ops() -> list:
+    """The lowered ops and their in-place and out= forms that get a devkit kernel of their own:
+    those without a composite kernel (a structured op's default, CompositeExplicitAutograd-
+    NonFunctional, allocates and calls the out= form). Composite ones keep torch's kernel:
+    CompositeImplicitAutograd decomposes above autograd, CompositeExplicitAutograd (detach,
+    alias, clone) builds on ops that come here."""
+    packets = {op.overloadpacket for op in _aten.LOWERINGS}
+    inplace = {getattr(torch.ops.aten, p.__name__ + "_", None) for p in packets} - {None} - packets
+    ops = []
+    for packet in [*packets, *inplace]:
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            try:
+                composite = any(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) for key in
+                                ("CompositeImplicitAutograd", "CompositeExplicitAutograd"))
+            except RuntimeError:  # a TorchScript-only overload: no dispatcher entry
+                continue
+            if composite and op not in _OVERRIDEABLE:
+                continue
+            if implementation(op) is not None:
+                ops.append(op)
+    return ops
+
+
 def supported_ops() -> list:
     """Every aten OpOverload with a devkit lowering, with or without a devkit in-place/out form."""
     return sorted(_aten.LOWERINGS, key=str)

@@ -10,7 +10,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..plugin import Plugin, load_plugin
 from ..runtime import Device
-from . import _aten, _dispatch, _memory
+from . import _dispatch, _memory
 
 _lock = threading.Lock()
 _device: Device | None = None
@@ -72,14 +72,21 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
         _setup_privateuseone_for_python_backend(_memory.DEVICE_TYPE, backend_module=_BackendModule())
         _library = torch.library.Library("_", "IMPL")
         _library.fallback(_dispatch.kernel, "PrivateUse1")
-        _overrides = torch.library.Library("aten", "IMPL")
-        for name in _aten.OVERRIDEABLE:
-            _overrides.impl(name, _aten.LOWERINGS[getattr(torch.ops.aten, name).default], "PrivateUse1")
-        _libraries.extend([_library, _overrides])
+        _libraries.extend([_library, _kernels()])
         _device = dev
         from . import _compile
         _compile.register_backend()
         return dev
+
+
+def _kernels() -> torch.library.Library:
+    """PrivateUse1 kernels of their own for the ops devkit runs: without one, torch's default
+    kernel of a structured op (add.Tensor) would allocate and call its out= form, and the
+    default of convolution_overrideable raises."""
+    kernels = torch.library.Library("aten", "IMPL")
+    for op in _dispatch.direct_kernel_ops():
+        kernels.impl(op, _dispatch.kernel_for(op), "PrivateUse1")
+    return kernels
 
 
 def registered_device() -> Device:
