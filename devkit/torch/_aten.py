@@ -494,24 +494,14 @@ def clamp_tensor(self, min=None, max=None):
     return out(x)
 
 
-@lower(aten.clamp_min.default)
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(self, min):
-    return clamp(self, min, None)
+    return (clamp_tensor if isinstance(min, torch.Tensor) else clamp)(self, min, None)
 
 
-@lower(aten.clamp_max.default)
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(self, max):
-    return clamp(self, None, max)
-
-
-@lower(aten.clamp_min.Tensor)
-def clamp_min_tensor(self, min):
-    return clamp_tensor(self, min, None)
-
-
-@lower(aten.clamp_max.Tensor)
-def clamp_max_tensor(self, max):
-    return clamp_tensor(self, None, max)
+    return (clamp_tensor if isinstance(max, torch.Tensor) else clamp)(self, None, max)
 
 
 @lower(aten.threshold.default)
