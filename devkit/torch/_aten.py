@@ -318,23 +318,18 @@ def _unary(onnx: str, kind=PROMOTION.INT_TO_FLOAT, **attrs):
     return unary
 
 
-for _op, _onnx, _kind in [
-    (aten.exp, "Exp", PROMOTION.INT_TO_FLOAT), (aten.log, "Log", PROMOTION.INT_TO_FLOAT),
-    (aten.sqrt, "Sqrt", PROMOTION.INT_TO_FLOAT), (aten.sin, "Sin", PROMOTION.INT_TO_FLOAT),
-    (aten.cos, "Cos", PROMOTION.INT_TO_FLOAT), (aten.tan, "Tan", PROMOTION.INT_TO_FLOAT),
-    (aten.asin, "Asin", PROMOTION.INT_TO_FLOAT), (aten.acos, "Acos", PROMOTION.INT_TO_FLOAT),
-    (aten.atan, "Atan", PROMOTION.INT_TO_FLOAT), (aten.sinh, "Sinh", PROMOTION.INT_TO_FLOAT),
-    (aten.cosh, "Cosh", PROMOTION.INT_TO_FLOAT), (aten.tanh, "Tanh", PROMOTION.INT_TO_FLOAT),
-    (aten.asinh, "Asinh", PROMOTION.INT_TO_FLOAT), (aten.acosh, "Acosh", PROMOTION.INT_TO_FLOAT),
-    (aten.atanh, "Atanh", PROMOTION.INT_TO_FLOAT), (aten.erf, "Erf", PROMOTION.INT_TO_FLOAT),
-    (aten.sigmoid, "Sigmoid", PROMOTION.INT_TO_FLOAT), (aten.reciprocal, "Reciprocal", PROMOTION.INT_TO_FLOAT),
-    (aten.abs, "Abs", PROMOTION.DEFAULT), (aten.neg, "Neg", PROMOTION.DEFAULT),
-    (aten.relu, "Relu", PROMOTION.DEFAULT), (aten.sign, "Sign", PROMOTION.DEFAULT),
-    (aten.sgn, "Sign", PROMOTION.DEFAULT), (aten.mish, "Mish", PROMOTION.DEFAULT),
-    (aten.hardsigmoid, "HardSigmoid", PROMOTION.DEFAULT), (aten.hardswish, "HardSwish", PROMOTION.DEFAULT),
-]:
-    _attrs = {"alpha": 1 / 6} if _onnx == "HardSigmoid" else {}
-    lower(*[getattr(_op, n) for n in _op.overloads() if n in ("default",)])(_unary(_onnx, _kind, **_attrs))
+# Ops that compute in a floating dtype (integers promote), and ops that keep their input's dtype.
+_FLOAT_UNARY = {
+    "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "sin": "Sin", "cos": "Cos", "tan": "Tan", "asin": "Asin",
+    "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "tanh": "Tanh", "asinh": "Asinh",
+    "acosh": "Acosh", "atanh": "Atanh", "erf": "Erf", "sigmoid": "Sigmoid", "reciprocal": "Reciprocal",
+}
+_SAME_DTYPE_UNARY = {"abs": "Abs", "neg": "Neg", "relu": "Relu", "sign": "Sign", "sgn": "Sign", "mish": "Mish",
+                     "hardsigmoid": "HardSigmoid", "hardswish": "HardSwish"}
+for _table, _kind in ((_FLOAT_UNARY, PROMOTION.INT_TO_FLOAT), (_SAME_DTYPE_UNARY, PROMOTION.DEFAULT)):
+    for _name, _onnx in _table.items():
+        _attrs = {"alpha": 1 / 6} if _onnx == "HardSigmoid" else {}  # torch's relu6(x + 3) / 6
+        lower(getattr(aten, _name).default)(_unary(_onnx, _kind, **_attrs))
 
 
 def _integral_identity_or(onnx):
