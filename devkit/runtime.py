@@ -54,8 +54,15 @@ class Device:
         self.index = index
         self._properties: DeviceProperties | None = None
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+        # Graph captures open on this device's streams (devkit/graph.py), which
+        # see every call while they are open, and the frees they deferred.
+        self._captures: list = []
+        self._capture_hook = None
+        self._deferred_frees: list = []
 
     def call(self, function: str, *args) -> int:
+        if self._capture_hook is not None:
+            return self._capture_hook(self, function, args)
         return self.plugin.call(function, *args)
 
     @property
@@ -162,6 +169,7 @@ class Stream(Destroyable):
         self._lock = threading.Lock()
         self._pending: list = []  # objects pending work still uses
         self._callback_errors: list[BaseException] = []
+        self.capturing = None  # the devkit.graph.Graph being captured from this stream
         dev._streams.add(self)
 
     @property
@@ -170,8 +178,20 @@ class Stream(Destroyable):
             raise ValueError("stream has been destroyed")
         return self._handle
 
+    def capture(self, mode: str = "auto"):
+        """``with stream.capture() as graph:`` records the block's work on this
+        stream into a graph (devkit/graph.py); ``mode`` "host" replays it on the
+        host even where the plugin has the graph section."""
+        from .graph import capture
+
+        return capture(self, mode)
+
     def retain(self, *objects) -> None:
-        """Keep ``objects`` alive until work submitted so far has completed."""
+        """Keep ``objects`` alive until work submitted so far has completed
+        (while capturing: as long as the graph)."""
+        if self.capturing is not None:
+            self.capturing.keep(objects)
+            return
         with self._lock:
             self._pending.extend(objects)
 
@@ -248,6 +268,8 @@ class Event(Destroyable):
     def record(self, stream: Stream | None = None) -> Event:
         self.device.call("event_record", self.device.index, self.handle,
                          _stream_handle(stream, self.device))
+        if stream is not None:
+            stream.retain(self)
         return self
 
     def query(self) -> bool:
@@ -310,6 +332,8 @@ class Buffer:
     @classmethod
     def allocate(cls, dev: Device, nbytes: int, stream: Stream | None = None) -> Buffer:
         nbytes = _check_size(nbytes, "nbytes")
+        if stream is not None and stream.capturing is not None:
+            stream = None  # allocated at capture time, kept by the graph (devkit/graph.py)
         out = ffi.new("DK_Mem *")
         if stream is not None and dev.plugin.has("mem_alloc_async"):
             dev.call("mem_alloc_async", dev.index, nbytes, _stream_handle(stream, dev), out)
@@ -437,6 +461,14 @@ class Array:
             raise IndexError(
                 f"array of shape {self.shape}, strides {self.strides} at offset {self.offset} "
                 f"reaches bytes [{low}, {high}) outside the {buffer.nbytes}-byte buffer")
+
+    @classmethod
+    def trusted(cls, buffer: Buffer, shape: tuple, dtype: np.dtype, strides: tuple, offset: int = 0) -> Array:
+        """An Array from values already checked (a normalized dtype, int
+        tuples that fit the buffer): what cached calls and plans use."""
+        array = cls.__new__(cls)
+        array.buffer, array.shape, array.dtype, array.strides, array.offset = buffer, shape, dtype, strides, offset
+        return array
 
     @property
     def device(self) -> Device:
