@@ -2,6 +2,7 @@
 
     devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (devkit.bench.ops)
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
+    devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
     devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
                         [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]     (devkit.bench.collectives)
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
                                                       "and its start-up time")
     opencl_bench.add_argument("--repeat", type=int, default=10)
     opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    torch_bench = commands.add_parser("torch", help="devkit.torch eager overhead per aten op and the "
+                                                    "torch.compile path vs torch's CPU")
+    torch_bench.add_argument("--plugin", default="cpu")
+    torch_bench.add_argument("--repeat", type=int, default=7)
+    torch_bench.add_argument("--json", type=Path, help="also write the results to this file")
     engine_bench = commands.add_parser("engine", help="eager ops, plans and the interpreter vs torch, NumPy "
                                                       "and onnxruntime: host cost per op and per model")
     engine_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
@@ -62,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     engine_bench.add_argument("--quick", action="store_true", help="a short run: 20 chain nodes, two small models")
     engine_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "torch":
+        from .torch import torch_main
+
+        sys.exit(torch_main(args))
     if args.command == "engine":
         from .engine import engine_main
 

@@ -50,6 +50,13 @@ def cpu_fallback(enabled: bool = True):
         set_fallback(previous)
 
 
+def count_fallback(plugin: str, op: str, dtype) -> None:
+    """Count one fallback of ``op`` (an op of devkit's or another layer's, such as
+    an aten op the torch bridge ran on torch's CPU) in ``fallback_report``."""
+    with _fallback_lock:
+        _fallback_counts[(plugin, op, "-" if dtype is None else dtype_name(dtype))] += 1
+
+
 def fallback_report(reset: bool = False) -> list[dict]:
     """Every fallback so far: plugin, op, dtype and count, most frequent first."""
     with _fallback_lock:
@@ -481,8 +488,7 @@ def _run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict
             f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
             f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
             C.DK_UNIMPLEMENTED)
-    with _fallback_lock:
-        _fallback_counts[(plugin.name, spec.name, dtype_name(key_dtype))] += 1
+    count_fallback(plugin.name, spec.name, key_dtype)
     moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
     results = run_op(spec.name, moved, attrs, device=cpu)
     return [result.to(dev, stream) for result in results]

@@ -1,0 +1,32 @@
+"""PyTorch on any devkit plugin: torch tensors of device type ``devkit``.
+
+    import devkit.torch
+    devkit.torch.register("opencl")          # a plugin name or library path
+    x = torch.randn(3, device="devkit")     # lives on the plugin's device 0
+    model.to("devkit"); loss.backward(); optimizer.step()
+    compiled = torch.compile(model, backend="devkit")
+
+See docs/pytorch.md. Needs ``pip install 'devkit[torch]'``.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("devkit.torch needs PyTorch: pip install 'devkit[torch]'") from exc
+
+from ._dispatch import implementation, supported_ops
+from ._memory import DEVICE_TYPE, Unsupported, collect, live_allocations, to_array, wrap
+from ._registry import register, registered_device
+
+
+def from_array(array):
+    """A devkit torch tensor viewing a devkit Array of the registered device (no copy)."""
+    if array.device is not registered_device():
+        raise ValueError(f"array is on {array.device}, devkit.torch is registered on {registered_device()}")
+    return wrap(array)
+
+
+__all__ = ["DEVICE_TYPE", "Unsupported", "collect", "from_array", "implementation", "live_allocations", "register",
+           "registered_device", "supported_ops", "to_array"]

@@ -1,0 +1,153 @@
+"""devkit memory behind torch tensors of device type ``devkit``.
+
+A devkit torch tensor is an ordinary torch TensorImpl whose storage carries no
+host pointer: its data pointer is a token naming a devkit allocation. Views
+share the storage (so torch's aliasing, version counters and autograd views
+work) and reach the same devkit Buffer with their own sizes, strides and
+offset. A storage holds no reference torch can release, so the reference to an
+allocation whose storages have all died is dropped by ``collect()`` (which runs
+on its own as allocations accumulate); the memory goes back once no devkit
+Array holds it either.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .. import dtypes
+from ..runtime import Array, Buffer, Device, empty
+
+DEVICE_TYPE = "devkit"
+
+TORCH_TO_NUMPY = {
+    torch.float32: np.dtype("float32"), torch.float64: np.dtype("float64"),
+    torch.float16: np.dtype("float16"), torch.bfloat16: dtypes.bfloat16,
+    torch.int8: np.dtype("int8"), torch.int32: np.dtype("int32"),
+    torch.int64: np.dtype("int64"), torch.uint8: np.dtype("uint8"), torch.bool: np.dtype("bool"),
+}
+NUMPY_TO_TORCH = {v: k for k, v in TORCH_TO_NUMPY.items()}
+
+# Tokens are spaced so that no two allocations' byte ranges overlap.
+_TOKEN_BASE = 1 << 44
+_TOKEN_ALIGN = 1 << 12
+_lock = threading.Lock()
+_next_token = _TOKEN_BASE
+_live: dict[int, tuple[Buffer, StorageWeakRef]] = {}
+_live_after_collect = 0
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+
+
+class Unsupported(NotImplementedError):
+    """An aten op, or a form or dtype of one, that devkit cannot run (the CPU fallback may)."""
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    try:
+        return TORCH_TO_NUMPY[dtype]
+    except KeyError:
+        raise Unsupported(f"devkit's op set has no dtype torch.{str(dtype).split('.')[-1]}") from None
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    return NUMPY_TO_TORCH[np.dtype(dtype)]
+
+
+def collect() -> int:
+    """Drop the devkit allocations of storages torch no longer holds; returns how many."""
+    global _live_after_collect
+    with _lock:
+        dead = [token for token, (_, ref) in _live.items() if ref.expired()]
+        for token in dead:
+            del _live[token]
+        _live_after_collect = len(_live)
+    return len(dead)
+
+
+def live_allocations() -> int:
+    return len(_live)
+
+
+def _storage_for(buffer: Buffer) -> torch.UntypedStorage:
+    """The torch storage of ``buffer``'s allocation (one per allocation)."""
+    global _next_token
+    allocation = buffer._allocation
+    token = getattr(allocation, "torch_token", None)
+    if token is not None and token in _live and not _live[token][1].expired():
+        return _live[token][1].storage()
+    if len(_live) > 2 * _live_after_collect + 256:
+        collect()
+    whole = Buffer(allocation, 0, allocation.nbytes)
+    with _lock:
+        token = _next_token
+        _next_token += (allocation.nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
+        storage = torch._C._construct_storage_from_data_pointer(
+            token, torch.device(DEVICE_TYPE, 0), allocation.nbytes)
+        _live[token] = (whole, _WeakStorage(storage))
+    allocation.torch_token = token
+    return storage
+
+
+class _WeakStorage(StorageWeakRef):
+    """A weak reference that can still hand out the storage while it lives."""
+
+    def __init__(self, storage):
+        super().__init__(storage)
+        self._device = storage.device
+
+    def storage(self) -> torch.UntypedStorage:
+        if self.expired():
+            raise RuntimeError("devkit storage has been released")
+        return torch.UntypedStorage._new_with_weak_ptr(self.cdata)
+
+
+def wrap(array: Array) -> torch.Tensor:
+    """A devkit torch tensor viewing ``array`` (no copy)."""
+    dtype = torch_dtype(array.dtype)
+    storage = _storage_for(array.buffer)
+    byte_offset = array.buffer.offset + array.offset
+    if byte_offset % array.itemsize:
+        raise ValueError(f"array offset {byte_offset} is not a multiple of its itemsize {array.itemsize}")
+    tensor = torch._C._acc.create_empty_tensor([0], dtype)
+    _set_storage._op_dk(torch._C.DispatchKey.CPU, tensor, storage, byte_offset // array.itemsize,
+                        list(array.shape), list(array.strides))
+    return tensor
+
+
+def view(tensor: torch.Tensor, shape, strides, storage_offset: int) -> torch.Tensor:
+    """A new devkit tensor on ``tensor``'s storage with the given geometry."""
+    out = torch._C._acc.create_empty_tensor([0], tensor.dtype)
+    _set_storage._op_dk(torch._C.DispatchKey.CPU, out, tensor.untyped_storage(), storage_offset,
+                        list(shape), list(strides))
+    return out
+
+
+def buffer_of(tensor: torch.Tensor) -> Buffer:
+    token = tensor.untyped_storage().data_ptr()
+    try:
+        return _live[token][0]
+    except KeyError:
+        raise RuntimeError(f"tensor on {tensor.device} has no devkit memory (storage token {token:#x})") from None
+
+
+def to_array(tensor: torch.Tensor) -> Array:
+    """The devkit Array a devkit torch tensor views (no copy)."""
+    dtype = numpy_dtype(tensor.dtype)
+    return Array(buffer_of(tensor), tuple(tensor.shape), dtype, tuple(tensor.stride()),
+                 tensor.storage_offset() * dtype.itemsize)
+
+
+def empty_tensor(shape, dtype: torch.dtype, dev: Device) -> torch.Tensor:
+    return wrap(empty(tuple(shape), numpy_dtype(dtype), dev))
+
+
+def empty_strided_tensor(shape, strides, dtype: torch.dtype, dev: Device) -> torch.Tensor:
+    shape, strides = tuple(shape), tuple(strides)
+    np_dtype = numpy_dtype(dtype)
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if math.prod(shape) else 0
+    buffer = dev.alloc(extent * np_dtype.itemsize)
+    return wrap(Array(buffer, shape, np_dtype, strides, 0))

@@ -1,0 +1,168 @@
+"""devkit.torch on the cpu plugin: the device, views, in-place and out= forms,
+dtype promotion, errors and the CPU fallback, DLPack, memory and torch.compile.
+The same bridge on every plugin (OpInfo samples, training) is conformance/test_torch.py."""
+
+import gc
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: pip install 'devkit[torch]'")
+
+import devkit  # noqa: E402
+import devkit.torch as dt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def on_cpu_plugin():
+    dt.register("cpu")
+    yield
+    gc.collect()
+    dt.collect()
+
+
+def test_factories_transfers_and_printing():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, device="devkit:0")
+    torch.manual_seed(0)
+    expected = torch.randn(3, 4)  # random numbers come from torch's CPU generator
+    assert x.device == torch.device("devkit", 0)
+    assert torch.equal(x.cpu(), expected)
+    assert torch.equal(expected.to("devkit").cpu(), expected)
+    assert repr(x) == repr(expected)[:-1] + ", device='devkit:0')"
+    assert torch.equal(torch.arange(5, device="devkit").cpu(), torch.arange(5))
+    assert torch.equal(torch.full((2, 2), 7.0, device="devkit").cpu(), torch.full((2, 2), 7.0))
+
+
+def test_module_to_devkit_moves_parameters():
+    model = torch.nn.Linear(4, 3)
+    moved = torch.nn.Linear(4, 3)
+    moved.load_state_dict(model.state_dict())
+    moved.to("devkit")
+    assert moved.weight.device.type == "devkit"
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(moved(x.to("devkit")).cpu(), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_views_share_the_devkit_buffer_and_write_through():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4).to("devkit")
+    view = base.t()[1:, ::2]
+    array = dt.to_array(view)
+    assert array.buffer._allocation is dt.to_array(base).buffer._allocation
+    assert view.stride() == (1, 8) and array.strides == (1, 8)
+    view.mul_(-1)  # in place through a strided view
+    expected = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    expected.t()[1:, ::2].mul_(-1)
+    assert torch.equal(base.cpu(), expected)
+
+
+def test_inplace_and_out_variants():
+    a = torch.tensor([1.0, 2.0, 3.0]).to("devkit")
+    b = torch.tensor([0.5, 0.5, 0.5]).to("devkit")
+    out = torch.empty(0, device="devkit")
+    torch.add(a, b, alpha=2, out=out)
+    assert out.shape == (3,) and torch.equal(out.cpu(), torch.tensor([2.0, 3.0, 4.0]))
+    a.sub_(b).div_(2)
+    assert torch.equal(a.cpu(), torch.tensor([0.25, 0.75, 1.25]))
+
+
+@pytest.mark.parametrize("expression", [
+    lambda x, i: x + i, lambda x, i: i / 2, lambda x, i: i * 2.5, lambda x, i: i > x, lambda x, i: i // 2,
+    lambda x, i: x.to(torch.float64) + 1, lambda x, i: torch.where(i > 1, i, x),
+])
+def test_dtype_promotion_matches_torch(expression):
+    x = torch.tensor([0.5, 1.5, -2.0])
+    i = torch.tensor([1, 2, 3])
+    expected = expression(x, i)
+    got = expression(x.to("devkit"), i.to("devkit"))
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_unsupported_op_raises_naming_it_and_falls_back_when_allowed():
+    x = torch.tensor([0.5, 1.5, 2.5]).to("devkit")
+    with pytest.raises(dt.Unsupported, match=r"aten::lgamma\.out has no devkit lowering \(plugin 'cpu'\)"):
+        torch.lgamma(x)
+    devkit.fallback_report(reset=True)
+    with devkit.ops.cpu_fallback():
+        got = torch.lgamma(x)
+    assert got.device.type == "devkit"
+    torch.testing.assert_close(got.cpu(), torch.lgamma(x.cpu()))
+    assert devkit.fallback_report(reset=True) == [
+        {"plugin": "cpu", "op": "aten::lgamma.out", "dtype": "float32", "count": 1}]
+
+
+def test_unsupported_dtype_is_named():
+    with pytest.raises(dt.Unsupported, match="no dtype torch.complex64"):
+        torch.zeros(2, dtype=torch.complex64, device="devkit")
+
+
+def test_count_fallback_adds_to_the_same_report():
+    devkit.fallback_report(reset=True)
+    devkit.ops.dispatch.count_fallback("cpu", "aten::example", np.dtype("float32"))
+    devkit.ops.dispatch.count_fallback("cpu", "aten::example", np.dtype("float32"))
+    assert devkit.fallback_report(reset=True) == [
+        {"plugin": "cpu", "op": "aten::example", "dtype": "float32", "count": 2}]
+
+
+def test_dlpack_and_arrays_share_memory():
+    x = torch.arange(6, dtype=torch.float32).to("devkit")
+    host = torch.from_dlpack(dt.to_array(x))  # the cpu plugin's memory is host-addressable
+    assert torch.equal(host, torch.arange(6, dtype=torch.float32))
+    x.add_(1)
+    assert torch.equal(host, torch.arange(1, 7, dtype=torch.float32))
+    array = devkit.asarray(np.array([[1, 2], [3, 4]], np.int32), "cpu:0")
+    t = dt.from_array(array)
+    assert t.dtype == torch.int32 and torch.equal(t.cpu(), torch.tensor([[1, 2], [3, 4]], dtype=torch.int32))
+
+
+def test_memory_returns_to_baseline():
+    dev = dt.registered_device()
+    gc.collect()
+    dt.collect()
+    before = dev.mem_get_info()[0]
+    x = torch.randn(256, 256, device="devkit", requires_grad=True)
+    (x.t() @ x).relu().sum().backward()
+    del x
+    gc.collect()
+    assert dt.collect() > 0
+    assert dev.mem_get_info()[0] == before
+
+
+def test_autograd_and_optimizer_step_on_the_device():
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model.load_state_dict(reference.state_dict())
+    model.to("devkit")
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    for net, device in ((reference, "cpu"), (model, "devkit")):
+        optimizer = torch.optim.AdamW(net.parameters(), lr=0.01)
+        torch.nn.functional.mse_loss(net(x.to(device)), y.to(device)).backward()
+        optimizer.step()
+    assert model[0].weight.grad.device.type == "devkit"
+    for got, expected in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_compile_backend_matches_eager_forward_and_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32))
+    x = torch.randn(4, 16)
+    expected = model(x)
+    expected.square().sum().backward()
+    expected_grad = model[0].weight.grad.clone()
+    model.zero_grad()
+    model.to("devkit")
+    compiled = torch.compile(model, backend="devkit")
+    got = compiled(x.to("devkit"))
+    got.square().sum().backward()
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    # the compiled backward is torch's decomposition of layer_norm's: its sums round differently
+    torch.testing.assert_close(model[0].weight.grad.cpu(), expected_grad, rtol=1e-4, atol=1e-4)
+
+
+def test_supported_ops_cover_the_target():
+    packets = {op.overloadpacket for op in dt.supported_ops()}
+    assert len(packets) >= 150
+    assert torch.ops.aten.convolution_backward.default in dt.supported_ops()
