@@ -103,14 +103,23 @@ class Device:
         return f"<devkit.Device {self}>"
 
 
-def device(spec: str | Device = "cpu:0") -> Device:
-    """Parse ``"plugin:index"`` (or ``"plugin"``, meaning index 0) into a Device."""
+DEFAULT_DEVICE = "cpu:0"  # where everything that takes ``device=`` runs when given None
+
+
+def device(spec: str | Device | None = None) -> Device:
+    """Parse ``"plugin:index"`` (or ``"plugin"``, meaning index 0) into a Device;
+    None is DEFAULT_DEVICE."""
     if isinstance(spec, Device):
         return spec
+    if spec is None:
+        spec = DEFAULT_DEVICE
     name, sep, index = str(spec).rpartition(":")
     if sep and index.isdigit():
         return load_plugin(name).device(int(index))
     return load_plugin(str(spec)).device(0)
+
+
+_device = device  # for the functions whose array-API parameter ``device`` shadows it
 
 
 def _stream_handle(stream: Stream | None, dev: Device):
@@ -546,6 +555,10 @@ class Array:
         out.buffer.copy_from(self.buffer.view(self.offset, self.nbytes), stream=stream)
         return out
 
+    def to_device(self, device: str | Device, /, *, stream: Stream | None = None) -> Array:
+        """The array API's name for ``to``."""
+        return self.to(device, stream)
+
     # -- DLPack -------------------------------------------------------------------
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -588,30 +601,40 @@ def _contiguous_strides(shape) -> list[int]:
     return strides[::-1]
 
 
-def empty(shape, dtype="float32", device_spec: str | Device = "cpu:0",
+def empty(shape, dtype=None, device: str | Device | None = None,
           stream: Stream | None = None) -> Array:
-    """An uninitialised array on a device."""
+    """An uninitialised array on a device (``dtype`` None: float32)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    dtype = dtypes.normalize(dtype)
-    dev = device(device_spec)
+    dtype = dtypes.normalize("float32" if dtype is None else dtype)
+    dev = _device(device)
     return Array(dev.alloc(math.prod(shape) * dtype.itemsize, stream), shape, dtype)
 
 
-def zeros(shape, dtype="float32", device_spec: str | Device = "cpu:0",
+def zeros(shape, dtype=None, device: str | Device | None = None,
           stream: Stream | None = None) -> Array:
-    out = empty(shape, dtype, device_spec, stream)
+    out = empty(shape, dtype, device, stream)
     out.buffer.fill(0, stream=stream)
     return out
 
 
-def asarray(obj, device_spec: str | Device = "cpu:0", dtype=None,
+def asarray(obj, /, device: str | Device | None = None, *, dtype=None, copy: bool | None = None,
             stream: Stream | None = None) -> Array:
-    """Copy a NumPy array (or anything ``numpy.asarray`` takes) to a device."""
-    dev = device(device_spec)
+    """Copy a NumPy array (or anything ``numpy.asarray`` takes) to a device.
+
+    An Array already on ``device`` (None: the Array's own device) is returned
+    as it is unless ``copy=True``; ``copy=False`` refuses to copy."""
     if isinstance(obj, Array):
         if dtype is not None and dtypes.normalize(dtype) != obj.dtype:
-            raise TypeError("asarray cannot convert dtypes of device arrays")
-        return obj if obj.device is dev else obj.to(dev, stream)
+            raise TypeError("asarray cannot convert dtypes of device arrays: use devkit.ops.Cast")
+        dev = obj.device if device is None else _device(device)
+        if obj.device is dev and not copy:
+            return obj
+        if copy is False:
+            raise ValueError(f"asarray(copy=False): the array is on {obj.device}, not {dev}")
+        return obj.to(dev, stream)
+    if copy is False:
+        raise ValueError("asarray(copy=False): host data is always copied to the device")
+    dev = _device(device)
     host = np.asarray(obj, dtype=dtype)
     if not host.flags.c_contiguous:
         host = host.copy(order="C")  # not ascontiguousarray: it turns 0-d arrays into 1-d

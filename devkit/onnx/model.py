@@ -186,7 +186,7 @@ class _Plan:
 class PreparedModel:
     """A model checked against the op set, its initializers on the device."""
 
-    def __init__(self, model, device: str | Device = "cpu"):
+    def __init__(self, model, device: str | Device | None = None):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
@@ -337,7 +337,7 @@ class PreparedModel:
         return [np.asarray(r).astype(dtype).reshape(shape) for r, (shape, dtype) in zip(results, inferred)]
 
 
-def prepare(model, device: str | Device = "cpu") -> PreparedModel:
+def prepare(model, device: str | Device | None = None) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node."""

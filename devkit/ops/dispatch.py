@@ -96,7 +96,7 @@ def _coerce_attr(spec: OpSpec, attr: _spec.Attr, value):
             if not isinstance(value, str):
                 raise TypeError
         else:
-            value = _dtypes.normalize(value)
+            value = _dtypes.from_attribute(value)
     except (TypeError, ValueError):
         raise TypeError(f"{where} must be {attr.kind}, got {value!r}") from None
     if attr.choices is not None and value not in attr.choices:
@@ -258,13 +258,13 @@ def _make_compact(dev: Device, array: Array, stream: Stream | None) -> Array:
     return array.to(dev, stream)
 
 
-def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
+def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement,
              stream: Stream | None = None):
     """Binds and checks a call: (device, device inputs, host values, infos, attrs, key dtype)."""
     bound, attrs = _bind_all(spec, inputs, attrs)
     attrs = resolve_attrs(spec, attrs)
     given = [v for d, v in bound if isinstance(v, Array)]
-    dev = given[0].device if given else device(device_spec or "cpu:0")
+    dev = given[0].device if given else device(placement)
     infos: list[TensorInfo | None] = []
     device_inputs: list[tuple[int, _spec.Input, object]] = []
     host_values: dict[str, np.ndarray] = {}
