@@ -65,16 +65,21 @@ def _is_scalar(value) -> bool:
     return isinstance(value, (bool, int, float))
 
 
-def _operands(x, y) -> tuple[object, object, np.dtype] | None:
-    """Both operands in their common dtype (scalars as 0-d NumPy arrays), or
-    None when ``y`` is neither an Array nor a Python scalar."""
-    if isinstance(y, Array):
+def _operands(x: Array, y) -> tuple[object, object, np.dtype] | None:
+    """Both operands in their common dtype (NumPy values stay on the host:
+    run_op copies them to x's device), or None for an operand of another type."""
+    if isinstance(y, (Array, np.ndarray, np.generic)):
         dtype = result_type(x.dtype, y.dtype)
-        return astype(x, dtype), astype(y, dtype), dtype
+        return _in_dtype(x, dtype), _in_dtype(np.asarray(y) if isinstance(y, np.generic) else y, dtype), dtype
     if _is_scalar(y):
         dtype = _scalar_dtype(y, x.dtype)
         return x, np.asarray(y, dtype=dtype), dtype  # NumPy raises OverflowError outside the dtype
     return None
+
+
+def _in_dtype(value, dtype: np.dtype):
+    """An Array or NumPy operand converted to ``dtype`` (itself when it has it)."""
+    return astype(value, dtype, copy=False) if isinstance(value, Array) else value.astype(dtype, copy=False)
 
 
 def astype(x: Array, dtype, /, *, copy: bool = True) -> Array:
@@ -94,7 +99,7 @@ def _pick(by_kind: dict, dtype: np.dtype, symbol: str) -> str:
 
 def _true_divide(x, y, dtype):
     if _kind(dtype) == "integer":  # NumPy's choice: integers divide in float64
-        x, y = (astype(v, _FLOAT64) if isinstance(v, Array) else v.astype(_FLOAT64) for v in (x, y))
+        x, y = _in_dtype(x, _FLOAT64), _in_dtype(y, _FLOAT64)
     return ops.Div(x, y)
 
 
@@ -246,5 +251,6 @@ METHODS = {
 
 for _name, _method in METHODS.items():
     setattr(Array, _name, _method)
+Array.__array_ufunc__ = None  # numpy_array + x: NumPy defers to Array's reflected operators
 # == is elementwise, yet Arrays keep hashing by identity as before (Python only drops
 # __hash__ for an __eq__ defined in the class body).

@@ -265,6 +265,17 @@ def test_transpose_and_python_conversions():
         bool(devkit.ones(3) > 0)
 
 
+def test_numpy_operands_are_copied_to_the_arrays_device():
+    x = devkit.asarray(values("int32"), device="cpu:1")
+    host = values("int64")
+    for result, expected in ((x + host, x.numpy() + host), (host - x, host - x.numpy()),
+                             (np.int64(3) * x, 3 * x.numpy().astype(np.int64)), (x < host[0], x.numpy() < host[0])):
+        assert str(result.device) == "cpu:1"
+        check(result, expected)
+    with pytest.raises(TypeError, match="no promotion between int32 and float64"):
+        x + host.astype(np.float64)
+
+
 def test_operators_run_on_the_operands_device():
     x = devkit.asarray(values("float32", nonzero=True), device="cpu:1")
     for result in (x + 1, 1 - x, x % 3, 2.5 % x, x @ x.T, x.sum(), x > 0):
