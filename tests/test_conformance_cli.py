@@ -446,3 +446,21 @@ def test_near_identical_skip_reasons_are_one_row():
         "STRING is not a devkit dtype |",
         "| plugin 'acme' has one device; this case needs two | 1 |  |",
     ]
+
+
+def test_the_suite_defaults_to_the_built_in_plugins(monkeypatch):
+    """Vendor plugins installed beside devkit are left out of `pytest` unless named (or `all`)."""
+    from conformance import conftest
+
+    def descriptor(name, source, loads=True):
+        return devkit.PluginDescriptor(name, source, f"/{name}", loads, (1, 0), "1", 1, None)
+
+    listed = [descriptor("cpu", "built-in"), descriptor("opencl", "built-in", loads=False),
+              descriptor("acme", "entry point"), descriptor("mine", "DEVKIT_PLUGIN_PATH")]
+    monkeypatch.setattr(devkit, "list_plugins", lambda: listed)
+    monkeypatch.delenv("DEVKIT_TEST_PLUGINS", raising=False)
+    assert conftest.selected_plugins() == ["cpu"]
+    monkeypatch.setenv("DEVKIT_TEST_PLUGINS", "all")
+    assert conftest.selected_plugins() == ["cpu", "acme", "mine"]
+    monkeypatch.setenv("DEVKIT_TEST_PLUGINS", " acme, /x/libdevkit_y.so ")
+    assert conftest.selected_plugins() == ["acme", "/x/libdevkit_y.so"]
