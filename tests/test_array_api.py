@@ -349,7 +349,9 @@ def test_reduction_methods_match_numpy(dtype, axis, keepdims):
     kinds = {"b": np.int64, "u": np.int64, "i": np.int64}
     accumulate = kinds.get(np.dtype(dtype).kind, x.dtype)  # devkit sums unsigned integers in int64 too
     check(array.sum(axis=axis, keepdims=keepdims), np.sum(x, axis=axis, keepdims=keepdims, dtype=accumulate))
-    check(array.prod(axis=axis, keepdims=keepdims), np.prod(x, axis=axis, keepdims=keepdims, dtype=accumulate))
+    # (a float product of 12 quarters needs more bits than float32 has: its rounding depends on the order)
+    check(array.prod(axis=axis, keepdims=keepdims), np.prod(x, axis=axis, keepdims=keepdims, dtype=accumulate),
+          exact=x.dtype.kind != "f")
     check(array.max(axis=axis, keepdims=keepdims), np.max(x, axis=axis, keepdims=keepdims))
     check(array.min(axis=axis, keepdims=keepdims), np.min(x, axis=axis, keepdims=keepdims))
     if dtype != "bool":

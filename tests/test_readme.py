@@ -1,4 +1,4 @@
-"""Every ```python block of README.md runs as pasted, each in a fresh interpreter.
+"""Every ```python block of README.md (and of docs/arrays.md) runs as pasted, each in a fresh interpreter.
 
 A block whose first line is ``# NAME.py`` is a program the README says to save
 and launch: it runs as the README's ``devkit-run -n 4 -- python NAME.py`` does
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"^```python\n(.*?)^```$", README.read_text(), flags=re.S | re.M)
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```$", flags=re.S | re.M)
+BLOCKS = BLOCK.findall(README.read_text())
 PROGRAM = re.compile(r"# (\w+\.py)\n")
 
 
@@ -21,7 +23,8 @@ def test_the_readme_has_python_blocks():
     assert any(PROGRAM.match(block) for block in BLOCKS)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+@pytest.mark.parametrize("block", BLOCKS + BLOCK.findall((ROOT / "docs" / "arrays.md").read_text()),
+                         ids=[f"block{i}" for i in range(len(BLOCKS))] + ["docs-arrays"])
 def test_readme_block_runs_as_pasted(block, tmp_path):
     program = PROGRAM.match(block)
     if program:
