@@ -3,11 +3,15 @@
 ``load_plugin(name_or_path)`` resolves, in order (see docs/framework-guide.md):
 
 1. an explicit path to a shared library;
-2. ``libdevkit_<name>.so`` in the ``DEVKIT_PLUGIN_PATH`` directories;
-3. installed packages' entry points in group ``devkit.plugins``, whose
+2. a built-in name (cpu, opencl, cuda): always the built-in reference backend;
+   a library or entry point of that name is skipped with a warning;
+3. ``libdevkit_<name>.so`` in the ``DEVKIT_PLUGIN_PATH`` directories (absolute
+   ones only: a relative entry is ignored with a warning);
+4. installed packages' entry points in group ``devkit.plugins``, whose
    callable returns a library path or a Python plugin object (an object with a
-   ``dk_plugin_init`` attribute: a cffi ``DK_PluginInitFn`` function pointer);
-4. the built-in reference backends.
+   ``dk_plugin_init`` attribute: a cffi ``DK_PluginInitFn`` function pointer).
+
+A device spec (``parse_device_spec``) is ``name:index`` and never a path.
 
 Every plugin, whatever its origin, is driven through the same
 ``DK_PluginInit`` entry point and ``DK_DeviceApi`` table.
@@ -19,7 +23,9 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
 import threading
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -126,6 +132,13 @@ class Plugin:
     def has_collectives(self) -> bool:
         return self.has("ccl_comm_init")
 
+    @property
+    def name_is_shared(self) -> bool:
+        """Whether another loaded plugin reports this name (a test build of cpu
+        loaded by path, say): then only its location tells them apart."""
+        with _registry_lock:
+            return any(other is not self and other.name == self.name for other in _registry.values())
+
     # -- devices -------------------------------------------------------------
 
     @property
@@ -198,13 +211,36 @@ def _resolve_and_load(key: str) -> Plugin:
         if not path.exists():
             raise PluginLoadError(f"plugin library {key!r} does not exist")
         return _load_library(path, "path")
-    for directory in _plugin_path_dirs():
-        candidate = directory / f"libdevkit_{key}.so"
-        if candidate.exists():
-            return _load_library(candidate, PLUGIN_PATH_ENV)
+    if key in builtin_names():
+        _warn_about_shadows(key)
+        return _load_builtin(key)
+    candidates = _plugin_path_candidates(key)
+    if candidates:
+        return _load_library(candidates[0], PLUGIN_PATH_ENV)
     entry_point = _entry_points().get(key)
     if entry_point is not None:
         return _load_entry_point(entry_point)
+    raise PluginLoadError(
+        f"no plugin named {key!r}: not a path, not libdevkit_{key}.so in {PLUGIN_PATH_ENV} "
+        f"({os.environ.get(PLUGIN_PATH_ENV, 'unset')}), not an entry point in group "
+        f"{ENTRY_POINT_GROUP!r}, and not a built-in ({', '.join(builtin_names())})")
+
+
+def _warn_about_shadows(key: str) -> None:
+    """A built-in name never loads a DEVKIT_PLUGIN_PATH library or an entry point:
+    a file dropped in a listed directory must not replace a built-in."""
+    shadows = [str(candidate) for candidate in _plugin_path_candidates(key)]
+    entry_point = _entry_points().get(key)
+    if entry_point is not None:
+        shadows.append(f"entry point {entry_point.name} = {entry_point.value}")
+    for shadow in shadows:
+        warnings.warn(
+            f"devkit: {shadow} is not loaded: {key!r} is a built-in plugin name, which always means "
+            f"the built-in backend; load that plugin by its library path (devkit.load_plugin(path)) "
+            f"or give it another name")
+
+
+def _load_builtin(key: str) -> Plugin:
     if key in _BUILTIN_LIBRARIES:
         library = _BUILTIN_LIBRARIES[key]
         if not library.exists():
@@ -214,12 +250,7 @@ def _resolve_and_load(key: str) -> Plugin:
         return _load_library(library, "built-in")
     if key in _BUILTIN_MODULES:
         return _load_builtin_module(key)
-    if key in _BUILTIN_PENDING:
-        raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
-    raise PluginLoadError(
-        f"no plugin named {key!r}: not a path, not libdevkit_{key}.so in {PLUGIN_PATH_ENV} "
-        f"({os.environ.get(PLUGIN_PATH_ENV, 'unset')}), not an entry point in group "
-        f"{ENTRY_POINT_GROUP!r}, and not a built-in ({', '.join(builtin_names())})")
+    raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
 
 
 def builtin_names() -> list[str]:
@@ -230,9 +261,42 @@ def _looks_like_path(key: str) -> bool:
     return os.sep in key or key.endswith(".so") or key.startswith(".")
 
 
+def parse_device_spec(spec: str) -> tuple[str, int]:
+    """``"name:index"`` (or ``"name"``, index 0) as (name, index). The name is a
+    plugin name, never a path: a library is loaded by path with load_plugin."""
+    name, sep, index = spec.rpartition(":")
+    if not sep:
+        name, index = spec, "0"
+    if not name:
+        raise ValueError(f"device spec {spec!r} has no plugin name (expected 'name:index', e.g. 'cpu:0')")
+    if _looks_like_path(name):
+        raise ValueError(
+            f"device spec {spec!r} names a path; a device spec is 'name:index'. Load a library "
+            f"explicitly: devkit.load_plugin({name!r}).device({index if sep else 0})")
+    if not re.fullmatch(r"-?\d+", index):
+        raise ValueError(f"device spec {spec!r}: the index {index!r} is not an integer "
+                         f"(expected 'name:index', e.g. 'cpu:0')")
+    return name, int(index)
+
+
 def _plugin_path_dirs() -> list[Path]:
-    value = os.environ.get(PLUGIN_PATH_ENV, "")
-    return [Path(part) for part in value.split(os.pathsep) if part]
+    """The absolute DEVKIT_PLUGIN_PATH entries. A relative one (".", "build")
+    would resolve against whatever the current directory is: it is ignored."""
+    dirs = []
+    for part in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep):
+        if not part:
+            continue
+        if not os.path.isabs(part):
+            warnings.warn(f"devkit: {PLUGIN_PATH_ENV} entry {part!r} is ignored: it is not an absolute "
+                          f"path, and a relative one would depend on the current directory")
+            continue
+        dirs.append(Path(part))
+    return dirs
+
+
+def _plugin_path_candidates(key: str) -> list[Path]:
+    return [path for path in (directory / f"libdevkit_{key}.so" for directory in _plugin_path_dirs())
+            if path.exists()]
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:
@@ -361,16 +425,19 @@ def _check_versions(info, location: str) -> None:
 
 def list_plugins() -> list[PluginDescriptor]:
     """Every discoverable plugin, whether it loads, and why not."""
+    builtins = builtin_names()
     candidates: dict[str, tuple[str, str]] = {}
     for directory in _plugin_path_dirs():
         for library in sorted(directory.glob("libdevkit_*.so")):
             name = library.name[len("libdevkit_"):-len(".so")]
-            candidates.setdefault(name, (PLUGIN_PATH_ENV, str(library)))
+            if name not in builtins:  # load_plugin(name) warns that it is skipped
+                candidates.setdefault(name, (PLUGIN_PATH_ENV, str(library)))
     for name, entry_point in _entry_points().items():
-        candidates.setdefault(name, ("entry point", entry_point.value))
-    for name in builtin_names():
+        if name not in builtins:
+            candidates.setdefault(name, ("entry point", entry_point.value))
+    for name in builtins:
         location = str(_BUILTIN_LIBRARIES.get(name, _BACKENDS_DIR / name))
-        candidates.setdefault(name, ("built-in", location))
+        candidates[name] = ("built-in", location)
     descriptors = []
     for name, (source, location) in candidates.items():
         try:

@@ -20,7 +20,7 @@ import numpy as np
 from . import dtypes
 from .abi import C, ffi
 from .errors import NotReadyError
-from .plugin import Plugin, load_plugin
+from .plugin import Plugin, load_plugin, parse_device_spec
 
 
 def _flag(bit: int) -> property:
@@ -97,7 +97,8 @@ class Device:
         return Event(self, timing)
 
     def __str__(self) -> str:
-        return f"{self.plugin.name}:{self.index}"
+        label = f"{self.plugin.name}:{self.index}"
+        return f"{label} (plugin at {self.plugin.location})" if self.plugin.name_is_shared else label
 
     def __repr__(self) -> str:
         return f"<devkit.Device {self}>"
@@ -107,16 +108,13 @@ DEFAULT_DEVICE = "cpu:0"  # where everything that takes ``device=`` runs when gi
 
 
 def device(spec: str | Device | None = None) -> Device:
-    """Parse ``"plugin:index"`` (or ``"plugin"``, meaning index 0) into a Device;
-    None is DEFAULT_DEVICE."""
+    """Parse ``"name:index"`` (or ``"name"``, meaning index 0) into a Device;
+    None is DEFAULT_DEVICE. The name is a plugin name, never a path
+    (``load_plugin(path).device(i)``)."""
     if isinstance(spec, Device):
         return spec
-    if spec is None:
-        spec = DEFAULT_DEVICE
-    name, sep, index = str(spec).rpartition(":")
-    if sep and index.isdigit():
-        return load_plugin(name).device(int(index))
-    return load_plugin(str(spec)).device(0)
+    name, index = parse_device_spec(DEFAULT_DEVICE if spec is None else str(spec))
+    return load_plugin(name).device(index)
 
 
 _device = device  # for the functions whose array-API parameter ``device`` shadows it

@@ -274,6 +274,65 @@ def test_bad_inputs_fail_with_their_name():
         prepared.run([np.zeros((3, 2), np.float32)])
 
 
+
+# -- malformed models: devkit.onnx's own error naming the node or value -----------------------------
+
+def node(op, inputs, outputs, name="", **attrs):
+    return helper.make_node(op, inputs, outputs, name=name, **attrs)
+
+
+MALFORMED = {
+    "cycle": (
+        [node("Add", ["x", "b"], ["a"], "first"), node("Relu", ["a"], ["b"], "second"), node("Relu", ["a"], ["y"])],
+        r"the graph has a cycle: node 0 'first' \(Add\) <- node 1 'second' \(Relu\) <- node 0 'first' \(Add\) "
+        r"\(each reads an output of the next\)$"),
+    "self_loop": ([node("Add", ["x", "y"], ["y"], "loop")],
+                  r"cycle: node 0 'loop' \(Add\) <- node 0 'loop' \(Add\)"),
+    "graph_output_nothing_produces": ([node("Relu", ["x"], ["h"])],
+                                      r"^graph output 'y' is not a graph input, an initializer or any node's output$"),
+    "missing_graph_input": ([node("Add", ["x", "w"], ["y"], "adder")],
+                            r"^node 0 'adder' \(Add\): input 'w' is not a graph input, an initializer or any "
+                            r"node's output$"),
+    "constant_without_value": ([node("Constant", [], ["c"]), node("Add", ["x", "c"], ["y"])],
+                               r"^node 'c' \(Constant\): a Constant has exactly one value attribute .*; "
+                               r"this one has none$"),
+    "constant_with_two_values": ([node("Constant", [], ["c"], value_float=1.0, value_int=2),
+                                  node("Add", ["x", "c"], ["y"])],
+                                 r"this one has 'value_float', 'value_int'$"),
+    "nameless_node_without_outputs": ([node("Relu", ["x"], ["y"]), node("Relu", ["x"], [])],
+                                      r"^node 1 \(Relu, nameless\) has no outputs$"),
+    "value_produced_twice": ([node("Relu", ["x"], ["y"], "one"), node("Neg", ["x"], ["y"], "two")],
+                             r"^value 'y' is produced twice: by node 0 'one' \(Relu\) and by node 1 'two' \(Neg\)$"),
+    "output_named_as_a_graph_input": ([node("Relu", ["x"], ["x"], "clobber"), node("Neg", ["x"], ["y"])],
+                                      r"^value 'x' is produced twice: by a graph input or initializer and by "
+                                      r"node 0 'clobber' \(Relu\)$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_model_raises_invalid_model_error_naming_the_node(case):
+    nodes, message = MALFORMED[case]
+    model = make_model(nodes, [value("x", [3])], [value("y", [3])])
+    for check in (donnx.prepare, check_model):
+        with pytest.raises(donnx.InvalidModelError, match=message):
+            check(model)
+    assert not donnx.Backend.is_compatible(model)
+
+
+def test_nodes_out_of_order_are_sorted():
+    nodes = [node("Neg", ["h"], ["y"], "last"), node("Mul", ["x", "two"], ["t"], "first"),
+             node("Relu", ["t"], ["h"], "middle")]
+    model = make_model(nodes, [value("x", [3])], [value("y", [3])], [init("two", np.float32([2, 2, 2]))])
+    x = np.float32([-1, 0.5, 3])
+    (y,) = donnx.prepare(model).run([x])
+    np.testing.assert_array_equal(y, -np.maximum(x * 2, 0))
+    # Independent nodes keep the model's order (a stable sort, as onnxruntime's).
+    sorted_names = [step.node.name for step in donnx.model._Checked(model).steps]
+    assert sorted_names == ["first", "middle", "last"]
+    parallel = make_model([node("Neg", ["x"], ["b"], "b"), node("Relu", ["x"], ["a"], "a"),
+                           node("Add", ["a", "b"], ["y"], "sum")], [value("x", [3])], [value("y", [3])])
+    assert [step.node.name for step in donnx.model._Checked(parallel).steps] == ["b", "a", "sum"]
+
 # -- Backend ------------------------------------------------------------------------------------------
 
 def test_backend_run_node():

@@ -25,6 +25,7 @@ folded constants and the live activations only.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 from collections.abc import Mapping, Sequence
 
@@ -35,7 +36,8 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, asarray
 from ..runtime import device as _device
-from .nodes import UnsupportedNodeError, _constant, _describe, check_node, node_attributes, onnx_dtype, to_numpy
+from .nodes import (InvalidModelError, UnsupportedNodeError, _constant, _describe, check_node, node_attributes,
+                    onnx_dtype, to_numpy)
 
 MIN_OPSET, MAX_OPSET = 13, 23
 # Host values are at most this many elements: initializers that small keep a
@@ -132,9 +134,74 @@ def _check_key_dtypes(model, steps: list[_Step]) -> None:
                                        f"outside the op set (it takes {allowed})")
 
 
+def _graph_order(graph) -> list:
+    """The graph's nodes in an order that runs: topological, ties kept in the
+    model's order (so a sorted graph keeps its own), as onnxruntime sorts.
+    InvalidModelError names what makes a graph unrunnable: a node without
+    outputs, a value produced twice, an input or graph output nothing
+    produces, a cycle."""
+    available = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    producer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        outputs = [name for name in node.output if name]
+        if not outputs:
+            raise InvalidModelError(f"{_describe(node, index)} has no outputs")
+        for name in outputs:
+            if name in available or name in producer:
+                first = ("a graph input or initializer" if name in available
+                         else _describe(graph.node[producer[name]], producer[name]))
+                raise InvalidModelError(f"value '{name}' is produced twice: by {first} and by "
+                                        f"{_describe(node, index)}")
+            producer[name] = index
+    producers = []                                  # per node: the nodes whose outputs it reads
+    for index, node in enumerate(graph.node):
+        needed = set()
+        for name in node.input:
+            if name and name not in available:
+                if name not in producer:
+                    raise InvalidModelError(f"{_describe(node, index)}: input '{name}' is not a graph input, "
+                                            f"an initializer or any node's output")
+                needed.add(producer[name])
+        producers.append(sorted(needed))
+    readers: list[list[int]] = [[] for _ in graph.node]
+    for index, needed in enumerate(producers):
+        for first in needed:
+            readers[first].append(index)
+    waiting = [len(needed) for needed in producers]  # per node: producers not yet placed
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(graph.node[index])
+        for reader in readers[index]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, reader)
+    if len(order) < len(graph.node):
+        raise InvalidModelError(f"the graph has a cycle: {_cycle(graph, producers, waiting)}")
+    for value in graph.output:
+        if value.name not in available and value.name not in producer:
+            raise InvalidModelError(f"graph output '{value.name}' is not a graph input, an initializer or "
+                                    f"any node's output")
+    return order
+
+
+def _cycle(graph, producers: list[list[int]], waiting: list[int]) -> str:
+    """A cycle among the nodes a topological sort could not place: each waits
+    on an unplaced producer, so walking back from one must come round."""
+    path, seen = [], {}
+    index = next(index for index, count in enumerate(waiting) if count)
+    while index not in seen:
+        seen[index] = len(path)
+        path.append(index)
+        index = next(first for first in producers[index] if waiting[first])
+    loop = path[seen[index]:] + [index]
+    return " <- ".join(_describe(graph.node[i], i) for i in loop) + " (each reads an output of the next)"
+
+
 def check_model(model) -> None:
-    """Raise UnsupportedNodeError naming what in ``model`` devkit cannot run;
-    uploads nothing."""
+    """Raise UnsupportedNodeError naming what in ``model`` devkit cannot run,
+    or InvalidModelError naming what makes it invalid ONNX; uploads nothing."""
     _Checked(load(model))
 
 
@@ -146,7 +213,7 @@ class _Checked:
 
         self.model = model
         graph = model.graph
-        self.steps = [_check_step(node) for node in graph.node]
+        self.steps = [_check_step(node) for node in _graph_order(graph)]
         _check_key_dtypes(model, self.steps)
         for init in graph.initializer:
             try:
