@@ -32,6 +32,7 @@ from pathlib import Path
 from . import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
+from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
 
 ENTRY_POINT_GROUP = "devkit.plugins"
@@ -52,6 +53,8 @@ _API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
 _FIRST_OPTIONAL = "copy_p2p"
 REQUIRED_FUNCTIONS = tuple(_API_FUNCTIONS[: _API_FUNCTIONS.index(_FIRST_OPTIONAL)])
 OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):])
+# The graph section (ABI 1.1): all of it or none of it.
+GRAPH_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("graph_"))
 
 _log = logging.getLogger("devkit.plugin")
 
@@ -78,6 +81,7 @@ class Plugin:
         self._devices: dict[int, object] = {}
         self._devices_lock = threading.Lock()
         self._kernel_index: dict[str, list] | None = None
+        self._kernel_by_key: dict[tuple[str, int, int], object] = {}
 
     # -- the table -----------------------------------------------------------
 
@@ -101,27 +105,30 @@ class Plugin:
 
     def kernel_entries(self, op: str | None = None) -> list:
         """The kernel table's DK_KernelEntry pointers (for one op, or all)."""
-        if self._kernel_index is None:
-            index: dict[str, list] = {}
-            if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
-                for i in range(self._info.num_kernels):
-                    entry = self._info.kernels[i]
-                    if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
-                        index.setdefault(_string(entry.op), []).append(entry)
-            self._kernel_index = index
+        index = self._kernel_index if self._kernel_index is not None else self._index_kernels()
         if op is not None:
-            return list(self._kernel_index.get(op, ()))
-        return [entry for entries in self._kernel_index.values() for entry in entries]
+            return list(index.get(op, ()))
+        return [entry for entries in index.values() for entry in entries]
+
+    def _index_kernels(self) -> dict[str, list]:
+        index: dict[str, list] = {}
+        by_key: dict[tuple[str, int, int], object] = {}
+        if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
+            for i in range(self._info.num_kernels):
+                entry = self._info.kernels[i]
+                if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
+                    op = _string(entry.op)
+                    index.setdefault(op, []).append(entry)
+                    if entry.dtype.lanes in (0, 1):  # the first entry for a key wins
+                        by_key.setdefault((op, entry.dtype.code, entry.dtype.bits), entry)
+        self._kernel_index, self._kernel_by_key = index, by_key
+        return index
 
     def kernel_entry(self, op: str, dtype):
         """The entry for (op, key dtype), or None when the plugin has none."""
-        from .dtypes import code_bits
-
-        code, bits = code_bits(dtype)
-        for entry in self.kernel_entries(op):
-            if entry.dtype.code == code and entry.dtype.bits == bits and entry.dtype.lanes in (0, 1):
-                return entry
-        return None
+        if self._kernel_index is None:
+            self._index_kernels()
+        return self._kernel_by_key.get((op, *code_bits(dtype)))
 
     @property
     def kernels(self) -> list[tuple[str, int, int, int]]:
@@ -131,6 +138,11 @@ class Plugin:
     @property
     def has_collectives(self) -> bool:
         return self.has("ccl_comm_init")
+
+    @property
+    def has_graphs(self) -> bool:
+        """Whether the plugin captures graphs itself (else the host replays them)."""
+        return self.has("graph_begin_capture")
 
     @property
     def name_is_shared(self) -> bool:
@@ -421,6 +433,14 @@ def _check_versions(info, location: str) -> None:
     if null:
         raise PluginLoadError(
             f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
+    graph = [fn for fn in GRAPH_FUNCTIONS
+             if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
+    if graph and len(graph) != len(GRAPH_FUNCTIONS):
+        absent = [fn for fn in GRAPH_FUNCTIONS if fn not in graph]
+        raise PluginLoadError(
+            f"{location}: the graph section is partial: it has {', '.join(graph)} but not "
+            f"{', '.join(absent)} (NULL or past the table's {api.struct_size} bytes); a plugin "
+            f"implements all {len(GRAPH_FUNCTIONS)} graph functions or none")
 
 
 def list_plugins() -> list[PluginDescriptor]:

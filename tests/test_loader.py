@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 import devkit
-from devkit.plugin import REQUIRED_FUNCTIONS
+from devkit.plugin import GRAPH_FUNCTIONS, REQUIRED_FUNCTIONS
 from tests.conftest import compile_plugin, run_python
 
 
@@ -54,7 +54,7 @@ def test_plugin_path_discovery(tmp_path, monkeypatch):
     plugin = devkit.load_plugin("pathplug")
     assert (plugin.name, plugin.source, plugin.version) == ("pathplug", "DEVKIT_PLUGIN_PATH", "9.9.9")
     listed = {d.name: d for d in devkit.list_plugins()}
-    assert listed["pathplug"].loads and listed["pathplug"].abi_version == (1, 0)
+    assert listed["pathplug"].loads and listed["pathplug"].abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR)
     assert listed["pathplug"].device_count == 1
 
 
@@ -126,6 +126,14 @@ def test_older_minor_plugin_loads_and_its_missing_functions_are_absent(build_plu
     # copy_p2p's bytes are non-NULL in the library but lie past struct_size.
     assert not plugin.has("copy_p2p") and not plugin.has_collectives
     assert plugin.kernels == []
+
+
+def test_abi_1_0_plugin_loads_without_the_graph_section(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("abi10", "ABI_1_0"))
+    assert plugin.abi_version == (1, 0)
+    # graph_begin_capture's bytes are non-NULL in the library but lie past struct_size.
+    assert not plugin.has_graphs and not any(plugin.has(fn) for fn in GRAPH_FUNCTIONS)
+    assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
 
 
 def test_newer_minor_plugin_loads(build_plugin):
