@@ -1,8 +1,10 @@
 """Runs every conformance case once per plugin under test.
 
-DEVKIT_TEST_PLUGINS=cpu,opencl picks the plugins (names or library paths);
-unset, every discoverable plugin that loads is tested. A plugin named there
-that fails to load fails its cases: it is never silently dropped.
+DEVKIT_TEST_PLUGINS=cpu,opencl picks the plugins (names or library paths),
+DEVKIT_TEST_PLUGINS=all every discoverable plugin that loads (vendor plugins
+installed in the environment too); unset, the built-in plugins that load (cpu,
+and opencl where it finds a device). A plugin named there that fails to load
+fails its cases: it is never silently dropped.
 """
 
 import gc
@@ -15,10 +17,11 @@ import devkit
 
 
 def selected_plugins() -> list[str]:
-    requested = os.environ.get("DEVKIT_TEST_PLUGINS", "")
-    if requested.strip():
+    requested = os.environ.get("DEVKIT_TEST_PLUGINS", "").strip()
+    if requested and requested != "all":
         return [name.strip() for name in requested.split(",") if name.strip()]
-    return [descriptor.name for descriptor in devkit.list_plugins() if descriptor.loads]
+    return [descriptor.name for descriptor in devkit.list_plugins()
+            if descriptor.loads and (requested == "all" or descriptor.source == "built-in")]
 
 
 PLUGINS = selected_plugins()

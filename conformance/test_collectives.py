@@ -30,6 +30,7 @@ import pytest
 import devkit
 from devkit import distributed
 from devkit.abi import ffi
+from devkit.conformance_cli.progress import report_progress
 
 from . import collective_worker as worker
 from .conftest import PLUGINS
@@ -119,23 +120,47 @@ class WorkerRun:
 
 
 def run_worker(plugin: str, nranks: int, scenario: str, results: Path, *extra: str,
-               env: dict | None = None, timeout: float = 120) -> WorkerRun:
+               env: dict | None = None, timeout: float = 120, progress_total: int | None = None) -> WorkerRun:
+    """Launch the scenario on ``nranks`` ranks. With ``progress_total`` (its number of cases),
+    report how far rank 0 got while it runs (devkit-conformance shows it)."""
     devkit.load_plugin(plugin)  # a plugin that does not load fails here, with its reason
     before = ccl_segments()
     command = [sys.executable, "-m", "devkit.launch", "-n", str(nranks), "--timeout", str(timeout),
                "--grace", "2", "--", sys.executable, str(WORKER), scenario, "--plugin", plugin,
                "--results", str(results), *extra]
-    process = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 60,
-                             env={**os.environ, "DEVKIT_CCL_TIMEOUT": str(CCL_TIMEOUT_SECONDS),
-                                  **(env or {})})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "DEVKIT_CCL_TIMEOUT": str(CCL_TIMEOUT_SECONDS),
+                                    **(env or {})})
+    stdout, stderr = _wait_reporting_progress(process, timeout + 60, results / "rank0.jsonl", progress_total)
     records: dict[str, dict[int, dict]] = {}
     for path in sorted(results.glob("rank*.jsonl")):
         rank = int(path.stem[len("rank"):])
         for line in path.read_text().splitlines():
             record = json.loads(line)
             records.setdefault(record["case"], {})[rank] = record
-    return WorkerRun(process.returncode, process.stdout, process.stderr, records,
-                     segments_left_since(before))
+    return WorkerRun(process.returncode, stdout, stderr, records, segments_left_since(before))
+
+
+PROGRESS_INTERVAL = 1.0  # seconds between two looks at rank 0's results during a launch
+
+
+def _wait_reporting_progress(process: subprocess.Popen, timeout: float, records: Path,
+                             total: int | None) -> tuple[str, str]:
+    """``process.communicate()`` within ``timeout`` (killed and TimeoutExpired past it, as
+    subprocess.run does); meanwhile, with a ``total``, the cases ``records`` holds so far."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return process.communicate(timeout=PROGRESS_INTERVAL)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                process.kill()
+                process.communicate()
+                raise subprocess.TimeoutExpired(process.args, timeout) from None
+        if total is not None and records.exists():
+            finished = [line for line in records.read_text().split("\n")[:-1] if line]  # whole lines only
+            if finished:
+                report_progress(len(finished), total, json.loads(finished[-1])["case"])
 
 
 class MatrixRuns:
@@ -149,7 +174,8 @@ class MatrixRuns:
         key = (plugin, nranks)
         if key not in self._runs:
             results = self._tmp_path_factory.mktemp(f"collectives-{_label(plugin)}-n{nranks}")
-            self._runs[key] = run_worker(plugin, nranks, "matrix", results, timeout=MATRIX_TIMEOUT)
+            self._runs[key] = run_worker(plugin, nranks, "matrix", results, timeout=MATRIX_TIMEOUT,
+                                         progress_total=len(worker.matrix_cases(nranks)) + len(worker.EXTRA_CASES))
         return self._runs[key]
 
 

@@ -10,14 +10,17 @@ from .errors import (  # noqa: E402
 )
 from .plugin import Plugin, PluginDescriptor, check, list_plugins, load_plugin  # noqa: E402
 from .runtime import (  # noqa: E402
-    Array, Buffer, Device, DeviceProperties, Event, Stream, asarray, device, empty, empty_cache,
-    memory_stats, set_allocator, zeros,
+    DEFAULT_DEVICE, Array, Buffer, Device, DeviceProperties, Event, Stream, asarray, device, empty,
+    empty_cache, memory_stats, set_allocator, zeros,
 )
+from .creation import arange, empty_like, full, full_like, ones, ones_like, zeros_like  # noqa: E402
 from . import ops  # noqa: E402
 from .ops import fallback_report, run_op  # noqa: E402
+from .operators import astype, result_type  # noqa: E402  (importing it gives Array its operators)
 
 __all__ = [
-    "ABI_MAJOR", "ABI_MINOR", "AbortedError", "Array", "Buffer", "DeadlineExceededError", "Device",
+    "ABI_MAJOR", "ABI_MINOR", "DEFAULT_DEVICE", "arange", "astype", "empty_like", "full", "full_like", "ones",
+    "ones_like", "result_type", "zeros_like", "AbortedError", "Array", "Buffer", "DeadlineExceededError", "Device",
     "DeviceError", "DeviceLostError", "DeviceProperties", "DevkitError", "Event",
     "FailedPreconditionError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotReadyError",
     "OutOfMemoryError", "OutOfRangeError", "Plugin", "PluginDescriptor", "PluginLoadError",

@@ -3,7 +3,7 @@
     import devkit.distributed as dist
 
     comm = dist.init()                        # rank / world size from devkit-run or mpirun
-    x = devkit.asarray(np.ones(1024, np.float32), comm.device)
+    x = devkit.asarray(np.ones(1024, np.float32), device=comm.device)
     comm.all_reduce(x)                        # in place: every rank now holds the sum
 
 ``init()`` learns its rank and the world size from the launcher's environment

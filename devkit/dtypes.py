@@ -30,6 +30,33 @@ def normalize(dtype) -> np.dtype:
     return result
 
 
+# ONNX's TensorProto.DataType codes of the dtypes above (onnx.proto: FLOAT = 1, ...).
+ONNX_CODES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+              9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
+
+
+def from_onnx(code: int) -> np.dtype:
+    """The dtype of an ONNX TensorProto element type code; ValueError for one devkit lacks."""
+    if code not in ONNX_CODES:
+        raise ValueError(f"ONNX element type {code} is not a devkit dtype")
+    name = ONNX_CODES[code]
+    return bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def from_attribute(value) -> np.dtype:
+    """A dtype attribute in any of its spellings: a dtype or its name, or ONNX's
+    encodings, a TensorProto code (``6``) or its name (``"INT32"``)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return from_onnx(int(value))
+    if isinstance(value, str) and value.isupper():
+        codes = {"FLOAT": 1, "UINT8": 2, "INT8": 3, "UINT16": 4, "INT16": 5, "INT32": 6, "INT64": 7,
+                 "BOOL": 9, "FLOAT16": 10, "DOUBLE": 11, "UINT32": 12, "UINT64": 13, "BFLOAT16": 16}
+        if value not in codes:
+            raise ValueError(f"ONNX element type {value} is not a devkit dtype")
+        return from_onnx(codes[value])
+    return normalize(value)
+
+
 def code_bits(dtype) -> tuple[int, int]:
     """DLPack (type code, bits) of a supported dtype."""
     dtype = normalize(dtype)

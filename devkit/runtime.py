@@ -123,13 +123,20 @@ class Device:
         return f"<devkit.Device {self}>"
 
 
-def device(spec: str | Device = "cpu:0") -> Device:
-    """Parse ``"name:index"`` (or ``"name"``, meaning index 0) into a Device.
-    The name is a plugin name, never a path (``load_plugin(path).device(i)``)."""
+DEFAULT_DEVICE = "cpu:0"  # where everything that takes ``device=`` runs when given None
+
+
+def device(spec: str | Device | None = None) -> Device:
+    """Parse ``"name:index"`` (or ``"name"``, meaning index 0) into a Device;
+    None is DEFAULT_DEVICE. The name is a plugin name, never a path
+    (``load_plugin(path).device(i)``)."""
     if isinstance(spec, Device):
         return spec
-    name, index = parse_device_spec(str(spec))
+    name, index = parse_device_spec(DEFAULT_DEVICE if spec is None else str(spec))
     return load_plugin(name).device(index)
+
+
+_device = device  # for the functions whose array-API parameter ``device`` shadows it
 
 
 def _stream_handle(stream: Stream | None, dev: Device):
@@ -613,20 +620,20 @@ def _completed(event: Event, wait: bool = False) -> bool:
         return True
 
 
-def _memories(device_spec) -> list[_DeviceMemory]:
-    return _DeviceMemory._all if device_spec is None else [device(device_spec)._memory]
+def _memories(device) -> list[_DeviceMemory]:
+    return _DeviceMemory._all if device is None else [_device(device)._memory]
 
 
-def empty_cache(device_spec: str | Device | None = None) -> None:
+def empty_cache(device: str | Device | None = None) -> None:
     """Return every cached free block to its plugin (of one device, or of all).
 
     Blocks that pending work may still use are freed once it has run (this waits).
     """
-    for memory in _memories(device_spec):
+    for memory in _memories(device):
         memory.empty_cache()
 
 
-def memory_stats(device_spec: str | Device | None = None) -> dict:
+def memory_stats(device: str | Device | None = None) -> dict:
     """The allocator's counters for one device, or ``{"cpu:0": {...}, ...}`` for every device.
 
     allocated_bytes: bytes of live buffers (as requested); reserved_bytes:
@@ -636,8 +643,8 @@ def memory_stats(device_spec: str | Device | None = None) -> dict:
     cache_hits: allocations served from the cache; device_allocations /
     device_frees: mem_alloc / mem_free(_async) calls into the plugin.
     """
-    if device_spec is not None:
-        return _memories(device_spec)[0].stats()
+    if device is not None:
+        return _memories(device)[0].stats()
     return {str(memory.device): memory.stats() for memory in list(_DeviceMemory._all)}
 
 
@@ -1006,6 +1013,10 @@ class Array:
         out.buffer.copy_from(self.buffer.view(self.offset, self.nbytes), stream=stream)
         return out
 
+    def to_device(self, device: str | Device, /, *, stream: Stream | None = None) -> Array:
+        """The array API's name for ``to``."""
+        return self.to(device, stream)
+
     # -- DLPack -------------------------------------------------------------------
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -1048,9 +1059,9 @@ def _contiguous_strides(shape) -> list[int]:
     return strides[::-1]
 
 
-def empty(shape, dtype="float32", device_spec: str | Device = "cpu:0",
+def empty(shape, dtype=None, device: str | Device | None = None,
           stream: Stream | None = None) -> Array:
-    """An uninitialised array on a device."""
+    """An uninitialised array on a device (``dtype`` None: float32)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     try:
         shape = tuple(map(operator.index, shape))
@@ -1058,26 +1069,36 @@ def empty(shape, dtype="float32", device_spec: str | Device = "cpu:0",
         shape = tuple(_check_size(n, f"dimension of shape {shape}") for n in shape)  # raises, naming it
     if min(shape, default=0) < 0:
         _check_size(min(shape), f"dimension of shape {shape}")
-    dtype = dtypes.normalize(dtype)
-    dev = device(device_spec)
+    dtype = dtypes.normalize("float32" if dtype is None else dtype)
+    dev = _device(device)
     return Array(dev.alloc(math.prod(shape) * dtype.itemsize, stream), shape, dtype)
 
 
-def zeros(shape, dtype="float32", device_spec: str | Device = "cpu:0",
+def zeros(shape, dtype=None, device: str | Device | None = None,
           stream: Stream | None = None) -> Array:
-    out = empty(shape, dtype, device_spec, stream)
+    out = empty(shape, dtype, device, stream)
     out.buffer.fill(0, stream=stream)
     return out
 
 
-def asarray(obj, device_spec: str | Device = "cpu:0", dtype=None,
+def asarray(obj, /, device: str | Device | None = None, *, dtype=None, copy: bool | None = None,
             stream: Stream | None = None) -> Array:
-    """Copy a NumPy array (or anything ``numpy.asarray`` takes) to a device."""
-    dev = device(device_spec)
+    """Copy a NumPy array (or anything ``numpy.asarray`` takes) to a device.
+
+    An Array already on ``device`` (None: the Array's own device) is returned
+    as it is unless ``copy=True``; ``copy=False`` refuses to copy."""
     if isinstance(obj, Array):
         if dtype is not None and dtypes.normalize(dtype) != obj.dtype:
-            raise TypeError("asarray cannot convert dtypes of device arrays")
-        return obj if obj.device is dev else obj.to(dev, stream)
+            raise TypeError("asarray cannot convert dtypes of device arrays: use devkit.ops.Cast")
+        dev = obj.device if device is None else _device(device)
+        if obj.device is dev and not copy:
+            return obj
+        if copy is False:
+            raise ValueError(f"asarray(copy=False): the array is on {obj.device}, not {dev}")
+        return obj.to(dev, stream)
+    if copy is False:
+        raise ValueError("asarray(copy=False): host data is always copied to the device")
+    dev = _device(device)
     host = np.asarray(obj, dtype=dtype)
     if not host.flags.c_contiguous:
         host = host.copy(order="C")  # not ascontiguousarray: it turns 0-d arrays into 1-d

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -91,3 +92,35 @@ def test_without_torch_it_says_how_to_install_it(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "torch is not installed" in result.stderr and "pip install torch==2.13.0" in result.stderr
     assert "peer: none" in result.stdout and "\nbroadcast " in result.stdout
+
+
+def test_opencl_bench_without_pyopencl_says_what_to_install():
+    hide_pyopencl = "import sys; sys.modules['pyopencl'] = None; from devkit.bench import main; main(['opencl'])"
+    result = subprocess.run([sys.executable, "-c", hide_pyopencl], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("devkit-bench opencl: pyopencl is not installed: pip install 'devkit[opencl]', and an "
+                             "OpenCL driver (scripts/install-opencl.sh installs PoCL and pyopencl)\n")
+
+
+def test_opencl_bench_names_the_missing_piece_of_a_peer():
+    pytest.importorskip("pyopencl", reason="pyopencl is not installed (scripts/install-opencl.sh)")
+    probe = ("import sys; sys.modules['mako'] = None; sys.modules['pyclblast'] = None\n"
+             "from devkit.bench import opencl\n"
+             "print(opencl._pyopencl_sum(None, None), opencl._clblast_gemm(None, None, None))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "(None, 'Mako') (None, 'pyclblast')\n"
+
+
+def test_a_piped_table_keeps_every_header_whole():
+    row = {"benchmark": "a rather long benchmark name " * 3, "devkit_ms": 1.0, "numpy_ms": 2.0,
+           "numpy_over_devkit": 2.0, "onnxruntime_ms": None, "onnxruntime_over_devkit": None,
+           "max_abs_diff_vs_numpy": 0.0}
+    code = f"from devkit.bench.ops import print_rows; print_rows([{row!r}])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    assert result.returncode == 0, result.stderr
+    for header in ("devkit ms", "NumPy ms", "NumPy/devkit", "onnxruntime ms", "ORT/devkit", "max |diff|",
+                   row["benchmark"].strip(), "ratio = peer time / devkit time, >1 means devkit is faster"):
+        assert header in result.stdout
+    assert "…" not in result.stdout

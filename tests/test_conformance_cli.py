@@ -378,3 +378,89 @@ def test_unclaimed_kernels_skip_and_cpu_fallback_runs_them_counted_in_the_report
     assert case["properties"]["fallbacks"] == {"Add[float32]": 1}
     report = (tmp_path / "report.md").read_text()
     assert "## CPU fallbacks" in report and "| Add[float32] | 1 | 1 |" in report
+
+
+def test_a_case_reports_progress_inside_itself(tmp_path):
+    """The collectives matrix runs as one batch; its case says how far it got (progress.py)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_batch.py").write_text(
+        "import subprocess, sys\n"
+        "from devkit.conformance_cli.progress import report_progress\n\n"
+        "def test_batch():\n"
+        "    for done in (1, 2, 3):\n"
+        "        report_progress(done, 3, f'step{done}')\n"
+        "    # a process the case starts inherits the variable, not the pipe: it reports nothing\n"
+        "    subprocess.run([sys.executable, '-c', 'from devkit.conformance_cli.progress import report_progress; '\n"
+        "                    'report_progress(9, 9)'], check=True)\n")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    collection = collect("cpu", suite, [suite / "test_batch.py"], None, None, workdir, 60)
+    events = []
+    runner = CaseRunner("cpu", suite, workdir, 60, on_progress=lambda case, event: events.append((case.id, event)))
+    (result,) = runner.run(collection.cases)
+    assert result.status == "passed", result.details
+    assert events == [("test_batch.py::test_batch", {"event": "progress", "done": done, "total": 3,
+                                                     "current": f"step{done}"}) for done in (1, 2, 3)]
+
+
+def test_report_progress_outside_a_worker_does_nothing(monkeypatch):
+    from devkit.conformance_cli import progress
+
+    monkeypatch.delenv(progress.ENVIRONMENT_VARIABLE, raising=False)
+    progress.report_progress(1, 2, "no worker")  # no pipe, no error
+    monkeypatch.setenv(progress.ENVIRONMENT_VARIABLE, "1:999")  # another process's pipe
+    progress.report_progress(1, 2, "not mine")
+
+
+def test_start_up_and_eta_are_shown(cpu_run):
+    process, _ = cpu_run
+    assert process.stderr.startswith("devkit-conformance: loading plugin 'cpu' and collecting the cases of "
+                                     "runtime (profile quick) in a worker...\n")
+    assert " eta " in process.stderr
+
+
+def test_near_identical_skip_reasons_are_one_row():
+    results = [CaseResult(f"test_ops.py::test_op[{op}-{dtype}]", "skipped",
+                          message=f"plugin 'acme' has no {op} kernel for {dtype} (not claimed)")
+               for op in ("Add", "Mul", "Relu") for dtype in ("float16", "int8")]
+    results += [CaseResult("test_runtime.py::test_pair", "skipped",
+                           message="plugin 'acme' has one device; this case needs two"),
+                CaseResult("test_onnx_node.py::test_a", "skipped",
+                           message="outside devkit's dtype set: 'x': element type FLOAT8E4M3FN is not a devkit dtype"),
+                CaseResult("test_onnx_node.py::test_b", "skipped",
+                           message="outside devkit's dtype set: 'y': element type STRING is not a devkit dtype")]
+    run = RunRecord(plugin={"name": "acme", "version": "1.0", "abi_version": "1.0", "device_type": "cpu",
+                            "source": "entry point", "location": "/x.so", "devices": [], "devices_error": None,
+                            "kernels": []},
+                    command="devkit-conformance acme", profile="quick", suites=["ops"], started="now",
+                    wall_time=1.0, results=results, incidents=[])
+    section = markdown_text(run).split("## Skipped\n\n", 1)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| Reason")]
+    assert rows == [
+        "| plugin … has no … kernel for … (not claimed) | 6 | plugin 'acme' has no Add kernel for float16 "
+        "(not claimed); plugin 'acme' has no Add kernel for int8 (not claimed); plugin 'acme' has no Mul kernel "
+        "for float16 (not claimed) ... |",
+        "| outside devkit's dtype set: …: element type … is not a devkit dtype | 2 | outside devkit's dtype set: "
+        "'x': element type FLOAT8E4M3FN is not a devkit dtype; outside devkit's dtype set: 'y': element type "
+        "STRING is not a devkit dtype |",
+        "| plugin 'acme' has one device; this case needs two | 1 |  |",
+    ]
+
+
+def test_the_suite_defaults_to_the_built_in_plugins(monkeypatch):
+    """Vendor plugins installed beside devkit are left out of `pytest` unless named (or `all`)."""
+    from conformance import conftest
+
+    def descriptor(name, source, loads=True):
+        return devkit.PluginDescriptor(name, source, f"/{name}", loads, (1, 0), "1", 1, None)
+
+    listed = [descriptor("cpu", "built-in"), descriptor("opencl", "built-in", loads=False),
+              descriptor("acme", "entry point"), descriptor("mine", "DEVKIT_PLUGIN_PATH")]
+    monkeypatch.setattr(devkit, "list_plugins", lambda: listed)
+    monkeypatch.delenv("DEVKIT_TEST_PLUGINS", raising=False)
+    assert conftest.selected_plugins() == ["cpu"]
+    monkeypatch.setenv("DEVKIT_TEST_PLUGINS", "all")
+    assert conftest.selected_plugins() == ["cpu", "acme", "mine"]
+    monkeypatch.setenv("DEVKIT_TEST_PLUGINS", " acme, /x/libdevkit_y.so ")
+    assert conftest.selected_plugins() == ["acme", "/x/libdevkit_y.so"]

@@ -22,7 +22,7 @@ def test_load_by_path_returns_the_same_plugin_as_by_name():
     assert cpu.source == "built-in" and cpu.version
 
 
-def test_device_spec_parsing():
+def test_device_name_parsing():
     assert devkit.device("cpu:1") is devkit.load_plugin("cpu").device(1)
     assert devkit.device("cpu") is devkit.device("cpu:0")
     assert str(devkit.device("cpu:1")) == "cpu:1"

@@ -70,7 +70,7 @@ def test_the_default_directory_is_named_after_the_plugin(tmp_path, monkeypatch):
 def test_the_project_has_its_files(project):
     expected = {"include/devkit.h", "src/plugin.c", f"src/{NAME}_internal.h", "src/runtime.c",
                 "src/stream.c", "src/kernel.h", "src/kernel.c", "src/graph.c", "src/kernels/relu.c",
-                f"devkit_plugin_{NAME}/__init__.py", "setup.py", "pyproject.toml", "MANIFEST.in",
+                f"src/devkit_plugin_{NAME}/__init__.py", "setup.py", "pyproject.toml", "MANIFEST.in",
                 "README.md", ".github/workflows/conformance.yml", ".gitignore"}
     assert {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()} == expected
     assert (project / "include" / "devkit.h").read_text() == HEADER_PATH.read_text()
@@ -87,7 +87,10 @@ def test_sources_are_renamed_without_defects_or_collectives(project):
 
 
 def test_pyproject_registers_the_entry_point(project):
-    pyproject = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    whole = tomllib.loads((project / "pyproject.toml").read_text())
+    assert whole["build-system"]["requires"] == ["setuptools>=61"]  # a default venv's 65 suffices
+    assert "tool" not in whole
+    pyproject = whole["project"]
     assert pyproject["name"] == f"devkit-plugin-{NAME}"
     assert any(re.match(r"devkit\b", dependency) for dependency in pyproject["dependencies"])
     assert pyproject["entry-points"]["devkit.plugins"] == {NAME: f"devkit_plugin_{NAME}:library_path"}
@@ -149,11 +152,19 @@ def test_built_project_loads_and_passes_the_runtime_suite(project):
     build = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=project,
                            capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
-    package = project / f"devkit_plugin_{NAME}"
+    assert "beta" not in build.stderr  # setuptools < 68 (a default venv's 65) on a [tool.setuptools] table
+    package = project / "src" / f"devkit_plugin_{NAME}"
+
+    # In the project's directory Python does not see the source package (src layout), so the README's
+    # commands there use the installed one; here, not installed, there is none.
+    shadow = subprocess.run([sys.executable, "-c", f"import importlib.util; "
+                             f"print(importlib.util.find_spec('devkit_plugin_{NAME}'))"],
+                            cwd=project, capture_output=True, text=True, timeout=60)
+    assert shadow.stdout == "None\n", shadow.stderr
 
     loaded = run_python(f"""
 import sys
-sys.path.insert(0, {str(project)!r})
+sys.path.insert(0, {str(project / "src")!r})
 import devkit, devkit_plugin_{NAME} as package
 plugin = devkit.load_plugin(package.library_path())
 print(plugin.name, plugin.device_type, plugin.abi_version, plugin.kernels)

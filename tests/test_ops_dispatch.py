@@ -152,3 +152,22 @@ def test_older_attribute_form_of_a_host_input_binds_as_the_input():
     np.testing.assert_array_equal(ops.Clip(x, np.float32(-1), max=np.float32(1)).numpy(), np.clip(a, -1, 1))
     with pytest.raises(TypeError, match="Clip: 'min' is given both as an input and as an attribute"):
         ops.Clip(x, np.float32(-1), min=-1.0)
+
+
+@pytest.mark.parametrize("to, expected", [(6, np.int32), ("INT32", np.int32), (11, np.float64), (16, "bfloat16"),
+                                          ("float16", np.float16), (np.dtype("uint8"), np.uint8)])
+def test_dtype_attributes_take_onnx_encodings(to, expected):
+    host = np.array([1.5, 2.25, 3.0], np.float32)  # (non-negative: Cast saturates, NumPy wraps)
+    (out,) = devkit.run_op("Cast", [devkit.asarray(host)], {"to": to})
+    expected = devkit.dtypes.normalize(expected)
+    assert out.dtype == expected
+    np.testing.assert_array_equal(out.numpy(), host.astype(expected))
+    (filled,) = devkit.run_op("ConstantOfShape", [[2]], {"dtype": to, "value": 1.0})
+    assert filled.dtype == expected
+
+
+@pytest.mark.parametrize("to", [8, "STRING", True, "no-such-type"])
+def test_dtype_attributes_refuse_what_is_no_devkit_dtype(to):
+    x = devkit.asarray(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match=f"Cast: attribute 'to' must be dtype, got {to!r}"):
+        devkit.run_op("Cast", [x], {"to": to})

@@ -8,7 +8,7 @@ Add (16 Mi float32), ReduceSum (16 Mi float32 to one value) and MatMul
 the same computation with ``pyopencl.array`` (``a + b``, ``pyopencl.array.sum``)
 and, for MatMul, CLBlast's SGEMM through ``pyclblast`` (``pyopencl.array``
 has no matrix product). A peer that is not installed (pyclblast; Mako, which
-pyopencl's reductions need) is reported as such. Each peer's time includes
+pyopencl's reductions need) is reported with the package it needs. Each peer's time includes
 allocating its output and waiting for the result, as devkit's does. Reported:
 medians and the ratio peer / devkit (above 1: devkit is faster).
 
@@ -20,6 +20,7 @@ caches are both under it) and then again with the cache the first one left.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ops import MI, _median_seconds
+from .ops import MI, _median_seconds, table_console
 
 _STARTUP_SCRIPT = """
 import time
@@ -55,22 +56,29 @@ def startup_seconds() -> tuple[float, float]:
         return times[0], times[1]
 
 
-def _pyopencl_sum(x, finished):
-    """pyopencl.array.sum, whose reduction kernels pyopencl writes with Mako."""
+def _missing(module: str, package: str) -> str | None:
+    """``package`` (what to pip install) when ``module`` does not import, else None."""
     try:
-        import mako  # noqa: F401
+        importlib.import_module(module)
     except ImportError:
-        return None
+        return package
+    return None
+
+
+def _pyopencl_sum(x, finished):
+    """pyopencl.array.sum, whose reduction kernels pyopencl writes with Mako: (run, missing)."""
     import pyopencl.array as cla
 
-    return finished(lambda: cla.sum(x))
+    missing = _missing("mako", "Mako")
+    return (None, missing) if missing else (finished(lambda: cla.sum(x)), None)
 
 
 def _clblast_gemm(queue, a, b):
-    try:
-        import pyclblast
-    except ImportError:
-        return None
+    """CLBlast's SGEMM through pyclblast: (run, missing)."""
+    missing = _missing("pyclblast", "pyclblast")
+    if missing:
+        return None, missing
+    import pyclblast
     import pyopencl.array as cla
 
     def run():
@@ -80,7 +88,7 @@ def _clblast_gemm(queue, a, b):
         queue.finish()
         return c
 
-    return run
+    return run, None
 
 
 def run(repeat: int) -> list[dict]:
@@ -108,7 +116,7 @@ def run(repeat: int) -> list[dict]:
         return run_peer
 
     cases = [
-        ("Add 16Mi f32", lambda: devkit.ops.Add(dx, dy), {"pyopencl.array": finished(lambda: px + py)},
+        ("Add 16Mi f32", lambda: devkit.ops.Add(dx, dy), {"pyopencl.array": (finished(lambda: px + py), None)},
          x + y),
         ("ReduceSum 16Mi f32 (all)", lambda: devkit.ops.ReduceSum(dx, keepdims=0),
          {"pyopencl.array": _pyopencl_sum(px, finished)}, np.sum(x, dtype=np.float64)),
@@ -120,9 +128,9 @@ def run(repeat: int) -> list[dict]:
         result = devkit_fn()
         error = float(np.max(np.abs(result.numpy().astype(np.float64) - expected)))
         devkit_s = _median_seconds(devkit_fn, repeat)
-        for peer, peer_fn in peers.items():
+        for peer, (peer_fn, missing) in peers.items():
             peer_s = None if peer_fn is None else _median_seconds(peer_fn, repeat)
-            rows.append({"benchmark": name, "device": dev.properties.name, "peer": peer,
+            rows.append({"benchmark": name, "device": dev.properties.name, "peer": peer, "peer_missing": missing,
                          "devkit_ms": devkit_s * 1e3, "peer_ms": None if peer_s is None else peer_s * 1e3,
                          "peer_over_devkit": None if peer_s is None else peer_s / devkit_s,
                          "max_abs_error_vs_float64": error})
@@ -140,19 +148,29 @@ def _find_cl_device(name: str):
 
 
 def opencl_main(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    import devkit
+
+    if _missing("pyopencl", "pyopencl"):
+        print("devkit-bench opencl: pyopencl is not installed: pip install 'devkit[opencl]', and an OpenCL "
+              "driver (scripts/install-opencl.sh installs PoCL and pyopencl)", file=sys.stderr)
+        return 2
+    try:
+        devkit.device("opencl:0")
+    except devkit.PluginLoadError as exc:
+        print(f"devkit-bench opencl: the opencl plugin does not load: {exc}", file=sys.stderr)
+        return 2
     rows = run(args.repeat)
     table = Table(title="opencl plugin vs peers on the same device (median); ratio > 1: devkit is faster")
     for column in ("benchmark", "peer", "devkit ms", "peer ms", "peer/devkit", "max |error|"):
         table.add_column(column, justify="left" if column in ("benchmark", "peer") else "right")
     for r in rows:
         missing = r["peer_ms"] is None
-        table.add_row(r["benchmark"], r["peer"] + (" (not installed)" if missing else ""),
+        table.add_row(r["benchmark"], r["peer"] + (f" (not run: pip install {r['peer_missing']})" if missing else ""),
                       f"{r['devkit_ms']:.2f}", "-" if missing else f"{r['peer_ms']:.2f}",
                       "-" if missing else f"{r['peer_over_devkit']:.2f}", f"{r['max_abs_error_vs_float64']:.2g}")
-    console = Console()
+    console = table_console()
     console.print(table)
     cold, warm = startup_seconds()
     console.print(f"start-up (import, load, mlp + resnet): cold program cache {cold:.1f} s, "

@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 MI = 1 << 20
+PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: rich sizes it to its content
 
 
 @dataclasses.dataclass
@@ -141,8 +143,15 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
     return rows
 
 
-def print_rows(rows: list[dict]) -> None:
+def table_console():
+    """A rich Console for tables: the terminal's width on a terminal; piped, wide
+    enough that no column or header is cut (rich assumes 80 columns otherwise)."""
     from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+
+def print_rows(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="op latency (median); ratio = peer time / devkit time, >1 means devkit is faster")
@@ -154,7 +163,7 @@ def print_rows(rows: list[dict]) -> None:
         table.add_row(r["benchmark"], f"{r['devkit_ms']:.3f}", f"{r['numpy_ms']:.3f}", f"{r['numpy_over_devkit']:.2f}",
                       "-" if ort is None else f"{ort:.3f}",
                       "-" if ort is None else f"{r['onnxruntime_over_devkit']:.2f}", f"{r['max_abs_diff_vs_numpy']:.2g}")
-    Console().print(table)
+    table_console().print(table)
 
 
 def ops_main(args) -> int:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 from ..plugin import _looks_like_path
@@ -38,6 +39,7 @@ STATUS_STYLES = {"passed": "green", "failed": "bold red", "error": "bold red", "
 NOTEWORTHY = ("failed", "error", "crashed", "timeout", "xpass")
 # Rich assumes 80 columns when not writing to a terminal; CI logs have room for the whole table.
 LOG_WIDTH = 160
+RATE_WINDOW = 24 * 3600.0  # seconds of case completions the ETA's rate is taken over: the whole run
 
 
 class UsageError(Exception):
@@ -113,6 +115,8 @@ def _run(argv: list[str], console: Console) -> int:
     plugin = str(Path(args.plugin).resolve()) if _looks_like_path(args.plugin) else args.plugin
 
     with tempfile.TemporaryDirectory(prefix="devkit-conformance-") as workdir:
+        console.print(f"devkit-conformance: loading plugin {args.plugin!r} and collecting the cases of "
+                      f"{', '.join(selected)} (profile {args.profile}) in a worker...", markup=False)
         try:
             collection = collect(plugin, suite_dir, [suites[name] for name in selected], args.keyword,
                                  PROFILES[args.profile], Path(workdir), args.case_timeout)
@@ -167,14 +171,19 @@ def _list_cases(collection, console: Console):
 
 
 def _run_cases(plugin, suite_dir, workdir, collection, args, expectations, console):
+    # ETA: the remaining cases at the run's average rate so far (the window spans the whole run:
+    # case times vary too much for a short one).
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[case]}"))
-    with Progress(*columns, console=console) as progress:
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[case]}"))
+    with Progress(*columns, console=console, speed_estimate_period=RATE_WINDOW) as progress:
         task = progress.add_task(collection.plugin["name"], total=len(collection.cases) + len(collection.errors),
-                                 case="")
+                                 case="starting a worker: importing the suite and loading the plugin")
 
         def started(case):
             progress.update(task, case=escape(case.id))
+
+        def progressed(case, event):  # inside a case that runs a batch (the collectives matrix)
+            progress.update(task, case=escape(f"{case.id}: {event['done']}/{event['total']} {event['current']}"))
 
         def finished(result: CaseResult):
             apply_expectations(result, expectations)
@@ -187,7 +196,7 @@ def _run_cases(plugin, suite_dir, workdir, collection, args, expectations, conso
         for error in collection.errors:
             finished(error)
         runner = CaseRunner(plugin, suite_dir, workdir, args.case_timeout, on_started=started,
-                            on_finished=finished)
+                            on_finished=finished, on_progress=progressed)
         results = runner.run(collection.cases, args.workers)
         progress.update(task, case="")
     return collection.errors + results, runner.incidents
@@ -218,4 +227,9 @@ def _print_summary(run: reports.RunRecord):
                   f"{run.wall_time:.1f} s")
     console = _console(sys.stdout)
     console.print(table)
+    groups = reports.skip_groups(run.results)
+    if groups:
+        console.print("skipped, by reason (… stands for names, dtypes and numbers that vary):", markup=False)
+        for shape, cases, examples in groups:
+            console.print(f"{cases:>7}  {examples[0] if len(examples) == 1 else shape}", markup=False)
     console.print("[bold green]PASSED[/]" if run.passed else "[bold red]FAILED[/]")

@@ -347,11 +347,35 @@ def _expected_failures_section(results: list[CaseResult]) -> str:
     return "## Expected failures\n\n" + _table(["Case", "Outcome", "Reason", "Message"], rows)
 
 
-def _skipped_section(results: list[CaseResult]) -> str:
-    reasons: dict[str, int] = {}
+# The parts of a skip reason that vary between otherwise identical reasons: quoted names,
+# words with digits (float16, n4), upper-case words (STRING), capitalised words inside a
+# sentence (an op name); then a list of them is one.
+_VARYING = re.compile(r"(?<!\w)'[^']*'|\b[A-Za-z_]*\d[\w.]*|\b[A-Z][A-Z0-9_]{2,}\b|(?<=[a-z:] )[A-Z]\w*")
+_VARYING_LIST = re.compile(r"…(?:, …)+")
+_SKIP_EXAMPLES = 3
+
+
+def skip_groups(results: list[CaseResult]) -> list[tuple[str, int, list[str]]]:
+    """Skip reasons grouped by their shape (the varying parts as "…"): (shape, cases,
+    the first few distinct reasons), most frequent first."""
+    groups: dict[str, tuple[list[int], list[str]]] = {}
     for result in results:
         if result.status == "skipped":
-            reasons[result.message] = reasons.get(result.message, 0) + 1
-    if not reasons:
+            shape = _VARYING_LIST.sub("…", _VARYING.sub("…", result.message))
+            count, examples = groups.setdefault(shape, ([0], []))
+            count[0] += 1
+            if result.message not in examples and len(examples) < _SKIP_EXAMPLES:
+                examples.append(result.message)
+    return sorted(((shape, count[0], examples) for shape, (count, examples) in groups.items()),
+                  key=lambda group: -group[1])
+
+
+def _skipped_section(results: list[CaseResult]) -> str:
+    groups = skip_groups(results)
+    if not groups:
         return "## Skipped\n\nNone."
-    return "## Skipped\n\n" + _table(["Reason", "Cases"], sorted(reasons.items(), key=lambda kv: -kv[1]))
+    rows = [[examples[0] if len(examples) == 1 else shape, cases,
+             "" if len(examples) == 1 else "; ".join(examples) + (" ..." if len(examples) == _SKIP_EXAMPLES else "")]
+            for shape, cases, examples in groups]
+    return ("## Skipped\n\nReasons that differ only in names, dtypes or numbers (shown as …) are one row.\n\n"
+            + _table(["Reason", "Cases", "For example"], rows))

@@ -246,13 +246,15 @@ class _Share:
 class CaseRunner:
     def __init__(self, plugin: str, suite_dir: Path, workdir: Path, case_timeout: float,
                  on_started: Callable[[Case], None] = lambda case: None,
-                 on_finished: Callable[[CaseResult], None] = lambda result: None):
+                 on_finished: Callable[[CaseResult], None] = lambda result: None,
+                 on_progress: Callable[[Case, dict], None] = lambda case, event: None):
         self.plugin = plugin
         self.suite_dir = suite_dir
         self.workdir = workdir
         self.case_timeout = case_timeout
         self.on_started = on_started
         self.on_finished = on_finished
+        self.on_progress = on_progress  # a "progress" event of the running case (progress.py)
         # What went wrong outside any case, e.g. a worker that crashed while exiting.
         self.incidents: list[str] = []
         self._results: list[CaseResult] = []
@@ -311,6 +313,8 @@ class CaseRunner:
                 self._case_started(share, event["id"])
             elif event["event"] == "finished":
                 self._case_finished(share, event)
+            elif event["event"] == "progress" and share.current is not None:
+                self.on_progress(share.current, event)
         if was_open and worker.pipe_closed:
             self._selector.unregister(worker.events_fd)
 

@@ -9,7 +9,9 @@ event is one JSON line written to FD:
     collect: {"event": "plugin", "plugin": {...}} or {"event": "load_error", "message": str},
              then {"event": "collected", "cases": [{"id", "timeout"}], "errors": [{"id", "message"}]}
     run:     {"event": "started", "id"} and, unless the process dies first,
-             {"event": "finished", "id", "status", "message", "details", "properties"}
+             {"event": "finished", "id", "status", "message", "details", "properties"};
+             between them, from a case with a long batch (progress.py),
+             {"event": "progress", "done", "total", "current"}
 
 A case is "started" before its setup, so the parent knows which case was
 running when a worker crashed or hung.
@@ -25,6 +27,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from . import progress
 
 
 class CaseCollector:
@@ -238,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         pytest.main(arguments, plugins=[CaseCollector(emit)])
         return 0
 
+    progress.advertise(args.event_fd)
     case_ids = json.loads(args.cases.read_text())
     files = sorted({case_id.split("::", 1)[0] for case_id in case_ids})
     arguments = _pytest_arguments(args.suite_dir, [str(args.suite_dir / name) for name in files])

@@ -40,7 +40,7 @@ RUNTIME_SOURCES = {
 TEMPLATES = {
     "plugin.c": "src/plugin.c",
     "relu.c": "src/kernels/relu.c",
-    "package_init.py": "devkit_plugin_{name}/__init__.py",
+    "package_init.py": "src/devkit_plugin_{name}/__init__.py",
     "setup.py": "setup.py",
     "pyproject.toml": "pyproject.toml",
     "MANIFEST.in": "MANIFEST.in",

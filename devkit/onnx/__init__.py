@@ -1,6 +1,6 @@
 """ONNX on devkit: ONNX models and nodes run as devkit ops on any plugin.
 
-``devkit.onnx.prepare(model, device="cpu")`` checks a model against the op
+``devkit.onnx.prepare(model, device=None)`` (None: cpu:0) checks a model against the op
 set and returns a PreparedModel whose ``run(inputs)`` maps NumPy inputs to
 NumPy outputs; ``devkit.onnx.Backend`` is the same as an ONNX backend."""
 

@@ -16,7 +16,7 @@ from onnx.backend.base import Backend as _OnnxBackend
 from onnx.backend.base import BackendRep as _OnnxBackendRep
 
 from ..errors import PluginLoadError
-from ..runtime import device as _device
+from ..runtime import DEFAULT_DEVICE, device as _device
 from .model import PreparedModel, check_model
 from .nodes import InvalidModelError, UnsupportedNodeError, run_nodes, to_numpy
 
@@ -30,7 +30,7 @@ class BackendRep(_OnnxBackendRep):
 
 
 class Backend(_OnnxBackend):
-    default_device = "cpu:0"
+    default_device = DEFAULT_DEVICE
 
     @classmethod
     def for_device(cls, device: str) -> type[Backend]:

@@ -257,7 +257,7 @@ class PreparedModel:
     each signature (fed names and shapes) to its Plan, or to why the
     interpreter runs it instead. ``plan=False`` runs node by node."""
 
-    def __init__(self, model, device: str | Device = "cpu", plan: bool = True):
+    def __init__(self, model, device: str | Device | None = None, plan: bool = True):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
@@ -431,7 +431,8 @@ class PreparedModel:
         return value if isinstance(value, np.ndarray) else host_twins.get(name)
 
 
-def prepare(model, device: str | Device = "cpu", plan: bool = True) -> PreparedModel:
+
+def prepare(model, device: str | Device | None = None, plan: bool = True) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node. ``plan``:

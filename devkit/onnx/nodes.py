@@ -25,13 +25,11 @@ class InvalidModelError(ValueError):
 
 def onnx_dtype(elem_type: int) -> np.dtype:
     """The NumPy dtype of an ONNX TensorProto element type devkit arrays carry."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto
 
-    if elem_type == TensorProto.BFLOAT16:
-        return _dtypes.bfloat16
     try:
-        return _dtypes.normalize(helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, TypeError, ValueError):
+        return _dtypes.from_onnx(elem_type)
+    except ValueError:
         name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
         raise UnsupportedNodeError(f"element type {name} is not a devkit dtype") from None
 

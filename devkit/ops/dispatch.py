@@ -105,7 +105,7 @@ def _coerce_attr(spec: OpSpec, attr: _spec.Attr, value):
             if not isinstance(value, str):
                 raise TypeError
         else:
-            value = _dtypes.normalize(value)
+            value = _dtypes.from_attribute(value)
     except (TypeError, ValueError):
         raise TypeError(f"{where} must be {attr.kind}, got {value!r}") from None
     if attr.choices is not None and value not in attr.choices:
@@ -199,13 +199,13 @@ def _make_compact(dev: Device, array: Array, stream: Stream | None) -> Array:
     return array.to(dev, stream)
 
 
-def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec,
+def _prepare(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement,
              stream: Stream | None = None):
     """Binds and checks a call: (device, device inputs, host values, infos, attrs, key dtype)."""
     bound, attrs = _bind_all(spec, inputs, attrs)
     attrs = resolve_attrs(spec, attrs)
     given = [v for d, v in bound if isinstance(v, Array)]
-    dev = given[0].device if given else device(device_spec or "cpu:0")
+    dev = given[0].device if given else device(placement)
     infos: list[TensorInfo | None] = []
     device_inputs: list[tuple[int, _spec.Input, object]] = []
     host_values: dict[str, np.ndarray] = {}
@@ -296,10 +296,10 @@ class BoundCall:
     reads_values: bool  # the call read a device array's values: a host input, NonZero's input
 
 
-def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=None,
+def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=None,
               stream: Stream | None = None) -> BoundCall:
     """Bind, check and shape-infer a call and find its kernel."""
-    dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, device_spec, stream)
+    dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, placement, stream)
     outputs = _infer(spec, infos, attrs)
     entry = dev.plugin.kernel_entry(spec.name, key_dtype)
     # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
@@ -405,9 +405,9 @@ def _freeze(value):
     return (type(value), value)
 
 
-def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, device_spec) -> tuple | None:
+def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, placement) -> tuple | None:
     """What a call's resolution depends on, or None for a call not worth caching."""
-    parts: list = [name, device_spec]
+    parts: list = [name, placement]
     for value in inputs:
         if type(value) is Array:
             parts.append((value.device, value.dtype, value.shape, value.strides))

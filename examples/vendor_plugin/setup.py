@@ -1,5 +1,9 @@
 """Builds libdevkit_acme.so into the package devkit_plugin_acme: a plain C
-library exporting one symbol, DK_PluginInit, not a Python extension module."""
+library exporting one symbol, DK_PluginInit, not a Python extension module.
+
+The package lives in src/ beside the C sources (a src layout), so that Python
+run in the project's directory imports the installed package, which holds the
+built library, not the source tree's."""
 
 import os
 from glob import glob
@@ -28,4 +32,6 @@ plugin = Extension(
     extra_link_args=["-pthread", "-lm"],
 )
 
-setup(ext_modules=[plugin], cmdclass={"build_ext": build_plugin_library})
+# packages here, not in pyproject.toml: setuptools before 68 warns that [tool.setuptools] is beta.
+setup(packages=["devkit_plugin_acme"], package_dir={"": "src"}, ext_modules=[plugin],
+      cmdclass={"build_ext": build_plugin_library})

@@ -171,17 +171,27 @@ static void stream_record_failure(cpu_stream *s, DK_Status st) {
 static void *stream_main(void *arg) {
   cpu_stream *s = arg;
   t_stream = s;
+#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
+  /* The item the last swap moved back: it runs next, unswapped. Swapping it
+   * again whenever more work had arrived would float it to the end of the
+   * queue and leave the order of all the rest intact, so whether the defect
+   * showed would depend on how fast the worker woke up. */
+  cpu_work *moved_back = NULL;
+#endif
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
     cpu_work *w = s->head;
     if (!w) break; /* stop requested and the queue is drained */
 #ifdef DEVKIT_DEFECT_OUT_OF_ORDER
-    if (w->next) { /* run the second item before the first */
+    if (w == moved_back) {
+      moved_back = NULL;
+    } else if (w->next) { /* run the second item before the first */
       cpu_work *second = w->next;
       w->next = second->next;
       second->next = w;
       if (s->tail == second) s->tail = w;
+      moved_back = w;
       s->head = w = second;
     }
 #endif
