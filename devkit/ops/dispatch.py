@@ -349,7 +349,7 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     outputs = _infer(spec, infos, attrs)
     entry = dev.plugin.kernel_entry(name, key_dtype)
     if entry is None:
-        return _run_without_kernel(spec, dev, inputs, attrs, key_dtype, stream)
+        return resolution.run_without_kernel(spec, dev, inputs, attrs, host_values, key_dtype, stream)
     arrays: list[Array | None] = []
     for position, decl, value in device_inputs:
         array = value if isinstance(value, Array) else asarray(value, dev, stream=stream)
@@ -375,19 +375,4 @@ def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:
     return [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(count)]
 
 
-def _run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
-                        key_dtype: np.dtype, stream: Stream | None) -> list[Array]:
-    plugin = dev.plugin
-    cpu = device("cpu:0")
-    if not fallback_enabled() or plugin is cpu.plugin:
-        have = sorted({dtype_name(_key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
-        detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
-        raise UnimplementedError(
-            f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
-            f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
-            C.DK_UNIMPLEMENTED)
-    with _fallback_lock:
-        _fallback_counts[(plugin.name, spec.name, dtype_name(key_dtype))] += 1
-    moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
-    results = run_op(spec.name, moved, attrs, device=cpu)
-    return [result.to(dev, stream) for result in results]
+from . import resolution  # noqa: E402  (it calls run_op back)

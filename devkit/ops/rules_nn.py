@@ -1,0 +1,1 @@
+"""Decompositions (see rules_elementwise)."""
