@@ -5,7 +5,8 @@ kernels accumulate in double; integer means sum in int64. ReduceMin is
 ReduceMax of the negation (bitwise not for integers, Not for bool, both
 order-reversing without overflow); ArgMax/ArgMin take the least (or last)
 index where the extreme is met; TopK ranks every element against the others
-of its row (n^2 comparisons) and scatters each to its rank.
+of its row with a bitonic sorting network (log^2 n steps of Slice, Less and
+Where) and keeps the first K.
 """
 
 from __future__ import annotations
@@ -186,7 +187,59 @@ _SOFTMAX = {
 
 # -- TopK ---------------------------------------------------------------------------------------------
 
+def _before(b, largest, floating):
+    """Whether (value, index) a sorts before b: by value (NaN first when
+    largest, last otherwise), ties by the lower index, as a stable sort."""
+    def before(av, ai, bv, bi):
+        ahead = b("Less", bv, av) if largest else b("Less", av, bv)
+        tie = b("Equal", av, bv)
+        if floating:
+            nan_a, nan_b = b("IsNaN", av), b("IsNaN", bv)
+            ahead = b("Or", ahead, b("And", nan_a, b("Not", nan_b)) if largest else b("And", nan_b, b("Not", nan_a)))
+            tie = b("Or", tie, b("And", nan_a, nan_b))
+        return b("Or", ahead, b("And", tie, b("Less", ai, bi)))
+    return before
+
+
+_REVERSE = ([-1], [-(2 ** 62)], [3], [-1])  # Slice arguments after the start: the last axis backwards
+
+
+def _exchange(b, values, index, before, width, flip):
+    """One column of a bitonic network over rows of length N: element i meets
+    i + width in blocks of 2 width (or, with flip, its mirror 2 width - 1 - i)."""
+    m, n = values.shape
+    halves = []
+    for x in (values, index):
+        x = reshape(b, x, [m, n // (2 * width), 2, width])
+        lo, hi = b("Slice", x, [0], [1], [2]), b("Slice", x, [1], [2], [2])
+        halves.append((lo, b("Slice", hi, [width - 1], *_REVERSE[1:]) if flip else hi))
+    (lo_v, hi_v), (lo_i, hi_i) = halves
+    swap = before(hi_v, hi_i, lo_v, lo_i)
+    merged = []
+    for lo, hi in ((lo_v, hi_v), (lo_i, hi_i)):
+        new_lo, new_hi = b("Where", swap, hi, lo), b("Where", swap, lo, hi)
+        if flip:
+            new_hi = b("Slice", new_hi, [width - 1], *_REVERSE[1:])
+        merged.append(reshape(b, b("Concat", new_lo, new_hi, axis=2), [m, n]))
+    return merged
+
+
+def _sort_rows(b, values, index, before):
+    """Bitonic sort of each row (length a power of two), every comparator one way."""
+    n, block = values.shape[1], 1
+    while block < n:
+        values, index = _exchange(b, values, index, before, block, flip=True)
+        width = block // 2
+        while width:
+            values, index = _exchange(b, values, index, before, width, flip=False)
+            width //= 2
+        block *= 2
+    return values, index
+
+
 def _topk(b, xs, a):
+    """The rows sorted by a bitonic network (log^2 n steps of elementwise
+    work), padded to a power of two with values that sort last."""
     x = xs[0]
     axis = normalize_axis(a["axis"], x.ndim)
     k = int(np.asarray(a["K"]).reshape(-1)[0])
@@ -195,23 +248,21 @@ def _topk(b, xs, a):
     moved_shape = [x.shape[d] for d in perm]
     m = math.prod(moved_shape[:-1])
     rows = reshape(b, b("Transpose", x, perm=perm), [m, n])
-    mine = reshape(b, rows, [m, n, 1])     # element i of the row
-    other = reshape(b, rows, [m, 1, n])    # element j
-    ahead = b("Less", mine, other) if a["largest"] else b("Less", other, mine)
-    tie = b("Equal", mine, other)
-    if _is_float(x.dtype):
-        nan_i, nan_j = b("IsNaN", mine), b("IsNaN", other)
-        # NaN ranks above every number when largest, below every number otherwise.
-        ahead = b("Or", ahead, b("And", nan_j, b("Not", nan_i)) if a["largest"] else b("And", nan_i, b("Not", nan_j)))
-        tie = b("Or", tie, b("And", nan_i, nan_j))
-    index_i = reshape(b, coordinate(b, (n,), 0), [1, n, 1])
-    index_j = reshape(b, coordinate(b, (n,), 0), [1, 1, n])
-    before = b("Or", ahead, b("And", tie, b("Less", index_j, index_i)))
-    rank = b("ReduceSum", b("Cast", before, to=I64), np.array([2], np.int64), keepdims=0)
-    order = b("ScatterElements", b("Expand", b.const(0, I64), np.array([m, n], np.int64)), rank,
-              b("Expand", reshape(b, coordinate(b, (n,), 0), [1, n]), np.array([m, n], np.int64)), axis=1)
-    order = b("Slice", order, [0], [k], [1])
-    values = b("GatherElements", rows, order, axis=1)
+    floating = _is_float(x.dtype)
+    index = b("Expand", reshape(b, coordinate(b, (n,), 0), [1, n]), np.array([m, n], np.int64))
+    size = 1 << max(n - 1, 0).bit_length()
+    if size > n and m:
+        if floating:
+            pad = -np.inf if a["largest"] else np.nan
+        else:
+            info = np.iinfo(x.dtype)
+            pad = info.min if a["largest"] else info.max
+        rows = b("Concat", rows, b("Expand", b.const(pad, x.dtype), np.array([m, size - n], np.int64)), axis=1)
+        index = b("Concat", index, b("Expand", reshape(b, b("Add", coordinate(b, (size - n,), 0), b.const(n, I64)),
+                                                       [1, size - n]), np.array([m, size - n], np.int64)), axis=1)
+    if m and n > 1:
+        rows, index = _sort_rows(b, rows, index, _before(b, a["largest"], floating))
+    values, order = b("Slice", rows, [0], [k], [1]), b("Slice", index, [0], [k], [1])
     back = [0] * x.ndim
     for i, d in enumerate(perm):
         back[d] = i
@@ -222,10 +273,10 @@ def _topk(b, xs, a):
 
 
 def _topk_uses(dtype):
-    floating = ("IsNaN", "Not[bool]", "And[bool]") if _is_float(dtype) else ()
-    return ("Transpose", "Reshape", "Less", "Equal", "Or[bool]", "And[bool]", "Less[int64]", "Cast[bool]",
-            "ReduceSum[int64]", "ScatterElements[int64]", "Expand[int64]", "CumSum[int64]", "Reshape[int64]",
-            "Slice[int64]", "GatherElements", "Transpose[int64]") + floating
+    floating = ("IsNaN", "Not[bool]") if _is_float(dtype) else ()
+    return ("Transpose", "Reshape", "Slice", "Concat", "Expand", "Where", "Less", "Equal", "Or[bool]",
+            "And[bool]", "Less[int64]", "Expand[int64]", "CumSum[int64]", "Reshape[int64]", "Add[int64]",
+            "Concat[int64]", "Slice[int64]", "Where[int64]", "Transpose[int64]") + floating
 
 
 set_decompositions({**_REDUCE, **_SOFTMAX,
