@@ -18,7 +18,7 @@ FAMILIES = ("unary", "binary", "reduce", "linalg", "nn", "movement", "shape", "t
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
 # The decomposition rules of the non-primitive ops (attached to their specs).
-RULES = ("rules_elementwise", "rules_movement", "rules_reduce", "rules_nn", "rules_training")
+RULES = ("rules_elementwise", "rules_movement", "rules_reduce", "rules_nn", "rules_linalg", "rules_training")
 for _rules in RULES:
     importlib.import_module(f"{__name__}.{_rules}")
 from .resolution import coverage, explain  # noqa: E402

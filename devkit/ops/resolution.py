@@ -207,9 +207,10 @@ def _widened(spec: OpSpec, b: Builder, xs: list, attrs: dict, dtype: np.dtype, w
     own = dict(attrs)
     if isinstance(spec.key, str):
         own[spec.key] = wide
+    wanted = [d for _, d in b.infer(spec.name, *xs, **attrs)]
     outputs = b(spec.name, *widened, **own)
     outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
-    return [b("Cast", y, to=dtype) if y.dtype == wide else y for y in outputs]
+    return [b("Cast", y, to=d) if y.dtype != d else y for y, d in zip(outputs, wanted)]
 
 
 def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict, host_values: dict,
