@@ -284,3 +284,111 @@ set_decompositions({
     "GlobalAveragePool": Decomposition(_global("ReduceMean"), ("Identity", "ReduceMean"), float32=()),
     "GlobalMaxPool": Decomposition(_global("ReduceMax"), ("Identity", "ReduceMax"), float32=()),
 })
+
+
+# -- gradients of the windows (col2im) ----------------------------------------------------------------------
+
+def place_tap(b, values, tap, strides, dilations, begin, sizes):
+    """col2im for one tap: values (N, C) + out, at input positions o * s - begin + k * d,
+    spread by the stride with zeros and padded (or cropped) to the input sizes."""
+    for axis, s in enumerate(strides, start=2):
+        size = values.shape[axis]
+        if s > 1 and size > 1:
+            shape = list(values.shape)
+            one = reshape(b, values, shape[:axis + 1] + [1] + shape[axis + 1:])
+            zeros = b("Expand", b.const(0, values.dtype),
+                      np.array(shape[:axis + 1] + [s - 1] + shape[axis + 1:], np.int64))
+            wide = reshape(b, b("Concat", one, zeros, axis=axis + 1), shape[:axis] + [size * s] + shape[axis + 1:])
+            values = b("Slice", wide, [0], [(size - 1) * s + 1], [axis])
+    first = [k * d - bg for k, d, bg in zip(tap, dilations, begin)]
+    last = [n - f - length for n, f, length in zip(sizes, first, values.shape[2:])]
+    return b("Pad", values, np.array([0, 0] + first + [0, 0] + last, np.int64))
+
+
+def _conv_grad(b, xs, a):
+    dy, x, w = xs
+    kernel = w.shape[2:]
+    out, begin, end, strides, dilations = family.window_geometry(x.shape[2:], kernel, a)
+    batch, m, group = x.shape[0], w.shape[0], a["group"]
+    c = x.shape[1]
+    cg, mg = c // group, m // group
+    taps, planes = math.prod(kernel), math.prod(out)
+    db = b("ReduceSum", dy, np.array([0] + list(range(2, dy.ndim)), np.int64), keepdims=0)
+    if planes == 0 or batch == 0:
+        zeros = lambda shape: b("Expand", b.const(0, x.dtype), np.array(shape, np.int64))  # noqa: E731
+        return [zeros(x.shape), zeros(w.shape), db]
+    padded = _pad_spatial(b, x, begin, end, 0)
+    columns = [reshape(b, t, [batch, group, cg, 1, planes]) for _, t in _taps(b, padded, kernel, out,
+                                                                               strides, dilations)]
+    stacked = reshape(b, b("Concat", *columns, axis=3) if taps > 1 else columns[0], [batch, group, cg * taps, planes])
+    dys = reshape(b, dy, [batch, group, mg, planes])
+    dw = b("ReduceSum", b("MatMul", dys, b("Transpose", stacked, perm=[0, 1, 3, 2])), np.array([0], np.int64),
+           keepdims=0)
+    weights = reshape(b, w, [group, mg, cg * taps])
+    dcols = reshape(b, b("MatMul", b("Transpose", weights, perm=[0, 2, 1]), dys), [batch, c, taps] + list(out))
+    dx = None
+    for i, tap in enumerate(np.ndindex(*kernel)):
+        piece = reshape(b, b("Slice", dcols, [i], [i + 1], [2]), [batch, c] + list(out))
+        placed = place_tap(b, piece, tap, strides, dilations, begin, x.shape[2:])
+        dx = placed if dx is None else b("Add", dx, placed)
+    return [dx, reshape(b, dw, w.shape), db]
+
+
+def _max_pool_grad(b, xs, a):
+    dy, indices = xs[0], xs[1]
+    shape = tuple(int(v) for v in np.asarray(a["X_shape"]).reshape(-1))
+    size, spatial = math.prod(shape), shape[2:]
+    index = reshape(b, indices, [-1])
+    used = b("Not", b("Less", index, b.const(0, I64)))
+    if a["storage_order"] == 1 and math.prod(spatial):  # column-major positions to row-major ones
+        plane = math.prod(spatial)
+        rest = b("Mod", index, b.const(plane, I64))
+        flat = b("Sub", index, rest)
+        strides = [math.prod(spatial[i + 1:]) for i in range(len(spatial))]
+        for n, stride in zip(spatial, strides):
+            coord = b("Mod", rest, b.const(n, I64))
+            rest = b("Div", rest, b.const(n, I64))
+            flat = b("Add", flat, b("Mul", coord, b.const(stride, I64)))
+        index = flat
+    index = b("Where", used, index, b.const(size, I64))  # unused ones go to a spare slot
+    total = b("Expand", b.const(0, dy.dtype), np.array([size + 1], np.int64))
+    dx = b("ScatterElements", total, index, reshape(b, dy, [-1]), axis=0, reduction="add")
+    return [reshape(b, b("Slice", dx, [0], [size], [0]), shape)]
+
+
+def _average_pool_grad(b, xs, a):
+    dy = xs[0]
+    shape = tuple(int(v) for v in np.asarray(a["X_shape"]).reshape(-1))
+    sizes = shape[2:]
+    kernel = a["kernel_shape"]
+    out, begin, end, strides, dilations = family.window_geometry(sizes, kernel, a, pool=True)
+    if math.prod(shape) == 0 or math.prod(dy.shape) == 0:
+        return [b("Expand", b.const(0, dy.dtype), np.array(shape, np.int64))]
+    count = None
+    for tap in np.ndindex(*kernel):
+        positions = _positions(b, out, strides, begin, tap, dilations)
+        if a["count_include_pad"]:
+            positions = [b("Add", p, b.const(bg, I64)) for p, bg in zip(positions, begin)]
+            limits = [n + bg + e for n, bg, e in zip(sizes, begin, end)]
+        else:
+            limits = list(sizes)
+        counted = b("Cast", _within(b, positions, limits), to=dy.dtype)
+        count = counted if count is None else b("Add", count, counted)
+    share = b("Div", dy, count)
+    dx = None
+    for tap in np.ndindex(*kernel):
+        placed = place_tap(b, share, tap, strides, dilations, begin, sizes)
+        dx = placed if dx is None else b("Add", dx, placed)
+    return [dx]
+
+
+_COL2IM = ("Reshape", "Expand", "Concat", "Slice", "Pad", "Add")
+
+set_decompositions({
+    "ConvGrad": Decomposition(_conv_grad, _COL2IM + ("ReduceSum", "MatMul", "Transpose"), **_WIDE),
+    "MaxPoolGrad": Decomposition(_max_pool_grad, ("Reshape[int64]", "Less[int64]", "Not[bool]", "Mod[int64]",
+                                                  "Sub[int64]", "Div[int64]", "Add[int64]", "Mul[int64]",
+                                                  "Where[int64]", "Expand", "ScatterElements", "Reshape", "Slice"),
+                                 **_WIDE),
+    "AveragePoolGrad": Decomposition(_average_pool_grad, _COL2IM + ("Cast[bool]", "Div") + _POSITIONS, **_WIDE),
+})

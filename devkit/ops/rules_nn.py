@@ -224,3 +224,67 @@ set_decompositions({
                                             "Mul", "Tanh", "Div", "Add", "Where", "Where[bool]", "LessOrEqual[int64]",
                                             "ReduceMax", "Equal", "Exp", "Sub", "ReduceSum") + _INDEX, **_WIDE),
 })
+
+
+# -- gradients ------------------------------------------------------------------------------------------
+
+def _reduce_to(b, t, shape):
+    """Sums t over the dims that shape broadcasts along (the adjoint of broadcasting)."""
+    lead = t.ndim - len(shape)
+    axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and t.shape[lead + i] != 1]
+    summed = b("ReduceSum", t, np.array(axes, np.int64), keepdims=1, noop_with_empty_axes=1)
+    return reshape(b, summed, shape)
+
+
+def _batchnorm_grad(b, xs, a):
+    dy, x, scale, mean, inv_std = xs
+    scale, mean, inv_std = (_like(b, p, x) for p in (scale, mean, inv_std))
+    axes = _axes(0, *range(2, x.ndim))
+    count = math.prod(x.shape[d] for d in [0] + list(range(2, x.ndim)))
+    v = lambda p: _channel(b, p, x.ndim)  # noqa: E731
+    xhat = b("Mul", b("Sub", x, v(mean)), v(inv_std))
+    db = b("ReduceSum", dy, axes, keepdims=0)
+    dscale = b("ReduceSum", b("Mul", dy, xhat), axes, keepdims=0)
+    n = b.const(count, x.dtype)
+    inner = b("Sub", b("Sub", dy, v(b("Div", db, n))), b("Mul", xhat, v(b("Div", dscale, n))))
+    dx = b("Mul", v(b("Mul", scale, inv_std)), inner)
+    return [dx, reshape(b, dscale, scale.shape), reshape(b, db, scale.shape)]
+
+
+def _row_backward(b, dy, xhat, inv, scale, axes, centred):
+    count = math.prod(dy.shape[d] for d in axes)
+    n = b.const(count, dy.dtype)
+    g = b("Mul", dy, scale)
+    correction = b("Mul", xhat, b("Div", b("ReduceSum", b("Mul", g, xhat), _axes(*axes), keepdims=1), n))
+    if centred:
+        correction = b("Add", correction, b("Div", b("ReduceSum", g, _axes(*axes), keepdims=1), n))
+    return b("Mul", inv, b("Sub", g, correction))
+
+
+def _layernorm_grad(b, xs, a):
+    dy, x, scale, mean, inv = xs
+    scale, mean, inv = (_like(b, p, x) for p in (scale, mean, inv))
+    axes = tuple(range(normalize_axis(a["axis"], x.ndim), x.ndim))
+    xhat = b("Mul", b("Sub", x, mean), inv)
+    dx = _row_backward(b, dy, xhat, inv, scale, axes, centred=True)
+    return [dx, _reduce_to(b, b("Mul", dy, xhat), scale.shape), _reduce_to(b, dy, scale.shape)]
+
+
+def _rmsnorm_grad(b, xs, a):
+    dy, x, scale = xs
+    scale = _like(b, scale, x)
+    axes = tuple(range(normalize_axis(a["axis"], x.ndim), x.ndim))
+    mean_square = b("ReduceMean", b("Mul", x, x), _axes(*axes), keepdims=1, noop_with_empty_axes=1)
+    inv = _inv_std(b, mean_square, a["epsilon"])
+    xhat = b("Mul", x, inv)
+    dx = _row_backward(b, dy, xhat, inv, scale, axes, centred=False)
+    return [dx, _reduce_to(b, b("Mul", dy, xhat), scale.shape)]
+
+
+_NORM_GRAD = ("Sub", "Mul", "Div", "Add", "ReduceSum", "ReduceMean", "Sqrt", "Reshape") + _CASTS
+
+set_decompositions({
+    "BatchNormalizationGrad": Decomposition(_batchnorm_grad, _NORM_GRAD, **_WIDE),
+    "LayerNormalizationGrad": Decomposition(_layernorm_grad, _NORM_GRAD, **_WIDE),
+    "RMSNormalizationGrad": Decomposition(_rmsnorm_grad, _NORM_GRAD, **_WIDE),
+})
