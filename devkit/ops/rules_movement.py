@@ -253,7 +253,60 @@ def _dropout(b, xs, a):
     return [b("Identity", x), mask]
 
 
+def _resize(b, xs, a):
+    """One axis at a time, as the reference: nearest is a Gather of host-computed
+    source indices; linear and cubic sum Gathers weighted by host-computed
+    per-axis weights (tables of the output length by the taps), in float64."""
+    x = xs[0]
+    axes, scale, out_shape, starts, ends = _shape._resize_geometry(
+        x.shape, _shape._given(a, "roi"), _shape._given(a, "scales"), _shape._given(a, "sizes"), a)
+    mode, coordinates = a["mode"], a["coordinate_transformation_mode"]
+    integer = x.dtype.kind in "iu"
+    result = x if mode == "nearest" or not integer else b("Cast", x, to=np.float64)
+    fill_dtype = result.dtype
+    for axis in axes:
+        n_in, n_out = result.shape[axis], out_shape[axis]
+        if n_out == 0 or result.size == 0:
+            result = b("Expand", b.const(0, result.dtype),
+                       np.array(result.shape[:axis] + (n_out,) + result.shape[axis + 1:], np.int64))
+            continue
+        y = np.arange(n_out, dtype=np.float64)
+        coordinate, outside = _shape._source_coordinates(y, coordinates, scale[axis], n_in, n_out,
+                                                         starts[axis], ends[axis])
+        mask_shape = (1,) * axis + (n_out,) + (1,) * (x.ndim - axis - 1)
+        if mode == "nearest":
+            index = np.clip(_shape._nearest_index(coordinate, a["nearest_mode"]), 0, n_in - 1)
+            result = b("Gather", result, b.const(index, I64), axis=axis)
+            fill = a["extrapolation_value"]
+            fill = _shape._convert(np.round(fill) if integer else np.float64(fill), x.dtype)
+        else:
+            indices, weights = _shape._interpolation_taps(coordinate, mode, scale[axis], n_in, a)
+            clamped = np.clip(indices, 0, n_in - 1)
+            total = None
+            for k in range(indices.shape[1]):
+                w = weights[:, k].reshape(mask_shape)
+                term = b("Mul", b("Gather", result, b.const(clamped[:, k], I64), axis=axis), b.const(w, fill_dtype))
+                term = b("Where", b.const(w != 0, np.bool_), term, b.const(0, fill_dtype))  # an inf beside a 0 weight
+                total = term if total is None else b("Add", total, term)
+            result, fill = total, a["extrapolation_value"]
+        if outside.any():
+            result = b("Where", b.const(outside.reshape(mask_shape), np.bool_), b.const(fill, result.dtype), result)
+    if mode != "nearest" and integer:
+        info = np.iinfo(x.dtype)
+        rounded = b("Clip", b("Round", result), np.array(float(info.min)), np.array(float(info.max)))
+        return [b("Cast", rounded, to=x.dtype)]
+    return [result if result is not x else b("Identity", x)]
+
+
+def _resize_uses(dtype):
+    if np.dtype(dtype).kind in "iu":
+        return ("Gather", "Where", "Expand", "Identity", "Cast", "Expand[float64]", "Gather[float64]",
+                "Mul[float64]", "Where[float64]", "Add[float64]", "Round[float64]", "Clip[float64]", "Cast[float64]")
+    return ("Gather", "Where", "Expand", "Identity", "Mul", "Add")
+
+
 _MOVEMENT = {
+    "Resize": Decomposition(_resize, _resize_uses, float64=(np.dtype("float32"),)),
     "Identity": Decomposition(lambda b, xs, a: [reshape(b, xs[0], xs[0].shape)], ("Reshape",), float32=_SAME),
     "Flatten": _reshape_to_inferred("Flatten"),
     "Squeeze": _reshape_to_inferred("Squeeze"),
