@@ -236,3 +236,49 @@ def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
     moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
     results = dispatch.run_op(spec.name, moved, attrs, device=device("cpu:0"))
     return [result.to(dev, stream) for result in results]
+
+
+def run_decomposed(op: str, inputs: Sequence, attrs=None, *, device=None, stream: Stream | None = None,
+                   record: list | None = None) -> list[Array]:
+    """Runs ``op`` through its decomposition even where a native kernel exists
+    (the ops it uses resolve as usual): for checking a rule against the op's
+    reference, and for timing it against the kernel. ``record`` collects the
+    (op, key dtype) calls the rule makes."""
+    spec = _spec.get(op)
+    if spec.decompose is None:
+        raise ValueError(f"{op} has no decomposition (it is {'a primitive' if op in PRIMITIVES else 'undecomposed'})")
+    dev, _, host_values, _, resolved, key_dtype = dispatch._prepare(spec, inputs, attrs, device, stream)
+    xs = rule_inputs(spec, dev, inputs, host_values, stream)
+    return decompose(spec, dev, xs, resolved, host_values, key_dtype, stream, record)
+
+
+def find_cycle(uses) -> list | None:
+    """A cycle in the graph ``uses(node) -> [node, ...]`` over every (op, dtype)
+    of the op set, as the list of nodes on it, or None."""
+    state: dict = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in uses(node):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for spec in _spec.all_specs():
+        for dtype in spec.dtypes:
+            node = (spec.name, dtype_name(dtype))
+            if node not in state and (cycle := visit(node, [node])):
+                return cycle
+    return None
+
+
+def decomposition_uses(node: tuple[str, str]) -> list[tuple[str, str]]:
+    """The (op, dtype name) pairs an (op, dtype name) pair's decomposition calls."""
+    spec = _spec.get(node[0])
+    if spec.decompose is None:
+        return []
+    dtype = next(d for d in spec.dtypes if dtype_name(d) == node[1])
+    return [(op, dtype_name(d)) for op, d in spec.decompose.uses_for(spec.name, dtype)]
