@@ -21,6 +21,7 @@ for _family in FAMILIES:
 RULES = ("rules_elementwise", "rules_movement", "rules_reduce", "rules_nn", "rules_linalg", "rules_training")
 for _rules in RULES:
     importlib.import_module(f"{__name__}.{_rules}")
+from . import resolution  # noqa: E402
 from .resolution import coverage, explain  # noqa: E402
 
 

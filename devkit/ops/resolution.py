@@ -46,6 +46,14 @@ class Resolution:
             return {(self.op, self.dtype)}
         return set().union(*(u.ops() for u in self.uses))
 
+    def missing(self) -> set[str]:
+        """The kernels an unsupported resolution lacks: its leaves that are unsupported."""
+        if self.how != UNSUPPORTED:
+            return set()
+        if not self.uses:
+            return {self.label}
+        return set().union(*(u.missing() for u in self.uses))
+
     def lines(self, depth: int = 0) -> list[str]:
         lines = ["  " * depth + f"{self.label}: {self.how}"]
         for use in self.uses:
@@ -225,8 +233,9 @@ def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
         have = sorted({dtype_name(dispatch._key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
         detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
         if spec.decompose is not None:
-            lacking = sorted({u.label for u in plan.uses if u.how == UNSUPPORTED})
-            detail += f", and its decomposition needs {', '.join(lacking)}" if lacking else ""
+            lacking = sorted(plan.missing())
+            shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
+            detail += f", and its decomposition needs kernels for {shown}"
         raise UnimplementedError(
             f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
             f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
