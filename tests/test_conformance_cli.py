@@ -378,3 +378,37 @@ def test_unclaimed_kernels_skip_and_cpu_fallback_runs_them_counted_in_the_report
     assert case["properties"]["fallbacks"] == {"Add[float32]": 1}
     report = (tmp_path / "report.md").read_text()
     assert "## CPU fallbacks" in report and "| Add[float32] | 1 | 1 |" in report
+
+
+def test_coverage_matrix_marks_native_and_decomposed_apart():
+    kernels = [{"op": "Add", "dtype": "float32", "flags": []}]
+    resolution = [{"op": "Add", "dtype": "float32", "how": "native"},
+                  {"op": "Sub", "dtype": "float32", "how": "decomposed"},
+                  {"op": "Conv", "dtype": "float32", "how": "unsupported"}]
+    assert coverage_matrix(kernels, resolution).splitlines() == [
+        "| op | float32 |", "|---|---|", "| Add | ✓ |", "| Conv |  |", "| Sub | dec |"]
+
+
+REQUIRE_SELECTION = ["--suite", "ops", "-k", "test_op and Softmax-float32-default_axis and not strided"]
+
+
+def test_require_native_passes_on_native_kernels_and_fails_on_decomposed_ones(tmp_path):
+    native = run_cli("cpu", *REQUIRE_SELECTION, "--require-native", "Add,Softmax[float32]")
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert "primitives: 29/29 at every dtype" in native.stdout
+    env = {**os.environ, "DEVKIT_CPU_KERNELS": "primitives"}
+    decomposed = subprocess.run([sys.executable, "-m", "devkit.conformance_cli", "cpu", *REQUIRE_SELECTION,
+                                 "--require-native", "Add,Softmax[float32]", "--report", tmp_path / "r.md"],
+                                env=env, capture_output=True, text=True, timeout=300)
+    assert decomposed.returncode == 1, decomposed.stdout + decomposed.stderr
+    assert "--require-native: not native on cpu: Softmax[float32]" in " ".join(decomposed.stdout.split())
+    assert "decomposition unlocks" in decomposed.stdout
+    report = (tmp_path / "r.md").read_text()
+    assert "| Softmax |  |  |  |  |  | dec | dec | dec | dec |" in report
+    assert "; dec: no kernel, runs decomposed" in report
+
+
+def test_require_native_names_an_unknown_op():
+    process = run_cli("cpu", *REQUIRE_SELECTION, "--require-native", "Frobnicate")
+    assert process.returncode == 2
+    assert "--require-native: op 'Frobnicate' is not in the devkit operator set" in process.stderr

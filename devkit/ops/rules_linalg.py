@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from . import linalg as family
-from .rules_movement import coordinate, iota, reshape
+from .rules_movement import concat, coordinate, iota, reshape
 from .spec import F32, I64, Decomposition, set_decompositions
 
 _WIDE = dict(float64=(F32,))
@@ -70,8 +70,8 @@ def _conv(b, xs, a):
         padded = _pad_spatial(b, x, begin, end, 0)
         columns = [reshape(b, t, [batch, group, cg, 1, planes]) for _, t in _taps(b, padded, kernel, out,
                                                                                    strides, dilations)]
-        stacked = b("Concat", *columns, axis=3) if len(columns) > 1 else columns[0]
-        stacked = reshape(b, stacked, [batch, group, cg * taps, planes])
+        stacked = reshape(b, concat(b, columns, 3) if len(columns) > 1 else columns[0],
+                          [batch, group, cg * taps, planes])
         weights = reshape(b, w, [group, mg, cg * taps])
         y = reshape(b, b("MatMul", weights, stacked), (batch, m) + out)
     if bias is not None:
@@ -141,7 +141,7 @@ def _max_pool(b, xs, a):
         return [empty, b("Expand", b.const(-1, I64), np.array(shape, np.int64))]
     padded = _pad_spatial(b, x, begin, ends, lowest)
     taps = list(_taps(b, padded, kernel, out, strides, dilations))
-    stacked = b("Concat", *[reshape(b, t, (1,) + shape) for _, t in taps], axis=0) if len(taps) > 1 else \
+    stacked = concat(b, [reshape(b, t, (1,) + shape) for _, t in taps], 0) if len(taps) > 1 else \
         reshape(b, taps[0][1], (1,) + shape)
     best = b("ReduceMax", stacked, np.array([0], np.int64), keepdims=0)
     sizes = x.shape[2:]
@@ -320,7 +320,7 @@ def _conv_grad(b, xs, a):
     padded = _pad_spatial(b, x, begin, end, 0)
     columns = [reshape(b, t, [batch, group, cg, 1, planes]) for _, t in _taps(b, padded, kernel, out,
                                                                                strides, dilations)]
-    stacked = reshape(b, b("Concat", *columns, axis=3) if taps > 1 else columns[0], [batch, group, cg * taps, planes])
+    stacked = reshape(b, concat(b, columns, 3) if taps > 1 else columns[0], [batch, group, cg * taps, planes])
     dys = reshape(b, dy, [batch, group, mg, planes])
     dw = b("ReduceSum", b("MatMul", dys, b("Transpose", stacked, perm=[0, 1, 3, 2])), np.array([0], np.int64),
            keepdims=0)

@@ -44,6 +44,17 @@ def grid_offsets(b, shape, strides, skip=None):
     return b("Expand", total, np.array(list(shape), np.int64))
 
 
+_CONCAT_LIMIT = 32  # kernels may take a bounded number of inputs (the cpu plugin: 64)
+
+
+def concat(b, parts, axis):
+    """Concat of any number of parts, in rounds of at most _CONCAT_LIMIT inputs."""
+    while len(parts) > _CONCAT_LIMIT:
+        parts = [b("Concat", *parts[i:i + _CONCAT_LIMIT], axis=axis) if len(parts[i:i + _CONCAT_LIMIT]) > 1
+                 else parts[i] for i in range(0, len(parts), _CONCAT_LIMIT)]
+    return b("Concat", *parts, axis=axis) if len(parts) > 1 else b("Identity", parts[0])
+
+
 def coordinate(b, shape, d):
     """An int64 tensor of ``shape`` holding each element's index along dim d."""
     ramp = reshape(b, iota(b, shape[d]), [n if e == d else 1 for e, n in enumerate(shape)])
@@ -198,7 +209,7 @@ def _nonzero(b, xs, a):
     slot = b("Sub", b("CumSum", b("Cast", mask, to=I64), np.array(0, np.int64)), b.const(1, I64))
     slot = b("Where", mask, slot, b.const(count, I64))  # the zeros go to a spare last slot
     coords = [reshape(b, coordinate(b, x.shape, d), [1, -1]) for d in range(x.ndim)]
-    coords = b("Concat", *coords, axis=0) if x.ndim > 1 else coords[0]
+    coords = concat(b, coords, 0) if x.ndim > 1 else coords[0]
     target = b("Expand", reshape(b, slot, [1, -1]), np.array([x.ndim, x.size], np.int64))
     base = b("Expand", b.const(0, I64), np.array([x.ndim, count + 1], np.int64))
     placed = b("ScatterElements", base, target, coords, axis=1)
