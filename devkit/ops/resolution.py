@@ -66,15 +66,20 @@ class Resolution:
 
 # -- static resolution per plugin --------------------------------------------------------
 
-_plans: dict[tuple[int, str, str], Resolution] = {}
+def _plans_of(plugin) -> dict:
+    """The plans cached on a plugin: its kernel table is fixed once it loads."""
+    plans = getattr(plugin, "_resolution_plans", None)
+    if plans is None:
+        plans = plugin._resolution_plans = {}
+    return plans
 
 
 def _plan(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -> Resolution:
-    """Native or decomposed (recursively, on this plugin alone), else unsupported.
-    The kernel table is fixed once a plugin loads, so plans are cached."""
-    key = (id(plugin), op, dtype_name(dtype))
-    if key in _plans:
-        return _plans[key]
+    """Native or decomposed (recursively, on this plugin alone), else unsupported."""
+    plans = _plans_of(plugin)
+    key = (op, dtype_name(dtype))
+    if key in plans:
+        return plans[key]
     spec = _spec.get(op)
     if plugin.kernel_entry(op, dtype) is not None:
         plan = Resolution(op, dtype, NATIVE)
@@ -84,8 +89,7 @@ def _plan(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -
         uses = tuple(_plan(plugin, name, d, visiting | {key}) for name, d in spec.decompose.uses_for(op, dtype))
         ok = all(u.how != UNSUPPORTED for u in uses)
         plan = Resolution(op, dtype, DECOMPOSED if ok else UNSUPPORTED, uses)
-    if not visiting:  # a plan found inside a cycle check is not final
-        _plans[key] = plan
+    plans[key] = plan  # (the uses graph is acyclic: tests/test_op_specs.py)
     return plan
 
 

@@ -56,8 +56,8 @@ static int compare_entries(const void *a, const void *b) {
 }
 
 /* DEVKIT_CPU_KERNELS=primitives publishes only the kernels of the primitive
- * set (devkit.ops.PRIMITIVES; tests/test_op_specs.py checks the two lists
- * agree), so the cpu plugin stands in for a new chip that has only those. */
+ * set (devkit.ops.PRIMITIVES; tests/test_ops_dispatch.py checks that the two
+ * lists agree), so the cpu plugin stands in for a new chip that has only those. */
 static const char *const k_primitives[] = {
     "Add", "Atan", "BitwiseAnd", "Cast", "Concat", "Cos", "CumSum", "Div",
     "Equal", "Erf", "Exp", "Expand", "Floor", "Gather", "Less", "Log",
@@ -71,17 +71,6 @@ static bool is_primitive(const char *op) {
   return false;
 }
 
-/* Reads DEVKIT_CPU_KERNELS once, when the table is built: 1 to keep only
- * primitives, 0 for every kernel, -1 (error set) for a bad value. */
-static int primitives_only(void) {
-  const char *v = getenv("DEVKIT_CPU_KERNELS");
-  if (!v || !*v || strcmp(v, "all") == 0) return 0;
-  if (strcmp(v, "primitives") == 0) return 1;
-  cpu_set_error(DK_INVALID_ARGUMENT,
-                "DK_PluginInit: DEVKIT_CPU_KERNELS=\"%s\" is invalid: expected all or primitives", v);
-  return -1;
-}
-
 static DK_Status build_table(void) {
   static const char fn[] = "DK_PluginInit";
   if (g_registration_overflow)
@@ -90,8 +79,7 @@ static DK_Status build_table(void) {
     DK_Status st = g_inits[i]();
     if (st != DK_OK) return st;
   }
-  int only_primitives = primitives_only();
-  if (only_primitives < 0) return DK_INVALID_ARGUMENT;
+  bool only_primitives = cpu_primitives_only();
   size_t total = 0;
   for (size_t r = 0; r < g_num_registered; r++) total += g_registered[r].count;
   g_entries = calloc(total ? total : 1, sizeof *g_entries);
