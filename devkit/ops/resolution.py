@@ -18,7 +18,8 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..abi import C
 from ..errors import UnimplementedError
-from ..runtime import Array, Device, Stream, asarray, device
+from ..runtime import Array, Device, Stream, asarray
+from ..runtime import device as _device
 from . import dispatch
 from . import spec as _spec
 from .primitives import PRIMITIVES
@@ -93,8 +94,8 @@ def _plan(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -
     return plan
 
 
-def explain(op: str, dtype, dev: str | Device | None = None) -> Resolution:
-    """How ``op`` at key dtype ``dtype`` runs on ``dev`` (default cpu:0):
+def explain(op: str, dtype, device: str | Device | None = None) -> Resolution:
+    """How ``op`` at key dtype ``dtype`` runs on ``device`` (default cpu:0):
     native, decomposed into which ops (recursively), fallback or unsupported.
     ``print(explain(...))`` shows the tree."""
     spec = _spec.get(op)
@@ -102,23 +103,23 @@ def explain(op: str, dtype, dev: str | Device | None = None) -> Resolution:
     if dtype not in spec.dtypes:
         raise TypeError(f"{op}: dtype {dtype_name(dtype)} is not supported "
                         f"(the op takes {', '.join(dtype_name(d) for d in spec.dtypes)})")
-    target = dev if isinstance(dev, Device) else device(dev or "cpu:0")
+    target = device if isinstance(device, Device) else _device(device or "cpu:0")
     plan = _plan(target.plugin, op, dtype)
     if plan.how == UNSUPPORTED and _may_fall_back(target):
-        if _plan(device("cpu:0").plugin, op, dtype).how != UNSUPPORTED:
+        if _plan(_device("cpu:0").plugin, op, dtype).how != UNSUPPORTED:
             return Resolution(op, dtype, FALLBACK)
     return plan
 
 
-def coverage(dev: str | Device | None = None) -> list[Resolution]:
-    """``explain`` for every (op, dtype) of the op set on ``dev``."""
-    return [explain(s.name, d, dev) for s in _spec.all_specs() for d in s.dtypes]
+def coverage(device: str | Device | None = None) -> list[Resolution]:
+    """``explain`` for every (op, dtype) of the op set on ``device``."""
+    return [explain(s.name, d, device) for s in _spec.all_specs() for d in s.dtypes]
 
 
-def coverage_counts(dev: str | Device | None = None) -> dict[str, int]:
-    """How many (op, dtype) pairs run each way on ``dev``."""
+def coverage_counts(device: str | Device | None = None) -> dict[str, int]:
+    """How many (op, dtype) pairs run each way on ``device``."""
     counts = dict.fromkeys((NATIVE, DECOMPOSED, FALLBACK, UNSUPPORTED), 0)
-    for r in coverage(dev):
+    for r in coverage(device):
         counts[r.how] += 1
     return counts
 
@@ -136,7 +137,7 @@ def primitive_summary(plugin) -> dict:
 
 
 def _may_fall_back(dev: Device) -> bool:
-    return dispatch.fallback_enabled() and dev.plugin is not device("cpu:0").plugin
+    return dispatch.fallback_enabled() and dev.plugin is not _device("cpu:0").plugin
 
 
 # -- running a decomposition ---------------------------------------------------------------
@@ -247,7 +248,7 @@ def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
     with dispatch._fallback_lock:
         dispatch._fallback_counts[(plugin.name, spec.name, dtype_name(key_dtype))] += 1
     moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
-    results = dispatch.run_op(spec.name, moved, attrs, device=device("cpu:0"))
+    results = dispatch.run_op(spec.name, moved, attrs, device=_device("cpu:0"))
     return [result.to(dev, stream) for result in results]
 
 
