@@ -8,6 +8,7 @@ the cpu plugin select a few cases with -k to stay fast.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -278,7 +279,8 @@ TOP_LEVEL = {"schema_version": int, "suite_version": str, "command": str, "profi
              "started": str, "wall_time": float, "exit_status": int, "plugin": dict, "summary": dict,
              "incidents": list, "cases": list}
 PLUGIN = {"name": str, "version": str, "abi_version": str, "device_type": str, "source": str,
-          "location": str, "devices": list, "devices_error": (str, type(None)), "kernels": list}
+          "location": str, "devices": list, "devices_error": (str, type(None)), "kernels": list,
+          "resolution": list, "primitives": dict}
 DEVICE = {"index": int, "name": str, "vendor": str, "driver_version": str, "device_type": str,
           "compute_units": int, "total_memory": int, "max_alloc_size": int, "alloc_alignment": int,
           "flags": list}
@@ -401,7 +403,8 @@ def test_require_native_passes_on_native_kernels_and_fails_on_decomposed_ones(tm
                                  "--require-native", "Add,Softmax[float32]", "--report", tmp_path / "r.md"],
                                 env=env, capture_output=True, text=True, timeout=300)
     assert decomposed.returncode == 1, decomposed.stdout + decomposed.stderr
-    assert "--require-native: not native on cpu: Softmax[float32]" in " ".join(decomposed.stdout.split())
+    output = " ".join((decomposed.stdout + decomposed.stderr).split())
+    assert "--require-native: not native on cpu: Softmax[float32]" in output
     assert "decomposition unlocks" in decomposed.stdout
     report = (tmp_path / "r.md").read_text()
     assert "| Softmax |  |  |  |  |  | dec | dec | dec | dec |" in report
