@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from .dispatch import cpu_fallback, fallback_enabled, fallback_report, infer, run_op, set_fallback
+from .dispatch import (call_cache_info, clear_call_cache, cpu_fallback, fallback_enabled, fallback_report, infer,
+                       run_op, set_fallback)
 from .primitives import PRIMITIVES, PRIMITIVES_VERSION
 from .spec import OpSpec, all_specs, get
 
@@ -43,5 +44,6 @@ def _op_function(spec: OpSpec):
 for _spec in all_specs():
     globals()[_spec.name] = _op_function(_spec)
 
-__all__ = ["PRIMITIVES", "PRIMITIVES_VERSION", "OpSpec", "all_specs", "coverage", "cpu_fallback", "explain", "fallback_enabled", "fallback_report", "get", "infer",
-           "run_op", "set_fallback", *(s.name for s in all_specs())]
+__all__ = ["PRIMITIVES", "PRIMITIVES_VERSION", "OpSpec", "all_specs", "call_cache_info", "clear_call_cache",
+           "coverage", "cpu_fallback", "explain", "fallback_enabled", "fallback_report", "get", "infer", "run_op",
+           "set_fallback", *(s.name for s in all_specs())]

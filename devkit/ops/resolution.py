@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..abi import C
+from ..engine.calls import key_dtype_of
 from ..errors import UnimplementedError
 from ..runtime import Array, Device, Stream, asarray
 from ..runtime import device as _device
@@ -235,7 +236,7 @@ def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
         xs = rule_inputs(spec, dev, inputs, host_values, stream)
         return decompose(spec, dev, xs, attrs, host_values, key_dtype, stream)
     if not _may_fall_back(dev):
-        have = sorted({dtype_name(dispatch._key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
+        have = sorted({dtype_name(key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
         detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
         if spec.decompose is not None:
             lacking = sorted(plan.missing())

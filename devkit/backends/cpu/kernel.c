@@ -332,6 +332,12 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
       arena += ALIGN8(n);
     }
   }
+  cpu_graph *g = cpu_stream_capture(s);
+  if (g && (st = cpu_graph_add_tensors(g, call, tensors)) != DK_OK) {
+    cpu_work_discard(l);
+    cpu_stream_release(s);
+    return st;
+  }
   st = cpu_work_submit(s, l);
   cpu_stream_release(s);
   return st;
