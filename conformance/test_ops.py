@@ -7,13 +7,17 @@ recorded for the report. The first case of each (op, dtype) also runs with
 every device input made non-contiguous (``-strided``), which exercises the
 kernel's stride handling or the host's compaction for compact-only kernels.
 
-A (op, dtype) pair the plugin does not claim in its kernel table is skipped
-with that reason; the coverage test below compares the table with the spec.
+A (op, dtype) pair runs as devkit.ops.explain says: the plugin's kernel, or
+the op's decomposition into ops the plugin has (held to the decomposition's
+tolerance where the spec gives one). A pair that resolves to neither is
+skipped with that reason; the coverage test below compares the table with
+the spec.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -59,13 +63,21 @@ def _strided_copy(dev: devkit.Device, host: np.ndarray) -> devkit.Array:
     return view
 
 
+def _resolution(dev, op, dtype) -> str:
+    """native, decomposed or unsupported (fallback is off in the suite)."""
+    with ops.cpu_fallback(False):
+        return ops.explain(op, dtype, dev).how
+
+
 @pytest.mark.parametrize("op, dtype, case_name, strided", _params())
 def test_op(dev, op, dtype, case_name, strided, record_property):
     spec = ops.get(op)
     case = cases_of(op, dtype)[case_name]
     key_dtype = next(d for d in spec.dtypes if dtype_name(d) == dtype)
-    if dev.plugin.kernel_entry(op, key_dtype) is None:
-        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no {op} kernel for {dtype} (not claimed)")
+    how = _resolution(dev, op, key_dtype)
+    if how not in ("native", "decomposed"):
+        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no {op} kernel for {dtype} (not claimed) "
+                           f"and no decomposition into its kernels")
     host = set(spec.host_inputs)
     declared = [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(len(case.inputs))]
     inputs = []
@@ -80,9 +92,10 @@ def test_op(dev, op, dtype, case_name, strided, record_property):
     ref_inputs, attrs = reference_arguments(spec, case.inputs, case.attrs)
     with np.errstate(all="ignore"):
         references = spec.reference(ref_inputs, attrs)
-    tolerance = case.tolerance or spec.tolerance_for(key_dtype)
+    tolerance = case.tolerance or spec.tolerance_for(key_dtype, decomposed=how == "decomposed")
     record_property("op", op)
     record_property("dtype", dtype)
+    record_property("resolution", how)
     record_property("tolerance", str(tolerance))
     compared = range(len(spec.outputs)) if case.compare is None else case.compare
     worst_ulp = worst_abs = 0.0
@@ -113,9 +126,18 @@ def test_kernel_table_matches_spec(plugin, record_property):
 
 
 def test_cpu_plugin_covers_the_whole_spec(plugin):
-    """The cpu reference plugin claims every (op, dtype) of the spec."""
+    """The cpu reference plugin claims every (op, dtype) of the spec; with
+    DEVKIT_CPU_KERNELS=primitives it claims exactly the primitive set, and
+    every other pair runs decomposed into it."""
     if plugin.name != "cpu":
         pytest.skip(reason="the full-coverage requirement is the cpu reference plugin's")
+    if os.environ.get("DEVKIT_CPU_KERNELS") == "primitives":
+        assert {op for op, *_ in plugin.kernels} == set(ops.PRIMITIVES)
+        dev = plugin.device(0)
+        missing = [f"{spec.name}[{dtype_name(d)}]" for spec in ops.all_specs() for d in spec.dtypes
+                   if _resolution(dev, spec.name, d) not in ("native", "decomposed")]
+        assert not missing, f"{len(missing)} (op, dtype) pairs do not decompose: {', '.join(missing[:40])}"
+        return
     missing = [f"{spec.name}[{dtype_name(d)}]" for spec in ops.all_specs() for d in spec.dtypes
                if plugin.kernel_entry(spec.name, d) is None]
     assert not missing, f"{len(missing)} (op, dtype) pairs lack a kernel: {', '.join(missing[:40])}"

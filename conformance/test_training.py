@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import devkit
+from devkit import ops
 from devkit.ops.spec import dtype_name
 from devkit.ops.training import gemm_grad, matmul_grad
 
@@ -40,10 +41,11 @@ MOMENTUM_RATE = 0.05
 
 
 def _require(dev: devkit.Device, names, dtype) -> None:
-    missing = [name for name in names if dev.plugin.kernel_entry(name, dtype) is None]
+    with ops.cpu_fallback(False):
+        missing = [name for name in names if ops.explain(name, dtype, dev).how == "unsupported"]
     if missing:
         pytest.skip(reason=f"plugin '{dev.plugin.name}' has no {dtype_name(dtype)} kernel for "
-                           f"{', '.join(missing)} (not claimed)")
+                           f"{', '.join(missing)} (not claimed) and no decomposition into its kernels")
 
 
 def _run(op, inputs, attrs=None):

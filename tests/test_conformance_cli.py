@@ -8,6 +8,7 @@ the cpu plugin select a few cases with -k to stay fast.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -278,7 +279,8 @@ TOP_LEVEL = {"schema_version": int, "suite_version": str, "command": str, "profi
              "started": str, "wall_time": float, "exit_status": int, "plugin": dict, "summary": dict,
              "incidents": list, "cases": list}
 PLUGIN = {"name": str, "version": str, "abi_version": str, "device_type": str, "source": str,
-          "location": str, "devices": list, "devices_error": (str, type(None)), "kernels": list}
+          "location": str, "devices": list, "devices_error": (str, type(None)), "kernels": list,
+          "resolution": list, "primitives": dict}
 DEVICE = {"index": int, "name": str, "vendor": str, "driver_version": str, "device_type": str,
           "compute_units": int, "total_memory": int, "max_alloc_size": int, "alloc_alignment": int,
           "flags": list}
@@ -464,3 +466,38 @@ def test_the_suite_defaults_to_the_built_in_plugins(monkeypatch):
     assert conftest.selected_plugins() == ["cpu", "acme", "mine"]
     monkeypatch.setenv("DEVKIT_TEST_PLUGINS", " acme, /x/libdevkit_y.so ")
     assert conftest.selected_plugins() == ["acme", "/x/libdevkit_y.so"]
+
+
+def test_coverage_matrix_marks_native_and_decomposed_apart():
+    kernels = [{"op": "Add", "dtype": "float32", "flags": []}]
+    resolution = [{"op": "Add", "dtype": "float32", "how": "native"},
+                  {"op": "Sub", "dtype": "float32", "how": "decomposed"},
+                  {"op": "Conv", "dtype": "float32", "how": "unsupported"}]
+    assert coverage_matrix(kernels, resolution).splitlines() == [
+        "| op | float32 |", "|---|---|", "| Add | ✓ |", "| Conv |  |", "| Sub | dec |"]
+
+
+REQUIRE_SELECTION = ["--suite", "ops", "-k", "test_op and Softmax-float32-default_axis and not strided"]
+
+
+def test_require_native_passes_on_native_kernels_and_fails_on_decomposed_ones(tmp_path):
+    native = run_cli("cpu", *REQUIRE_SELECTION, "--require-native", "Add,Softmax[float32]")
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert "primitives: 29/29 at every dtype" in native.stdout
+    env = {**os.environ, "DEVKIT_CPU_KERNELS": "primitives"}
+    decomposed = subprocess.run([sys.executable, "-m", "devkit.conformance_cli", "cpu", *REQUIRE_SELECTION,
+                                 "--require-native", "Add,Softmax[float32]", "--report", tmp_path / "r.md"],
+                                env=env, capture_output=True, text=True, timeout=300)
+    assert decomposed.returncode == 1, decomposed.stdout + decomposed.stderr
+    output = " ".join((decomposed.stdout + decomposed.stderr).split())
+    assert "--require-native: not native on cpu: Softmax[float32]" in output
+    assert "decomposition unlocks" in decomposed.stdout
+    report = (tmp_path / "r.md").read_text()
+    assert "| Softmax |  |  |  |  |  | dec | dec | dec | dec |" in report
+    assert "; dec: no kernel, runs decomposed" in report
+
+
+def test_require_native_names_an_unknown_op():
+    process = run_cli("cpu", *REQUIRE_SELECTION, "--require-native", "Frobnicate")
+    assert process.returncode == 2
+    assert "--require-native: op 'Frobnicate' is not in the devkit operator set" in process.stderr

@@ -171,3 +171,83 @@ def test_dtype_attributes_refuse_what_is_no_devkit_dtype(to):
     x = devkit.asarray(np.ones(2, np.float32))
     with pytest.raises(TypeError, match=f"Cast: attribute 'to' must be dtype, got {to!r}"):
         devkit.run_op("Cast", [x], {"to": to})
+
+
+# -- resolution: native, decomposition, fallback, unimplemented --------------------------------------------
+
+def test_explain_native_and_decomposed_on_the_full_cpu_plugin():
+    assert ops.explain("Add", "float32").how == "native"
+    assert str(ops.explain("Softmax", np.float32)) == "Softmax[float32]: native"
+
+
+def test_explain_and_coverage_on_a_bare_plugin(bare):
+    dev = bare.device(0)
+    plan = ops.explain("Softmax", "float32", dev)
+    assert plan.how == "unsupported"
+    assert {"ReduceMax[float64]", "Exp[float64]", "Cast[float32]"} <= plan.missing()
+    with ops.cpu_fallback():
+        assert ops.explain("Softmax", "float32", dev).how == "fallback"
+    counts = ops.resolution.coverage_counts(dev)
+    metadata_only = len(ops.get("Shape").dtypes) + len(ops.get("Size").dtypes)  # rules that call no op
+    assert counts == {"native": 0, "decomposed": metadata_only, "fallback": 0,
+                      "unsupported": sum(len(s.dtypes) for s in ops.all_specs()) - metadata_only}
+    with pytest.raises(TypeError, match="Softmax: dtype int8 is not supported"):
+        ops.explain("Softmax", "int8", dev)
+
+
+def test_missing_decomposition_parts_are_named(bare):
+    x = devkit.asarray(f32(2, 3), bare.device(0))
+    with pytest.raises(devkit.UnimplementedError,
+                       match=r"Softmax: plugin 'bare' has no kernel .* its decomposition needs kernels for .*ReduceMax\[float64\]"):
+        ops.Softmax(x)
+
+
+_PRIMITIVES_ONLY = """
+import json, numpy as np, devkit
+from devkit import ops
+dev = devkit.device("cpu:0")
+x = devkit.asarray(np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]], np.float32))
+y = ops.Softmax(x, axis=1).numpy()
+e = np.exp(x.numpy() - x.numpy().max(axis=1, keepdims=True))
+print(json.dumps({
+    "ops": sorted({op for op, *_ in dev.plugin.kernels}),
+    "softmax": ops.explain("Softmax", "float32").how,
+    "tree": str(ops.explain("Softmax", "float16")),
+    "close": bool(np.allclose(y, e / e.sum(axis=1, keepdims=True), rtol=1e-6)),
+    "fallbacks": ops.fallback_report(),
+    "counts": ops.resolution.coverage_counts(),
+}))
+"""
+
+
+def test_primitives_only_cpu_plugin_runs_everything_decomposed():
+    """DEVKIT_CPU_KERNELS=primitives (read when the plugin loads: a fresh
+    process) publishes exactly devkit.ops.PRIMITIVES, and ops run decomposed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DEVKIT_CPU_KERNELS": "primitives"}
+    run = subprocess.run([sys.executable, "-c", _PRIMITIVES_ONLY], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["ops"] == sorted(ops.PRIMITIVES), "the C list in kernel.c differs from devkit.ops.PRIMITIVES"
+    assert result["softmax"] == "decomposed" and result["close"]
+    assert result["tree"].splitlines()[:3] == ["Softmax[float16]: decomposed", "  Cast[float16]: native",
+                                               "  Softmax[float32]: decomposed"]
+    assert result["fallbacks"] == []
+    assert result["counts"]["unsupported"] == result["counts"]["fallback"] == 0
+
+
+def test_a_bad_kernel_selection_fails_the_plugin_load():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DEVKIT_CPU_KERNELS": "some"}
+    run = subprocess.run([sys.executable, "-c", "import devkit; devkit.device('cpu:0')"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert 'DEVKIT_CPU_KERNELS="some" is invalid: expected all or primitives' in run.stderr

@@ -73,6 +73,9 @@ def build_parser(suites: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes running cases in parallel (default: 1: the cases of "
                              "one plugin may share process-wide plugin state)")
+    parser.add_argument("--require-native", metavar="OPS", default="",
+                        help="comma-separated ops (Op, or Op[dtype]) that must have native kernels: the run "
+                             "fails where one only runs decomposed or not at all")
     parser.add_argument("--expect-fail", type=Path, metavar="FILE",
                         help="known failures: one 'PATTERN: REASON' per line")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the JSON report here")
@@ -110,6 +113,7 @@ def _run(argv: list[str], console: Console) -> int:
         raise UsageError("--workers and --case-timeout must be positive")
     selected = list(dict.fromkeys(args.suite)) if args.suite else list(suites)
     expectations = _read_expectations(args.expect_fail)
+    required = _required_native(args.require_native)
     if args.allow_cpu_fallback:
         os.environ["DEVKIT_CPU_FALLBACK"] = "1"  # the workers inherit it
     plugin = str(Path(args.plugin).resolve()) if _looks_like_path(args.plugin) else args.plugin
@@ -140,6 +144,10 @@ def _run(argv: list[str], console: Console) -> int:
                             profile=args.profile, suites=selected, started=started,
                             wall_time=wall_time, results=results, incidents=incidents)
     _print_summary(run)
+    not_native = _not_native(required, collection.plugin)
+    if not_native:
+        console.print(f"[bold red]--require-native:[/] not native on {escape(collection.plugin['name'])}: "
+                      f"{escape(', '.join(not_native))}")
     for incident in incidents:
         console.print(f"[bold red]incident:[/] {escape(incident)}")
     for expectation in unused(expectations, results):
@@ -150,7 +158,39 @@ def _run(argv: list[str], console: Console) -> int:
         if path is not None:
             reports.write(path, text(run))
             console.print(f"wrote {path}", markup=False)
-    return 0 if run.passed else 1
+    return 0 if run.passed and not not_native else 1
+
+
+def _required_native(text: str) -> list[tuple[str, str | None]]:
+    """--require-native's (op, dtype or None for every dtype of the op)."""
+    from devkit import ops
+    from devkit.ops.spec import dtype_name
+
+    required = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        op, _, dtype = item.partition("[")
+        dtype = dtype.rstrip("]") or None
+        try:
+            spec = ops.get(op)
+        except ValueError as exc:
+            raise UsageError(f"--require-native: {exc}") from None
+        if dtype is not None and dtype not in {dtype_name(d) for d in spec.dtypes}:
+            raise UsageError(f"--require-native: {op} takes no dtype {dtype!r}")
+        required.append((op, dtype))
+    return required
+
+
+def _not_native(required, plugin: dict) -> list[str]:
+    """The required (op, dtype) pairs the plugin's kernel table lacks."""
+    from devkit import ops
+    from devkit.ops.spec import dtype_name
+
+    have = {(k["op"], k["dtype"]) for k in plugin["kernels"]}
+    missing = []
+    for op, dtype in required:
+        wanted = [dtype] if dtype else [dtype_name(d) for d in ops.get(op).dtypes]
+        missing += [f"{op}[{d}]" for d in wanted if (op, d) not in have]
+    return missing
 
 
 def _read_expectations(path: Path | None):
@@ -232,4 +272,6 @@ def _print_summary(run: reports.RunRecord):
         console.print("skipped, by reason (… stands for names, dtypes and numbers that vary):", markup=False)
         for shape, cases, examples in groups:
             console.print(f"{cases:>7}  {examples[0] if len(examples) == 1 else shape}", markup=False)
+    if plugin.get("primitives") and plugin.get("resolution"):
+        console.print(reports.primitives_line(plugin["primitives"], plugin["resolution"]), markup=False)
     console.print("[bold green]PASSED[/]" if run.passed else "[bold red]FAILED[/]")

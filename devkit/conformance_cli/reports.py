@@ -178,7 +178,7 @@ def markdown_text(run: RunRecord) -> str:
         _verdict(run),
         _summary_section(run),
         _plugin_section(plugin),
-        _coverage_section(plugin["kernels"]),
+        _coverage_section(plugin["kernels"], plugin.get("resolution"), plugin.get("primitives")),
         _measured_errors_section(run.results),
         _fallback_section(run.results),
         _failures_section(run.results),
@@ -246,13 +246,34 @@ def _bytes(count: int) -> str:
     return f"{count} B"
 
 
-def coverage_matrix(kernels: list[dict]) -> str:
-    """op x dtype: ✓ where the kernel table has an entry, with its flags' initials (si/so)."""
-    ops = sorted({kernel["op"] for kernel in kernels})
-    dtypes = sorted({kernel["dtype"] for kernel in kernels}, key=_dtype_order)
+def coverage_matrix(kernels: list[dict], resolution: list[dict] | None = None) -> str:
+    """op x dtype: ✓ where the kernel table has an entry, with its flags' initials
+    (si/so); given the resolution of the op set, every op, and "dec" where the
+    op runs decomposed into the plugin's kernels."""
     cells = {(k["op"], k["dtype"]): "✓" + (f" ({', '.join(_initials(f) for f in k['flags'])})"
                                             if k["flags"] else "") for k in kernels}
+    pairs = [(k["op"], k["dtype"]) for k in kernels]
+    for r in resolution or ():
+        pairs.append((r["op"], r["dtype"]))
+        if r["how"] == "decomposed":
+            cells.setdefault((r["op"], r["dtype"]), "dec")
+    ops = sorted({op for op, _ in pairs})
+    dtypes = sorted({dtype for _, dtype in pairs}, key=_dtype_order)
     return _table(["op", *dtypes], [[op, *(cells.get((op, dtype), "") for dtype in dtypes)] for op in ops])
+
+
+def primitives_line(primitives: dict, resolution: list[dict]) -> str:
+    """How many primitives the plugin has and what they unlock (the ops that run decomposed)."""
+    unlocked = sorted({r["op"] for r in resolution if r["how"] == "decomposed"})
+    have, total = len(primitives["primitives"]), len(primitives["primitives"]) + len(primitives["missing"])
+    line = (f"primitives: {have}/{total} at every dtype"
+            + (f" (missing: {', '.join(primitives['missing'])})" if primitives["missing"] else "")
+            + f"; {primitives['native']} (op, dtype) pairs native, {primitives['decomposed']} decomposed, "
+            f"{primitives['pairs'] - primitives['native'] - primitives['decomposed']} unsupported "
+            f"of {primitives['pairs']}")
+    if unlocked:
+        line += f"; decomposition unlocks {len(unlocked)} ops: {', '.join(unlocked)}"
+    return line
 
 
 def _dtype_order(name: str):
@@ -265,12 +286,16 @@ def _initials(flag: str) -> str:
     return "".join(word[0] for word in flag.split("_"))
 
 
-def _coverage_section(kernels: list[dict]) -> str:
+def _coverage_section(kernels: list[dict], resolution: list[dict] | None = None,
+                      primitives: dict | None = None) -> str:
     if not kernels:
         return ("## Kernel coverage (op × dtype)\n\nThe plugin publishes no kernels: its kernel "
                 "table (`DK_PluginInfo.kernels`) is empty, so there is no op × dtype coverage to show.")
+    summary = f"\n\n{primitives_line(primitives, resolution)}." if primitives and resolution else ""
+    legend = "; dec: no kernel, runs decomposed into the plugin's kernels" if resolution else ""
     return (f"## Kernel coverage (op × dtype)\n\n{len(kernels)} kernels in the plugin's kernel table. "
-            f"si/so: accepts strided inputs/outputs.\n\n{coverage_matrix(kernels)}")
+            f"✓: native; si/so: accepts strided inputs/outputs{legend}.{summary}\n\n"
+            f"{coverage_matrix(kernels, resolution)}")
 
 
 def _measured_errors_section(results: list[CaseResult]) -> str:

@@ -162,12 +162,25 @@ def describe_plugin(name: str) -> dict:
         "kernels": [{"op": op, "dtype": dtype_name(code, bits),
                      "flags": _flag_names(flags, "DK_KernelFlags", "DK_KERNEL_")}
                     for op, code, bits, flags in plugin.kernels],
+        **describe_resolution(plugin),
     }
     try:
         description["devices"] = [describe_device(device) for device in plugin.devices()]
     except devkit.DevkitError as exc:  # the report still names the plugin; the cases say what is wrong
         description["devices_error"] = str(exc)
     return description
+
+
+def describe_resolution(plugin) -> dict:
+    """How every (op, dtype) of the op set runs on the plugin (native,
+    decomposed or unsupported: the report counts fallback apart), and what its
+    primitive kernels give it."""
+    from devkit.ops import all_specs, resolution
+    from devkit.ops.spec import dtype_name as spec_dtype_name
+
+    plans = [resolution._plan(plugin, spec.name, d) for spec in all_specs() for d in spec.dtypes]
+    return {"resolution": [{"op": p.op, "dtype": spec_dtype_name(p.dtype), "how": p.how} for p in plans],
+            "primitives": resolution.primitive_summary(plugin)}
 
 
 def describe_device(device) -> dict:

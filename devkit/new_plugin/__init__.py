@@ -83,7 +83,7 @@ def default_directory(name: str) -> Path:
 def render(name: str) -> dict[str, str]:
     """The project's files: relative path -> text."""
     check_name(name)
-    values = {"name": name, "NAME": name.upper(), "devkit_version": __version__}
+    values = {"name": name, "NAME": name.upper(), "devkit_version": __version__, **primitive_values()}
     files = {VENDORED_HEADER: HEADER_PATH.read_text()}
     for source, target in RUNTIME_SOURCES.items():
         files[target.format(name=name)] = runtime_source(source, name)
@@ -91,6 +91,28 @@ def render(name: str) -> dict[str, str]:
         text = (TEMPLATE_DIR / template).read_text()
         files[target.format(name=name)] = fill(text, values, template)
     return files
+
+
+class _TemplateKernels:
+    """The kernel table of the generated project: templates/relu.c's Relu for float32."""
+
+    def kernel_entry(self, op, dtype):
+        return object() if (op, str(dtype)) == ("Relu", "float32") else None
+
+
+def primitive_values() -> dict[str, str]:
+    """The README's primitive-set placeholders, from devkit.ops as installed."""
+    from ..ops import PRIMITIVES, PRIMITIVES_VERSION, all_specs, get, resolution
+    from ..ops.primitives import REASONS
+    from ..ops.spec import dtype_name
+
+    summary = resolution.primitive_summary(_TemplateKernels())
+    rows = [f"| {op} | {', '.join(dtype_name(d) for d in get(op).dtypes)} | {REASONS[op]} |"
+            for op in sorted(PRIMITIVES)]
+    return {"primitive_count": str(len(PRIMITIVES)), "primitives_version": str(PRIMITIVES_VERSION),
+            "pair_count": str(sum(len(s.dtypes) for s in all_specs())),
+            "have_primitives": str(len(summary["primitives"])), "decomposed": str(summary["decomposed"]),
+            "primitive_rows": "\n".join(rows)}
 
 
 def generate(name: str, directory: Path | None = None, force: bool = False) -> list[Path]:

@@ -11,12 +11,19 @@ import importlib
 
 from .dispatch import (call_cache_info, clear_call_cache, cpu_fallback, fallback_enabled, fallback_report, infer,
                        run_op, set_fallback)
+from .primitives import PRIMITIVES, PRIMITIVES_VERSION
 from .spec import OpSpec, all_specs, get
 
 # One module per op family; importing one registers its specs.
 FAMILIES = ("unary", "binary", "reduce", "linalg", "nn", "movement", "shape", "training")
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
+# The decomposition rules of the non-primitive ops (attached to their specs).
+RULES = ("rules_elementwise", "rules_movement", "rules_reduce", "rules_nn", "rules_linalg", "rules_training")
+for _rules in RULES:
+    importlib.import_module(f"{__name__}.{_rules}")
+from . import resolution  # noqa: E402
+from .resolution import coverage, explain  # noqa: E402
 
 
 def _op_function(spec: OpSpec):
@@ -37,5 +44,6 @@ def _op_function(spec: OpSpec):
 for _spec in all_specs():
     globals()[_spec.name] = _op_function(_spec)
 
-__all__ = ["OpSpec", "all_specs", "call_cache_info", "clear_call_cache", "cpu_fallback", "fallback_enabled",
-           "fallback_report", "get", "infer", "run_op", "set_fallback", *(s.name for s in all_specs())]
+__all__ = ["PRIMITIVES", "PRIMITIVES_VERSION", "OpSpec", "all_specs", "call_cache_info", "clear_call_cache",
+           "coverage", "cpu_fallback", "explain", "fallback_enabled", "fallback_report", "get", "infer", "run_op",
+           "set_fallback", *(s.name for s in all_specs())]

@@ -15,8 +15,7 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
-from ..engine.calls import KernelCall, key_dtype_of, launch
-from ..errors import UnimplementedError
+from ..engine.calls import KernelCall, launch
 from ..runtime import Array, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
 from . import spec as _spec
 from .spec import OpSpec, TensorInfo, dtype_name
@@ -294,6 +293,7 @@ class BoundCall:
     call_inputs: list[int | None]
     attributes: list[tuple[str, str, object]]
     reads_values: bool  # the call read a device array's values: a host input, NonZero's input
+    host_values: dict  # the host inputs' values by name (a decomposition reads them)
 
 
 def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=None,
@@ -315,7 +315,7 @@ def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=N
                     or any(decl.host and isinstance(value, Array)
                            for decl, value in zip(_declared(spec, len(inputs)), inputs)))
     return BoundCall(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
-                     _attribute_list(spec, attrs, host_values), reads_values)
+                     _attribute_list(spec, attrs, host_values), reads_values, host_values)
 
 
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
@@ -343,7 +343,8 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     bound = bind_call(spec, inputs, attrs, device, stream)
     dev, entry = bound.device, bound.entry
     if entry is None:
-        return _run_without_kernel(spec, dev, inputs, bound.attrs, bound.key_dtype, stream)
+        return resolution.run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
+                                             stream)
     compacted = False
     call_inputs: list[Array | None] = []
     for position in bound.call_inputs:
@@ -477,18 +478,4 @@ def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:
     return [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(count)]
 
 
-def _run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict,
-                        key_dtype: np.dtype, stream: Stream | None) -> list[Array]:
-    plugin = dev.plugin
-    cpu = device("cpu:0")
-    if not fallback_enabled() or plugin is cpu.plugin:
-        have = sorted({dtype_name(key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
-        detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
-        raise UnimplementedError(
-            f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
-            f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
-            C.DK_UNIMPLEMENTED)
-    count_fallback(plugin.name, spec.name, key_dtype)
-    moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
-    results = run_op(spec.name, moved, attrs, device=cpu)
-    return [result.to(dev, stream) for result in results]
+from . import resolution  # noqa: E402  (it calls run_op back)

@@ -8,6 +8,7 @@ tests/test_docs.py fails when the committed file differs from this output.
 from __future__ import annotations
 
 from . import FAMILIES, all_specs
+from .primitives import PRIMITIVES, PRIMITIVES_VERSION, REASONS
 from .spec import REQUIRED, OpSpec, dtype_name
 
 FAMILY_TITLES = {
@@ -80,7 +81,53 @@ def render() -> str:
                      _attrs(s), _key(s), _tolerances(s)]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += [""] + [f"- **{s.name}**: {' '.join(s.doc.split())}" for s in members]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _primitives_section(specs)) + "\n"
+
+
+def _uses(spec: OpSpec) -> str:
+    """The ops a decomposition calls, at the dtypes of the first non-widened dtype."""
+    rule = spec.decompose
+    direct = next((d for d in spec.dtypes if rule.wider(d) is None), None)
+    if direct is None:
+        return "—"
+    names = sorted({op if used == direct else f"{op}[{dtype_name(used)}]"
+                    for op, used in rule.uses_for(spec.name, direct)})
+    return ", ".join(names) or "(no op: the result is metadata)"
+
+
+def _widened(spec: OpSpec) -> str:
+    rule = spec.decompose
+    parts = [f"{dtype_name(d)} at {dtype_name(rule.wider(d))}" for d in spec.dtypes if rule.wider(d) is not None]
+    return ", ".join(parts) or "—"
+
+
+def _primitives_section(specs) -> list[str]:
+    lines = ["", f"## The primitive set (v{PRIMITIVES_VERSION})", "",
+             f"{len(PRIMITIVES)} ops (`devkit.ops.PRIMITIVES`): a plugin with kernels for these, at every dtype "
+             "they take, runs every op above on its own device; the others decompose into them "
+             "(docs/primitives.md).", "",
+             "| Primitive | Why it is one (what decomposes through it) |", "|---|---|"]
+    lines += [f"| **{name}** | {REASONS[name]} |" for name in sorted(PRIMITIVES)]
+    lines += ["", "## Decompositions", "",
+              "Each op that is not a primitive runs, where a plugin has no kernel for it, as the ops "
+              "below (at the op's key dtype unless a dtype is named; those may decompose in turn). "
+              "*Runs at*: dtypes that run as the op at a wider float dtype between Casts, as the "
+              "kernels compute. A decomposition tolerance replaces the op's where the rule rounds "
+              "differently.", "",
+              "| Op | Uses | Runs at | Decomposition tolerance |", "|---|---|---|---|"]
+    for s in specs:
+        if s.decompose is None:
+            continue
+        tolerance = "the op's"
+        if s.decompose.tolerance is not None:
+            groups: dict[str, list[str]] = {}
+            for dtype in s.dtypes:
+                groups.setdefault(str(s.tolerance_for(dtype, decomposed=True)), []).append(dtype_name(dtype))
+            tolerance = "<br>".join(f"{tol}: {', '.join(names)}" for tol, names in groups.items())
+            tolerance += f"<br>({s.decompose.reason})"
+        cells = [f"**{s.name}**", _uses(s), _widened(s), tolerance]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

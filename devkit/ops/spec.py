@@ -155,6 +155,50 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
+class Decomposition:
+    """How to run an op from other ops when a plugin has no kernel for it.
+
+    ``rule(b, inputs, attrs)`` gets a :class:`devkit.ops.resolution.Builder`
+    (``b("Add", x, y)`` runs an op on the same device and stream;
+    ``b.const(value)`` puts a small constant there), the device inputs as
+    Arrays (None where omitted), and the attributes after defaults with the
+    host inputs' values under their names; it returns the outputs. ``uses``
+    names the ops the rule calls, as ``"Op"`` (at the op's key dtype) or
+    ``"Op[dtype]"``; a callable takes the key dtype. Tests check that a rule
+    calls nothing else and that the graph of uses has no cycle.
+
+    ``float32`` dtypes (float16 and bfloat16 unless the rule says otherwise)
+    run as the op at float32 between Casts, as the native kernels compute;
+    ``float64`` dtypes (float32 for the sums that kernels accumulate in
+    double) likewise at float64.
+    ``tolerance`` (per dtype name, or one) replaces the spec's where the
+    rule's arithmetic differs from a kernel's (another summation order, an
+    identity that rounds differently); ``reason`` says why."""
+
+    rule: Callable[..., Sequence]
+    uses: tuple[str, ...] | Callable[[np.dtype], tuple[str, ...]] = ()
+    tolerance: dict | Tolerance | None = None
+    reason: str = ""
+    float32: tuple[np.dtype, ...] = LOW_FLOAT
+    float64: tuple[np.dtype, ...] = ()
+
+    def wider(self, dtype) -> np.dtype | None:
+        """The dtype the op runs at instead of ``dtype`` (between Casts), or None."""
+        return F32 if dtype in self.float32 else F64 if dtype in self.float64 else None
+
+    def uses_for(self, op: str, dtype) -> list[tuple[str, np.dtype]]:
+        """The (op, key dtype) pairs the rule for ``op`` calls at ``dtype``."""
+        if (wide := self.wider(np.dtype(dtype))) is not None:
+            return [("Cast", np.dtype(dtype)), (op, wide), ("Cast", wide)]
+        names = self.uses(dtype) if callable(self.uses) else self.uses
+        result = []
+        for name in names:
+            op, _, rest = name.partition("[")
+            result.append((op, _dtypes.normalize(rest.rstrip("]")) if rest else np.dtype(dtype)))
+        return result
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     name: str
     inputs: tuple[Input, ...]
@@ -170,11 +214,16 @@ class OpSpec:
     domain: str = ""                     # "" is ONNX's default domain; also ai.onnx.preview.training, devkit
     doc: str = ""
     category: str = ""
+    decompose: Decomposition | None = None  # None: a primitive, or an op every plugin must implement
 
-    def tolerance_for(self, dtype) -> Tolerance:
-        if isinstance(self.tolerance, Tolerance):
-            return self.tolerance
-        return self.tolerance.get(dtype_name(dtype), self.tolerance.get("default", EXACT))
+    def tolerance_for(self, dtype, decomposed: bool = False) -> Tolerance:
+        """The tolerance for ``dtype``; ``decomposed``: when the op ran through its decomposition."""
+        table = self.tolerance
+        if decomposed and self.decompose is not None and self.decompose.tolerance is not None:
+            table = self.decompose.tolerance
+        if isinstance(table, Tolerance):
+            return table
+        return table.get(dtype_name(dtype), table.get("default", EXACT))
 
     @property
     def host_inputs(self) -> tuple[str, ...]:
@@ -198,6 +247,16 @@ def register(*specs: OpSpec) -> None:
         if isinstance(spec.key, str) and (spec.attr(spec.key) is None or spec.attr(spec.key).kind != "dtype"):
             raise ValueError(f"op {spec.name}: key {spec.key!r} is not a dtype attribute")
         _REGISTRY[spec.name] = spec
+
+
+def set_decompositions(rules: dict[str, Decomposition]) -> None:
+    """Attaches decomposition rules to registered specs (a family's rules
+    live in a module of their own, next to the family)."""
+    for name, rule in rules.items():
+        spec = get(name)
+        if spec.decompose is not None:
+            raise ValueError(f"op {name} has two decompositions")
+        _REGISTRY[name] = dataclasses.replace(spec, decompose=rule)
 
 
 def get(name: str) -> OpSpec:

@@ -111,6 +111,10 @@ typedef struct cpu_device {
 /* Reads the configuration and sets up the devices once per process; later
  * calls return the first call's result (and its message). */
 DK_Status cpu_runtime_init(void);
+
+/* DEVKIT_CPU_KERNELS=primitives: the kernel table keeps only the primitive
+ * set's kernels (read with the other variables, when the plugin loads). */
+bool cpu_primitives_only(void);
 /* One-line summary of the configuration, for the init log line. */
 void cpu_runtime_describe(char *buf, size_t size);
 

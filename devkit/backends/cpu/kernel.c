@@ -55,6 +55,22 @@ static int compare_entries(const void *a, const void *b) {
   return (kx > ky) - (kx < ky);
 }
 
+/* DEVKIT_CPU_KERNELS=primitives publishes only the kernels of the primitive
+ * set (devkit.ops.PRIMITIVES; tests/test_ops_dispatch.py checks that the two
+ * lists agree), so the cpu plugin stands in for a new chip that has only those. */
+static const char *const k_primitives[] = {
+    "Add", "Atan", "BitwiseAnd", "Cast", "Concat", "Cos", "CumSum", "Div",
+    "Equal", "Erf", "Exp", "Expand", "Floor", "Gather", "Less", "Log",
+    "MatMul", "Mod", "Mul", "Pow", "ReduceMax", "ReduceSum", "Reshape",
+    "ScatterElements", "Sin", "Slice", "Sqrt", "Transpose", "Where",
+};
+
+static bool is_primitive(const char *op) {
+  for (size_t i = 0; i < sizeof k_primitives / sizeof k_primitives[0]; i++)
+    if (strcmp(op, k_primitives[i]) == 0) return true;
+  return false;
+}
+
 static DK_Status build_table(void) {
   static const char fn[] = "DK_PluginInit";
   if (g_registration_overflow)
@@ -63,6 +79,7 @@ static DK_Status build_table(void) {
     DK_Status st = g_inits[i]();
     if (st != DK_OK) return st;
   }
+  bool only_primitives = cpu_primitives_only();
   size_t total = 0;
   for (size_t r = 0; r < g_num_registered; r++) total += g_registered[r].count;
   g_entries = calloc(total ? total : 1, sizeof *g_entries);
@@ -76,8 +93,9 @@ static DK_Status build_table(void) {
   }
   size_t n = 0;
   for (size_t r = 0; r < g_num_registered; r++) {
-    for (size_t i = 0; i < g_registered[r].count; i++, n++) {
+    for (size_t i = 0; i < g_registered[r].count; i++) {
       const cpu_kernel_def *def = &g_registered[r].defs[i];
+      if (only_primitives && !is_primitive(def->op)) continue;
       g_entries[n] = (DK_KernelEntry){
           .struct_size = sizeof(DK_KernelEntry),
           .op = def->op,
@@ -89,6 +107,7 @@ static DK_Status build_table(void) {
           .user_data = (void *)def,
       };
       g_entry_ptrs[n] = &g_entries[n];
+      n++;
     }
   }
   qsort(g_entry_ptrs, n, sizeof *g_entry_ptrs, compare_entries);

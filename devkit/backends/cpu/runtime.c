@@ -125,6 +125,7 @@ static struct {
   size_t capacity;        /* bytes per device */
   uint64_t fail_alloc;    /* DEVKIT_CPU_FAIL_ALLOC; 0 = off */
   int32_t lost_device;    /* DEVKIT_CPU_LOST_DEVICE; -1 = none */
+  bool primitives_only;   /* DEVKIT_CPU_KERNELS=primitives */
   int32_t compute_units;
   DK_Status init_status;
   char init_error[1024];  /* message for init_status, replayed per thread */
@@ -225,6 +226,13 @@ static DK_Status configure(void) {
     g.lost_device = (int32_t)v;
   }
 
+  g.primitives_only = false;
+  if ((s = env("DEVKIT_CPU_KERNELS"))) {
+    if (strcmp(s, "primitives") != 0 && strcmp(s, "all") != 0)
+      return config_error("DEVKIT_CPU_KERNELS", s, "all or primitives");
+    g.primitives_only = strcmp(s, "primitives") == 0;
+  }
+
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   g.compute_units = cpus < 1 ? 1 : cpus > INT32_MAX ? INT32_MAX : (int32_t)cpus;
   return DK_OK;
@@ -245,6 +253,8 @@ static void init_once(void) {
     pthread_mutex_init(&d->graph_mu, NULL);
   }
 }
+
+bool cpu_primitives_only(void) { return g.primitives_only; }
 
 DK_Status cpu_runtime_init(void) {
   pthread_once(&g_once, init_once);
