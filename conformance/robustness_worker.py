@@ -620,8 +620,7 @@ def _is_invalid(v: Valid, attrs: dict, inputs: list, outputs=None) -> bool:
     outputs = v.outputs if outputs is None else outputs
     try:
         for name, value in attrs.items():
-            if dispatch._coerce_attr(v.spec, v.spec.attr(name), value) != value:
-                return True
+            dispatch._coerce_attr(v.spec, v.spec.attr(name), value)  # raises for a value the spec refuses
         return _outputs(v.spec, inputs, attrs) != outputs
     except Exception:  # noqa: BLE001 - the spec refusing the call is what is looked for
         return True

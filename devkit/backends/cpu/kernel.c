@@ -468,6 +468,38 @@ DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, 
   return DK_OK;
 }
 
+DK_Status cpu_validate_like_input(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
+    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static DK_Status check_pair(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
+  for (int32_t d = 0; st == DK_OK && d < k->in[0].ndim; d++)
+    if (k->in[1].shape[d] != k->in[0].shape[d])
+      st = cpu_invalid(k, "input 1's dimension %d is %lld; input 0's is %lld", d, (long long)k->in[1].shape[d],
+                       (long long)k->in[0].shape[d]);
+  return st;
+}
+
+DK_Status cpu_validate_pair_like_input(const cpu_kernel_args *k) {
+  DK_Status st = check_pair(k);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k) {
+  int64_t axis;
+  DK_Status st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k) {
+  DK_Status st = check_pair(k);
+  return st != DK_OK ? st : cpu_validate_axis_like_input(k);
+}
+
 static void run_launch(void *arg) {
   launch *l = arg;
   l->def->compute(&l->args);

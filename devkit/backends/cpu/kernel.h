@@ -189,6 +189,13 @@ DK_Status cpu_check_output(const cpu_kernel_args *k, size_t j, int32_t ndim, con
 DK_Status cpu_check_output_like(const cpu_kernel_args *k, size_t j, size_t i);
 /* Inputs 0..nin-1 broadcast together to output 0's shape. */
 DK_Status cpu_check_broadcast(const cpu_kernel_args *k, size_t nin);
+/* Validators many ops share: every present input and output 0 have input
+ * 0's dtype, and output 0 (and input 1 with `_pair`: dY and X, say) input
+ * 0's shape; `_axis`: also the int attribute "axis" lies inside its rank. */
+DK_Status cpu_validate_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_pair_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k);
 /* Tensor t (an input, role "input", or output) has dtype `dtype`. */
 DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype);
 
