@@ -397,20 +397,21 @@ static DK_Status check_vector(const cpu_kernel_args *k, size_t i, int64_t n) {
   return DK_OK;
 }
 
-/* BatchNormalization, InstanceNormalization: X (N, C, ...), per-channel vectors; Y like X. */
+/* BatchNormalization, InstanceNormalization: X (N, C, ...) (BatchNormalization:
+ * or (N)), per-channel vectors (of any float dtype); Y like X. */
 static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, strcmp(k->op, "InstanceNormalization") == 0 ? 3 : 2, CPU_MAX_DIMS);
-  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, k->in[0].shape[1]);
-  if (st == DK_OK) st = cpu_validate_like_input(k);
-  for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) {
-    int64_t c = k->in[0].shape[1];
-    st = cpu_check_output(k, j, 1, &c);
-  }
+  DK_Status st = cpu_check_rank(k, 0, strcmp(k->op, "InstanceNormalization") == 0 ? 3 : 1, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  int64_t c = k->in[0].ndim > 1 ? k->in[0].shape[1] : 1;
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_output(k, j, 1, &c);
   return st;
 }
 
 /* LayerNormalization, RMSNormalization: axis inside X's rank; Scale (and B)
- * broadcast to X's dims from axis on; Y like X, Mean and InvStdDev X's shape
+ * broadcast to X; Y like X, Mean and InvStdDev X's shape
  * with 1 from axis on. */
 static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
   DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
@@ -422,10 +423,10 @@ static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
   for (size_t i = 1; i < k->num_inputs; i++) {
     const cpu_tensor *t = &k->in[i];
     if (t->ndim < 0) continue;
-    if (t->ndim > x->ndim - axis) return cpu_invalid(k, "input %zu has more dims than X from axis on", i);
+    if (t->ndim > x->ndim) return cpu_invalid(k, "input %zu has more dims than X", i);
     for (int32_t d = 0; d < t->ndim; d++) {
       int64_t n = t->shape[d], m = x->shape[x->ndim - t->ndim + d];
-      if (n != 1 && n != m) return cpu_invalid(k, "input %zu does not broadcast to X's dims from axis on", i);
+      if (n != 1 && n != m) return cpu_invalid(k, "input %zu does not broadcast to X", i);
     }
   }
   int64_t stats[CPU_MAX_DIMS];
@@ -437,7 +438,7 @@ static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
 
 /* GroupNormalization: num_groups >= 1 divides C; scale and bias (C); Y like X. */
 static DK_Status validate_group_norm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
   if (st != DK_OK) return st;
   int64_t groups = cpu_attr_int(k, "num_groups", 1), c = k->in[0].shape[1];
   if (groups < 1 || c % groups)
@@ -449,7 +450,7 @@ static DK_Status validate_group_norm(const cpu_kernel_args *k) {
 
 /* LRN: X (N, C, ...), size >= 1; Y like X. */
 static DK_Status validate_lrn(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
   if (st != DK_OK) return st;
   int64_t size = cpu_attr_int(k, "size", 1);
   if (size < 1) return cpu_invalid(k, "attribute 'size' is %lld; it must be at least 1", (long long)size);
