@@ -77,7 +77,16 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(autouse=True)
-def memory_returns_to_baseline(request):
+def plugin_allocator():
+    """Cases drive the plugin's own mem_alloc / mem_free(_async): the runtime's
+    caching allocator would answer in its place and hide a plugin that leaks."""
+    previous = devkit.set_allocator("none")
+    yield
+    devkit.set_allocator(previous)
+
+
+@pytest.fixture(autouse=True)
+def memory_returns_to_baseline(request, plugin_allocator):
     """Leak check: every device's free memory is the same after the case as before."""
     if "plugin" not in request.fixturenames:
         yield

@@ -11,8 +11,10 @@ devkit.onnx.prepare, against references devkit did not write.
 - zoo: devkit.onnx.zoo's models, compared with onnxruntime (its CPU execution
   provider) and with onnx.reference at ZOO_TOLERANCE.
 
-Every case records its measured error; zoo cases also record their latency
-next to onnxruntime's. A test listed in model_expectations.py must fail on its
+Every model runs twice, as a plan (devkit.engine) and node by node
+(``plan=False``), and the two must give identical outputs. Every case
+records its measured error; zoo cases also record their latency next to
+onnxruntime's. A test listed in model_expectations.py must fail on its
 plugin (it is xfail); one that passes fails the run so the list stays true.
 """
 
@@ -90,6 +92,19 @@ def _run_expecting(dev, name: str, check) -> None:
     run_expecting(EXPECTED_FAILURES, "conformance/model_expectations.py", dev.plugin.name, name, check)
 
 
+def _prepared_pair(model, dev):
+    """The model as a plan and as the interpreter."""
+    return donnx.prepare(model, dev), donnx.prepare(model, dev, plan=False)
+
+
+def _same_outputs(planned: list, interpreted: list) -> None:
+    """The plan replays the interpreter's kernels on the same values: bit for bit."""
+    assert len(planned) == len(interpreted)
+    for i, (a, b) in enumerate(zip(planned, interpreted)):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"output {i}: plan and interpreter disagree"
+        np.testing.assert_array_equal(a, b, err_msg=f"output {i}: plan vs interpreter")
+
+
 def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     """Max abs error, and it relative to the reference's largest magnitude."""
     got, want = got.astype(np.float64), want.astype(np.float64)
@@ -144,10 +159,11 @@ def test_light_model(dev, name, record_property):
     record_property("tolerance", f"rtol {case.rtol:g} atol {case.atol:g}")
 
     def check():
-        prepared = donnx.prepare(model, dev)
+        prepared, interpreted = _prepared_pair(model, dev)
         start = time.perf_counter()
         outputs = prepared.run(feeds)
         record_property("run_ms", (time.perf_counter() - start) * 1e3)
+        _same_outputs(outputs, interpreted.run(feeds))
         _record_errors(record_property, outputs, references)
         Runner.assert_similar_outputs(references, outputs, rtol=case.rtol, atol=case.atol, model_dir=path)
 
@@ -167,8 +183,10 @@ def test_onnx_model(dev, name, record_property):
     record_property("tolerance", f"rtol {case.rtol:g} atol {case.atol:g}")
 
     def check():
-        prepared = donnx.prepare(os.path.join(case.model_dir, "model.onnx"), dev)
+        prepared, interpreted = _prepared_pair(os.path.join(case.model_dir, "model.onnx"), dev)
         results = [(prepared.run(inputs), references) for inputs, references in data_sets]
+        for (outputs, _), (inputs, _) in zip(results, data_sets):
+            _same_outputs(outputs, interpreted.run(inputs))
         _record_errors(record_property, [o for outputs, _ in results for o in outputs],
                        [r for _, references in results for r in references])
         for outputs, references in results:
@@ -205,9 +223,11 @@ def test_zoo_model(dev, name, record_property):
     record_property("onnxruntime_latency_ms", _median_ms(lambda: session.run(None, inputs)))
 
     def check():
-        prepared = donnx.prepare(model, dev)
-        (got,) = prepared.run(inputs)  # also the warm-up
+        prepared, interpreted = _prepared_pair(model, dev)
+        (got,) = prepared.run(inputs)  # also the warm-up (the plan's build)
+        _same_outputs([got], interpreted.run(inputs))
         record_property("latency_ms", _median_ms(lambda: prepared.run(inputs)))
+        record_property("interpreter_latency_ms", _median_ms(lambda: interpreted.run(inputs)))
         error, relative = _errors(got, want)
         record_property("measured_error", error)
         record_property("max_rel_error", relative)

@@ -115,11 +115,14 @@ def test_distinct_handles(dev):
 
 
 def test_alloc_beyond_capacity_raises_oom_and_device_stays_usable(dev):
+    out = ffi.new("DK_Mem *")
     for size in (dev.properties.max_alloc_size + 1, 2 * dev.properties.total_memory):
-        with pytest.raises(devkit.OutOfMemoryError) as info:
-            dev.alloc(size)
+        with pytest.raises(devkit.OutOfMemoryError) as info:  # the plugin's own refusal
+            dev.call("mem_alloc", dev.index, size, out)
         assert isinstance(info.value, MemoryError)
         assert info.value.message
+        with pytest.raises(devkit.OutOfMemoryError, match=f"{size} bytes.*max_alloc_size"):
+            dev.alloc(size)  # the runtime's, before asking the plugin
     data = random_bytes(MiB)
     buffer = dev.alloc(MiB)
     buffer.copy_from_host(data)

@@ -10,7 +10,8 @@ from .errors import (  # noqa: E402
 )
 from .plugin import Plugin, PluginDescriptor, check, list_plugins, load_plugin  # noqa: E402
 from .runtime import (  # noqa: E402
-    Array, Buffer, Device, DeviceProperties, Event, Stream, asarray, device, empty, zeros,
+    Array, Buffer, Device, DeviceProperties, Event, Stream, asarray, device, empty, empty_cache,
+    memory_stats, set_allocator, zeros,
 )
 from . import ops  # noqa: E402
 from .ops import fallback_report, run_op  # noqa: E402
@@ -21,5 +22,6 @@ __all__ = [
     "FailedPreconditionError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotReadyError",
     "OutOfMemoryError", "OutOfRangeError", "Plugin", "PluginDescriptor", "PluginLoadError",
     "Stream", "UnavailableError", "UnimplementedError", "asarray", "check", "device", "empty",
-    "fallback_report", "ffi", "list_plugins", "load_plugin", "ops", "run_op", "zeros",
+    "empty_cache", "fallback_report", "ffi", "list_plugins", "load_plugin", "memory_stats", "ops", "run_op",
+    "set_allocator", "zeros",
 ]

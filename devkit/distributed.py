@@ -17,7 +17,8 @@ Every collective takes contiguous ``devkit.Array``s on the communicator's
 device, checks them before calling into the plugin, and returns its output
 array. With ``stream=None`` the call is complete when it returns; with a
 stream it is enqueued and the arrays are kept alive until the stream is
-synchronized. See docs/collectives.md.
+synchronized; freeing one meanwhile releases its memory only after the
+collective (docs/framework-guide.md). See docs/collectives.md.
 """
 
 from __future__ import annotations
@@ -239,11 +240,23 @@ def _share_through_rendezvous(plugin: Plugin, env: LaunchEnvironment, sequence: 
 
 
 class _GroupState(threading.local):
-    """Groups are per thread (as in the plugin); their arrays live until the outermost end."""
+    """Groups are per thread (as in the plugin); their calls are issued at the outermost end,
+    so until then their arrays are held (a free() waits) and their streams retain them after."""
 
     def __init__(self):
         self.depth = 0
-        self.pending: list = []
+        self.pending: list[tuple[Stream | None, tuple]] = []  # (stream, the call's objects)
+
+    def issued(self) -> None:
+        """The outermost group ended: its work is on its streams now."""
+        pending, self.pending = self.pending, []
+        for stream, objects in pending:
+            if stream is not None:
+                stream.retain(*objects)
+        for stream, objects in pending:
+            for obj in objects:
+                if isinstance(obj, Array):
+                    obj.buffer._allocation.unhold()
 
 
 _group_state = _GroupState()
@@ -276,7 +289,7 @@ class Group:
             self.plugin.call("group_end")
         finally:
             if _group_state.depth == 0:
-                _group_state.pending.clear()
+                _group_state.issued()
 
 
 # -- the communicator -------------------------------------------------------------------
@@ -487,10 +500,12 @@ class Communicator(Destroyable):
                                  f"device is {self.device}")
         self.plugin.call(function, self.handle, *args,
                          stream.handle if stream is not None else ffi.NULL)
-        if stream is not None:
+        if _group_state.depth:  # issued only at the group's end: hold the memory until then
+            for array in arrays:
+                array.buffer._allocation.hold()
+            _group_state.pending.append((stream, (self, *arrays)))
+        elif stream is not None:
             stream.retain(self, *arrays)
-        if _group_state.depth:  # issued only at the group's end: keep the memory until then
-            _group_state.pending.extend((self, *arrays))
 
 
 def _location(array: Array) -> tuple:

@@ -3,8 +3,9 @@
     devkit-run -n N [--timeout SECONDS] [--grace SECONDS] -- python script.py args...
 
 Each rank gets DEVKIT_RANK, DEVKIT_WORLD_SIZE, DEVKIT_LOCAL_RANK,
-DEVKIT_LOCAL_WORLD_SIZE and DEVKIT_RENDEZVOUS (the address of the launcher's
-key-value store, see devkit.rendezvous). Every line a rank prints is forwarded
+DEVKIT_LOCAL_WORLD_SIZE, DEVKIT_RENDEZVOUS (the address of the launcher's
+key-value store, see devkit.rendezvous) and DEVKIT_JOB_ID (16 hex digits,
+the same for every rank of the job). Every line a rank prints is forwarded
 prefixed with ``[rank K] `` (stdout to stdout, stderr to stderr).
 
 When a rank fails (non-zero exit or a signal), the launcher terminates the
@@ -12,12 +13,19 @@ others (SIGTERM to each rank's process group, SIGKILL after --grace seconds),
 says which rank failed and how, and exits with that rank's code (128 + signal
 number for a signal). Ctrl-C or SIGTERM to the launcher terminates every rank
 (exit 130 / 143); --timeout does the same after that long (exit 124).
+
+When the job ends, the launcher removes the shared-memory segments of the job
+that are left (/dev/shm/devkit-*-<DEVKIT_JOB_ID>-*): a plugin names its
+per-job segments so (the cpu plugin's collectives do), and a rank killed
+before its peers have all opened a segment cannot remove it itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -27,6 +35,8 @@ import time
 from .rendezvous import RENDEZVOUS_ENV, RendezvousServer
 
 EXIT_TIMEOUT = 124  # as timeout(1)
+JOB_ID_ENV = "DEVKIT_JOB_ID"
+SHARED_MEMORY_DIR = "/dev/shm"
 _POLL_SECONDS = 0.02
 
 
@@ -94,7 +104,7 @@ def exit_code_for(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def rank_environment(rank: int, world_size: int, rendezvous: str) -> dict[str, str]:
+def rank_environment(rank: int, world_size: int, rendezvous: str, job_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "DEVKIT_RANK": str(rank),
@@ -102,6 +112,7 @@ def rank_environment(rank: int, world_size: int, rendezvous: str) -> dict[str, s
         "DEVKIT_LOCAL_RANK": str(rank),  # every rank runs on this machine
         "DEVKIT_LOCAL_WORLD_SIZE": str(world_size),
         RENDEZVOUS_ENV: rendezvous,
+        JOB_ID_ENV: job_id,
     })
     env.setdefault("PYTHONUNBUFFERED", "1")  # so forwarded lines arrive as they are printed
     return env
@@ -152,11 +163,12 @@ def run(command: list[str], nranks: int, timeout: float | None = None, grace: fl
     previous_handlers = {signum: signal.signal(signum, on_signal)
                          for signum in (signal.SIGINT, signal.SIGTERM)}
     server = RendezvousServer()
+    job_id = secrets.token_hex(8)
     try:
         for rank in range(nranks):
             try:
                 process = subprocess.Popen(
-                    command, env=rank_environment(rank, nranks, server.address),
+                    command, env=rank_environment(rank, nranks, server.address, job_id),
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     start_new_session=True)  # a group per rank: terminating it reaches its children
             except OSError as exc:
@@ -179,6 +191,7 @@ def run(command: list[str], nranks: int, timeout: float | None = None, grace: fl
             rank.process.wait()
         forwarder.join(timeout=2.0)
         server.close()
+        _remove_segments(job_id)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
 
@@ -220,6 +233,18 @@ def _stop(ranks: list[_Rank], grace: float) -> None:
             _say(f"rank {rank.rank} did not exit {grace:g} s after SIGTERM; sending SIGKILL")
         rank.signal_group(signal.SIGKILL)
         rank.process.wait()
+
+
+def _remove_segments(job_id: str) -> None:
+    """Unlink the job's shared-memory segments that are left: every rank is gone."""
+    left = sorted(glob.glob(os.path.join(SHARED_MEMORY_DIR, f"devkit-*-{job_id}-*")))
+    for path in left:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    if left:
+        _say(f"removed the shared memory the ranks left: {', '.join(left)}")
 
 
 def _join(numbers: list[int]) -> str:

@@ -3,11 +3,15 @@
 ``load_plugin(name_or_path)`` resolves, in order (see docs/framework-guide.md):
 
 1. an explicit path to a shared library;
-2. ``libdevkit_<name>.so`` in the ``DEVKIT_PLUGIN_PATH`` directories;
-3. installed packages' entry points in group ``devkit.plugins``, whose
+2. a built-in name (cpu, opencl, cuda): always the built-in reference backend;
+   a library or entry point of that name is skipped with a warning;
+3. ``libdevkit_<name>.so`` in the ``DEVKIT_PLUGIN_PATH`` directories (absolute
+   ones only: a relative entry is ignored with a warning);
+4. installed packages' entry points in group ``devkit.plugins``, whose
    callable returns a library path or a Python plugin object (an object with a
-   ``dk_plugin_init`` attribute: a cffi ``DK_PluginInitFn`` function pointer);
-4. the built-in reference backends.
+   ``dk_plugin_init`` attribute: a cffi ``DK_PluginInitFn`` function pointer).
+
+A device spec (``parse_device_spec``) is ``name:index`` and never a path.
 
 Every plugin, whatever its origin, is driven through the same
 ``DK_PluginInit`` entry point and ``DK_DeviceApi`` table.
@@ -19,13 +23,16 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
 import threading
+import warnings
 from importlib import metadata
 from pathlib import Path
 
 from . import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
+from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
 
 ENTRY_POINT_GROUP = "devkit.plugins"
@@ -46,6 +53,8 @@ _API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
 _FIRST_OPTIONAL = "copy_p2p"
 REQUIRED_FUNCTIONS = tuple(_API_FUNCTIONS[: _API_FUNCTIONS.index(_FIRST_OPTIONAL)])
 OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):])
+# The graph section (ABI 1.1): all of it or none of it.
+GRAPH_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("graph_"))
 
 _log = logging.getLogger("devkit.plugin")
 
@@ -72,6 +81,7 @@ class Plugin:
         self._devices: dict[int, object] = {}
         self._devices_lock = threading.Lock()
         self._kernel_index: dict[str, list] | None = None
+        self._kernel_by_key: dict[tuple[str, int, int], object] = {}
 
     # -- the table -----------------------------------------------------------
 
@@ -95,27 +105,30 @@ class Plugin:
 
     def kernel_entries(self, op: str | None = None) -> list:
         """The kernel table's DK_KernelEntry pointers (for one op, or all)."""
-        if self._kernel_index is None:
-            index: dict[str, list] = {}
-            if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
-                for i in range(self._info.num_kernels):
-                    entry = self._info.kernels[i]
-                    if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
-                        index.setdefault(_string(entry.op), []).append(entry)
-            self._kernel_index = index
+        index = self._kernel_index if self._kernel_index is not None else self._index_kernels()
         if op is not None:
-            return list(self._kernel_index.get(op, ()))
-        return [entry for entries in self._kernel_index.values() for entry in entries]
+            return list(index.get(op, ()))
+        return [entry for entries in index.values() for entry in entries]
+
+    def _index_kernels(self) -> dict[str, list]:
+        index: dict[str, list] = {}
+        by_key: dict[tuple[str, int, int], object] = {}
+        if field_present(self._info, "DK_PluginInfo", "num_kernels") and self._info.kernels != ffi.NULL:
+            for i in range(self._info.num_kernels):
+                entry = self._info.kernels[i]
+                if entry != ffi.NULL and entry.op != ffi.NULL and entry.fn != ffi.NULL:
+                    op = _string(entry.op)
+                    index.setdefault(op, []).append(entry)
+                    if entry.dtype.lanes in (0, 1):  # the first entry for a key wins
+                        by_key.setdefault((op, entry.dtype.code, entry.dtype.bits), entry)
+        self._kernel_index, self._kernel_by_key = index, by_key
+        return index
 
     def kernel_entry(self, op: str, dtype):
         """The entry for (op, key dtype), or None when the plugin has none."""
-        from .dtypes import code_bits
-
-        code, bits = code_bits(dtype)
-        for entry in self.kernel_entries(op):
-            if entry.dtype.code == code and entry.dtype.bits == bits and entry.dtype.lanes in (0, 1):
-                return entry
-        return None
+        if self._kernel_index is None:
+            self._index_kernels()
+        return self._kernel_by_key.get((op, *code_bits(dtype)))
 
     @property
     def kernels(self) -> list[tuple[str, int, int, int]]:
@@ -125,6 +138,18 @@ class Plugin:
     @property
     def has_collectives(self) -> bool:
         return self.has("ccl_comm_init")
+
+    @property
+    def has_graphs(self) -> bool:
+        """Whether the plugin captures graphs itself (else the host replays them)."""
+        return self.has("graph_begin_capture")
+
+    @property
+    def name_is_shared(self) -> bool:
+        """Whether another loaded plugin reports this name (a test build of cpu
+        loaded by path, say): then only its location tells them apart."""
+        with _registry_lock:
+            return any(other is not self and other.name == self.name for other in _registry.values())
 
     # -- devices -------------------------------------------------------------
 
@@ -198,13 +223,36 @@ def _resolve_and_load(key: str) -> Plugin:
         if not path.exists():
             raise PluginLoadError(f"plugin library {key!r} does not exist")
         return _load_library(path, "path")
-    for directory in _plugin_path_dirs():
-        candidate = directory / f"libdevkit_{key}.so"
-        if candidate.exists():
-            return _load_library(candidate, PLUGIN_PATH_ENV)
+    if key in builtin_names():
+        _warn_about_shadows(key)
+        return _load_builtin(key)
+    candidates = _plugin_path_candidates(key)
+    if candidates:
+        return _load_library(candidates[0], PLUGIN_PATH_ENV)
     entry_point = _entry_points().get(key)
     if entry_point is not None:
         return _load_entry_point(entry_point)
+    raise PluginLoadError(
+        f"no plugin named {key!r}: not a path, not libdevkit_{key}.so in {PLUGIN_PATH_ENV} "
+        f"({os.environ.get(PLUGIN_PATH_ENV, 'unset')}), not an entry point in group "
+        f"{ENTRY_POINT_GROUP!r}, and not a built-in ({', '.join(builtin_names())})")
+
+
+def _warn_about_shadows(key: str) -> None:
+    """A built-in name never loads a DEVKIT_PLUGIN_PATH library or an entry point:
+    a file dropped in a listed directory must not replace a built-in."""
+    shadows = [str(candidate) for candidate in _plugin_path_candidates(key)]
+    entry_point = _entry_points().get(key)
+    if entry_point is not None:
+        shadows.append(f"entry point {entry_point.name} = {entry_point.value}")
+    for shadow in shadows:
+        warnings.warn(
+            f"devkit: {shadow} is not loaded: {key!r} is a built-in plugin name, which always means "
+            f"the built-in backend; load that plugin by its library path (devkit.load_plugin(path)) "
+            f"or give it another name")
+
+
+def _load_builtin(key: str) -> Plugin:
     if key in _BUILTIN_LIBRARIES:
         library = _BUILTIN_LIBRARIES[key]
         if not library.exists():
@@ -214,12 +262,7 @@ def _resolve_and_load(key: str) -> Plugin:
         return _load_library(library, "built-in")
     if key in _BUILTIN_MODULES:
         return _load_builtin_module(key)
-    if key in _BUILTIN_PENDING:
-        raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
-    raise PluginLoadError(
-        f"no plugin named {key!r}: not a path, not libdevkit_{key}.so in {PLUGIN_PATH_ENV} "
-        f"({os.environ.get(PLUGIN_PATH_ENV, 'unset')}), not an entry point in group "
-        f"{ENTRY_POINT_GROUP!r}, and not a built-in ({', '.join(builtin_names())})")
+    raise PluginLoadError(f"plugin {key!r}: {_BUILTIN_PENDING[key]}")
 
 
 def builtin_names() -> list[str]:
@@ -230,9 +273,42 @@ def _looks_like_path(key: str) -> bool:
     return os.sep in key or key.endswith(".so") or key.startswith(".")
 
 
+def parse_device_spec(spec: str) -> tuple[str, int]:
+    """``"name:index"`` (or ``"name"``, index 0) as (name, index). The name is a
+    plugin name, never a path: a library is loaded by path with load_plugin."""
+    name, sep, index = spec.rpartition(":")
+    if not sep:
+        name, index = spec, "0"
+    if not name:
+        raise ValueError(f"device spec {spec!r} has no plugin name (expected 'name:index', e.g. 'cpu:0')")
+    if _looks_like_path(name):
+        raise ValueError(
+            f"device spec {spec!r} names a path; a device spec is 'name:index'. Load a library "
+            f"explicitly: devkit.load_plugin({name!r}).device({index if sep else 0})")
+    if not re.fullmatch(r"-?\d+", index):
+        raise ValueError(f"device spec {spec!r}: the index {index!r} is not an integer "
+                         f"(expected 'name:index', e.g. 'cpu:0')")
+    return name, int(index)
+
+
 def _plugin_path_dirs() -> list[Path]:
-    value = os.environ.get(PLUGIN_PATH_ENV, "")
-    return [Path(part) for part in value.split(os.pathsep) if part]
+    """The absolute DEVKIT_PLUGIN_PATH entries. A relative one (".", "build")
+    would resolve against whatever the current directory is: it is ignored."""
+    dirs = []
+    for part in os.environ.get(PLUGIN_PATH_ENV, "").split(os.pathsep):
+        if not part:
+            continue
+        if not os.path.isabs(part):
+            warnings.warn(f"devkit: {PLUGIN_PATH_ENV} entry {part!r} is ignored: it is not an absolute "
+                          f"path, and a relative one would depend on the current directory")
+            continue
+        dirs.append(Path(part))
+    return dirs
+
+
+def _plugin_path_candidates(key: str) -> list[Path]:
+    return [path for path in (directory / f"libdevkit_{key}.so" for directory in _plugin_path_dirs())
+            if path.exists()]
 
 
 def _entry_points() -> dict[str, metadata.EntryPoint]:
@@ -357,20 +433,31 @@ def _check_versions(info, location: str) -> None:
     if null:
         raise PluginLoadError(
             f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
+    graph = [fn for fn in GRAPH_FUNCTIONS
+             if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
+    if graph and len(graph) != len(GRAPH_FUNCTIONS):
+        absent = [fn for fn in GRAPH_FUNCTIONS if fn not in graph]
+        raise PluginLoadError(
+            f"{location}: the graph section is partial: it has {', '.join(graph)} but not "
+            f"{', '.join(absent)} (NULL or past the table's {api.struct_size} bytes); a plugin "
+            f"implements all {len(GRAPH_FUNCTIONS)} graph functions or none")
 
 
 def list_plugins() -> list[PluginDescriptor]:
     """Every discoverable plugin, whether it loads, and why not."""
+    builtins = builtin_names()
     candidates: dict[str, tuple[str, str]] = {}
     for directory in _plugin_path_dirs():
         for library in sorted(directory.glob("libdevkit_*.so")):
             name = library.name[len("libdevkit_"):-len(".so")]
-            candidates.setdefault(name, (PLUGIN_PATH_ENV, str(library)))
+            if name not in builtins:  # load_plugin(name) warns that it is skipped
+                candidates.setdefault(name, (PLUGIN_PATH_ENV, str(library)))
     for name, entry_point in _entry_points().items():
-        candidates.setdefault(name, ("entry point", entry_point.value))
-    for name in builtin_names():
+        if name not in builtins:
+            candidates.setdefault(name, ("entry point", entry_point.value))
+    for name in builtins:
         location = str(_BUILTIN_LIBRARIES.get(name, _BACKENDS_DIR / name))
-        candidates.setdefault(name, ("built-in", location))
+        candidates[name] = ("built-in", location)
     descriptors = []
     for name, (source, location) in candidates.items():
         try:

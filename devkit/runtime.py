@@ -5,13 +5,20 @@ handle when it is garbage-collected, closed explicitly, or leaves a ``with``
 block. Work submitted to a stream may still be pending when a call returns;
 the Python objects it uses (host arrays, buffers, callbacks) are kept alive by
 the stream until it is known to be complete (``synchronize`` or a ``query``
-that finds it idle).
+that finds it idle), and memory it uses is never released under it: freeing
+a buffer orders the release after that work (see "the rule" below and
+docs/framework-guide.md). Allocations go through a per-device caching
+allocator (``memory_stats``, ``empty_cache``; ``DEVKIT_ALLOCATOR=none``
+bypasses it).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import operator
+import os
 import threading
 import weakref
 
@@ -19,8 +26,8 @@ import numpy as np
 
 from . import dtypes
 from .abi import C, ffi
-from .errors import NotReadyError
-from .plugin import Plugin, load_plugin
+from .errors import DevkitError, NotReadyError, OutOfMemoryError
+from .plugin import Plugin, load_plugin, parse_device_spec
 
 
 def _flag(bit: int) -> property:
@@ -54,8 +61,17 @@ class Device:
         self.index = index
         self._properties: DeviceProperties | None = None
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+        # Graph captures open on this device's streams (devkit/graph.py), which
+        # see every call while they are open, and the frees they deferred.
+        self._captures: list = []
+        self._capture_hook = None
+        self._deferred_frees: list = []
+        self._streams_lock = threading.Lock()
+        self._memory = _DeviceMemory(self)
 
     def call(self, function: str, *args) -> int:
+        if self._capture_hook is not None:
+            return self._capture_hook(self, function, args)
         return self.plugin.call(function, *args)
 
     @property
@@ -84,10 +100,13 @@ class Device:
 
     def synchronize(self) -> None:
         self.call("device_synchronize", self.index)
-        for stream in list(self._streams):
+        with self._streams_lock:
+            streams = list(self._streams)
+        for stream in streams:
             stream._release_completed()
 
     def alloc(self, nbytes: int, stream: Stream | None = None) -> Buffer:
+        """``nbytes`` of memory (see ``Buffer.allocate``)."""
         return Buffer.allocate(self, nbytes, stream)
 
     def create_stream(self) -> Stream:
@@ -97,20 +116,20 @@ class Device:
         return Event(self, timing)
 
     def __str__(self) -> str:
-        return f"{self.plugin.name}:{self.index}"
+        label = f"{self.plugin.name}:{self.index}"
+        return f"{label} (plugin at {self.plugin.location})" if self.plugin.name_is_shared else label
 
     def __repr__(self) -> str:
         return f"<devkit.Device {self}>"
 
 
 def device(spec: str | Device = "cpu:0") -> Device:
-    """Parse ``"plugin:index"`` (or ``"plugin"``, meaning index 0) into a Device."""
+    """Parse ``"name:index"`` (or ``"name"``, meaning index 0) into a Device.
+    The name is a plugin name, never a path (``load_plugin(path).device(i)``)."""
     if isinstance(spec, Device):
         return spec
-    name, sep, index = str(spec).rpartition(":")
-    if sep and index.isdigit():
-        return load_plugin(name).device(int(index))
-    return load_plugin(str(spec)).device(0)
+    name, index = parse_device_spec(str(spec))
+    return load_plugin(name).device(index)
 
 
 def _stream_handle(stream: Stream | None, dev: Device):
@@ -161,8 +180,11 @@ class Stream(Destroyable):
         self._handle = out[0]
         self._lock = threading.Lock()
         self._pending: list = []  # objects pending work still uses
+        self._allocations: set[_Allocation] = set()  # the device memory among them
         self._callback_errors: list[BaseException] = []
-        dev._streams.add(self)
+        self.capturing = None  # the devkit.graph.Graph being captured from this stream
+        with dev._streams_lock:
+            dev._streams.add(self)
 
     @property
     def handle(self):
@@ -170,14 +192,35 @@ class Stream(Destroyable):
             raise ValueError("stream has been destroyed")
         return self._handle
 
+    def capture(self, mode: str = "auto"):
+        """``with stream.capture() as graph:`` records the block's work on this
+        stream into a graph (devkit/graph.py); ``mode`` "host" replays it on the
+        host even where the plugin has the graph section."""
+        from .graph import capture
+
+        return capture(self, mode)
+
     def retain(self, *objects) -> None:
-        """Keep ``objects`` alive until work submitted so far has completed."""
+        """Keep ``objects`` alive until work submitted so far has completed
+        (while capturing: as long as the graph).
+
+        Every Array or Buffer among them is recorded as used by this stream's
+        pending work: freeing it orders the release after that work.
+        """
+        if self.capturing is not None:
+            self.capturing.keep(objects)
+            return
+        allocations = [allocation for allocation in map(_allocation_of, objects) if allocation]
+        for allocation in allocations:
+            allocation.used_on_streams = True
         with self._lock:
             self._pending.extend(objects)
+            self._allocations.update(allocations)
 
     def _release_completed(self) -> None:
         with self._lock:
             self._pending.clear()
+            self._allocations.clear()
             errors, self._callback_errors = self._callback_errors, []
         if errors:
             raise errors[0]
@@ -228,6 +271,14 @@ class Stream(Destroyable):
             self._release_completed()
 
 
+def _allocation_of(obj) -> _Allocation | None:
+    if isinstance(obj, Array):
+        return obj.buffer._allocation
+    if isinstance(obj, Buffer):
+        return obj._allocation
+    return None
+
+
 class Event(Destroyable):
     """A position in a stream, with a completion timestamp."""
 
@@ -248,6 +299,8 @@ class Event(Destroyable):
     def record(self, stream: Stream | None = None) -> Event:
         self.device.call("event_record", self.device.index, self.handle,
                          _stream_handle(stream, self.device))
+        if stream is not None:
+            stream.retain(self)
         return self
 
     def query(self) -> bool:
@@ -271,36 +324,391 @@ class Event(Destroyable):
             self.device.call("event_destroy", self.device.index, handle)
 
 
-class _Allocation:
-    """Owns one DK_Mem handle; frees it when the last Buffer viewing it goes."""
+# -- memory -------------------------------------------------------------------------
+#
+# The rule: the runtime never hands a plugin memory that pending work still
+# uses. A stream records which allocations its pending work touches (retain);
+# releasing an allocation orders the release after that work: the caching
+# allocator tags the block with an event per such stream, the direct path
+# frees with mem_free_async on one of them (or waits where the plugin has no
+# mem_free_async). DLPack exports and collective groups hold an allocation:
+# its release waits for the last hold to go.
 
-    def __init__(self, dev: Device, handle, nbytes: int):
+ALLOCATOR_ENV = "DEVKIT_ALLOCATOR"
+ALLOCATORS = ("caching", "none")
+_INT64_MAX = (1 << 63) - 1
+_SIZE_MAX = (1 << 64) - 1
+
+
+def _allocator_from_environment() -> str:
+    kind = os.environ.get(ALLOCATOR_ENV, "caching")
+    if kind not in ALLOCATORS:
+        raise ValueError(f"{ALLOCATOR_ENV}={kind!r} is not an allocator (choose from "
+                         f"{', '.join(ALLOCATORS)})")
+    return kind
+
+
+_allocator = _allocator_from_environment()
+
+
+def set_allocator(kind: str) -> str:
+    """Choose how later allocations are made: "caching" (the default) keeps
+    freed blocks for reuse; "none" calls the plugin's mem_alloc/mem_free for
+    every buffer. Returns the previous kind. Blocks already cached stay
+    cached until ``empty_cache()``."""
+    global _allocator
+    if kind not in ALLOCATORS:
+        raise ValueError(f"allocator {kind!r} is not one of {', '.join(ALLOCATORS)}")
+    previous, _allocator = _allocator, kind
+    return previous
+
+
+def _size_class(nbytes: int) -> int:
+    """The capacity the cache reserves for a request: at least 512 bytes, four
+    classes per power of two (at most 25% slack) up to 16 MiB, then whole
+    2 MiB steps."""
+    if nbytes <= 512:
+        return 512
+    step = 2 << 20 if nbytes >= 16 << 20 else 1 << (nbytes.bit_length() - 3)
+    return -(-nbytes // step) * step
+
+
+class _Block:
+    """Device memory the caching allocator reserved from the plugin."""
+
+    __slots__ = ("handle", "capacity", "waits")
+
+    def __init__(self, handle, capacity: int):
+        self.handle = handle
+        self.capacity = capacity
+        self.waits: list[tuple[weakref.ref, Event]] = []  # stream work that may still use it
+
+
+_STAT_NAMES = ("allocated_bytes", "peak_allocated_bytes", "reserved_bytes", "peak_reserved_bytes",
+               "cached_bytes", "allocations", "allocation_count", "free_count", "cache_hits",
+               "device_allocations", "device_frees")
+
+
+class _DeviceMemory:
+    """One device's allocator: the cache of free blocks by size class and the statistics.
+
+    Releases from finalizers (``__del__``) only append to ``returned``, which
+    the next call under the lock takes in: a finalizer may run in the middle
+    of any code, this class's included.
+    """
+
+    _all: list[_DeviceMemory] = []
+
+    def __init__(self, dev: Device):
         self.device = dev
+        self._lock = threading.Lock()
+        self._cache: dict[int, list[_Block]] = {}
+        self._returned: collections.deque = collections.deque()  # (nbytes, capacity, block or None)
+        self._idle_events: list[Event] = []
+        self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._max_alloc_size = 0  # read from the properties at the first allocation
+        _DeviceMemory._all.append(self)
+
+    # -- allocation ---------------------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: Stream | None) -> _Allocation:
+        dev = self.device
+        if not self._max_alloc_size:
+            self._max_alloc_size = dev.properties.max_alloc_size or _SIZE_MAX  # 0: none reported
+        limit = self._max_alloc_size
+        if nbytes > limit:
+            raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {dev}: more than its "
+                                   f"max_alloc_size of {dev.properties.max_alloc_size} bytes")
+        capacity = _size_class(nbytes)
+        if _allocator == "none" or capacity > limit:
+            return self._allocate_direct(nbytes, stream)
+        with self._lock:
+            self._take_returned()
+            block = self._reuse(capacity, stream)
+            if block is None:
+                block = _Block(self._device_alloc(capacity), capacity)
+            else:
+                self._stats["cache_hits"] += 1
+                self._stats["cached_bytes"] -= capacity
+            self._count_allocation(nbytes)
+        return _Allocation(self, block.handle, nbytes, block)
+
+    def _allocate_direct(self, nbytes: int, stream: Stream | None) -> _Allocation:
+        dev = self.device
+        out = ffi.new("DK_Mem *")
+        if stream is not None and dev.plugin.has("mem_alloc_async"):
+            dev.call("mem_alloc_async", dev.index, nbytes, _stream_handle(stream, dev), out)
+        else:
+            if stream is not None:
+                stream.synchronize()
+            dev.call("mem_alloc", dev.index, nbytes, out)
+        with self._lock:
+            self._take_returned()
+            self._count_reserved(nbytes)
+            self._count_allocation(nbytes)
+        return _Allocation(self, out[0], nbytes, None)
+
+    def _reuse(self, capacity: int, stream: Stream | None) -> _Block | None:
+        """A cached block of ``capacity`` that work submitted to ``stream`` may use now."""
+        blocks = self._cache.get(capacity)
+        for i in range(len(blocks) - 1 if blocks else -1, -1, -1):
+            if self._ready(blocks[i], stream):
+                return blocks.pop(i)
+        return None
+
+    def _ready(self, block: _Block, stream: Stream | None) -> bool:
+        """True when only ``stream``'s own (earlier, so ordered) work may still use the block."""
+        if not block.waits:
+            return True
+
+        def ordered(ref) -> bool:
+            return stream is not None and ref() is stream
+
+        if not all(ordered(ref) or _completed(event) for ref, event in block.waits):
+            return False
+        kept = []
+        for ref, event in block.waits:
+            if ordered(ref):
+                kept.append((ref, event))
+            else:
+                self._idle_events.append(event)
+        block.waits = kept
+        return True
+
+    def _device_alloc(self, capacity: int):
+        dev = self.device
+        out = ffi.new("DK_Mem *")
+        try:
+            dev.call("mem_alloc", dev.index, capacity, out)
+        except OutOfMemoryError:
+            if not self._stats["cached_bytes"]:
+                raise
+            self._release_cache()  # what the cache holds may make room
+            dev.call("mem_alloc", dev.index, capacity, out)
+        self._count_reserved(capacity)
+        return out[0]
+
+    def _count_allocation(self, nbytes: int) -> None:
+        stats = self._stats
+        stats["allocated_bytes"] += nbytes
+        stats["peak_allocated_bytes"] = max(stats["peak_allocated_bytes"], stats["allocated_bytes"])
+        stats["allocations"] += 1
+        stats["allocation_count"] += 1
+
+    def _count_reserved(self, capacity: int) -> None:
+        stats = self._stats
+        stats["reserved_bytes"] += capacity
+        stats["peak_reserved_bytes"] = max(stats["peak_reserved_bytes"], stats["reserved_bytes"])
+        stats["device_allocations"] += 1
+
+    # -- release ------------------------------------------------------------------
+
+    def release(self, allocation: _Allocation, handle, stream: Stream | None,
+                finalizing: bool) -> None:
+        """Give ``handle`` back after the pending work that uses it (see the rule above)."""
+        pending = self._pending_streams(allocation)
+        block = allocation.block
+        if block is None:
+            self._free_on_device(handle, pending, stream)
+            self._returned.append((allocation.nbytes, allocation.nbytes, None))
+        else:
+            self._add_waits(block, pending, stream)
+            self._returned.append((allocation.nbytes, block.capacity, block))
+        if not finalizing:
+            with self._lock:
+                self._take_returned()
+
+    def _pending_streams(self, allocation: _Allocation) -> list[Stream]:
+        if not allocation.used_on_streams:
+            return []
+        with self.device._streams_lock:
+            streams = list(self.device._streams)
+        return [s for s in streams if s._handle is not None and allocation in s._allocations]
+
+    def _free_on_device(self, handle, pending: list[Stream], stream: Stream | None) -> None:
+        dev = self.device
+        if stream is None and pending:
+            stream = pending[0]
+        if stream is not None and dev.plugin.has("mem_free_async"):
+            self._join(stream, pending)
+            dev.call("mem_free_async", dev.index, handle, stream.handle)
+            return
+        try:
+            for waited in {*pending, stream} - {None}:
+                waited.synchronize()
+        finally:  # a stream that failed has finished too
+            dev.call("mem_free", dev.index, handle)
+
+    def _add_waits(self, block: _Block, pending: list[Stream], stream: Stream | None) -> None:
+        """Tag the block with an event on every stream whose work may use it."""
+        if stream is not None:  # free(stream): order the other streams' work into `stream`
+            self._join(stream, pending)
+            pending = [stream]
+        for waited in pending:
+            earlier = [e for r, e in block.waits if r() is waited]  # superseded: later on the same stream
+            block.waits = [(r, e) for r, e in block.waits if r() is not waited]
+            self._idle_events += earlier
+            block.waits.append((weakref.ref(waited), self._idle_event().record(waited)))
+
+    def _join(self, stream: Stream, others: list[Stream]) -> None:
+        """Work submitted to ``stream`` from now on runs after what ``others`` have so far."""
+        for other in others:
+            if other is not stream:
+                stream.wait_event(other.record(Event(self.device, timing=False)))
+
+    def _idle_event(self) -> Event:
+        try:
+            return self._idle_events.pop()
+        except IndexError:
+            return Event(self.device, timing=False)
+
+    def _take_returned(self) -> None:
+        """Account for (and cache) what was released since; the caller holds the lock."""
+        stats = self._stats
+        while self._returned:
+            nbytes, capacity, block = self._returned.popleft()
+            stats["allocated_bytes"] -= nbytes
+            stats["allocations"] -= 1
+            stats["free_count"] += 1
+            if block is None:
+                stats["reserved_bytes"] -= capacity
+                stats["device_frees"] += 1
+            else:
+                self._cache.setdefault(capacity, []).append(block)
+                stats["cached_bytes"] += capacity
+
+    def _release_cache(self) -> None:
+        """Free every cached block on the device, each once its pending work ran."""
+        dev = self.device
+        cache, self._cache = self._cache, {}
+        for blocks in cache.values():
+            for block in blocks:
+                for _, event in block.waits:
+                    _completed(event, wait=True)
+                dev.call("mem_free", dev.index, block.handle)
+                self._stats["reserved_bytes"] -= block.capacity
+                self._stats["cached_bytes"] -= block.capacity
+                self._stats["device_frees"] += 1
+        self._idle_events.clear()
+
+    def empty_cache(self) -> None:
+        with self._lock:
+            self._take_returned()
+            self._release_cache()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            self._take_returned()
+            return dict(self._stats)
+
+
+def _completed(event: Event, wait: bool = False) -> bool:
+    """Whether the work before the event's record has run; a failed stream's has too."""
+    try:
+        if wait:
+            event.synchronize()
+            return True
+        return event.query()
+    except DevkitError:
+        return True
+
+
+def _memories(device_spec) -> list[_DeviceMemory]:
+    return _DeviceMemory._all if device_spec is None else [device(device_spec)._memory]
+
+
+def empty_cache(device_spec: str | Device | None = None) -> None:
+    """Return every cached free block to its plugin (of one device, or of all).
+
+    Blocks that pending work may still use are freed once it has run (this waits).
+    """
+    for memory in _memories(device_spec):
+        memory.empty_cache()
+
+
+def memory_stats(device_spec: str | Device | None = None) -> dict:
+    """The allocator's counters for one device, or ``{"cpu:0": {...}, ...}`` for every device.
+
+    allocated_bytes: bytes of live buffers (as requested); reserved_bytes:
+    bytes held from the plugin (live and cached blocks); cached_bytes: the
+    cached part; peak_*: the highest value so far; allocations: live
+    buffers; allocation_count / free_count: buffers made / released so far;
+    cache_hits: allocations served from the cache; device_allocations /
+    device_frees: mem_alloc / mem_free(_async) calls into the plugin.
+    """
+    if device_spec is not None:
+        return _memories(device_spec)[0].stats()
+    return {str(memory.device): memory.stats() for memory in list(_DeviceMemory._all)}
+
+
+_holds_lock = threading.Lock()
+
+
+class _Allocation:
+    """Owns one allocation's memory; releases it when freed or when the last Buffer viewing it goes.
+
+    ``handle`` is None once freed; the memory itself goes back (to the cache
+    or the plugin) when no hold remains, ordered after the pending work.
+    """
+
+    def __init__(self, memory: _DeviceMemory, handle, nbytes: int, block: _Block | None):
+        self.memory = memory
+        self.device = memory.device
         self.handle = handle
         self.nbytes = nbytes
+        self.block = block
+        self._owned = handle  # until released
+        self.used_on_streams = False  # set by Stream.retain: only then can work be pending on it
+        self._holds = 0
+        self._free_stream: Stream | None = None
 
-    def free(self, stream: Stream | None = None) -> None:
-        if self.handle is None:
-            return
-        handle, self.handle = self.handle, None
-        dev = self.device
-        if stream is None:
-            dev.call("mem_free", dev.index, handle)
-        elif dev.plugin.has("mem_free_async"):
-            dev.call("mem_free_async", dev.index, handle, stream.handle)
-        else:
-            stream.synchronize()
-            dev.call("mem_free", dev.index, handle)
+    def hold(self) -> None:
+        """Keep the memory from being released until ``unhold`` (a DLPack export, a group)."""
+        with _holds_lock:
+            if self.handle is None:
+                raise ValueError("buffer has been freed")
+            self._holds += 1
+
+    def unhold(self, finalizing: bool = False) -> None:
+        with _holds_lock:
+            self._holds -= 1
+            release = not self._holds and self.handle is None and self._owned is not None
+        if release:
+            stream = self._free_stream if self._free_stream and self._free_stream._handle else None
+            self._release(stream, finalizing)
+
+    def free(self, stream: Stream | None = None, finalizing: bool = False) -> None:
+        with _holds_lock:
+            if self.handle is None:
+                return
+            self.handle = None
+            self._free_stream = stream
+            deferred = self._holds > 0
+        if not deferred:
+            self._release(stream, finalizing)
+
+    def _release(self, stream: Stream | None, finalizing: bool) -> None:
+        handle, self._owned = self._owned, None
+        if handle is not None:
+            self.memory.release(self, handle, stream, finalizing)
 
     def __del__(self):
         try:
-            self.free()
+            self.free(finalizing=True)
         except Exception:
             pass
 
 
 class Buffer:
-    """Device memory addressed as (handle, byte offset): an allocation or a view of one."""
+    """Device memory addressed as (handle, byte offset): an allocation or a view of one.
+
+    Freeing follows one rule: the runtime never hands a plugin memory that
+    pending work still uses. After ``free()`` (or the end of a ``with``
+    block, or the last view's garbage collection) the Buffer is unusable at
+    once, while its memory goes back only after the work already submitted
+    to any stream that uses it (and, for ``free(stream)``, everything
+    submitted to ``stream``), and after every DLPack export of it is dropped.
+    """
 
     def __init__(self, allocation: _Allocation, offset: int, nbytes: int):
         self._allocation = allocation
@@ -309,15 +717,14 @@ class Buffer:
 
     @classmethod
     def allocate(cls, dev: Device, nbytes: int, stream: Stream | None = None) -> Buffer:
+        """``nbytes`` of device memory, usable by work submitted to ``stream`` from now on
+        (by any stream when None). Past the device's max_alloc_size: OutOfMemoryError."""
         nbytes = _check_size(nbytes, "nbytes")
-        out = ffi.new("DK_Mem *")
-        if stream is not None and dev.plugin.has("mem_alloc_async"):
-            dev.call("mem_alloc_async", dev.index, nbytes, _stream_handle(stream, dev), out)
-        else:
-            if stream is not None:
-                stream.synchronize()
-            dev.call("mem_alloc", dev.index, nbytes, out)
-        return cls(_Allocation(dev, out[0], nbytes), 0, nbytes)
+        if stream is not None and stream.capturing is not None:
+            stream = None  # allocated at capture time, kept by the graph (devkit/graph.py)
+        if stream is not None:
+            _stream_handle(stream, dev)
+        return cls(dev._memory.allocate(nbytes, stream), 0, nbytes)
 
     @property
     def device(self) -> Device:
@@ -332,16 +739,21 @@ class Buffer:
 
     def view(self, offset: int, nbytes: int) -> Buffer:
         """The bytes [offset, offset + nbytes) of this buffer, sharing its memory."""
-        offset, nbytes = _check_size(offset, "offset"), _check_size(nbytes, "nbytes")
-        if offset + nbytes > self.nbytes:
-            raise IndexError(
-                f"view [{offset}, {offset + nbytes}) exceeds the {self.nbytes}-byte buffer")
+        self._check_range("view", offset, nbytes)
         return Buffer(self._allocation, self.offset + offset, nbytes)
+
+    def _check_range(self, what: str, offset: int, nbytes: int) -> None:
+        """Bytes [offset, offset + nbytes) must lie inside this buffer (or view)."""
+        offset, nbytes = _check_size(offset, f"{what}: offset"), _check_size(nbytes, f"{what}: nbytes")
+        if offset + nbytes > self.nbytes:
+            raise IndexError(f"{what}: bytes [{offset}, {offset + nbytes}) (offset {offset}, "
+                             f"{nbytes} bytes) exceed the {self.nbytes}-byte buffer")
 
     def copy_from_host(self, src, *, offset: int = 0, stream: Stream | None = None) -> None:
         """Copy a contiguous host buffer to ``offset`` in this buffer."""
         dev = self.device
         pointer, nbytes = _host_span(src, writable=False)
+        self._check_range("copy_from_host", offset, nbytes)
         dev.call("copy_h2d", dev.index, self.handle, self.offset + offset, pointer, nbytes,
                  _stream_handle(stream, dev))
         if stream is not None:
@@ -354,9 +766,14 @@ class Buffer:
         With a stream the data is defined once that stream has been synchronized.
         """
         dev = self.device
+        offset = _check_size(offset, "copy_to_host: offset")
         if dst is None:
-            dst = np.empty(self.nbytes - offset if nbytes is None else nbytes, dtype=np.uint8)
+            dst = np.empty(max(self.nbytes - offset, 0) if nbytes is None else
+                           _check_size(nbytes, "copy_to_host: nbytes"), dtype=np.uint8)
         pointer, size = _host_span(dst, writable=True)
+        if nbytes is not None and nbytes != size:
+            raise ValueError(f"copy_to_host: nbytes={nbytes} but the destination holds {size} bytes")
+        self._check_range("copy_to_host", offset, size)
         dev.call("copy_d2h", dev.index, pointer, self.handle, self.offset + offset, size,
                  _stream_handle(stream, dev))
         if stream is not None:
@@ -390,7 +807,11 @@ class Buffer:
             stream.retain(self)
 
     def free(self, stream: Stream | None = None) -> None:
-        """Free the allocation now, or in stream order when ``stream`` is given."""
+        """Free the allocation (every view of it) now; its memory goes back once the
+        pending work that uses it, and for ``free(stream)`` all work submitted to
+        ``stream``, has run, and once no DLPack export of it is left."""
+        if stream is not None:
+            _stream_handle(stream, self.device)
         self._allocation.free(stream)
 
     def __enter__(self) -> Buffer:
@@ -404,21 +825,36 @@ class Buffer:
 
 
 def _check_size(value: int, what: str) -> int:
-    value = int(value)
+    """A byte count or offset: an integer (never a float truncated), non-negative."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}") from None
     if value < 0:
         raise ValueError(f"{what} must be non-negative, got {value}")
     return value
 
 
 class _HostMemory:
-    """Exposes host-addressable device memory to NumPy, keeping the owner alive."""
+    """Exposes host-addressable device memory to NumPy: holds the allocation, so
+    that freeing it waits until the last consumer (a DLPack deleter) lets go."""
 
-    def __init__(self, owner, address: int, shape, byte_strides, dtype: np.dtype):
+    def __init__(self, owner: Array, address: int, shape, byte_strides, dtype: np.dtype):
         self.owner = owner
         self.__array_interface__ = {
             "version": 3, "data": (address, False), "shape": tuple(shape),
             "strides": tuple(byte_strides), "typestr": dtype.str,
         }
+        self._allocation = None
+        owner.buffer._allocation.hold()
+        self._allocation = owner.buffer._allocation
+
+    def __del__(self):
+        if self._allocation is not None:
+            try:
+                self._allocation.unhold(finalizing=True)
+            except Exception:  # interpreter shutdown or an already-failed plugin
+                pass
 
 
 class Array:
@@ -432,11 +868,35 @@ class Array:
         self.offset = int(offset)
         if any(n < 0 for n in self.shape) or len(self.strides) != len(self.shape):
             raise ValueError(f"invalid shape {self.shape} with strides {self.strides}")
+        if (not 0 <= self.offset <= buffer.nbytes or self.size * self.itemsize > _INT64_MAX
+                or max(self.shape, default=0) > _INT64_MAX
+                or max(map(abs, self.strides), default=0) > _INT64_MAX):
+            self._refuse_unaddressable()
         low, high = self._extent()
         if self.size and (low < 0 or high > buffer.nbytes):
             raise IndexError(
                 f"array of shape {self.shape}, strides {self.strides} at offset {self.offset} "
                 f"reaches bytes [{low}, {high}) outside the {buffer.nbytes}-byte buffer")
+
+    @classmethod
+    def trusted(cls, buffer: Buffer, shape: tuple, dtype: np.dtype, strides: tuple, offset: int = 0) -> Array:
+        """An Array from values already checked (a normalized dtype, int
+        tuples that fit the buffer): what cached calls and plans use."""
+        array = cls.__new__(cls)
+        array.buffer, array.shape, array.dtype, array.strides, array.offset = buffer, shape, dtype, strides, offset
+        return array
+
+    def _refuse_unaddressable(self) -> None:
+        """Kernels take shapes, strides and byte counts as int64: say what does not fit."""
+        if not 0 <= self.offset <= self.buffer.nbytes:
+            raise IndexError(f"array offset {self.offset} is outside the {self.buffer.nbytes}-byte "
+                             f"buffer")
+        if self.nbytes > _INT64_MAX:
+            raise OutOfMemoryError(
+                f"array of shape {self.shape} ({self.dtype}) holds {self.size} elements, "
+                f"{self.nbytes} bytes: past any device's reach (past int64; {self.device}'s "
+                f"max_alloc_size is {self.device.properties.max_alloc_size} bytes)")
+        raise ValueError(f"shape {self.shape} with strides {self.strides} does not fit int64")
 
     @property
     def device(self) -> Device:
@@ -592,6 +1052,12 @@ def empty(shape, dtype="float32", device_spec: str | Device = "cpu:0",
           stream: Stream | None = None) -> Array:
     """An uninitialised array on a device."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    try:
+        shape = tuple(map(operator.index, shape))
+    except TypeError:
+        shape = tuple(_check_size(n, f"dimension of shape {shape}") for n in shape)  # raises, naming it
+    if min(shape, default=0) < 0:
+        _check_size(min(shape), f"dimension of shape {shape}")
     dtype = dtypes.normalize(dtype)
     dev = device(device_spec)
     return Array(dev.alloc(math.prod(shape) * dtype.itemsize, stream), shape, dtype)

@@ -1,3 +1,4 @@
+import collections
 import os
 import subprocess
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from devkit.abi import include_dir
+from devkit.ops import dispatch
 
 TEST_PLUGIN_SOURCE = Path(__file__).parent / "plugins" / "test_plugin.c"
 
@@ -32,3 +34,17 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subp
     """Run ``code`` in a fresh interpreter (plugins read their configuration once per process)."""
     return subprocess.run([sys.executable, "-c", code], env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def device_ops(monkeypatch):
+    """Counts the ops that reach the device (dispatch.run_op), by name."""
+    counts = collections.Counter()
+    run_op = dispatch.run_op
+
+    def counting(name, *args, **kwargs):
+        counts[name] += 1
+        return run_op(name, *args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "run_op", counting)
+    return counts

@@ -4,15 +4,19 @@ import pytest
 
 import devkit
 
+MAJOR, MINOR = devkit.ABI_MAJOR, devkit.ABI_MINOR
 BROKEN = {
-    "WRONG_MAJOR": r"implements devkit ABI 2\.0 but this host implements ABI 1\.0; the major versions must match",
-    "SHORT_INFO": r"DK_PluginInfo\.struct_size is \d+ bytes; ABI 1\.0 needs at least \d+",
+    "WRONG_MAJOR": rf"implements devkit ABI {MAJOR + 1}\.{MINOR} but this host implements ABI {MAJOR}\.{MINOR}; "
+                   r"the major versions must match",
+    "SHORT_INFO": rf"DK_PluginInfo\.struct_size is \d+ bytes; ABI {MAJOR}\.{MINOR} needs at least \d+",
     "NULL_TABLE": r"returned a NULL DK_DeviceApi table",
     "SHORT_TABLE": r"DK_DeviceApi table is too short \(\d+ bytes.*missing required functions: stream_create, "
                    r"stream_destroy",
     "NULL_FUNCTION": r"required DK_DeviceApi functions are NULL: mem_free",
     "INIT_FAILS": r"DK_PluginInit failed with FAILED_PRECONDITION: no accelerator found on PCI bus 3",
     "NO_ENTRY": r"is not a devkit plugin: it does not export DK_PluginInit",
+    "PARTIAL_GRAPHS": r"the graph section is partial: it has graph_begin_capture but not graph_end_capture, "
+                      r"graph_launch, graph_rebind, graph_destroy .*all 5 graph functions or none",
 }
 
 
@@ -42,7 +46,7 @@ def test_list_plugins_reports_broken_plugins_without_raising(tmp_path, monkeypat
         build_plugin(variant.lower(), variant)  # into tmp_path
     monkeypatch.setenv("DEVKIT_PLUGIN_PATH", str(tmp_path))
     listed = {d.name: d for d in devkit.list_plugins()}
-    assert not listed["wrong_major"].loads and listed["wrong_major"].abi_version == (2, 0)
+    assert not listed["wrong_major"].loads and listed["wrong_major"].abi_version == (MAJOR + 1, MINOR)
     assert "major versions must match" in listed["wrong_major"].error
     assert not listed["null_function"].loads and "mem_free" in listed["null_function"].error
     assert listed["cpu"].loads

@@ -115,3 +115,20 @@ def test_init_picks_the_device_by_local_rank(no_launcher):
         assert comm.device is cpu.device((count + 1) % count)
     with distributed.init("cpu", device="cpu:0") as comm:
         assert comm.device is cpu.device(0)
+
+
+def test_the_launchers_job_id_travels_in_the_cpu_unique_id(no_launcher):
+    cpu = _cpu_with_collectives()
+    no_launcher.setenv("DEVKIT_JOB_ID", "0123456789abcdef")
+    unique_id = distributed.new_unique_id(cpu)
+    assert unique_id[32:48] == b"0123456789abcdef" and unique_id[48:] == bytes(16)
+    with distributed.Communicator(cpu.device(0), 0, 1, unique_id) as comm:  # its segment is named after it
+        assert comm.size == 1
+    corrupt = unique_id[:32] + b"0123456789abcdeX" + unique_id[48:]
+    with pytest.raises(devkit.InvalidArgumentError, match=r"ccl_comm_init: the id's job id is not hex digits"):
+        distributed.Communicator(cpu.device(0), 0, 1, corrupt)
+    no_launcher.setenv("DEVKIT_JOB_ID", "../../etc")
+    with pytest.raises(devkit.InvalidArgumentError,
+                       match=r'ccl_get_unique_id: DEVKIT_JOB_ID="\.\./\.\./etc" is invalid: expected 1 to 16 '
+                             r"lowercase hex digits \(devkit-run sets it\)"):
+        distributed.new_unique_id(cpu)

@@ -99,3 +99,32 @@ def test_cdef_drops_compiler_specific_blocks(directive):
 def test_header_is_the_only_declaration_source():
     assert "DK_PluginInit" in HEADER_PATH.read_text()
     assert "DK_EXPORT" not in header_to_cdef(HEADER_PATH.read_text())
+
+
+def _graph_section_comment() -> str:
+    text = HEADER_PATH.read_text()
+    start = text.index("--- OPTIONAL: graphs")
+    return " ".join(text[start:text.index("DK_Status (*graph_begin_capture)")].split())
+
+
+def test_graph_section_is_appended_last_in_minor_1():
+    """ABI 1.1 is append-only: the graph functions follow every 1.0 function."""
+    fields = [name for name, _ in ffi.typeof("DK_DeviceApi").fields]
+    graph = ["graph_begin_capture", "graph_end_capture", "graph_launch", "graph_rebind",
+             "graph_destroy"]
+    assert ABI_MINOR >= 1 and fields[-len(graph):] == graph
+    assert fields[-len(graph) - 1] == "group_end"  # the last function of 1.0
+
+
+def test_graph_section_names_what_it_records_and_refuses():
+    """The header says which calls a capture records and which it refuses, and the
+    host's replay path (devkit.graph) follows the same lists."""
+    from devkit import graph
+
+    comment = _graph_section_comment()
+    recorded, refused = comment.split("Refused with DK_FAILED_PRECONDITION")
+    functions = {name for name, _ in ffi.typeof("DK_DeviceApi").fields}
+    for name in graph._RECORDED:
+        assert name in functions and name in recorded.split("Recorded:")[1], name
+    for name in [*graph._REFUSED, "device_synchronize", "mem_free"]:
+        assert name in functions and name in refused.split("mem_alloc is allowed")[0], name

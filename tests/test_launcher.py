@@ -61,6 +61,8 @@ def test_each_rank_gets_its_environment(tmp_path):
     seen = [json.loads(lines_of(result.stdout, rank)[0]) for rank in range(3)]
     addresses = {env["DEVKIT_RENDEZVOUS"] for env in seen}
     assert len(addresses) == 1 and re.fullmatch(r"127\.0\.0\.1:\d+", addresses.pop())
+    job_ids = {env["DEVKIT_JOB_ID"] for env in seen}
+    assert len(job_ids) == 1 and re.fullmatch(r"[0-9a-f]{16}", job_ids.pop())
     for rank, env in enumerate(seen):
         assert env["DEVKIT_RANK"] == str(rank)
         assert env["DEVKIT_LOCAL_RANK"] == str(rank)
@@ -290,6 +292,27 @@ def test_collective_script_under_devkit_run(tmp_path):
     for rank in range(2):
         assert lines_of(result.stdout, rank) == [
             f"launcher=devkit-run rank={rank} size=2 device=cpu:{rank} sum=3"]
+
+
+def test_a_rank_dying_while_its_peer_waits_in_communicator_init_leaves_no_segment(tmp_path):
+    _needs_cpu_collectives()
+    result = launch(tmp_path, """
+        import glob, os, time
+        from devkit import distributed
+        if os.environ["DEVKIT_RANK"] == "0":
+            distributed.init("cpu")  # waits for rank 1, which never joins
+        pattern = f"/dev/shm/devkit-ccl-{os.environ['DEVKIT_JOB_ID']}-*"
+        deadline = time.monotonic() + 30
+        while not glob.glob(pattern) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print(*glob.glob(pattern))
+        os._exit(3)
+    """, "-n", "2", "--grace", "1", env={"DEVKIT_CCL_TIMEOUT": "60"})
+    assert result.returncode == 3, result.stderr
+    (segment,) = lines_of(result.stdout, 1)  # rank 0 created it, and was killed waiting
+    assert re.fullmatch(r"/dev/shm/devkit-ccl-[0-9a-f]{16}-[0-9a-f]{32}", segment), segment
+    assert f"devkit-run: removed the shared memory the ranks left: {segment}" in result.stderr
+    assert not os.path.exists(segment)
 
 
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun not found: apt-get install openmpi-bin libopenmpi-dev "

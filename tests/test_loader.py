@@ -1,11 +1,13 @@
 """Plugin discovery (path, DEVKIT_PLUGIN_PATH, entry points, built-ins) and version negotiation."""
 
+import os
+import subprocess
 import textwrap
 
 import pytest
 
 import devkit
-from devkit.plugin import REQUIRED_FUNCTIONS
+from devkit.plugin import GRAPH_FUNCTIONS, REQUIRED_FUNCTIONS
 from tests.conftest import compile_plugin, run_python
 
 
@@ -52,7 +54,7 @@ def test_plugin_path_discovery(tmp_path, monkeypatch):
     plugin = devkit.load_plugin("pathplug")
     assert (plugin.name, plugin.source, plugin.version) == ("pathplug", "DEVKIT_PLUGIN_PATH", "9.9.9")
     listed = {d.name: d for d in devkit.list_plugins()}
-    assert listed["pathplug"].loads and listed["pathplug"].abi_version == (1, 0)
+    assert listed["pathplug"].loads and listed["pathplug"].abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR)
     assert listed["pathplug"].device_count == 1
 
 
@@ -126,6 +128,14 @@ def test_older_minor_plugin_loads_and_its_missing_functions_are_absent(build_plu
     assert plugin.kernels == []
 
 
+def test_abi_1_0_plugin_loads_without_the_graph_section(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("abi10", "ABI_1_0"))
+    assert plugin.abi_version == (1, 0)
+    # graph_begin_capture's bytes are non-NULL in the library but lie past struct_size.
+    assert not plugin.has_graphs and not any(plugin.has(fn) for fn in GRAPH_FUNCTIONS)
+    assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
+
+
 def test_newer_minor_plugin_loads(build_plugin):
     plugin = devkit.load_plugin(build_plugin("newminor", "NEWER_MINOR"))
     assert plugin.abi_version == (devkit.ABI_MAJOR, devkit.ABI_MINOR + 7)
@@ -144,3 +154,115 @@ def test_plugin_log_lines_reach_python_logging():
         "import devkit; devkit.load_plugin('cpu')")
     assert result.returncode == 0, result.stderr
     assert any(line.startswith("devkit.plugin.cpu|") for line in result.stderr.splitlines()), result.stderr
+
+
+# -- lookup rules: specs are names, built-in names are reserved, paths are absolute ------------
+
+
+def test_a_device_spec_never_loads_a_path(tmp_path, monkeypatch):
+    # A library whose constructor leaves a mark: loading it at all would run it.
+    source = tmp_path / "marker.c"
+    source.write_text('#include <stdio.h>\n'
+                      '__attribute__((constructor)) static void mark(void) { fclose(fopen("ran", "w")); }\n')
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(tmp_path / "x.so")], check=True)
+    monkeypatch.chdir(tmp_path)
+    for spec in ("x.so:0", "./x.so", f"{tmp_path}/x.so:0"):
+        with pytest.raises(ValueError, match=r"names a path; a device spec is 'name:index'.*"
+                                             r"devkit\.load_plugin\("):
+            devkit.device(spec)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ("cpu:-1", IndexError, r"device index -1 out of range: plugin 'cpu' has \d+ device"),
+    ("cpu:one", ValueError, r"device spec 'cpu:one': the index 'one' is not an integer"),
+    ("cpu:+1", ValueError, r"the index '\+1' is not an integer"),
+    (":0", ValueError, r"device spec ':0' has no plugin name"),
+])
+def test_device_spec_errors_name_the_problem(spec, error, message):
+    with pytest.raises(error, match=message):
+        devkit.device(spec)
+
+
+def test_plugin_path_never_shadows_a_builtin_name(tmp_path):
+    impostor = compile_plugin(tmp_path, "cpu")  # reports the name "cpu" too
+    result = run_python(textwrap.dedent("""
+        import warnings
+        import devkit
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cpu = devkit.load_plugin("cpu")
+        print(cpu.source, cpu.location)
+        for warning in caught:
+            print("WARN", warning.message)
+        print("LIST", [(d.source, d.location) for d in devkit.list_plugins() if d.name == "cpu"])
+    """), env={"DEVKIT_PLUGIN_PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("built-in ") and str(impostor) not in lines[0]
+    warned = [line for line in lines if line.startswith("WARN")]
+    assert warned == [f"WARN devkit: {impostor} is not loaded: 'cpu' is a built-in plugin name, which always "
+                      f"means the built-in backend; load that plugin by its library path "
+                      f"(devkit.load_plugin(path)) or give it another name"]
+    assert lines[-1].startswith("LIST [('built-in', ") and str(impostor) not in lines[-1]
+
+
+def test_an_entry_point_never_shadows_a_builtin_name(tmp_path):
+    library = compile_plugin(tmp_path, "opencl")
+    site = tmp_path / "site"
+    _fake_distribution(site, "opencl = vendor_accel:library_path", f"""
+        def library_path():
+            return {str(library)!r}
+    """)
+    result = run_python(textwrap.dedent("""
+        import warnings
+        import devkit
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                plugin = devkit.load_plugin("opencl")
+                print(plugin.source, plugin.location)
+            except devkit.PluginLoadError as exc:  # no pyopencl or no driver: still the built-in
+                print("built-in refused:", "docs/opencl.md" in str(exc))
+        print("WARN", *(w.message for w in caught))
+    """), env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    first, warned = result.stdout.splitlines()
+    assert first in ("built-in devkit.backends.opencl", "built-in refused: True")
+    assert warned.startswith("WARN devkit: entry point opencl = vendor_accel:library_path is not loaded: "
+                             "'opencl' is a built-in plugin name")
+
+
+def test_relative_plugin_path_entries_are_ignored_with_a_warning(tmp_path, monkeypatch):
+    compile_plugin(tmp_path, "relplug")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEVKIT_PLUGIN_PATH", f".{os.pathsep}plugins")
+    with pytest.warns(UserWarning) as caught, pytest.raises(devkit.PluginLoadError, match="no plugin named 'relplug'"):
+        devkit.load_plugin("relplug")
+    messages = {str(w.message) for w in caught}
+    for entry in (".", "plugins"):
+        assert (f"devkit: DEVKIT_PLUGIN_PATH entry '{entry}' is ignored: it is not an absolute path, and a "
+                f"relative one would depend on the current directory") in messages
+
+
+def test_two_plugins_named_cpu_are_told_apart_by_location(tmp_path):
+    result = run_python(textwrap.dedent(f"""
+        import numpy as np
+        import devkit
+        from devkit.backends.cpu import build
+        other = devkit.load_plugin(build.build({str(tmp_path)!r}, kernels=[], name="cpu"))
+        builtin = devkit.load_plugin("cpu")
+        assert other is not builtin and other.name == builtin.name == "cpu"
+        x = devkit.asarray(np.ones(2, np.float32), "cpu:0")
+        y = devkit.asarray(np.ones(2, np.float32), other.device(0))
+        try:
+            devkit.ops.Add(x, y)
+        except ValueError as exc:
+            print(exc)
+        print(builtin.location)
+        print(other.location)
+    """))
+    assert result.returncode == 0, result.stderr
+    message, builtin, other = result.stdout.splitlines()
+    assert message == (f"Add: input 'B' is on cpu:0 (plugin at {other}), but the op runs on "
+                       f"cpu:0 (plugin at {builtin}) (where its first input is)")

@@ -4,6 +4,7 @@ refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -68,7 +69,7 @@ def test_the_default_directory_is_named_after_the_plugin(tmp_path, monkeypatch):
 
 def test_the_project_has_its_files(project):
     expected = {"include/devkit.h", "src/plugin.c", f"src/{NAME}_internal.h", "src/runtime.c",
-                "src/stream.c", "src/kernel.h", "src/kernel.c", "src/kernels/relu.c",
+                "src/stream.c", "src/kernel.h", "src/kernel.c", "src/graph.c", "src/kernels/relu.c",
                 f"devkit_plugin_{NAME}/__init__.py", "setup.py", "pyproject.toml", "MANIFEST.in",
                 "README.md", ".github/workflows/conformance.yml", ".gitignore"}
     assert {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()} == expected
@@ -111,6 +112,27 @@ def test_sources_compile_without_warnings(any_project, tmp_path):
                f"-I{any_project / 'src'}", *sources, "-o", str(tmp_path / "libdevkit_test.so"), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_abi_1_0_example_gets_graphs_from_the_host(tmp_path):
+    """The acme example is built against devkit.h 1.0, before the graph section:
+    it loads, and the graph suite passes on it through the host's replay."""
+    assert "#define DK_ABI_MINOR 0" in (EXAMPLE / "include" / "devkit.h").read_text()
+    library = tmp_path / "libdevkit_acme.so"
+    sources = sorted(str(p) for p in (EXAMPLE / "src").rglob("*.c"))
+    subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-O1", "-pthread", "-fPIC", "-shared",
+                    "-fvisibility=hidden", f"-I{EXAMPLE / 'include'}", f"-I{EXAMPLE / 'src'}", *sources,
+                    "-o", str(library), "-lm"], check=True)
+    loaded = run_python(f"import devkit; p = devkit.load_plugin({str(library)!r}); "
+                        f"print(p.abi_version, p.has_graphs)")
+    assert loaded.stdout.strip() == "(1, 0) False", loaded.stderr
+    result = subprocess.run([sys.executable, "-m", "devkit.conformance_cli", str(library), "--suite",
+                             "graphs", "--json", str(tmp_path / "graphs.json")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    cases = json.loads((tmp_path / "graphs.json").read_text())["cases"]
+    passed = [c["id"] for c in cases if c["status"] == "passed"]
+    assert any("test_rebind_inputs_and_outputs[host" in case for case in passed)
 
 
 def workflow_command(project: Path) -> list[str]:

@@ -3,7 +3,6 @@ onnx's own backend test runner) and devkit.onnx.zoo, on the cpu plugin."""
 
 from __future__ import annotations
 
-import collections
 import gc
 import io
 import unittest
@@ -37,20 +36,6 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=OPSET, ir_version=
 
 def init(name, array):
     return numpy_helper.from_array(np.asarray(array), name)
-
-
-@pytest.fixture
-def device_ops(monkeypatch):
-    """Counts the ops that reach the device (dispatch.run_op), by name."""
-    counts = collections.Counter()
-    run_op = dispatch.run_op
-
-    def counting(name, *args, **kwargs):
-        counts[name] += 1
-        return run_op(name, *args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "run_op", counting)
-    return counts
 
 
 def affine_model():
@@ -103,13 +88,14 @@ def test_initializer_inputs_are_overridable_defaults():
 
 
 def test_values_of_initializers_alone_are_folded_once(device_ops):
-    """Transpose(w) depends on no input: it runs at the first run only, unless
-    a feed overrides w, which it then reads."""
+    """The interpreter: Transpose(w) depends on no input: it runs at the first
+    run only, unless a feed overrides w, which it then reads (plans:
+    tests/test_engine.py)."""
     w = np.arange(80 * 60, dtype=np.float32).reshape(80, 60) / 1000  # above the host-value size
     nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
     model = make_model(nodes, [value("x", [2, 60]), value("w", [80, 60])], [value("y", [2, 80])],
                        [init("w", w)], ir_version=8)
-    prepared = donnx.prepare(model)
+    prepared = donnx.prepare(model, plan=False)
     x = np.random.default_rng(3).standard_normal((2, 60)).astype(np.float32)
     for _ in range(3):
         np.testing.assert_allclose(prepared.run([x])[0], x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
@@ -137,7 +123,7 @@ def shape_subgraph_model():
 
 
 def test_shape_subgraph_stays_on_the_host(device_ops):
-    prepared = donnx.prepare(shape_subgraph_model())
+    prepared = donnx.prepare(shape_subgraph_model(), plan=False)
     for batch in (4, 4, 1, 4):
         x = np.random.default_rng(batch).standard_normal((batch, 6)).astype(np.float32)
         (y,) = prepared.run([x])
@@ -155,22 +141,27 @@ def test_host_outputs_are_copies():
     np.testing.assert_array_equal(prepared.run([np.zeros((5, 3), np.float32)])[0], [5, 3])
 
 
+def relu_chain_model(length: int, size: int):
+    """h0 (size,) -> ``length`` Relus -> h{length}."""
+    nodes = [helper.make_node("Relu", [f"h{i}"], [f"h{i + 1}"]) for i in range(length)]
+    return make_model(nodes, [value("h0", [size])], [value(f"h{length}", [size])])
+
+
 def test_intermediate_values_are_freed_after_their_last_use(monkeypatch):
-    """A chain of Relus holds two activations at a time, not the whole chain."""
+    """The interpreter: a chain of Relus holds two activations at a time, not
+    the whole chain (a plan's arena: tests/test_engine.py)."""
     dev = devkit.device("cpu:0")
-    chain = 8
-    nodes = [helper.make_node("Relu", [f"h{i}"], [f"h{i + 1}"]) for i in range(chain)]
-    model = make_model(nodes, [value("h0", [1 << 18])], [value(f"h{chain}", [1 << 18])])
-    prepared = donnx.prepare(model, dev)
+    model = relu_chain_model(8, 1 << 18)
+    prepared = donnx.prepare(model, dev, plan=False)
     x = np.random.default_rng(4).standard_normal(1 << 18).astype(np.float32)
-    baseline = dev.mem_get_info()[0]
+    baseline = devkit.memory_stats(dev)["allocated_bytes"]
     peak = 0
     run_op = dispatch.run_op
 
     def sampling(*args, **kwargs):
         nonlocal peak
         outputs = run_op(*args, **kwargs)
-        peak = max(peak, baseline - dev.mem_get_info()[0])
+        peak = max(peak, devkit.memory_stats(dev)["allocated_bytes"] - baseline)
         return outputs
 
     monkeypatch.setattr(dispatch, "run_op", sampling)
@@ -178,17 +169,22 @@ def test_intermediate_values_are_freed_after_their_last_use(monkeypatch):
     assert 2 * x.nbytes <= peak <= 3 * x.nbytes
 
 
-def test_prepared_model_releases_its_device_memory():
+@pytest.mark.parametrize("plan", [True, False], ids=["plan", "interpreter"])
+def test_prepared_model_releases_its_device_memory(plan):
     dev = devkit.device("cpu:0")
     gc.collect()
-    before = dev.mem_get_info()[0]
+    devkit.empty_cache(dev)
+    before = dev.mem_get_info()[0], devkit.memory_stats(dev)["allocated_bytes"]
     model, inputs = zoo.resnet()
-    prepared = donnx.prepare(model, dev)
+    prepared = donnx.prepare(model, dev, plan=plan)
     prepared.run(inputs)
-    assert dev.mem_get_info()[0] < before  # the weights and folded constants
+    held = devkit.memory_stats(dev)["allocated_bytes"] - before[1]  # weights, folded constants, an arena
+    assert held > (prepared.plans[(("x", inputs["x"].shape),)].arena_bytes if plan else 0)
     del prepared
     gc.collect()
-    assert dev.mem_get_info()[0] == before
+    assert devkit.memory_stats(dev)["allocated_bytes"] == before[1]
+    devkit.empty_cache(dev)
+    assert dev.mem_get_info()[0] == before[0]
 
 
 def test_opset_9_model_is_upgraded():
@@ -273,6 +269,65 @@ def test_bad_inputs_fail_with_their_name():
     with pytest.raises(ValueError, match=r"input 'x' has shape \(3, 2\), the model declares \(2, 3\)"):
         prepared.run([np.zeros((3, 2), np.float32)])
 
+
+
+# -- malformed models: devkit.onnx's own error naming the node or value -----------------------------
+
+def node(op, inputs, outputs, name="", **attrs):
+    return helper.make_node(op, inputs, outputs, name=name, **attrs)
+
+
+MALFORMED = {
+    "cycle": (
+        [node("Add", ["x", "b"], ["a"], "first"), node("Relu", ["a"], ["b"], "second"), node("Relu", ["a"], ["y"])],
+        r"the graph has a cycle: node 0 'first' \(Add\) <- node 1 'second' \(Relu\) <- node 0 'first' \(Add\) "
+        r"\(each reads an output of the next\)$"),
+    "self_loop": ([node("Add", ["x", "y"], ["y"], "loop")],
+                  r"cycle: node 0 'loop' \(Add\) <- node 0 'loop' \(Add\)"),
+    "graph_output_nothing_produces": ([node("Relu", ["x"], ["h"])],
+                                      r"^graph output 'y' is not a graph input, an initializer or any node's output$"),
+    "missing_graph_input": ([node("Add", ["x", "w"], ["y"], "adder")],
+                            r"^node 0 'adder' \(Add\): input 'w' is not a graph input, an initializer or any "
+                            r"node's output$"),
+    "constant_without_value": ([node("Constant", [], ["c"]), node("Add", ["x", "c"], ["y"])],
+                               r"^node 'c' \(Constant\): a Constant has exactly one value attribute .*; "
+                               r"this one has none$"),
+    "constant_with_two_values": ([node("Constant", [], ["c"], value_float=1.0, value_int=2),
+                                  node("Add", ["x", "c"], ["y"])],
+                                 r"this one has 'value_float', 'value_int'$"),
+    "nameless_node_without_outputs": ([node("Relu", ["x"], ["y"]), node("Relu", ["x"], [])],
+                                      r"^node 1 \(Relu, nameless\) has no outputs$"),
+    "value_produced_twice": ([node("Relu", ["x"], ["y"], "one"), node("Neg", ["x"], ["y"], "two")],
+                             r"^value 'y' is produced twice: by node 0 'one' \(Relu\) and by node 1 'two' \(Neg\)$"),
+    "output_named_as_a_graph_input": ([node("Relu", ["x"], ["x"], "clobber"), node("Neg", ["x"], ["y"])],
+                                      r"^value 'x' is produced twice: by a graph input or initializer and by "
+                                      r"node 0 'clobber' \(Relu\)$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_model_raises_invalid_model_error_naming_the_node(case):
+    nodes, message = MALFORMED[case]
+    model = make_model(nodes, [value("x", [3])], [value("y", [3])])
+    for check in (donnx.prepare, check_model):
+        with pytest.raises(donnx.InvalidModelError, match=message):
+            check(model)
+    assert not donnx.Backend.is_compatible(model)
+
+
+def test_nodes_out_of_order_are_sorted():
+    nodes = [node("Neg", ["h"], ["y"], "last"), node("Mul", ["x", "two"], ["t"], "first"),
+             node("Relu", ["t"], ["h"], "middle")]
+    model = make_model(nodes, [value("x", [3])], [value("y", [3])], [init("two", np.float32([2, 2, 2]))])
+    x = np.float32([-1, 0.5, 3])
+    (y,) = donnx.prepare(model).run([x])
+    np.testing.assert_array_equal(y, -np.maximum(x * 2, 0))
+    # Independent nodes keep the model's order (a stable sort, as onnxruntime's).
+    sorted_names = [step.node.name for step in donnx.model._Checked(model).steps]
+    assert sorted_names == ["first", "middle", "last"]
+    parallel = make_model([node("Neg", ["x"], ["b"], "b"), node("Relu", ["x"], ["a"], "a"),
+                           node("Add", ["a", "b"], ["y"], "sum")], [value("x", [3])], [value("y", [3])])
+    assert [step.node.name for step in donnx.model._Checked(parallel).steps] == ["b", "a", "sum"]
 
 # -- Backend ------------------------------------------------------------------------------------------
 

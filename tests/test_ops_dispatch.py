@@ -123,9 +123,9 @@ def _raw_call(x: devkit.Array, out: devkit.Array):
 
 
 def test_launcher_refuses_a_tensor_past_its_allocation():
-    x = devkit.asarray(f32(4))
-    out = devkit.empty((4,), "float32")
-    x.shape, x.strides = (5,), (1,)  # lie about the extent, past the 16-byte buffer
+    x = devkit.asarray(f32(128))  # 512 bytes: a whole block of the caching allocator
+    out = devkit.empty((128,), "float32")
+    x.shape, x.strides = (129,), (1,)  # lie about the extent, past the allocation
     with pytest.raises(devkit.OutOfRangeError, match="Add.*input 0"):
         _raw_call(x, out)
 

@@ -29,6 +29,9 @@
  *     treats fields and functions past the plugin's struct_size as absent and
  *     uses its documented fallback. A required function that is absent or
  *     NULL makes the host refuse the plugin with a message naming it.
+ *  6. History: 1.0 is the first version; 1.1 appends the OPTIONAL graph
+ *     section to DK_DeviceApi (a 1.0 plugin's table ends before it, and the
+ *     host then replays graphs itself).
  *
  * ========================================================================
  * ERROR MODEL
@@ -106,7 +109,7 @@ extern "C" {
 #endif
 
 #define DK_ABI_MAJOR 1
-#define DK_ABI_MINOR 0
+#define DK_ABI_MINOR 1
 
 #if defined(_WIN32)
 #define DK_EXPORT __declspec(dllexport)
@@ -154,6 +157,7 @@ typedef struct DK_MemObject *DK_Mem;       /* device memory allocation */
 typedef struct DK_StreamObject *DK_Stream; /* in-order work queue */
 typedef struct DK_EventObject *DK_Event;   /* a position in a stream */
 typedef struct DK_CommObject *DK_Comm;     /* a collective communicator */
+typedef struct DK_GraphObject *DK_Graph;   /* captured stream work (ABI 1.1) */
 
 /* ------------------------------------------------------------------------
  * DLPack-compatible tensor description (layout identical to DLPack's
@@ -521,6 +525,64 @@ typedef struct DK_DeviceApi {
    * thread and nest; only the outermost group_end issues. */
   DK_Status (*group_start)(void);
   DK_Status (*group_end)(void);
+
+  /* --- OPTIONAL: graphs (ABI 1.1; all five NULL = "no graph section") --- */
+  /* A graph is work captured from a stream once and launched many times.
+   * A plugin implements all five functions or none (the host refuses a
+   * partial section). Without the section the host captures itself: it
+   * keeps the DK_KernelCall list and the copies, and replays them through
+   * the functions above, with the same rules as below.
+   *
+   * Between graph_begin_capture(dev, s) and graph_end_capture(dev, s, ...)
+   * work submitted to stream s, from any thread, is recorded, not run.
+   * Recorded: kernel calls (everything reachable from the DK_KernelCall is
+   * copied, as for an ordinary launch; the kernel validates the call now,
+   * and a call that fails is not recorded); memset and copy_d2d; copy_h2d
+   * and copy_d2h, whose host pointer is read or written at every launch, so
+   * that host memory must stay valid while the graph may be launched;
+   * event_record, which every launch re-records at that position; and
+   * stream_wait_event, where every launch waits for the record of the event
+   * that is the most recent when graph_launch is called.
+   * Refused with DK_FAILED_PRECONDITION, changing nothing: on s,
+   * stream_synchronize, stream_query, stream_destroy, stream_add_callback
+   * (a host function would have to outlive every launch), mem_alloc_async,
+   * mem_free_async, a nested graph_begin_capture and graph_launch; on the
+   * device of s, device_synchronize and mem_free (captured work may use the
+   * memory). mem_alloc is allowed: memory a graph uses is allocated at
+   * capture time and owned by the host, which keeps it allocated while the
+   * graph may be launched.
+   * The NULL stream cannot capture, and work on other streams is not
+   * affected. Memory freed while a graph still refers to it makes its next
+   * launch fail with DK_INVALID_ARGUMENT where the plugin can tell. */
+  /* Starts capturing on `stream` (not NULL). A stream already capturing is
+   * DK_FAILED_PRECONDITION. */
+  DK_Status (*graph_begin_capture)(int32_t dev, DK_Stream stream);
+  /* Ends the capture begun on `stream` (DK_FAILED_PRECONDITION if none) and
+   * returns the work as (out) *graph, and (out) *num_slots: the number of
+   * tensor slots. Slot k is the k-th tensor with ndim != -1 of the captured
+   * kernel calls, taken in capture order, each call's inputs before its
+   * outputs. Copies and memsets are not slots: they keep their memory. An
+   * empty capture is a valid graph. */
+  DK_Status (*graph_end_capture)(int32_t dev, DK_Stream stream, DK_Graph *graph,
+                                 size_t *num_slots);
+  /* Submits the whole graph to `stream` (any stream of `dev`, or NULL: run
+   * to completion before returning), in capture order, as one piece of
+   * stream work; any number of times, on several streams at once. A failure
+   * inside it is the stream's sticky error, as for other work; the rest of
+   * the graph still runs, and the first failure is reported. */
+  DK_Status (*graph_launch)(int32_t dev, DK_Graph graph, DK_Stream stream);
+  /* Points slot `slot` at (mem, offset), the tensor's new data and
+   * byte_offset, for launches submitted after this call; shape, strides and
+   * dtype stay as captured. The tensor's elements must lie inside `mem`
+   * (else DK_OUT_OF_RANGE); `slot` >= num_slots is DK_OUT_OF_RANGE. While a
+   * launch of the graph is pending a plugin may refuse it with
+   * DK_FAILED_PRECONDITION: synchronize the streams it was launched on
+   * first. */
+  DK_Status (*graph_rebind)(int32_t dev, DK_Graph graph, size_t slot, DK_Mem mem,
+                            size_t offset);
+  /* NULL accepted. May be called while launches are pending: resources are
+   * released once they complete. */
+  DK_Status (*graph_destroy)(int32_t dev, DK_Graph graph);
 } DK_DeviceApi;
 
 /* ------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
     devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (devkit.bench.ops)
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
+    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
+                        [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]     (devkit.bench.collectives)
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
 
@@ -50,7 +52,20 @@ def main(argv: list[str] | None = None) -> None:
                                                       "and its start-up time")
     opencl_bench.add_argument("--repeat", type=int, default=10)
     opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    engine_bench = commands.add_parser("engine", help="eager ops, plans and the interpreter vs torch, NumPy "
+                                                      "and onnxruntime: host cost per op and per model")
+    engine_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
+    engine_bench.add_argument("--only", default="eager,chain,models",
+                              help="comma-separated subset of eager, chain, models")
+    engine_bench.add_argument("--models", help="comma-separated zoo models (default: zoo.MODELS and zoo.LARGE_MODELS)")
+    engine_bench.add_argument("--repeat", type=int, default=15)
+    engine_bench.add_argument("--quick", action="store_true", help="a short run: 20 chain nodes, two small models")
+    engine_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "engine":
+        from .engine import engine_main
+
+        sys.exit(engine_main(args))
     if args.command == "opencl":
         from .opencl import opencl_main
 

@@ -115,7 +115,7 @@ def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
 def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
     import devkit
 
-    dev = devkit.device(f"{plugin}:0")
+    dev = devkit.load_plugin(plugin).device(0)  # a name or a library path
     rows = []
     for bench in BENCHMARKS:
         if only and bench.op not in only:

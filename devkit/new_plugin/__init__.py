@@ -34,6 +34,7 @@ RUNTIME_SOURCES = {
     "stream.c": "src/stream.c",
     "kernel.h": "src/kernel.h",
     "kernel.c": "src/kernel.c",
+    "graph.c": "src/graph.c",
 }
 # templates/ file -> its path in the project.
 TEMPLATES = {
@@ -49,11 +50,12 @@ TEMPLATES = {
 }
 VENDORED_HEADER = "include/devkit.h"
 
-# The collectives are the DK_DeviceApi functions from ccl_unique_id_size on
-# (the header's "OPTIONAL: collectives" section, which ends the table); the
-# template's plugin has none, so their cpu_ declarations are left out.
+# The collectives are the DK_DeviceApi functions ccl_unique_id_size ...
+# group_end (the header's "OPTIONAL: collectives" section); the template's
+# plugin has none, so their cpu_ declarations are left out.
 _API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
-COLLECTIVE_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index("ccl_unique_id_size"):])
+COLLECTIVE_FUNCTIONS = tuple(
+    _API_FUNCTIONS[_API_FUNCTIONS.index("ccl_unique_id_size"):_API_FUNCTIONS.index("group_end") + 1])
 # Only the cpu plugin's own test builds rename it; plugin.c names the new plugin.
 _CPU_ONLY_MACROS = ("CPU_PLUGIN_NAME",)
 

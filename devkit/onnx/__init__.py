@@ -5,7 +5,7 @@ set and returns a PreparedModel whose ``run(inputs)`` maps NumPy inputs to
 NumPy outputs; ``devkit.onnx.Backend`` is the same as an ONNX backend."""
 
 from .model import PreparedModel, check_model, load, prepare
-from .nodes import UnsupportedNodeError, check_node, node_attributes, onnx_dtype, run_nodes, to_numpy
+from .nodes import InvalidModelError, UnsupportedNodeError, check_node, node_attributes, onnx_dtype, run_nodes, to_numpy
 
 
 def __getattr__(name):
@@ -16,5 +16,5 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["Backend", "BackendRep", "PreparedModel", "UnsupportedNodeError", "check_model", "check_node", "load",
+__all__ = ["Backend", "BackendRep", "InvalidModelError", "PreparedModel", "UnsupportedNodeError", "check_model", "check_node", "load",
            "node_attributes", "onnx_dtype", "prepare", "run_nodes", "to_numpy"]

@@ -18,7 +18,7 @@ from onnx.backend.base import BackendRep as _OnnxBackendRep
 from ..errors import PluginLoadError
 from ..runtime import device as _device
 from .model import PreparedModel, check_model
-from .nodes import UnsupportedNodeError, run_nodes, to_numpy
+from .nodes import InvalidModelError, UnsupportedNodeError, run_nodes, to_numpy
 
 
 class BackendRep(_OnnxBackendRep):
@@ -45,7 +45,7 @@ class Backend(_OnnxBackend):
     def is_compatible(cls, model, device: str = "CPU", **kwargs: Any) -> bool:
         try:
             check_model(model)
-        except UnsupportedNodeError:
+        except (InvalidModelError, UnsupportedNodeError):
             return False
         return True
 

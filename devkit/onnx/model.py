@@ -25,22 +25,23 @@ folded constants and the live activations only.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
 from .. import dtypes as _dtypes
+from ..engine.plan import (HOST_VALUE_LIMIT, SHAPE_OPS, Node, NotPlannable, Plan, build_plan, fits_host,
+                           host_eval, shape_eval)
 from ..ops import dispatch
 from ..ops import spec as _spec
-from ..runtime import Array, Device, asarray
+from ..runtime import Array, Device, Stream, asarray
 from ..runtime import device as _device
-from .nodes import UnsupportedNodeError, _constant, _describe, check_node, node_attributes, onnx_dtype, to_numpy
+from .nodes import (InvalidModelError, UnsupportedNodeError, _constant, _describe, check_node, node_attributes,
+                    onnx_dtype, to_numpy)
 
 MIN_OPSET, MAX_OPSET = 13, 23
-# Host values are at most this many elements: initializers that small keep a
-# host copy, and nodes on host values making outputs that small run on the host.
-HOST_VALUE_LIMIT = 4096
 
 
 def load(model):
@@ -132,9 +133,74 @@ def _check_key_dtypes(model, steps: list[_Step]) -> None:
                                        f"outside the op set (it takes {allowed})")
 
 
+def _graph_order(graph) -> list:
+    """The graph's nodes in an order that runs: topological, ties kept in the
+    model's order (so a sorted graph keeps its own), as onnxruntime sorts.
+    InvalidModelError names what makes a graph unrunnable: a node without
+    outputs, a value produced twice, an input or graph output nothing
+    produces, a cycle."""
+    available = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    producer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        outputs = [name for name in node.output if name]
+        if not outputs:
+            raise InvalidModelError(f"{_describe(node, index)} has no outputs")
+        for name in outputs:
+            if name in available or name in producer:
+                first = ("a graph input or initializer" if name in available
+                         else _describe(graph.node[producer[name]], producer[name]))
+                raise InvalidModelError(f"value '{name}' is produced twice: by {first} and by "
+                                        f"{_describe(node, index)}")
+            producer[name] = index
+    producers = []                                  # per node: the nodes whose outputs it reads
+    for index, node in enumerate(graph.node):
+        needed = set()
+        for name in node.input:
+            if name and name not in available:
+                if name not in producer:
+                    raise InvalidModelError(f"{_describe(node, index)}: input '{name}' is not a graph input, "
+                                            f"an initializer or any node's output")
+                needed.add(producer[name])
+        producers.append(sorted(needed))
+    readers: list[list[int]] = [[] for _ in graph.node]
+    for index, needed in enumerate(producers):
+        for first in needed:
+            readers[first].append(index)
+    waiting = [len(needed) for needed in producers]  # per node: producers not yet placed
+    ready = [index for index, count in enumerate(waiting) if count == 0]
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(graph.node[index])
+        for reader in readers[index]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, reader)
+    if len(order) < len(graph.node):
+        raise InvalidModelError(f"the graph has a cycle: {_cycle(graph, producers, waiting)}")
+    for value in graph.output:
+        if value.name not in available and value.name not in producer:
+            raise InvalidModelError(f"graph output '{value.name}' is not a graph input, an initializer or "
+                                    f"any node's output")
+    return order
+
+
+def _cycle(graph, producers: list[list[int]], waiting: list[int]) -> str:
+    """A cycle among the nodes a topological sort could not place: each waits
+    on an unplaced producer, so walking back from one must come round."""
+    path, seen = [], {}
+    index = next(index for index, count in enumerate(waiting) if count)
+    while index not in seen:
+        seen[index] = len(path)
+        path.append(index)
+        index = next(first for first in producers[index] if waiting[first])
+    loop = path[seen[index]:] + [index]
+    return " <- ".join(_describe(graph.node[i], i) for i in loop) + " (each reads an output of the next)"
+
+
 def check_model(model) -> None:
-    """Raise UnsupportedNodeError naming what in ``model`` devkit cannot run;
-    uploads nothing."""
+    """Raise UnsupportedNodeError naming what in ``model`` devkit cannot run,
+    or InvalidModelError naming what makes it invalid ONNX; uploads nothing."""
     _Checked(load(model))
 
 
@@ -146,7 +212,7 @@ class _Checked:
 
         self.model = model
         graph = model.graph
-        self.steps = [_check_step(node) for node in graph.node]
+        self.steps = [_check_step(node) for node in _graph_order(graph)]
         _check_key_dtypes(model, self.steps)
         for init in graph.initializer:
             try:
@@ -174,8 +240,8 @@ class _Checked:
 
 
 @dataclasses.dataclass
-class _Plan:
-    """What the runs with one set of fed inputs share."""
+class _Liveness:
+    """What the interpreter's runs with one set of fed inputs share."""
 
     static: list[bool]            # per step: depends on no fed input
     kept: set[str]                # static values a non-static step or a graph output reads
@@ -184,9 +250,14 @@ class _Plan:
 
 
 class PreparedModel:
-    """A model checked against the op set, its initializers on the device."""
+    """A model checked against the op set, its initializers on the device.
 
-    def __init__(self, model, device: str | Device = "cpu"):
+    With ``plan`` (the default) each set of input shapes is compiled into a
+    devkit.engine Plan at its first run and replayed after; ``plans`` maps
+    each signature (fed names and shapes) to its Plan, or to why the
+    interpreter runs it instead. ``plan=False`` runs node by node."""
+
+    def __init__(self, model, device: str | Device = "cpu", plan: bool = True):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
@@ -198,8 +269,14 @@ class PreparedModel:
         self._initializers = {name: asarray(array, self.device) for name, array in checked.initializers.items()}
         self._host_twins = {name: array for name, array in checked.initializers.items()
                             if array.size <= HOST_VALUE_LIMIT}
-        self._plans: dict[frozenset, _Plan] = {}
+        self._liveness: dict[frozenset, _Liveness] = {}
         self._shape_values: dict[tuple, dict[str, np.ndarray]] = {}
+        self.planned = plan
+        self.plans: dict[tuple, Plan | str] = {}
+        self._stream: Stream | None = None
+        self._static_values: dict[frozenset, dict] = {}
+        self._nodes = [Node(step.node.op_type, step.spec, tuple(step.node.input), tuple(step.node.output),
+                            step.attrs, step.constant) for step in self._steps]
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -235,10 +312,10 @@ class PreparedModel:
 
     # -- running -------------------------------------------------------------------------
 
-    def _plan(self, fed: frozenset) -> _Plan:
-        plan = self._plans.get(fed)
-        if plan is not None:
-            return plan
+    def _schedule(self, fed: frozenset) -> _Liveness:
+        schedule = self._liveness.get(fed)
+        if schedule is not None:
+            return schedule
         static_values = {name for name in self._initializers if name not in fed}
         static, last_read, kept = [], {}, set()
         for index, step in enumerate(self._steps):
@@ -259,43 +336,72 @@ class PreparedModel:
         for name, index in last_read.items():
             if name not in self.output_names:
                 release[index].append(name)
-        plan = self._plans[fed] = _Plan(static, kept, release)
-        return plan
+        schedule = self._liveness[fed] = _Liveness(static, kept, release)
+        return schedule
 
-    def run(self, inputs) -> list[np.ndarray]:
+    def run(self, inputs, stream: Stream | None = None) -> list[np.ndarray]:
         """Run the model: ``inputs`` is a list (graph-input order) or a dict by
         name of NumPy arrays; returns the outputs as NumPy arrays. A dict may
         also override initializers that are graph inputs; so may a list that
-        gives every graph input."""
+        gives every graph input.
+
+        A planned run on ``stream`` waits for nothing: its outputs are
+        defined once the stream has been synchronized. Without one (and
+        always for the interpreter) it returns when they are."""
         feed = self._bind(inputs)
-        plan = self._plan(frozenset(feed))
         signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
+        if self.planned:
+            plan = self.plans.get(signature)
+            if plan is None:
+                plan = self.plans[signature] = self._build_plan(feed)
+            if isinstance(plan, Plan):  # the plans of all shapes share one stream of the model's
+                if stream is not None:
+                    return plan.run(feed, stream, wait=False)
+                if self._stream is None:
+                    self._stream = self.device.create_stream()
+                return plan.run(feed, self._stream, wait=True)
+        return self._interpret(feed, signature)
+
+    def _build_plan(self, feed: dict) -> Plan | str:
+        """The plan for these inputs' shapes, or why there cannot be one."""
+        values = {name: array for name, array in self._initializers.items() if name not in feed}
+        try:
+            return build_plan(self._nodes, self.device, values,
+                              {name: array for name, array in self._host_twins.items() if name not in feed},
+                              {name: (array.shape, _dtypes.normalize(array.dtype)) for name, array in feed.items()},
+                              self.output_names, self._static_values.setdefault(frozenset(feed), {}))
+        except NotPlannable as exc:
+            return str(exc)
+
+    def _interpret(self, feed: dict, signature: tuple) -> list[np.ndarray]:
+        """The node-by-node run."""
+        schedule = self._schedule(frozenset(feed))
         shape_values = self._shape_values.get(signature)
         # Each value is an Array (on the device) or a NumPy array (a host value).
         values: dict[str, Array | np.ndarray] = {
             name: array for name, array in self._initializers.items() if name not in feed}
         values.update({name: asarray(array, self.device) for name, array in feed.items()})
         host_twins = {name: array for name, array in self._host_twins.items() if name not in feed}
-        values.update(plan.constants or {})
+        values.update(schedule.constants or {})
         values.update(shape_values or {})
-        new_constants = {} if plan.constants is None else None
+        new_constants = {} if schedule.constants is None else None
         new_shape_values = {} if shape_values is None else None
         for index, step in enumerate(self._steps):
             outputs = [name for name in step.node.output if name]
-            done = plan.constants is not None if plan.static[index] else all(name in values for name in outputs)
+            done = schedule.constants is not None if schedule.static[index] else all(name in values for name in outputs)
             if not done:
                 for name, value in zip(step.node.output, self._run_step(step, values, host_twins)):
                     if not name:
                         continue
                     values[name] = value
-                    if new_constants is not None and plan.static[index] and name in plan.kept:
+                    if new_constants is not None and schedule.static[index] and name in schedule.kept:
                         new_constants[name] = value
-                    elif new_shape_values is not None and not plan.static[index] and isinstance(value, np.ndarray):
+                    elif new_shape_values is not None and not schedule.static[index] and isinstance(value, np.ndarray):
                         new_shape_values[name] = value
-            for name in plan.release[index]:
+            for name in schedule.release[index]:
                 values.pop(name, None)
         if new_constants is not None:
-            plan.constants = new_constants
+            schedule.constants = new_constants
         if new_shape_values is not None:
             self._shape_values[signature] = new_shape_values
         # Host values are cached: the caller gets copies.
@@ -308,15 +414,13 @@ class PreparedModel:
             value = step.constant
             return [value if value.size <= HOST_VALUE_LIMIT else asarray(value, self.device)]
         names = list(node.input)
-        if node.op_type in ("Shape", "Size"):
-            # Only the shape matters to the reference: a zero-stride stand-in has it.
-            stand_in = np.broadcast_to(np.uint8(0), values[names[0]].shape)
-            return self._host_eval(spec, [stand_in], attrs)
+        if node.op_type in SHAPE_OPS:
+            return shape_eval(spec, values[names[0]], attrs)
         host_inputs = [self._host_value(name, values, host_twins) if name else None for name in names]
         if all(value is not None for name, value in zip(names, host_inputs) if name):
             inferred = dispatch.infer(node.op_type, host_inputs, attrs)
-            if all(int(np.prod(shape)) <= HOST_VALUE_LIMIT for shape, _ in inferred):
-                return self._host_eval(spec, host_inputs, attrs, inferred)
+            if fits_host(inferred):
+                return host_eval(spec, host_inputs, attrs, inferred)
         return dispatch.run_op(node.op_type, [values[name] if name else None for name in names], attrs,
                                device=self.device)
 
@@ -326,19 +430,10 @@ class PreparedModel:
         value = values[name]
         return value if isinstance(value, np.ndarray) else host_twins.get(name)
 
-    @staticmethod
-    def _host_eval(spec: _spec.OpSpec, inputs: Sequence, attrs: dict, inferred=None) -> list[np.ndarray]:
-        """A node on host values: the spec's reference, cast to the inferred dtypes."""
-        if inferred is None:
-            inferred = dispatch.infer(spec.name, inputs, attrs)
-        arguments, resolved = dispatch.reference_arguments(spec, inputs, attrs)
-        with np.errstate(all="ignore"):
-            results = spec.reference(arguments, resolved)
-        return [np.asarray(r).astype(dtype).reshape(shape) for r, (shape, dtype) in zip(results, inferred)]
 
-
-def prepare(model, device: str | Device = "cpu") -> PreparedModel:
+def prepare(model, device: str | Device = "cpu", plan: bool = True) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
-    outside the set raises UnsupportedNodeError naming the node."""
-    return PreparedModel(model, device)
+    outside the set raises UnsupportedNodeError naming the node. ``plan``:
+    compile each set of input shapes into a plan (see PreparedModel)."""
+    return PreparedModel(model, device, plan)

@@ -17,6 +17,12 @@ class UnsupportedNodeError(ValueError):
     """A node that devkit cannot run: an op, domain, attribute or dtype outside the set."""
 
 
+class InvalidModelError(ValueError):
+    """A model that is not valid ONNX: a cycle, a value nothing produces or two
+    nodes produce, a Constant without exactly one value attribute, a node
+    without outputs."""
+
+
 def onnx_dtype(elem_type: int) -> np.dtype:
     """The NumPy dtype of an ONNX TensorProto element type devkit arrays carry."""
     from onnx import TensorProto, helper
@@ -30,8 +36,12 @@ def onnx_dtype(elem_type: int) -> np.dtype:
         raise UnsupportedNodeError(f"element type {name} is not a devkit dtype") from None
 
 
-def _describe(node) -> str:
-    return f"node '{node.name or node.output[0]}' ({node.op_type})"
+def _describe(node, index: int | None = None) -> str:
+    """The node by its index in the graph (where known) and its name, or for
+    a nameless node the name of its first output."""
+    name = node.name or next((output for output in node.output if output), "")
+    where = "node" if index is None else f"node {index}"
+    return f"{where} '{name}' ({node.op_type})" if name else f"{where} ({node.op_type}, nameless)"
 
 
 def node_attributes(node, spec: _spec.OpSpec) -> dict:
@@ -75,6 +85,10 @@ def node_attributes(node, spec: _spec.OpSpec) -> dict:
 def _constant(node) -> np.ndarray:
     from onnx import helper, numpy_helper
 
+    if len(node.attribute) != 1:
+        given = ", ".join(f"'{proto.name}'" for proto in node.attribute) or "none"
+        raise InvalidModelError(f"{_describe(node)}: a Constant has exactly one value attribute (value, "
+                                f"value_float, value_ints, ...); this one has {given}")
     (proto,) = node.attribute
     if proto.name == "value":
         return numpy_helper.to_array(proto.t)

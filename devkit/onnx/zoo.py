@@ -18,6 +18,13 @@ plugin and in ``onnx.reference``:
   SwiGLU feed-forward (SiLU as x * Sigmoid(x)), residuals (opset 23);
 - ``unet``: a two-level U-Net: Conv, MaxPool, ConvTranspose and Resize
   upsampling, Concat skip connections (opset 19).
+
+LARGE_MODELS are full-size ones for benchmarks (``devkit-bench engine``),
+too slow for ``onnx.reference``:
+
+- ``resnet18``: ResNet-18 at 224x224 (opset 19);
+- ``gpt``: a 4-layer GPT-style decoder stack, 128 tokens x 256, causal
+  attention by an additive mask, Gelu MLPs (opset 20).
 """
 
 from __future__ import annotations
@@ -90,6 +97,16 @@ class _Graph:
         return self.op("BatchNormalization", [x, self.const("bn_scale", scale), self.const("bn_b", bias),
                                               self.const("bn_mean", mean), self.const("bn_var", var)])
 
+    def conv_bn(self, x: str, c_in: int, c_out: int, kernel: int, stride: int = 1) -> str:
+        return self.batch_norm(self.conv(x, c_in, c_out, kernel, stride, bias=False), c_out)
+
+    def basic_block(self, x: str, c_in: int, c_out: int, stride: int) -> str:
+        """ResNet's basic block: two 3x3 conv_bn, the shortcut a strided 1x1 conv_bn where shapes change."""
+        h = self.op("Relu", [self.conv_bn(x, c_in, c_out, 3, stride)])
+        h = self.conv_bn(h, c_out, c_out, 3)
+        shortcut = x if stride == 1 and c_in == c_out else self.conv_bn(x, c_in, c_out, 1, stride)
+        return self.op("Relu", [self.op("Add", [h, shortcut])])
+
     def norm_scale(self, n: int) -> np.ndarray:
         return self.rng.uniform(0.8, 1.2, n).astype(np.float32)
 
@@ -121,20 +138,10 @@ def resnet(seed: int = 0, batch: int = 2, size: int = 32, width: int = 16, class
     """x (batch, 3, size, size): a stem, a basic residual block, a strided block
     with a projection shortcut, global pooling and a classifier."""
     g = _Graph(seed)
-
-    def conv_bn(x, c_in, c_out, kernel, stride=1):
-        return g.batch_norm(g.conv(x, c_in, c_out, kernel, stride, bias=False), c_out)
-
-    def block(x, c_in, c_out, stride):
-        h = g.op("Relu", [conv_bn(x, c_in, c_out, 3, stride)])
-        h = conv_bn(h, c_out, c_out, 3)
-        shortcut = x if stride == 1 and c_in == c_out else conv_bn(x, c_in, c_out, 1, stride)
-        return g.op("Relu", [g.op("Add", [h, shortcut])])
-
-    h = g.op("Relu", [conv_bn("x", 3, width, 3)])
+    h = g.op("Relu", [g.conv_bn("x", 3, width, 3)])
     h = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    h = block(h, width, width, 1)
-    h = block(h, width, 2 * width, 2)
+    h = g.basic_block(h, width, width, 1)
+    h = g.basic_block(h, width, 2 * width, 2)
     h = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
     logits = g.op("Gemm", [h, g.weight("fc_w", (classes, 2 * width), fan_in=2 * width),
                            g.const("fc_b", g.small(classes))], transB=1)
@@ -241,10 +248,64 @@ def unet(seed: int = 0, batch: int = 1, size: int = 32, base: int = 8, classes: 
     return model, {"x": g.rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
 
 
+def resnet18(seed: int = 0, batch: int = 1, size: int = 224, classes: int = 1000):
+    """x (batch, 3, size, size) -> logits: torchvision's ResNet-18 layout
+    (7x7 stem, four stages of two basic blocks, 64 to 512 channels)."""
+    g = _Graph(seed)
+    h = g.op("Relu", [g.conv_bn("x", 3, 64, 7, 2)])
+    h = g.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    channels = 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        h = g.basic_block(g.basic_block(h, channels, width, stride), width, width, 1)
+        channels = width
+    h = g.op("Flatten", [g.op("GlobalAveragePool", [h])], axis=1)
+    logits = g.op("Gemm", [h, g.weight("fc_w", (classes, channels), fan_in=channels),
+                           g.const("fc_b", g.small(classes))], transB=1)
+    model = g.model("resnet18", [_input("x", ["batch", 3, size, size])], logits, ["batch", classes], opset=19)
+    return model, {"x": g.rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
+
+
+def gpt(seed: int = 0, layers: int = 4, seq: int = 128, d_model: int = 256, heads: int = 4):
+    """x (1, seq, d_model) token embeddings -> ``layers`` pre-norm decoder
+    blocks (causal multi-head attention, a 4x Gelu MLP) and a final LayerNorm."""
+    g = _Graph(seed)
+    head = d_model // heads
+    mask = g.const("causal_mask", np.triu(np.full((seq, seq), -1e9, np.float32), k=1))
+    split_shape = g.const("split_shape", _ints([1, seq, heads, head]))
+    merge_shape = g.const("merge_shape", _ints([1, seq, d_model]))
+
+    def layer_norm(x):
+        return g.op("LayerNormalization", [x, g.const("ln_scale", g.norm_scale(d_model)),
+                                           g.const("ln_b", g.small(d_model))], axis=-1, epsilon=1e-5)
+
+    def heads_of(x, perm):
+        return g.op("Transpose", [g.op("Reshape", [x, split_shape])], perm=perm)
+
+    x = "x"
+    for _ in range(layers):
+        h = layer_norm(x)
+        q = heads_of(g.linear(h, d_model, d_model), [0, 2, 1, 3])
+        k = heads_of(g.linear(h, d_model, d_model), [0, 2, 3, 1])
+        v = heads_of(g.linear(h, d_model, d_model), [0, 2, 1, 3])
+        scores = g.op("Mul", [g.op("MatMul", [q, k]), g.const("scale", np.float32(1 / math.sqrt(head)))])
+        attended = g.op("MatMul", [g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1), v])
+        merged = g.op("Reshape", [g.op("Transpose", [attended], perm=[0, 2, 1, 3]), merge_shape])
+        x = g.op("Add", [x, g.linear(merged, d_model, d_model)])
+        x = g.op("Add", [x, g.linear(g.op("Gelu", [g.linear(layer_norm(x), d_model, 4 * d_model)]),
+                                     4 * d_model, d_model)])
+    model = g.model("gpt", [_input("x", [1, seq, d_model])], layer_norm(x), [1, seq, d_model], opset=20)
+    return model, {"x": g.rng.standard_normal((1, seq, d_model)).astype(np.float32)}
+
+
 MODELS: dict[str, Callable] = {
     "mlp": mlp,
     "resnet": resnet,
     "transformer_encoder": transformer_encoder,
     "llama_decoder": llama_decoder,
     "unet": unet,
+}
+
+LARGE_MODELS: dict[str, Callable] = {
+    "resnet18": resnet18,
+    "gpt": gpt,
 }

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from .dispatch import cpu_fallback, fallback_enabled, fallback_report, infer, run_op, set_fallback
+from .dispatch import (call_cache_info, clear_call_cache, cpu_fallback, fallback_enabled, fallback_report, infer,
+                       run_op, set_fallback)
 from .spec import OpSpec, all_specs, get
 
 # One module per op family; importing one registers its specs.
@@ -36,5 +37,5 @@ def _op_function(spec: OpSpec):
 for _spec in all_specs():
     globals()[_spec.name] = _op_function(_spec)
 
-__all__ = ["OpSpec", "all_specs", "cpu_fallback", "fallback_enabled", "fallback_report", "get", "infer",
-           "run_op", "set_fallback", *(s.name for s in all_specs())]
+__all__ = ["OpSpec", "all_specs", "call_cache_info", "clear_call_cache", "cpu_fallback", "fallback_enabled",
+           "fallback_report", "get", "infer", "run_op", "set_fallback", *(s.name for s in all_specs())]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -13,9 +15,9 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
+from ..engine.calls import KernelCall, key_dtype_of, launch
 from ..errors import UnimplementedError
-from ..plugin import check
-from ..runtime import Array, Device, Stream, _stream_handle, asarray, device, empty
+from ..runtime import Array, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
 from . import spec as _spec
 from .spec import OpSpec, TensorInfo, dtype_name
 
@@ -154,87 +156,19 @@ def _host_value(spec: OpSpec, decl: _spec.Input, value) -> np.ndarray:
 
 # -- kernel calls -----------------------------------------------------------------------
 
-def _tensor(slot, array: Array, keep: list) -> None:
-    shape = ffi.new("int64_t[]", array.shape or [0])
-    strides = ffi.new("int64_t[]", array.strides or [0])
-    keep += [shape, strides]
-    code, bits = _dtypes.code_bits(array.dtype)
-    slot.data = array.buffer.handle
-    slot.device.device_type = array.device.properties.device_type
-    slot.device.device_id = array.device.index
-    slot.ndim = array.ndim
-    slot.dtype.code, slot.dtype.bits, slot.dtype.lanes = code, bits, 1
-    slot.shape = shape
-    slot.strides = strides
-    slot.byte_offset = array.buffer.offset + array.offset
-
-
-def _owned(keep: list, ctype: str, init):
-    """A new cdata that ``keep`` owns: a struct field assigned a fresh ffi.new
-    does not keep it alive by itself."""
-    cdata = ffi.new(ctype, init)
-    keep.append(cdata)
-    return cdata
-
-
-def _attribute(name: str, kind: str, value, keep: list):
-    a = _owned(keep, "DK_Attribute *", None)
-    a.struct_size = ffi.sizeof("DK_Attribute")
-    a.name = _owned(keep, "char[]", name.encode())
-    if kind == "int":
-        a.type, a.i = C.DK_ATTR_INT, value
-    elif kind == "float":
-        a.type, a.f = C.DK_ATTR_FLOAT, value
-    elif kind == "ints":
-        a.type, a.count = C.DK_ATTR_INTS, len(value)
-        a.ints = _owned(keep, "int64_t[]", list(value) or [0])
-    elif kind == "floats":
-        a.type, a.count = C.DK_ATTR_FLOATS, len(value)
-        a.floats = _owned(keep, "double[]", list(value) or [0.0])
-    elif kind == "string":
-        a.type = C.DK_ATTR_STRING
-        a.s = _owned(keep, "char[]", value.encode())
-    else:
-        a.type = C.DK_ATTR_DTYPE
-        a.dtype.code, a.dtype.bits = _dtypes.code_bits(value)
-        a.dtype.lanes = 1
-    return a
-
-
 def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], outputs: list[Array],
-                 attributes: list[tuple[str, str, object]], stream: Stream | None) -> None:
-    keep: list = []
-    tensors_in = ffi.new("DK_Tensor[]", max(len(inputs), 1))
-    for slot, array in zip(tensors_in, inputs):
-        if array is None:
-            slot.ndim = -1
-        else:
-            _tensor(slot, array, keep)
-    tensors_out = ffi.new("DK_Tensor[]", max(len(outputs), 1))
-    for slot, array in zip(tensors_out, outputs):
-        _tensor(slot, array, keep)
-    attrs = [_attribute(name, kind, value, keep) for name, kind, value in attributes]
-    attr_ptrs = ffi.new("DK_Attribute *[]", attrs or [ffi.NULL])
-    call = ffi.new("DK_KernelCall *")
-    call.struct_size = ffi.sizeof("DK_KernelCall")
-    call.device = dev.index
-    call.stream = _stream_handle(stream, dev)
-    call.inputs, call.num_inputs = tensors_in, len(inputs)
-    call.outputs, call.num_outputs = tensors_out, len(outputs)
-    call.attributes, call.num_attributes = attr_ptrs, len(attrs)
-    call.user_data = entry.user_data
-    check(dev.plugin, entry.fn(call), f"kernel {op}[{dtype_name(_key_dtype_of(entry))}]")
+                 attributes: list[tuple[str, str, object]], stream: Stream | None) -> KernelCall:
+    """Build a call and launch it (through engine.calls.launch, the one launch
+    point), or record it into the graph its stream is capturing (devkit/graph.py);
+    returns the call, which a later launch may reuse."""
+    call = KernelCall(dev, entry, op, inputs, outputs, attributes, _stream_handle(stream, dev))
+    if stream is not None and stream.capturing is not None:
+        stream.capturing.add_kernel(entry, call.cdata, [call], inputs, outputs, call.label()[len("kernel "):])
+    else:
+        launch(call)
     if stream is not None:
         stream.retain(*inputs, *outputs)
-
-
-def _key_dtype_of(entry) -> np.dtype:
-    code, bits = entry.dtype.code, entry.dtype.bits
-    if code == C.DK_DTYPE_CODE_BFLOAT:
-        return _dtypes.bfloat16
-    kind = {C.DK_DTYPE_CODE_BOOL: "bool", C.DK_DTYPE_CODE_INT: "int", C.DK_DTYPE_CODE_UINT: "uint",
-            C.DK_DTYPE_CODE_FLOAT: "float"}[code]
-    return np.dtype("bool" if kind == "bool" else f"{kind}{bits}")
+    return call
 
 
 def _attribute_list(spec: OpSpec, attrs: dict, host_values: dict) -> list[tuple[str, str, object]]:
@@ -336,6 +270,47 @@ def _infer(spec: OpSpec, infos, attrs) -> list[tuple[tuple[int, ...], np.dtype]]
     return [(tuple(int(n) for n in shape), _dtypes.normalize(dtype)) for shape, dtype in outputs]
 
 
+@dataclasses.dataclass
+class BoundCall:
+    """A call bound, checked and shape-inferred, its kernel found: what to
+    launch for it, nothing allocated.
+
+    ``call_inputs`` gives, per kernel input, the position of its value in the
+    given inputs (None: an omitted optional input keeping its place)."""
+
+    spec: OpSpec
+    device: Device
+    entry: object  # the DK_KernelEntry, or None when the plugin has no kernel
+    key_dtype: np.dtype
+    attrs: dict
+    outputs: list[tuple[tuple[int, ...], np.dtype]]
+    call_inputs: list[int | None]
+    attributes: list[tuple[str, str, object]]
+    reads_values: bool  # the call read a device array's values: a host input, NonZero's input
+
+
+def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, device_spec=None,
+              stream: Stream | None = None) -> BoundCall:
+    """Bind, check and shape-infer a call and find its kernel."""
+    dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, device_spec, stream)
+    outputs = _infer(spec, infos, attrs)
+    entry = dev.plugin.kernel_entry(spec.name, key_dtype)
+    # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
+    call_inputs: list[int | None] = []
+    for position, (decl, info) in enumerate(zip(_declared(spec, len(infos)), infos)):
+        if not decl.host:
+            call_inputs.append(None if info is None else position)
+    while call_inputs and call_inputs[-1] is None:
+        call_inputs.pop()
+    # A host input given as a device Array (its values read back) or a device input
+    # shape inference reads: the call depends on values, not only on shapes.
+    reads_values = (any(decl.read_by_infer for _, decl, _ in device_inputs)
+                    or any(decl.host and isinstance(value, Array)
+                           for decl, value in zip(_declared(spec, len(inputs)), inputs)))
+    return BoundCall(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
+                     _attribute_list(spec, attrs, host_values), reads_values)
+
+
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
            stream: Stream | None = None, device: str | Device | None = None) -> list[Array]:
     """Run op ``name`` (its ONNX name) and return its outputs as new Arrays.
@@ -343,32 +318,152 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     ``inputs`` are Arrays on one device (NumPy arrays are copied there; host
     inputs such as Reshape's shape may also be lists), ``None`` for an omitted
     optional input. ``device`` places an op without device inputs. The work is
-    queued on ``stream`` (the default stream completes before returning)."""
+    queued on ``stream`` (the default stream completes before returning).
+
+    A call like an earlier one (same op, device, input dtypes, shapes and
+    strides, host-input values and attributes) skips the checks: it reuses
+    the earlier call's resolution and prebuilt kernel call (see call_cache_info)."""
+    # A capturing stream records each call it is given, so it gets calls of its own.
+    capturing = stream is not None and stream.capturing is not None
+    key = None if capturing else _call_key(name, inputs, attrs, device)
+    cache = _call_cache()
+    cached = cache.get(key) if key is not None else None
+    if cached is not None:
+        _cache_counts[0] += 1
+        return cached.run(inputs, stream)
+    _cache_counts[1] += 1
     spec = _spec.get(name)
-    dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, device, stream)
-    outputs = _infer(spec, infos, attrs)
-    entry = dev.plugin.kernel_entry(name, key_dtype)
+    bound = bind_call(spec, inputs, attrs, device, stream)
+    dev, entry = bound.device, bound.entry
     if entry is None:
-        return _run_without_kernel(spec, dev, inputs, attrs, key_dtype, stream)
-    arrays: list[Array | None] = []
-    for position, decl, value in device_inputs:
+        return _run_without_kernel(spec, dev, inputs, bound.attrs, bound.key_dtype, stream)
+    compacted = False
+    call_inputs: list[Array | None] = []
+    for position in bound.call_inputs:
+        if position is None:
+            call_inputs.append(None)
+            continue
+        value = inputs[position]
         array = value if isinstance(value, Array) else asarray(value, dev, stream=stream)
         if not array.is_contiguous and not entry.flags & C.DK_KERNEL_STRIDED_INPUTS:
-            array = _make_compact(dev, array, stream)
-        arrays.append(array)
-    # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
-    call_inputs: list[Array | None] = []
-    it = iter(arrays)
-    for decl, info in zip(_declared(spec, len(infos)), infos):
-        if decl.host:
-            continue
-        call_inputs.append(None if info is None else next(it))
-    while call_inputs and call_inputs[-1] is None:
-        call_inputs.pop()
-    results = [empty(shape, dtype, dev, stream) for shape, dtype in outputs]
-    _call_kernel(dev, entry, name, call_inputs, results,
-                 _attribute_list(spec, attrs, host_values), stream)
+            array, compacted = _make_compact(dev, array, stream), True
+        call_inputs.append(array)
+    results = [empty(shape, dtype, dev, stream) for shape, dtype in bound.outputs]
+    call = _call_kernel(dev, entry, name, call_inputs, results, bound.attributes, stream)
+    if key is not None and not compacted and not bound.reads_values:
+        if len(cache) >= CALL_CACHE_SIZE:
+            cache.clear()
+        cache[key] = _CachedCall(bound, call)
     return results
+
+
+# -- the call cache ----------------------------------------------------------------------
+
+# Entries per thread; the cache starts over when full.
+CALL_CACHE_SIZE = 4096
+# Host values (NumPy arrays, lists, scalars) up to this many elements are keyed by value.
+_KEYED_HOST_VALUE_LIMIT = 4096
+_thread = threading.local()
+_cache_counts = [0, 0]  # hits, misses
+
+
+def _call_cache() -> dict:
+    try:
+        return _thread.calls
+    except AttributeError:
+        _thread.calls = {}
+        return _thread.calls
+
+
+def call_cache_info() -> dict:
+    """The eager call cache: hits and misses so far, entries in this thread's cache."""
+    return {"hits": _cache_counts[0], "misses": _cache_counts[1], "entries": len(_call_cache())}
+
+
+def clear_call_cache() -> None:
+    """Forget this thread's cached calls and reset the counts."""
+    _call_cache().clear()
+    _cache_counts[:] = [0, 0]
+
+
+def _freeze(value):
+    """A hashable stand-in for an input or attribute value, or None when it has none."""
+    if isinstance(value, Array):  # a subclass of Array: not worth a key
+        return None
+    if isinstance(value, (list, tuple, np.ndarray, np.generic)):
+        array = np.asarray(value)
+        if array.dtype == object or array.size > _KEYED_HOST_VALUE_LIMIT:
+            return None
+        return array.dtype.str, array.shape, array.tobytes()
+    return (type(value), value)
+
+
+def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, device_spec) -> tuple | None:
+    """What a call's resolution depends on, or None for a call not worth caching."""
+    parts: list = [name, device_spec]
+    for value in inputs:
+        if type(value) is Array:
+            parts.append((value.device, value.dtype, value.shape, value.strides))
+        elif value is None:
+            parts.append(None)
+        else:
+            frozen = _freeze(value)
+            if frozen is None:
+                return None
+            parts.append(frozen)
+    if attrs:
+        for attr_name, value in attrs.items():
+            frozen = _freeze(value)
+            if frozen is None:
+                return None
+            parts.append((attr_name, frozen))
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _CachedCall:
+    """A bound call and its prebuilt kernel call: a run allocates the
+    outputs and patches the data pointers."""
+
+    __slots__ = ("device", "call", "inputs", "outputs", "_plugin_call")
+
+    def __init__(self, bound: BoundCall, call: KernelCall):
+        self.device = bound.device
+        self.call = call
+        self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(bound.call_inputs)
+                       if position is not None]
+        self.outputs = [(call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)),
+                         math.prod(shape) * dtype.itemsize)
+                        for slot, (shape, dtype) in enumerate(bound.outputs)]
+
+    def run(self, inputs: Sequence, stream: Stream | None) -> list[Array]:
+        # engine.calls.bind, inlined: this loop is most of an eager op's host cost.
+        dev = self.device
+        arrays = []
+        for slot, position in self.inputs:
+            value = inputs[position]
+            if type(value) is not Array:
+                value = asarray(value, dev, stream=stream)
+            buffer = value.buffer
+            slot.data = buffer.handle
+            slot.byte_offset = buffer.offset + value.offset
+            arrays.append(value)
+        results = []
+        for slot, shape, dtype, strides, nbytes in self.outputs:
+            buffer = dev.alloc(nbytes, stream)
+            slot.data = buffer.handle
+            slot.byte_offset = 0
+            results.append(Array.trusted(buffer, shape, dtype, strides))
+        call = self.call
+        call.cdata.stream = ffi.NULL if stream is None else _stream_handle(stream, dev)
+        launch(call)
+        if stream is not None:
+            stream.retain(*arrays, *results)
+        return results
 
 
 def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:
@@ -380,7 +475,7 @@ def _run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict
     plugin = dev.plugin
     cpu = device("cpu:0")
     if not fallback_enabled() or plugin is cpu.plugin:
-        have = sorted({dtype_name(_key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
+        have = sorted({dtype_name(key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
         detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
         raise UnimplementedError(
             f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "

@@ -58,6 +58,7 @@ UNIMPLEMENTED_FN(event_synchronize, int32_t d, DK_Event e)
 UNIMPLEMENTED_FN(event_elapsed_ms, int32_t d, DK_Event a, DK_Event b, float *ms)
 UNIMPLEMENTED_FN(copy_p2p, int32_t dd, DK_Mem a, size_t ao, int32_t sd, DK_Mem b, size_t bo,
                  size_t s, DK_Stream st)
+UNIMPLEMENTED_FN(graph_begin_capture, int32_t d, DK_Stream s)
 
 static DK_DeviceApi api = {
     .struct_size = sizeof(DK_DeviceApi),
@@ -118,6 +119,16 @@ DK_EXPORT DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
 #endif
 #ifdef NULL_FUNCTION
   api.mem_free = NULL;
+#endif
+#if defined(ABI_1_0) || defined(PARTIAL_GRAPHS)
+  /* ABI_1_0: built against 1.0, before the graph section: the bytes past its
+   * table are non-NULL here and must be treated as absent. PARTIAL_GRAPHS:
+   * one graph function of five, which the host refuses. */
+  api.graph_begin_capture = graph_begin_capture;
+#endif
+#ifdef ABI_1_0
+  out->abi_minor = 0;
+  api.struct_size = offsetof(DK_DeviceApi, graph_begin_capture);
 #endif
 #ifdef OLDER_MINOR
   /* Built before the optional functions existed: they lie past struct_size

@@ -3,7 +3,8 @@
 setup.py loads this file by path (the package itself is not importable while
 it builds), so it imports nothing from devkit. ``python -m
 devkit.backends.cpu.build --out DIR`` builds ``DIR/libdevkit_cpu.so``, which
-``DEVKIT_PLUGIN_PATH=DIR`` then loads in place of the installed one.
+``devkit.load_plugin("DIR/libdevkit_cpu.so")`` loads beside the installed one
+(the name "cpu" always means the built-in; ``--name`` gives a build its own).
 """
 
 from __future__ import annotations

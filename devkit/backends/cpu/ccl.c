@@ -2,12 +2,15 @@
  * ccl.c -- collectives of the devkit "cpu" reference plugin.
  *
  * Ranks are processes, or threads, of one host. They meet in a POSIX
- * shared-memory segment named by the unique id ("/devkit-ccl-<32 hex>"):
- * the first rank to arrive creates it, each rank claims its slot, and once
- * all have mapped it every rank unlinks the name (the mappings stay valid),
- * so the segment disappears with its last mapping. A rank whose init times
- * out unlinks the name too. At most MAX_RANKS ranks (the per-pair channels
- * grow with the square of the rank count).
+ * shared-memory segment named by the unique id ("/devkit-ccl-<32 hex>", or
+ * "/devkit-ccl-<job>-<32 hex>" when the id was made under a launcher's
+ * DEVKIT_JOB_ID): the first rank to arrive creates it, each rank claims its
+ * slot, and once all have mapped it every rank unlinks the name (the mappings
+ * stay valid), so the segment disappears with its last mapping. A rank whose
+ * init times out unlinks the name too. Ranks killed before all joined leave
+ * the name behind: devkit-run removes its job's names when the job ends. At
+ * most MAX_RANKS ranks (the per-pair channels grow with the square of the
+ * rank count).
  *
  * Segment layout (every rank derives it from nranks, see layout_for):
  *   header | rank control blocks | channel control blocks
@@ -84,7 +87,9 @@
 #include "cpu_internal.h"
 
 #define ID_SIZE 64
-#define ID_VERSION 1
+#define ID_VERSION 2
+#define ID_JOB 32     /* offset of the job id: up to ID_JOB_MAX hex digits */
+#define ID_JOB_MAX 16
 #define MAX_RANKS 64
 #define DEFAULT_TIMEOUT_S 300.0
 #define LINE 64
@@ -1244,8 +1249,19 @@ DK_Status cpu_ccl_unique_id_size(size_t *size) {
   return DK_OK;
 }
 
+/* A job id is 1 to ID_JOB_MAX lowercase hex digits: it goes into file names. */
+static bool valid_job_id(const char *job, size_t len) {
+  if (len < 1 || len > ID_JOB_MAX) return false;
+  for (size_t i = 0; i < len; i++)
+    if (!((job[i] >= '0' && job[i] <= '9') || (job[i] >= 'a' && job[i] <= 'f')))
+      return false;
+  return true;
+}
+
 /* Layout: magic[8] | version (u32 little-endian) | 4 zero bytes | 16 random
- * bytes | 32 zero bytes. */
+ * bytes | the job id (DEVKIT_JOB_ID, zero-padded to 16 bytes) | 16 zero
+ * bytes. The job id travels in the id so that every rank names the segment
+ * alike, whatever its own environment. */
 DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
   static const char fn[] = "ccl_get_unique_id";
   if (!id) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: id is NULL", fn);
@@ -1256,6 +1272,15 @@ DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
   uint8_t buf[ID_SIZE] = {0};
   memcpy(buf, k_id_magic, sizeof k_id_magic);
   buf[8] = ID_VERSION;
+  const char *job = getenv("DEVKIT_JOB_ID");
+  if (job && *job) {
+    if (!valid_job_id(job, strlen(job)))
+      return cpu_set_error(DK_INVALID_ARGUMENT,
+                           "%s: DEVKIT_JOB_ID=\"%s\" is invalid: expected 1 to "
+                           "%d lowercase hex digits (devkit-run sets it)",
+                           fn, job, ID_JOB_MAX);
+    memcpy(buf + ID_JOB, job, strlen(job));
+  }
   for (size_t got = 0; got < 16;) {
     ssize_t n = getrandom(buf + 16 + got, 16 - got, 0);
     if (n < 0 && errno == EINTR) continue;
@@ -1285,8 +1310,13 @@ static DK_Status check_id(const char *fn, const uint8_t *id, size_t size) {
     return cpu_set_error(DK_INVALID_ARGUMENT,
                          "%s: id has version %u, this plugin reads version %d",
                          fn, (unsigned)version, ID_VERSION);
+  size_t job_len = strnlen((const char *)id + ID_JOB, ID_JOB_MAX);
+  if (job_len && !valid_job_id((const char *)id + ID_JOB, job_len))
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: the id's job id is not hex digits (corrupt id)",
+                         fn);
   for (size_t i = 12; i < ID_SIZE; i++)
-    if ((i < 16 || i >= 32) && id[i] != 0)
+    if ((i < 16 || i >= ID_JOB + job_len) && id[i] != 0)
       return cpu_set_error(DK_INVALID_ARGUMENT,
                            "%s: id byte %zu is %u, must be 0 (corrupt id)", fn,
                            i, (unsigned)id[i]);
@@ -1531,6 +1561,10 @@ DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
   const uint8_t *bytes = id;
   char name[64];
   int len = snprintf(name, sizeof name, "/devkit-ccl-");
+  size_t job_len = strnlen((const char *)bytes + ID_JOB, ID_JOB_MAX);
+  if (job_len)
+    len += snprintf(name + len, sizeof name - (size_t)len, "%.*s-",
+                    (int)job_len, (const char *)bytes + ID_JOB);
   for (int i = 16; i < 32; i++)
     len += snprintf(name + len, sizeof name - (size_t)len, "%02x", bytes[i]);
 

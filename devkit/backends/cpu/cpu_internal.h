@@ -33,6 +33,7 @@
 #define DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -101,6 +102,10 @@ typedef struct cpu_device {
 
   pthread_mutex_t event_mu; /* guards events */
   cpu_table events;         /* live cpu_event pointers */
+
+  pthread_mutex_t graph_mu; /* guards graphs */
+  cpu_table graphs;         /* live cpu_graph pointers */
+  atomic_int capturing;     /* streams of this device capturing a graph */
 } cpu_device;
 
 /* Reads the configuration and sets up the devices once per process; later
@@ -159,6 +164,53 @@ DK_Status cpu_work_fail(DK_Status status, const char *fmt, ...)
  * callback is running), else NULL. Lets blocking calls refuse to wait for
  * their own stream. */
 cpu_stream *cpu_stream_current(void);
+
+/* ---- Graphs (graph.c; capture hooks in stream.c, runtime.c, kernel.c) ---- */
+
+/* Captured work: a list of stream work items (kept and re-run at every
+ * launch) and event operations, plus the tensor slots of its kernel calls.
+ * While a stream captures, cpu_work_submit hands its items to the graph
+ * instead of the queue. */
+typedef struct cpu_graph cpu_graph;
+typedef struct cpu_event cpu_event;
+
+/* The graph pinned stream `s` is capturing into, or NULL (also for s NULL). */
+cpu_graph *cpu_stream_capture(cpu_stream *s);
+/* DK_FAILED_PRECONDITION for `fn`, refused because `s` is capturing. */
+DK_Status cpu_capture_refused(const char *fn, const cpu_stream *s);
+/* DK_FAILED_PRECONDITION when a stream of `d` is capturing (for calls that
+ * would free or wait for memory captured work may use), else DK_OK. */
+DK_Status cpu_device_capture_check(const char *fn, cpu_device *d);
+/* Begin / end a capture on pinned stream `s` (stream.c keeps the pointer). */
+DK_Status cpu_stream_begin_capture(const char *fn, cpu_stream *s, cpu_graph *g);
+cpu_graph *cpu_stream_end_capture(cpu_stream *s);
+
+/* Capture-time appends. add_work takes ownership of a work item's `arg`;
+ * add_event takes a reference to `e`; add_tensors records the kernel call's
+ * present tensors (resolved in `tensors`, inside the item to be submitted)
+ * as the next slots; add_mem records a copy's device operand, checked at
+ * every launch. Each returns DK_RESOURCE_EXHAUSTED when out of memory. */
+void cpu_graph_add_work(cpu_graph *g, void *arg);
+DK_Status cpu_graph_add_event(cpu_graph *g, cpu_event *e, bool record);
+DK_Status cpu_graph_add_mem(cpu_graph *g, DK_Mem mem, size_t offset, size_t size);
+struct cpu_tensor;
+DK_Status cpu_graph_add_tensors(cpu_graph *g, const DK_KernelCall *call,
+                                struct cpu_tensor *tensors);
+
+/* Work-item and event helpers for graph launches (stream.c). rerun runs an
+ * item without freeing it and returns what it reported; run_once runs and
+ * frees it; free releases one that will not run again. */
+DK_Status cpu_work_rerun(void *arg);
+DK_Status cpu_work_run_once(void *arg);
+void cpu_work_free(void *arg);
+void cpu_event_retain(cpu_event *e);
+void cpu_event_put(cpu_event *e);
+void cpu_event_lock(cpu_event *e);
+void cpu_event_unlock(cpu_event *e);
+/* The work item of one launch-time record (record = true: it becomes e's
+ * most recent record now) or wait (for the record most recent now) of e.
+ * The caller holds cpu_event_lock(e). NULL when out of memory. */
+void *cpu_event_bind(cpu_event *e, bool record);
 
 /* ---- DK_DeviceApi entry points ------------------------------------------- */
 
@@ -237,5 +289,13 @@ DK_Status cpu_recv(DK_Comm comm, DK_Mem buf, size_t offset, size_t count,
                    DK_DTypeKey dtype, int32_t peer, DK_Stream stream);
 DK_Status cpu_group_start(void);
 DK_Status cpu_group_end(void);
+
+DK_Status cpu_graph_begin_capture(int32_t dev, DK_Stream stream);
+DK_Status cpu_graph_end_capture(int32_t dev, DK_Stream stream, DK_Graph *graph,
+                                size_t *num_slots);
+DK_Status cpu_graph_launch(int32_t dev, DK_Graph graph, DK_Stream stream);
+DK_Status cpu_graph_rebind(int32_t dev, DK_Graph graph, size_t slot, DK_Mem mem,
+                           size_t offset);
+DK_Status cpu_graph_destroy(int32_t dev, DK_Graph graph);
 
 #endif /* DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_ */

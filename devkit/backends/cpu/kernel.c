@@ -584,6 +584,8 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   st = check_schema(&l->args, rules->schema, def->dtype);
   if (st == DK_OK && rules->validate) st = rules->validate(&l->args);
 #endif
+  cpu_graph *g = st == DK_OK ? cpu_stream_capture(s) : NULL;
+  if (st == DK_OK && g) st = cpu_graph_add_tensors(g, call, tensors);
   if (st != DK_OK) {
     cpu_work_discard(l);
     cpu_stream_release(s);

@@ -48,6 +48,11 @@ static const DK_DeviceApi k_api = {
     .recv = cpu_recv,
     .group_start = cpu_group_start,
     .group_end = cpu_group_end,
+    .graph_begin_capture = cpu_graph_begin_capture,
+    .graph_end_capture = cpu_graph_end_capture,
+    .graph_launch = cpu_graph_launch,
+    .graph_rebind = cpu_graph_rebind,
+    .graph_destroy = cpu_graph_destroy,
 };
 
 /* The host's log sink. Each DK_PluginInit call installs its host's sink (the

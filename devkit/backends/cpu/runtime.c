@@ -242,6 +242,7 @@ static void init_once(void) {
     pthread_mutex_init(&d->mem_mu, NULL);
     pthread_mutex_init(&d->stream_mu, NULL);
     pthread_mutex_init(&d->event_mu, NULL);
+    pthread_mutex_init(&d->graph_mu, NULL);
   }
 }
 
@@ -390,8 +391,9 @@ DK_Status cpu_mem_alloc_async(int32_t dev, size_t size, DK_Stream stream,
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if ((st = cpu_stream_acquire(fn, d, stream, &s)) != DK_OK) return st;
+  if (cpu_stream_capture(s)) st = cpu_capture_refused(fn, s);
   cpu_stream_release(s);
-  return alloc_on(fn, d, size, mem);
+  return st != DK_OK ? st : alloc_on(fn, d, size, mem);
 }
 
 /* Removes `mem` from the live registry; its capacity stays counted until
@@ -420,6 +422,7 @@ DK_Status cpu_mem_free(int32_t dev, DK_Mem mem) {
   size_t size;
   DK_Status st = cpu_device_get("mem_free", dev, &d);
   if (st != DK_OK || !mem) return st;
+  if ((st = cpu_device_capture_check("mem_free", d)) != DK_OK) return st;
   if ((st = unregister_mem("mem_free", d, mem, &size)) != DK_OK) return st;
 #ifndef DEVKIT_DEFECT_LEAK
   free(mem);
@@ -447,9 +450,10 @@ DK_Status cpu_mem_free_async(int32_t dev, DK_Mem mem, DK_Stream stream) {
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if ((st = cpu_stream_acquire(fn, d, stream, &s)) != DK_OK) return st;
-  if (!mem) {
+  if (!mem || cpu_stream_capture(s)) {
+    st = mem ? cpu_capture_refused(fn, s) : DK_OK;
     cpu_stream_release(s);
-    return DK_OK;
+    return st;
   }
   /* Allocate the work item before unregistering, so that a failure leaves
    * the handle live. */
@@ -575,13 +579,31 @@ static void run_copy(void *arg) {
     memset(a->dst, a->value, a->size);
 }
 
-/* Validates `stream` and queues the (already validated) copy on it. */
+/* A copy's device operands, (mem, offset) on the copy's device; a NULL mem
+ * is host memory or another device's. */
+typedef struct copy_operands {
+  DK_Mem dst_mem;
+  size_t dst_offset;
+  DK_Mem src_mem;
+  size_t src_offset;
+} copy_operands;
+
+/* Validates `stream` and queues the (already validated) copy on it; a
+ * capturing stream's graph also records the operands, checked at launch. */
 static DK_Status submit_copy(const char *fn, cpu_device *d, DK_Stream stream,
                              uint8_t *dst, const void *src, uint8_t value,
-                             size_t size) {
+                             size_t size, copy_operands ops) {
   cpu_stream *s;
   DK_Status st = cpu_stream_acquire(fn, d, stream, &s);
   if (st != DK_OK || size == 0) {
+    cpu_stream_release(s);
+    return st;
+  }
+  cpu_graph *g = cpu_stream_capture(s);
+  if (g && ops.dst_mem) st = cpu_graph_add_mem(g, ops.dst_mem, ops.dst_offset, size);
+  if (g && ops.src_mem && st == DK_OK)
+    st = cpu_graph_add_mem(g, ops.src_mem, ops.src_offset, size);
+  if (st != DK_OK) {
     cpu_stream_release(s);
     return st;
   }
@@ -604,7 +626,9 @@ DK_Status cpu_memset(int32_t dev, DK_Mem mem, size_t offset, uint8_t value,
   uint8_t *dst;
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st == DK_OK) st = cpu_mem_range(fn, "mem", d, mem, offset, size, &dst);
-  if (st == DK_OK) st = submit_copy(fn, d, stream, dst, NULL, value, size);
+  if (st == DK_OK)
+    st = submit_copy(fn, d, stream, dst, NULL, value, size,
+                     (copy_operands){mem, offset, NULL, 0});
   return st;
 }
 
@@ -619,7 +643,8 @@ DK_Status cpu_copy_h2d(int32_t dev, DK_Mem dst, size_t dst_offset,
     return cpu_set_error(DK_INVALID_ARGUMENT, "%s: src is NULL", fn);
   if ((st = cpu_mem_range(fn, "dst", d, dst, dst_offset, size, &to)) != DK_OK)
     return st;
-  return submit_copy(fn, d, stream, to, src, 0, size);
+  return submit_copy(fn, d, stream, to, src, 0, size,
+                     (copy_operands){dst, dst_offset, NULL, 0});
 }
 
 DK_Status cpu_copy_d2h(int32_t dev, void *dst, DK_Mem src, size_t src_offset,
@@ -633,7 +658,8 @@ DK_Status cpu_copy_d2h(int32_t dev, void *dst, DK_Mem src, size_t src_offset,
     return cpu_set_error(DK_INVALID_ARGUMENT, "%s: dst is NULL", fn);
   if ((st = cpu_mem_range(fn, "src", d, src, src_offset, size, &from)) != DK_OK)
     return st;
-  return submit_copy(fn, d, stream, dst, from, 0, size);
+  return submit_copy(fn, d, stream, dst, from, 0, size,
+                     (copy_operands){NULL, 0, src, src_offset});
 }
 
 DK_Status cpu_copy_d2d(int32_t dev, DK_Mem dst, size_t dst_offset, DK_Mem src,
@@ -645,7 +671,9 @@ DK_Status cpu_copy_d2d(int32_t dev, DK_Mem dst, size_t dst_offset, DK_Mem src,
   if (st == DK_OK) st = cpu_mem_range(fn, "dst", d, dst, dst_offset, size, &to);
   if (st == DK_OK)
     st = cpu_mem_range(fn, "src", d, src, src_offset, size, &from);
-  if (st == DK_OK) st = submit_copy(fn, d, stream, to, from, 0, size);
+  if (st == DK_OK)
+    st = submit_copy(fn, d, stream, to, from, 0, size,
+                     (copy_operands){dst, dst_offset, src, src_offset});
   return st;
 }
 
@@ -661,6 +689,8 @@ DK_Status cpu_copy_p2p(int32_t dst_dev, DK_Mem dst, size_t dst_offset,
     st = cpu_mem_range(fn, "dst", dd, dst, dst_offset, size, &to);
   if (st == DK_OK)
     st = cpu_mem_range(fn, "src", sd, src, src_offset, size, &from);
-  if (st == DK_OK) st = submit_copy(fn, dd, stream, to, from, 0, size);
+  if (st == DK_OK) /* the source, on another device, is not checked at launch */
+    st = submit_copy(fn, dd, stream, to, from, 0, size,
+                     (copy_operands){dst, dst_offset, NULL, 0});
   return st;
 }

@@ -72,6 +72,8 @@ struct cpu_stream {
   atomic_uint_fast64_t submitted, completed;
   atomic_int refs; /* pins from cpu_stream_acquire */
   cpu_error *error; /* sticky; holds one reference */
+  /* The graph being captured, or NULL; written under mu, read anywhere. */
+  _Atomic(cpu_graph *) capture;
 };
 
 /* The stream whose worker is the calling thread (NULL elsewhere), and the
@@ -106,24 +108,44 @@ DK_Status cpu_work_fail(DK_Status status, const char *fmt, ...) {
 
 cpu_stream *cpu_stream_current(void) { return t_stream; }
 
-/* Runs and frees w; returns what its run function reported through
- * cpu_work_fail (saved and restored, since a default-stream item may run
- * inside another item, e.g. from a callback). */
-static DK_Status work_run(cpu_work *w) {
+/* Runs w and returns what its run function reported through cpu_work_fail
+ * (saved and restored, since a default-stream item may run inside another
+ * item, e.g. from a callback or a graph). */
+static DK_Status work_rerun(cpu_work *w) {
   DK_Status outer = t_work_status;
   t_work_status = DK_OK;
   w->run(w->arg);
   DK_Status st = t_work_status;
   t_work_status = outer;
-  if (w->destroy) w->destroy(w->arg);
-  free(w);
   return st;
 }
+
+static void work_free(cpu_work *w) {
+  if (w->destroy) w->destroy(w->arg);
+  free(w);
+}
+
+/* Runs and frees w. */
+static DK_Status work_run(cpu_work *w) {
+  DK_Status st = work_rerun(w);
+  work_free(w);
+  return st;
+}
+
+DK_Status cpu_work_rerun(void *arg) { return work_rerun(work_of(arg)); }
+DK_Status cpu_work_run_once(void *arg) { return work_run(work_of(arg)); }
+void cpu_work_free(void *arg) { work_free(work_of(arg)); }
 
 DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
   cpu_work *w = work_of(arg);
   if (!s) return work_run(w); /* its message is already this thread's */
   pthread_mutex_lock(&s->mu);
+  cpu_graph *g = atomic_load(&s->capture);
+  if (g) { /* recorded, not run: the graph owns the item from now on */
+    cpu_graph_add_work(g, arg);
+    pthread_mutex_unlock(&s->mu);
+    return DK_OK;
+  }
   if (s->tail)
     s->tail->next = w;
   else
@@ -194,6 +216,42 @@ static void stream_drain(cpu_stream *s) {
   while (atomic_load(&s->completed) < target)
     pthread_cond_wait(&s->done_cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
+}
+
+cpu_graph *cpu_stream_capture(cpu_stream *s) {
+  return s ? atomic_load(&s->capture) : NULL;
+}
+
+DK_Status cpu_capture_refused(const char *fn, const cpu_stream *s) {
+  return cpu_set_error(DK_FAILED_PRECONDITION,
+                       "%s: stream %p is capturing a graph; this call is "
+                       "refused until graph_end_capture",
+                       fn, (const void *)s);
+}
+
+DK_Status cpu_device_capture_check(const char *fn, cpu_device *d) {
+  int n = atomic_load(&d->capturing);
+  if (n == 0) return DK_OK;
+  return cpu_set_error(DK_FAILED_PRECONDITION,
+                       "%s: %d stream(s) of cpu device %d are capturing a "
+                       "graph; this call is refused until graph_end_capture",
+                       fn, n, (int)d->index);
+}
+
+DK_Status cpu_stream_begin_capture(const char *fn, cpu_stream *s,
+                                   cpu_graph *g) {
+  pthread_mutex_lock(&s->mu);
+  bool busy = atomic_load(&s->capture) != NULL;
+  if (!busy) atomic_store(&s->capture, g);
+  pthread_mutex_unlock(&s->mu);
+  return busy ? cpu_capture_refused(fn, s) : DK_OK;
+}
+
+cpu_graph *cpu_stream_end_capture(cpu_stream *s) {
+  pthread_mutex_lock(&s->mu);
+  cpu_graph *g = atomic_exchange(&s->capture, NULL);
+  pthread_mutex_unlock(&s->mu);
+  return g;
 }
 
 /* Stops the worker once its queue is empty, joins it and frees s. */
@@ -290,10 +348,12 @@ DK_Status cpu_stream_destroy(int32_t dev, DK_Stream stream) {
   pthread_mutex_lock(&d->stream_mu);
   bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
   bool self = live && on_worker(s);
-  if (live && !self) cpu_table_remove(&d->streams, (uintptr_t)s, NULL);
+  bool capturing = live && cpu_stream_capture(s);
+  if (live && !self && !capturing) cpu_table_remove(&d->streams, (uintptr_t)s, NULL);
   pthread_mutex_unlock(&d->stream_mu);
   if (!live) return not_a_stream(fn, d, stream);
   if (self) return deadlock_error(fn, s);
+  if (capturing) return cpu_capture_refused(fn, s);
   /* Unregistered: no new pins. Wait for calls still using it, then for all
    * work they submitted. */
   pthread_mutex_lock(&s->mu);
@@ -314,6 +374,8 @@ DK_Status cpu_stream_synchronize(int32_t dev, DK_Stream stream) {
   if (st != DK_OK || !s) return st;
   if (on_worker(s)) {
     st = deadlock_error(fn, s);
+  } else if (cpu_stream_capture(s)) {
+    st = cpu_capture_refused(fn, s);
   } else {
     stream_drain(s);
     if (error_status(s->error) != DK_OK)
@@ -334,7 +396,9 @@ DK_Status cpu_stream_query(int32_t dev, DK_Stream stream) {
   pthread_mutex_lock(&d->stream_mu);
   bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
   bool idle = live && atomic_load(&s->completed) == atomic_load(&s->submitted);
-  if (live && error_status(s->error) != DK_OK)
+  if (live && cpu_stream_capture(s))
+    st = cpu_capture_refused(fn, s);
+  else if (live && error_status(s->error) != DK_OK)
     st = error_report(fn, s, "stream", s->error);
   pthread_mutex_unlock(&d->stream_mu);
   if (!live) return not_a_stream(fn, d, stream);
@@ -346,6 +410,7 @@ DK_Status cpu_device_synchronize(int32_t dev) {
   static const char fn[] = "device_synchronize";
   cpu_device *d;
   DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st == DK_OK) st = cpu_device_capture_check(fn, d);
   if (st != DK_OK) return st;
 
   /* Pin a snapshot of the live streams, then drain them without holding the
@@ -396,6 +461,11 @@ DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
   if (st != DK_OK) return st;
   if (!fn) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: fn is NULL", fname);
   if ((st = cpu_stream_acquire(fname, d, stream, &s)) != DK_OK) return st;
+  if (cpu_stream_capture(s)) {
+    st = cpu_capture_refused(fname, s);
+    cpu_stream_release(s);
+    return st;
+  }
   callback_args *a = cpu_work_new(sizeof *a, run_callback, NULL);
   if (!a) {
     cpu_stream_release(s);
@@ -537,8 +607,8 @@ static void run_record(void *arg) {
   mark_args *a = arg;
   /* Records run on their stream's worker, in order: a failure recorded by
    * now came from work queued before this record. */
-  cpu_error *err = t_stream->error;
-  bool failed = error_status(err) != DK_OK;
+  cpu_error *err = t_stream ? t_stream->error : NULL;
+  bool failed = err && error_status(err) != DK_OK;
   if (failed) atomic_fetch_add(&err->refs, 1);
   pthread_mutex_lock(&a->event->mu);
   if (failed) a->mark->error = err;
@@ -582,6 +652,12 @@ DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
   if (st != DK_OK) return st;
+  if (cpu_stream_capture(s)) { /* every launch re-records the event here */
+    st = cpu_graph_add_event(cpu_stream_capture(s), e, true);
+    cpu_stream_release(s);
+    event_release(e);
+    return st;
+  }
 
   cpu_mark *m = calloc(1, sizeof *m);
   mark_args *a = s ? cpu_work_new(sizeof *a, run_record, destroy_mark_args)
@@ -625,6 +701,12 @@ DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
   DK_Status st = cpu_device_get(fn, dev, &d);
   if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
   if (st != DK_OK) return st;
+  if (cpu_stream_capture(s)) { /* every launch waits for the record current then */
+    st = cpu_graph_add_event(cpu_stream_capture(s), e, false);
+    cpu_stream_release(s);
+    event_release(e);
+    return st;
+  }
 
   mark_args *a = s ? cpu_work_new(sizeof *a, run_wait, destroy_mark_args)
                    : NULL;
@@ -652,6 +734,35 @@ DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
   cpu_stream_release(s);
   event_release(e);
   return st;
+}
+
+void cpu_event_retain(cpu_event *e) { atomic_fetch_add(&e->refs, 1); }
+void cpu_event_put(cpu_event *e) { event_release(e); }
+void cpu_event_lock(cpu_event *e) { pthread_mutex_lock(&e->mu); }
+void cpu_event_unlock(cpu_event *e) { pthread_mutex_unlock(&e->mu); }
+
+static void run_nothing(void *arg) { (void)arg; }
+
+void *cpu_event_bind(cpu_event *e, bool record) {
+  cpu_mark *m = record ? calloc(1, sizeof *m) : e->last;
+  bool pending = m && !m->done;
+  if (!record && !pending) return cpu_work_new(0, run_nothing, NULL);
+  mark_args *a = cpu_work_new(sizeof *a, record ? run_record : run_wait,
+                              destroy_mark_args);
+  if (!a) {
+    if (record) free(m);
+    return NULL;
+  }
+  atomic_fetch_add(&e->refs, 1);
+  *a = (mark_args){e, m};
+  if (record) {
+    m->refs = 2; /* e->last and the item */
+    if (e->last) mark_put(e->last);
+    e->last = m;
+  } else {
+    m->refs++;
+  }
+  return a;
 }
 
 DK_Status cpu_event_query(int32_t dev, DK_Event event) {

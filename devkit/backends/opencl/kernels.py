@@ -39,8 +39,21 @@ class ProgramCache:
 
     def __init__(self):
         self._programs: dict[tuple[int, str, str], cl.Program] = {}
+        self._kernels: dict[tuple[int, str, str, str], tuple[cl.Kernel, threading.Lock]] = {}
         self._lock = threading.Lock()
         self.builds = 0
+
+    def kernel(self, device: Device, source: str, options: str, name: str) -> tuple[cl.Kernel, threading.Lock]:
+        """Kernel ``name`` of the program, made once: a new cl.Kernel costs
+        pyopencl an argument-setter generation (~1 ms) at its first set_args.
+        Its arguments are state, so launches hold the lock from set_args to enqueue."""
+        memo_key = (device.index, source, options, name)
+        found = self._kernels.get(memo_key)
+        if found is None:
+            found = (cl.Kernel(self.get(device, source, options), name), threading.Lock())
+            with self._lock:
+                found = self._kernels.setdefault(memo_key, found)
+        return found
 
     def get(self, device: Device, source: str, options: str = "") -> cl.Program:
         memo_key = (device.index, source, options)
@@ -291,9 +304,14 @@ class Call:
                          hostbuf=array)
 
     def zeros(self, count: int, dtype=np.int32) -> cl.Buffer:
-        """A small zeroed device buffer: a flag or counter kernels write."""
-        return cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                         hostbuf=np.zeros(count, dtype))
+        """A small zeroed device buffer: a flag or counter kernels write (zeroed
+        again before every launch of a graph that recorded it)."""
+        host = np.zeros(count, dtype)
+        buffer = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                           hostbuf=host)
+        if self.stream is not None and self.stream.capture is not None:
+            self.stream.capture.zero_before_launch(buffer, host.nbytes)
+        return buffer
 
     def check_in_stream_order(self, check) -> None:
         """Queues ``check(queue)`` behind the work enqueued so far: it reads back
@@ -302,12 +320,14 @@ class Call:
         stream keeps the error for its next synchronization; on the NULL
         stream, where the kernels have already run, it is raised here."""
         stream = self.stream
+        # A graph's check fails whichever stream replays it: raised there.
+        recorded = stream is not None and stream.capture is not None
 
         def run(queue: cl.CommandQueue) -> None:
             error = check(queue)
             if error is None:
                 return
-            if stream is None:
+            if stream is None or recorded:
                 raise error
             stream.fail(error)
 
@@ -320,12 +340,21 @@ class Call:
         ``args`` are pyopencl kernel arguments: Tensors (passed as their buffer),
         cl.Buffers, numpy scalars (np.int64(...), ...) or cl.LocalMemory.
         """
-        kernel = cl.Kernel(programs.get(self.device, source, options), name)
-        kernel.set_args(*[a.buffer if isinstance(a, Tensor) else a for a in args])
         global_size = tuple(int(n) for n in np.atleast_1d(global_size))
         local = None if local_size is None else tuple(int(n) for n in np.atleast_1d(local_size))
-        self.device.submit(self.stream,
-                           lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
+        buffers = [a.buffer if isinstance(a, Tensor) else a for a in args]
+        if self.stream is not None and self.stream.capture is not None:
+            # A graph enqueues this at every launch (graph.py): it gets a kernel of its
+            # own, whose arguments stay as set now, and the closure keeps them alive.
+            kernel = cl.Kernel(programs.get(self.device, source, options), name)
+            kernel.set_args(*buffers)
+            self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
+                q, kernel, global_size, local))
+            return
+        kernel, lock = programs.kernel(self.device, source, options, name)
+        with lock:  # submit enqueues before it returns, and an enqueue takes the arguments as set
+            kernel.set_args(*buffers)
+            self.device.submit(self.stream, lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
 
 
 # ---- strided copies ------------------------------------------------------------------
@@ -437,7 +466,10 @@ class KernelTable:
             def fn(call, key=key, device_of=self.device_of):
                 c = Call(op, call, device_of)
                 check_against_spec(c, key)
-                run(c, key)
+                if c.stream is not None and c.stream.capture is not None:  # graph.py
+                    c.stream.capture.add_kernel(call, lambda copy: run(Call(op, copy, device_of), key))
+                else:
+                    run(c, key)
 
             self.add(op, key, fn, flags)
 

@@ -81,12 +81,19 @@ class Stream:
         self.lock = threading.Lock()  # orders enqueues with the update of `last`
         self.last: cl.Event | None = None
         self.error: PluginError | None = None  # sticky: the first asynchronous failure
+        # The graph recording this stream's work instead of running it (graph.py);
+        # a graph's recorder stream always records and is never run.
+        self.capture = None
+        self.is_recorder = False
         self._host_work: queue_module.SimpleQueue | None = None
         self._worker: threading.Thread | None = None
         self._transfers: cl.CommandQueue | None = None
 
     def enqueue(self, submit) -> cl.Event:
         """Runs ``submit(queue)`` (which enqueues one command and returns its event)."""
+        if self.capture is not None:
+            self.capture.record("enqueue", submit)
+            return None
         with self.lock:
             event = self.last = submit(self.queue)
             self.queue.flush()
@@ -94,6 +101,9 @@ class Stream:
 
     def add_host_work(self, action) -> None:
         """Runs ``action()`` on the worker, in stream order."""
+        if self.capture is not None:
+            self.capture.record("host", action)
+            return
         with self.lock:
             marker = cl.enqueue_marker(self.queue)
             gate = cl.UserEvent(self.device.context)
@@ -109,6 +119,9 @@ class Stream:
 
     def copy_host(self, copy) -> None:
         """Runs ``copy(queue)``, a blocking host copy, in stream order."""
+        if self.capture is not None:
+            self.capture.record("copy_host", copy)
+            return
         self.add_host_work(lambda: copy(self._transfers))
 
     def _run_host_work(self) -> None:
@@ -118,6 +131,8 @@ class Stream:
             try:
                 marker.wait()
                 action()
+            except PluginError as exc:  # a check a graph recorded
+                self.fail(exc)
             except cl.Error as exc:
                 self.fail(PluginError(status_of_cl_error(exc), f"OpenCL error: {exc}"))
             except Exception as exc:  # recorded on the stream, never lost in the thread
@@ -194,6 +209,7 @@ class Device:
         self.mems: dict[int, Mem] = {}
         self.streams: dict[int, Stream] = {}
         self.events: dict[int, Event] = {}
+        self.graphs: dict = {}  # graph.Graph by handle
         self.used = 0
         self.pending_frees: list[tuple[cl.Event, int]] = []  # mem_free_async: (marker, bytes)
         self.total_memory = int(cl_device.global_mem_size)
@@ -234,7 +250,31 @@ class Device:
             raise invalid(f"{what} {handle_key(handle):#x} is not a live event on {self.name}")
         return event
 
+    def capturing(self) -> bool:
+        """Whether a stream of the device (not a graph's recorder) is capturing."""
+        with self.lock:
+            return any(s.capture is not None and not s.is_recorder for s in self.streams.values())
+
     # -- work -------------------------------------------------------------------
+
+    def record(self, event: Event, stream: Stream | None) -> None:
+        """event_record: the event's most recent record becomes this point of ``stream``."""
+        if stream is None:
+            marker = cl.enqueue_marker(self.queue)
+            marker.wait()
+        else:
+            marker = stream.enqueue(cl.enqueue_marker)
+        event.mark = Mark(marker)
+
+    def wait(self, stream: Stream | None, event: Event) -> None:
+        """stream_wait_event: later work on ``stream`` waits for the event's current record."""
+        mark = event.mark
+        if mark is None:
+            return
+        if stream is None:
+            mark.event.wait()
+        else:
+            stream.enqueue(lambda q: cl.enqueue_barrier(q, wait_for=[mark.event]))
 
     def submit(self, stream: Stream | None, submit) -> None:
         """Enqueues on ``stream``, or on the NULL stream and waits for completion."""
@@ -348,7 +388,8 @@ class Device:
                 q, staging, src.buffer, byte_count=size, src_offset=src_offset))
             self.submit(stream, lambda q: cl.enqueue_copy(
                 q, dst.buffer, staging, byte_count=size, dst_offset=dst_offset))
-            staging.release()  # the queued copies keep it until they ran
+            if stream is None or stream.capture is None:  # a graph replays the copies
+                staging.release()  # the queued copies keep it until they ran
             return
         self.submit(stream, lambda q: cl.enqueue_copy(
             q, dst.buffer, src.buffer, byte_count=size, src_offset=src_offset,

@@ -16,12 +16,11 @@ import pyopencl as cl
 
 from ... import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
-from . import kernels
+from . import graph as graphs, kernels
 from .errors import PluginError, callback, invalid, last_error_message, set_error
 from .runtime import (
     Device,
     Event,
-    Mark,
     Stream,
     _new_handle,
     create_devices,
@@ -104,7 +103,19 @@ def get_device_properties(dev, props):
 
 
 def device_synchronize(dev):
-    _device(dev).synchronize()
+    d = _device(dev)
+    _refuse_if_device_captures(d)
+    d.synchronize()
+
+
+def _refuse_if_device_captures(d: Device) -> None:
+    if d.capturing():
+        raise graphs.refused(f"a stream of {d.name}")
+
+
+def _refuse_if_capturing(s: Stream | None, stream) -> None:
+    if s is not None and s.capture is not None:
+        raise graphs.refused(f"stream {handle_key(stream):#x}")
 
 
 # -- memory --------------------------------------------------------------------------
@@ -119,6 +130,7 @@ def mem_alloc(dev, size, mem):
 def mem_free(dev, mem):
     d = _device(dev)
     if mem != ffi.NULL:
+        _refuse_if_device_captures(d)
         d.free(mem)
 
 
@@ -183,7 +195,7 @@ def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
 
 def mem_alloc_async(dev, size, stream, mem):
     d = _device(dev)
-    d.stream(stream)  # validated; allocation is immediate, so later work may use it
+    _refuse_if_capturing(d.stream(stream), stream)  # allocation is immediate: later work may use it
     _not_null(mem, "mem")
     mem[0] = d.alloc(size)
 
@@ -193,6 +205,7 @@ def mem_free_async(dev, mem, stream):
     s = d.stream(stream)
     if mem == ffi.NULL:
         return
+    _refuse_if_capturing(s, stream)
     if s is None:
         d.free(mem)
     else:
@@ -218,12 +231,13 @@ def stream_destroy(dev, stream):
         return
     with d.lock:
         s = d.streams.get(handle_key(stream))
-        if s is not None and not s.on_worker():
+        if s is not None and not s.on_worker() and s.capture is None:
             del d.streams[handle_key(stream)]
     if s is None:
         d.stream(stream)  # raises the "not a live stream" error
     if s.on_worker():
         raise _wait_on_self("stream", s)
+    _refuse_if_capturing(s, stream)
     s.close()
 
 
@@ -231,6 +245,7 @@ def stream_synchronize(dev, stream):
     s = _device(dev).stream(stream)
     if s is None:
         return C.DK_OK  # NULL-stream work is complete when its call returns
+    _refuse_if_capturing(s, stream)
     if s.on_worker():
         raise _wait_on_self("stream", s)
     return s.check(wait=True)
@@ -238,6 +253,7 @@ def stream_synchronize(dev, stream):
 
 def stream_query(dev, stream):
     s = _device(dev).stream(stream)
+    _refuse_if_capturing(s, stream)
     return C.DK_OK if s is None else s.check(wait=False)
 
 
@@ -245,19 +261,17 @@ def stream_wait_event(dev, stream, event):
     d = _device(dev)
     e = d.event("event", event)
     s = d.stream(stream)
-    mark = e.mark  # the record current at this call
-    if mark is None:
-        return
-    if s is None:
-        mark.event.wait()
+    if s is not None and s.capture is not None:  # every launch waits for the record current then
+        s.capture.record("wait", e)
     else:
-        s.enqueue(lambda q: cl.enqueue_barrier(q, wait_for=[mark.event]))
+        d.wait(s, e)
 
 
 def stream_add_callback(dev, stream, fn, user_data):
     d = _device(dev)
     _not_null(fn, "fn")
     s = d.stream(stream)
+    _refuse_if_capturing(s, stream)
     if s is None:
         fn(user_data)  # the NULL stream has nothing pending to order after
     else:
@@ -293,12 +307,10 @@ def event_record(dev, event, stream):
     d = _device(dev)
     e = d.event("event", event)
     s = d.stream(stream)
-    if s is None:
-        marker = cl.enqueue_marker(d.queue)
-        marker.wait()
+    if s is not None and s.capture is not None:  # every launch re-records the event here
+        s.capture.record("record", e)
     else:
-        marker = s.enqueue(cl.enqueue_marker)
-    e.mark = Mark(marker)
+        d.record(e, s)
 
 
 def event_query(dev, event):
@@ -340,6 +352,13 @@ _FUNCTIONS = {
     "event_query": event_query, "event_synchronize": event_synchronize,
     "event_elapsed_ms": event_elapsed_ms, "copy_p2p": copy_p2p,
     "mem_alloc_async": mem_alloc_async, "mem_free_async": mem_free_async,
+    "graph_begin_capture": lambda dev, stream: graphs.begin_capture(_device(dev), stream),
+    "graph_end_capture": lambda dev, stream, graph, num_slots: graphs.end_capture(
+        _device(dev), stream, graph, num_slots),
+    "graph_launch": lambda dev, graph, stream: graphs.launch(_device(dev), graph, stream),
+    "graph_rebind": lambda dev, graph, slot, mem, offset: graphs.rebind(
+        _device(dev), graph, slot, mem, offset),
+    "graph_destroy": lambda dev, graph: graphs.destroy(_device(dev), graph),
 }
 # Absent (NULL, the host's documented fallback): host_alloc / host_free, whose
 # page-locked memory OpenCL only offers as mapped buffers, and the collectives.

@@ -2,10 +2,11 @@
  * plugin.c -- DK_PluginInit and the function table of the devkit plugin
  * for @name@ devices.
  *
- * The table holds every function the ABI requires and the optional memory
- * extras. The optional collectives (ccl_unique_id_size ... group_end in
- * devkit.h) are left NULL, which tells the host that the device has none;
- * fill them in when it does.
+ * The table holds every function the ABI requires, the optional memory
+ * extras and the graph section (graph.c: captured stream work, launched as
+ * one work item). The optional collectives (ccl_unique_id_size ...
+ * group_end in devkit.h) are left NULL, which tells the host that the
+ * device has none; fill them in when it does.
  */
 #include "@name@_internal.h"
 #include "kernel.h"
@@ -39,6 +40,11 @@ static const DK_DeviceApi k_api = {
     .host_free = @name@_host_free,
     .mem_alloc_async = @name@_mem_alloc_async,
     .mem_free_async = @name@_mem_free_async,
+    .graph_begin_capture = @name@_graph_begin_capture,
+    .graph_end_capture = @name@_graph_end_capture,
+    .graph_launch = @name@_graph_launch,
+    .graph_rebind = @name@_graph_rebind,
+    .graph_destroy = @name@_graph_destroy,
 };
 
 /* The host's log sink. Each DK_PluginInit call installs its host's sink (the

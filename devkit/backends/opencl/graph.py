@@ -1,0 +1,253 @@
+"""The graph section (ABI 1.1) of the opencl plugin: pre-bound kernels replayed in one go.
+
+While a stream captures, everything that would be enqueued on it -- OpenCL
+commands (kernels with their arguments already set, copies, fills), host
+copies, the stream-order checks some kernels queue -- is recorded as the
+closure that would have been enqueued, and a launch enqueues those closures
+on the launch stream. No kernel argument is prepared again at launch.
+
+A kernel call is kept as a deep copy of its DK_KernelCall whose stream is the
+graph's recorder, a stream that is never run and always records; a rebind
+patches one tensor of that copy and prepares that kernel again, through the
+recorder, into new closures. Buffers a kernel zero-fills for its checks
+(error flags) are zero-filled again at the start of every launch.
+
+cl_khr_command_buffer (which PoCL reports) would make a launch one OpenCL
+command; pyopencl has no binding for it, so launches enqueue the recorded
+commands one by one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyopencl as cl
+
+from ...abi import C, ffi
+from .errors import PluginError, invalid
+from .runtime import Device, Stream, _new_handle, handle_key
+
+
+def refused(what: str) -> PluginError:
+    return PluginError(C.DK_FAILED_PRECONDITION,
+                       f"{what} is capturing a graph; this call is refused until graph_end_capture")
+
+
+def _copy_call(call, stream_handle):
+    """A deep copy of a DK_KernelCall on ``stream_handle`` and what keeps it alive."""
+    keep = []
+
+    def tensors(source, count):
+        array = ffi.new("DK_Tensor[]", max(count, 1))
+        for i in range(count):
+            t, original = array[i], source[i]
+            ffi.memmove(ffi.addressof(t), ffi.addressof(original), ffi.sizeof("DK_Tensor"))
+            if original.ndim > 0:
+                shape = ffi.new("int64_t[]", [original.shape[k] for k in range(original.ndim)])
+                keep.append(shape)
+                t.shape = shape
+                if original.strides != ffi.NULL:
+                    strides = ffi.new("int64_t[]", [original.strides[k] for k in range(original.ndim)])
+                    keep.append(strides)
+                    t.strides = strides
+        keep.append(array)
+        return array
+
+    def attribute(a):
+        copy = ffi.new("DK_Attribute *")
+        ffi.memmove(copy, a, ffi.sizeof("DK_Attribute"))
+        keep.append(copy)
+        copy.name = _owned(keep, "char[]", ffi.string(a.name))
+        if a.type == C.DK_ATTR_INTS:
+            copy.ints = _owned(keep, "int64_t[]", [a.ints[k] for k in range(a.count)] or [0])
+        elif a.type == C.DK_ATTR_FLOATS:
+            copy.floats = _owned(keep, "double[]", [a.floats[k] for k in range(a.count)] or [0.0])
+        elif a.type == C.DK_ATTR_STRING:
+            copy.s = _owned(keep, "char[]", ffi.string(a.s))
+        return copy
+
+    copy = ffi.new("DK_KernelCall *")
+    ffi.memmove(copy, call, ffi.sizeof("DK_KernelCall"))
+    copy.stream = stream_handle
+    copy.inputs = tensors(call.inputs, call.num_inputs)
+    copy.outputs = tensors(call.outputs, call.num_outputs)
+    attributes = [attribute(call.attributes[i]) for i in range(call.num_attributes)]
+    copy.attributes = _owned(keep, "DK_Attribute *[]", attributes or [ffi.NULL])
+    keep.append(copy)
+    return copy, keep
+
+
+def _owned(keep: list, ctype: str, init):
+    cdata = ffi.new(ctype, init)
+    keep.append(cdata)
+    return cdata
+
+
+class _Node:
+    """Recorded work: steps (kind, closure), and buffers zero-filled before each launch."""
+
+    def __init__(self, prepare=None, call=None, keep=None):
+        self.prepare, self.call, self.keep = prepare, call, keep
+        self.steps: list[tuple[str, object]] = []
+        self.zeroed: list[tuple[cl.Buffer, int]] = []
+
+
+class Graph:
+    def __init__(self, device: Device):
+        self.device = device
+        self.lock = threading.RLock()  # the node being prepared, and the lists
+        self.nodes: list[_Node] = []
+        self.slots: list[tuple[_Node, object]] = []  # (kernel node, its DK_Tensor)
+        self._preparing: _Node | None = None
+        self.recorder = Stream(device)
+        self.recorder.capture, self.recorder.is_recorder = self, True
+        key, self.recorder_handle = _new_handle("DK_Stream")
+        with device.lock:
+            device.streams[key] = self.recorder
+
+    # -- capture -------------------------------------------------------------------
+
+    def record(self, kind: str, closure) -> None:
+        """Stream.enqueue / add_host_work / copy_host of a capturing stream."""
+        with self.lock:
+            if self._preparing is not None:
+                self._preparing.steps.append((kind, closure))
+            else:
+                node = _Node()
+                node.steps.append((kind, closure))
+                self.nodes.append(node)
+
+    def zero_before_launch(self, buffer: cl.Buffer, nbytes: int) -> None:
+        with self.lock:
+            if self._preparing is not None:
+                self._preparing.zeroed.append((buffer, nbytes))
+
+    def add_kernel(self, call, prepare) -> None:
+        """A kernel call on the capturing stream: kept, prepared now (its errors raised now)."""
+        copy, keep = _copy_call(call, self.recorder_handle)
+        node = _Node(prepare, copy, keep)
+        self._prepare(node)
+        with self.lock:
+            self.nodes.append(node)
+            for i in range(copy.num_inputs):
+                if copy.inputs[i].ndim >= 0:
+                    self.slots.append((node, copy.inputs[i]))
+            self.slots.extend((node, copy.outputs[i]) for i in range(copy.num_outputs))
+
+    def _prepare(self, node: _Node) -> None:
+        with self.lock:
+            steps, zeroed = node.steps, node.zeroed
+            node.steps, node.zeroed = [], []
+            self._preparing = node
+            try:
+                node.prepare(node.call)
+            except BaseException:
+                node.steps, node.zeroed = steps, zeroed
+                raise
+            finally:
+                self._preparing = None
+
+    # -- use -------------------------------------------------------------------------
+
+    def rebind(self, slot: int, mem, offset: int) -> None:
+        with self.lock:
+            if not 0 <= slot < len(self.slots):
+                raise PluginError(C.DK_OUT_OF_RANGE, f"slot {slot} does not exist: the graph has "
+                                                     f"{len(self.slots)} slot(s)")
+            node, tensor = self.slots[slot]
+            captured = tensor.data, tensor.byte_offset
+            tensor.data, tensor.byte_offset = mem, offset
+            try:
+                self._prepare(node)  # checks the tensor against its new memory
+            except BaseException:
+                tensor.data, tensor.byte_offset = captured
+                raise
+
+    def launch(self, stream: Stream | None) -> None:
+        d = self.device
+        with self.lock:
+            nodes = [(list(n.steps), list(n.zeroed)) for n in self.nodes]
+        for _, zeroed in nodes:
+            for buffer, nbytes in zeroed:
+                d.submit(stream, lambda q, b=buffer, n=nbytes: cl.enqueue_fill_buffer(
+                    q, b, np.uint8(0), 0, n))
+        for steps, _ in nodes:
+            for kind, closure in steps:
+                if kind == "enqueue":
+                    d.submit(stream, closure)
+                elif kind == "copy_host":
+                    d.copy_host(stream, closure)
+                elif kind == "host":
+                    closure() if stream is None else stream.add_host_work(closure)
+                elif kind == "record":
+                    d.record(closure, stream)
+                else:
+                    d.wait(stream, closure)
+
+    def close(self) -> None:
+        with self.device.lock:
+            self.device.streams.pop(handle_key(self.recorder_handle), None)
+        self.recorder.close()
+        self.nodes, self.slots = [], []
+
+
+# -- the table functions ----------------------------------------------------------------
+
+
+def _capturing_stream(d: Device, stream) -> Stream:
+    if stream == ffi.NULL:
+        raise invalid("stream is NULL; the default stream cannot capture")
+    return d.stream(stream)
+
+
+def begin_capture(d: Device, stream) -> None:
+    s = _capturing_stream(d, stream)
+    if s.capture is not None:
+        raise refused(f"stream {handle_key(stream):#x}")
+    s.capture = Graph(d)
+
+
+def end_capture(d: Device, stream, graph, num_slots) -> None:
+    s = _capturing_stream(d, stream)
+    if graph == ffi.NULL or num_slots == ffi.NULL:
+        raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
+    g, s.capture = s.capture, None
+    if g is None:
+        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {handle_key(stream):#x} is not capturing")
+    key, handle = _new_handle("DK_Graph")
+    with d.lock:
+        d.graphs[key] = g
+    graph[0], num_slots[0] = handle, len(g.slots)
+
+
+def lookup(d: Device, graph) -> Graph:
+    if graph == ffi.NULL:
+        raise invalid("graph is NULL")
+    with d.lock:
+        g = d.graphs.get(handle_key(graph))
+    if g is None:
+        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
+    return g
+
+
+def launch(d: Device, graph, stream) -> None:
+    g = lookup(d, graph)
+    s = d.stream(stream)
+    if s is not None and s.capture is not None:
+        raise refused(f"stream {handle_key(stream):#x}")
+    g.launch(s)
+
+
+def rebind(d: Device, graph, slot: int, mem, offset: int) -> None:
+    lookup(d, graph).rebind(slot, mem, offset)
+
+
+def destroy(d: Device, graph) -> None:
+    if graph == ffi.NULL:
+        return
+    with d.lock:
+        g = d.graphs.pop(handle_key(graph), None)
+    if g is None:
+        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
+    g.close()  # commands already enqueued hold their own references

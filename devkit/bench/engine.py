@@ -1,0 +1,210 @@
+"""devkit-bench engine: the host cost of devkit's execution engine against
+torch, NumPy and onnxruntime, measured in the same run.
+
+    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] [--models resnet18,gpt]
+                        [--repeat 15] [--quick] [--json PATH]
+
+- eager: a 1-element float32 Add through devkit.ops.Add (the call cache's
+  path) against torch.add and numpy.add;
+- chain: a 200-node chain of tiny elementwise ops (an ONNX model built here)
+  through a devkit plan and the interpreter, against onnxruntime with 1 and 2
+  intra-op threads: the time per node is the host's cost of a node. On each
+  plugin the plan's submission alone (a run on a caller's stream, before it
+  is synchronized) is the host overhead per node;
+- models: devkit.onnx.zoo's models and its large ones (ResNet-18 at 224x224,
+  a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime.
+
+Each contender is timed in turn within every repetition (interleaved) and the
+figures are medians over the repetitions; ratios are devkit / peer (below 1:
+devkit is faster). torch runs with OMP_WAIT_POLICY=PASSIVE and onnxruntime
+with spinning off, so neither's idle threads slow whatever runs next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+CHAIN_OPS = ("Add", "Mul", "Relu", "Sigmoid", "Neg", "Abs")
+CHAIN_WIDTH = 16
+
+
+def _interleaved(contenders: dict[str, Callable[[], object]], repeat: int, calls: int = 1) -> dict[str, float]:
+    """Median seconds per call of each contender; every repetition times each in turn."""
+    for fn in contenders.values():
+        fn()  # warm-up: plans, caches, thread pools
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeat):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def chain_model(nodes: int = 200, width: int = CHAIN_WIDTH):
+    """x (width,) float32 through ``nodes`` elementwise ops cycling over CHAIN_OPS
+    (Add and Mul take a constant); returns (model, inputs)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    initializers = [numpy_helper.from_array(np.full(width, 0.5, np.float32), "half")]
+    graph_nodes, value = [], "x"
+    for i in range(nodes):
+        op = CHAIN_OPS[i % len(CHAIN_OPS)]
+        inputs = [value, "half"] if op in ("Add", "Mul") else [value]
+        output = "y" if i == nodes - 1 else f"v{i}"
+        graph_nodes.append(helper.make_node(op, inputs, [output], name=f"n{i}"))
+        value = output
+    graph = helper.make_graph(graph_nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [width])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": np.linspace(-1, 1, width, dtype=np.float32)}
+
+
+def _ort_sessions(model) -> dict[str, Callable]:
+    """onnxruntime sessions with 1 and 2 intra-op threads, spinning off, by label."""
+    import onnxruntime
+
+    sessions = {}
+    for threads in (1, 2):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sessions[f"onnxruntime_{threads}t"] = onnxruntime.InferenceSession(
+            model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return sessions
+
+
+def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, object]:
+    """Plan, interpreter and onnxruntime on one model: times in ms and ratios."""
+    from .. import onnx as donnx
+
+    planned = donnx.prepare(model, f"{plugin}:0")
+    interpreted = donnx.prepare(model, f"{plugin}:0", plan=False)
+    contenders = {"plan": lambda: planned.run(inputs), "interpreter": lambda: interpreted.run(inputs)}
+    sessions = _ort_sessions(model)
+    contenders.update({label: (lambda s=s: s.run(None, inputs)) for label, s in sessions.items()})
+    want = sessions["onnxruntime_1t"].run(None, inputs)
+    got, interpreted_got = planned.run(inputs), interpreted.run(inputs)
+    medians = _interleaved(contenders, repeat)
+    best_ort = min(medians["onnxruntime_1t"], medians["onnxruntime_2t"])
+    row = {"plugin": plugin, **{f"{name}_ms": seconds * 1e3 for name, seconds in medians.items()},
+           "plan_over_onnxruntime": medians["plan"] / best_ort,
+           "interpreter_over_onnxruntime": medians["interpreter"] / best_ort,
+           "plan_over_interpreter": medians["plan"] / medians["interpreter"],
+           "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(got, interpreted_got)),
+           "max_abs_diff_vs_onnxruntime": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
+                                              for a, b in zip(got, want))}
+    return row, planned
+
+
+def eager_rows(repeat: int, calls: int) -> list[dict]:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its pool
+    import torch
+
+    import devkit
+
+    one = np.ones(1, np.float32)
+    a, b = devkit.asarray(one), devkit.asarray(one)
+    ta, tb = torch.from_numpy(one.copy()), torch.from_numpy(one.copy())
+    medians = _interleaved({"devkit": lambda: devkit.ops.Add(a, b), "torch": lambda: torch.add(ta, tb),
+                            "numpy": lambda: np.add(one, one)}, repeat, calls)
+    return [{"benchmark": "eager Add 1 element", "devkit_us": medians["devkit"] * 1e6,
+             "torch_us": medians["torch"] * 1e6, "numpy_us": medians["numpy"] * 1e6,
+             "devkit_over_torch": medians["devkit"] / medians["torch"],
+             "devkit_over_numpy": medians["devkit"] / medians["numpy"]}]
+
+
+def chain_rows(plugins: list[str], nodes: int, repeat: int) -> list[dict]:
+    import devkit
+
+    model, inputs = chain_model(nodes)
+    rows = []
+    for plugin in plugins:
+        row, planned = _model_row(model, inputs, plugin, repeat)
+        stream = devkit.device(f"{plugin}:0").create_stream()
+
+        def submit():  # the host's part of a planned run: it returns before the work completes
+            planned.run(inputs, stream)
+
+        def submit_and_wait():
+            planned.run(inputs, stream)
+            stream.synchronize()
+
+        submit_and_wait()
+        submit_times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            submit()
+            submit_times.append(time.perf_counter() - start)
+            stream.synchronize()
+        for name in ("plan", "interpreter", "onnxruntime_1t", "onnxruntime_2t"):
+            row[f"{name}_us_per_node"] = row[f"{name}_ms"] * 1e3 / nodes
+        row["plan_host_us_per_node"] = statistics.median(submit_times) * 1e6 / nodes
+        rows.append({"benchmark": f"chain of {nodes} elementwise ops", "nodes": nodes, **row})
+        stream.destroy()
+    return rows
+
+
+def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat: int) -> list[dict]:
+    from ..onnx import zoo
+
+    builders = {**zoo.MODELS, **zoo.LARGE_MODELS}
+    if models is None:  # the quick run (the test's): two small models
+        models = ["mlp", "resnet"] if quick else list(builders)
+    unknown = sorted(set(models) - set(builders))
+    if unknown:
+        raise SystemExit(f"devkit-bench engine: no model {unknown[0]!r} (the zoo has {', '.join(builders)})")
+    builders = {name: builders[name] for name in models}
+    rows = []
+    for plugin in plugins:
+        for name, build in builders.items():
+            model, inputs = build()
+            row, planned = _model_row(model, inputs, plugin, repeat)
+            (plan,) = planned.plans.values()
+            rows.append({"benchmark": f"model {name}", "model": name, **row, "kernel_calls": len(plan.calls),
+                         "arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.memory.total_bytes})
+    return rows
+
+
+def run(plugins: list[str], only: list[str], repeat: int, quick: bool, models: list[str] | None = None) -> list[dict]:
+    rows = []
+    if "eager" in only:
+        rows += eager_rows(repeat, 200 if quick else 2000)
+    if "chain" in only:
+        rows += chain_rows(plugins, 20 if quick else 200, repeat)
+    if "models" in only:
+        rows += model_rows(plugins, models, quick, repeat)
+    return rows
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def print_rows(rows: list[dict]) -> None:
+    print("devkit engine benchmark (medians of interleaved repetitions; ratios devkit / peer, below 1: devkit "
+          "is faster; a shared machine's figures are noisy)")
+    for row in rows:
+        fields = ", ".join(f"{key} {_format(value)}" for key, value in row.items() if key != "benchmark")
+        print(f"{row['benchmark']}: {fields}")
+
+
+def engine_main(args) -> int:
+    plugins = args.plugins.split(",")
+    only = args.only.split(",")
+    if args.plugins and "opencl" in plugins:
+        os.environ.setdefault("POCL_DEVICES", "pthread pthread")
+    rows = run(plugins, only, args.repeat, args.quick, args.models.split(",") if args.models else None)
+    print_rows(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0

@@ -1,0 +1,45 @@
+"""devkit-bench engine: one quick run, and the rows it reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from devkit import onnx as donnx
+from devkit.bench import engine
+
+
+def test_the_chain_model_is_the_ops_it_names():
+    model, inputs = engine.chain_model(7, width=4)
+    assert [node.op_type for node in model.graph.node] == [*engine.CHAIN_OPS, engine.CHAIN_OPS[0]]
+    x = inputs["x"].astype(np.float64)
+    want = np.abs(-(1 / (1 + np.exp(-np.maximum((x + 0.5) * 0.5, 0))))) + 0.5
+    np.testing.assert_allclose(donnx.prepare(model).run(inputs)[0], want, rtol=1e-6)
+
+
+def test_a_quick_run_reports_every_row(tmp_path):
+    out = tmp_path / "engine.json"
+    result = subprocess.run([sys.executable, "-m", "devkit.bench", "engine", "--quick", "--repeat", "2",
+                             "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())
+    assert [row["benchmark"] for row in rows] == ["eager Add 1 element", "chain of 20 elementwise ops",
+                                                   "model mlp", "model resnet"]
+    eager, chain, *models = rows
+    for name in ("devkit", "torch", "numpy"):
+        assert eager[f"{name}_us"] > 0
+    assert eager["devkit_over_torch"] == pytest.approx(eager["devkit_us"] / eager["torch_us"])
+    assert chain["nodes"] == 20 and chain["plan_host_us_per_node"] > 0
+    assert chain["plan_us_per_node"] == pytest.approx(chain["plan_ms"] * 1e3 / 20)
+    for row in [chain, *models]:
+        assert row["plugin"] == "cpu" and row["plan_equals_interpreter"] is True
+        assert row["max_abs_diff_vs_onnxruntime"] < 1e-4
+        best = min(row["onnxruntime_1t_ms"], row["onnxruntime_2t_ms"])
+        assert row["plan_over_onnxruntime"] == pytest.approx(row["plan_ms"] / best)
+    for row in models:
+        assert row["kernel_calls"] > 0 and 0 < row["arena_bytes"] < row["intermediate_bytes"]
+    assert "chain of 20 elementwise ops: nodes 20, plugin cpu" in result.stdout

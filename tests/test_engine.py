@@ -1,0 +1,300 @@
+"""devkit.engine: plans for ONNX models (prebuilt calls over a planned arena)
+and the eager call cache, on the cpu plugin."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import devkit
+from devkit import onnx as donnx
+from devkit.engine import Lifetime, plan_memory
+from devkit.engine.plan import Plan
+from devkit.onnx import zoo
+from devkit.ops import dispatch
+
+from .test_onnx_model import init, make_model, relu_chain_model, shape_subgraph_model, value
+
+
+def only_plan(prepared) -> Plan:
+    (plan,) = prepared.plans.values()
+    assert isinstance(plan, Plan), plan
+    return plan
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    """Counts the synchronising calls into the cpu plugin, by function name."""
+    plugin = devkit.load_plugin("cpu")
+    counts = collections.Counter()
+    call = plugin.call
+
+    def counting(function, *args):
+        if "synchronize" in function:
+            counts[function] += 1
+        return call(function, *args)
+
+    monkeypatch.setattr(plugin, "call", counting)
+    return counts
+
+
+# -- the memory plan -------------------------------------------------------------------------
+
+def test_tensors_live_at_different_times_share_bytes():
+    lifetimes = [Lifetime(1000, 0, 1), Lifetime(1000, 1, 2), Lifetime(1000, 2, 3), Lifetime(10, 0, 3)]
+    memory = plan_memory(lifetimes, alignment=64)
+    assert memory.total_bytes == 3 * 1024 + 64
+    assert memory.offsets[0] == memory.offsets[2]  # 0 is dead when 2 is written... at step 2 they touch
+    assert memory.arena_bytes == 2 * 1024 + 64
+
+
+def test_no_two_live_tensors_overlap_and_offsets_are_aligned():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        lifetimes = []
+        for _ in range(30):
+            first = int(rng.integers(-1, 20))
+            lifetimes.append(Lifetime(int(rng.integers(0, 5000)), first, first + int(rng.integers(0, 6))))
+        memory = plan_memory(lifetimes, alignment=128)
+        assert all(offset % 128 == 0 for offset in memory.offsets)
+        assert memory.arena_bytes <= memory.total_bytes
+        for (i, a), (j, b) in itertools.combinations(enumerate(lifetimes), 2):
+            if a.first <= b.last and b.first <= a.last and a.nbytes and b.nbytes:
+                assert (memory.offsets[i] + a.nbytes <= memory.offsets[j]
+                        or memory.offsets[j] + b.nbytes <= memory.offsets[i]), (a, b, memory)
+            end = max(memory.offsets[i] + a.nbytes, memory.offsets[j] + b.nbytes)
+            assert end <= memory.arena_bytes
+
+
+def test_a_chain_plan_holds_two_activations():
+    """8 Relus on 1 MiB: the input, 7 intermediates and the output are 9 tensors;
+    at any step two are live."""
+    prepared = donnx.prepare(relu_chain_model(8, 1 << 18))
+    x = np.random.default_rng(4).standard_normal(1 << 18).astype(np.float32)
+    np.testing.assert_array_equal(prepared.run([x])[0], np.maximum(x, 0))
+    plan = only_plan(prepared)
+    assert plan.memory.total_bytes == 9 * x.nbytes
+    assert plan.arena_bytes == 2 * x.nbytes
+    assert [call.op for call in plan.calls] == ["Relu"] * 8
+
+
+# -- plans ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_plan_outputs_are_the_interpreters_bit_for_bit(name):
+    model, inputs = zoo.MODELS[name]()
+    planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    want = interpreted.run(inputs)
+    for _ in range(2):  # the build's run and a replay
+        got = planned.run(inputs)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+    plan = only_plan(planned)
+    assert plan.arena_bytes < plan.memory.total_bytes  # lifetimes share the arena
+
+
+def test_shape_subgraph_and_constants_are_folded_at_build(monkeypatch):
+    """transformer_encoder's head reshapes come from Shape(x): no Shape, Slice or
+    Concat is left in the plan, and nothing goes through run_op after the build."""
+    model, inputs = zoo.transformer_encoder()
+    prepared = donnx.prepare(model)
+    prepared.run(inputs)
+    ops = {call.op for call in only_plan(prepared).calls}
+    assert not ops & {"Shape", "Slice", "Concat"} and {"Reshape", "MatMul", "Softmax"} <= ops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a planned run reached run_op")
+
+    monkeypatch.setattr(dispatch, "run_op", refuse)
+    prepared.run(inputs)
+
+
+def test_values_of_initializers_alone_are_computed_once_per_fed_set(device_ops):
+    """Transpose(w) depends on no input: computed at the first build, shared by
+    the plans of other shapes, and recomputed only when a feed overrides w."""
+    w = np.arange(80 * 60, dtype=np.float32).reshape(80, 60) / 1000
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    model = make_model(nodes, [value("x", ["batch", 60]), value("w", [80, 60])], [value("y", ["batch", 80])],
+                       [init("w", w)], ir_version=8)
+    prepared = donnx.prepare(model)
+    rng = np.random.default_rng(3)
+    for batch in (2, 2, 5):
+        x = rng.standard_normal((batch, 60)).astype(np.float32)
+        np.testing.assert_allclose(prepared.run([x])[0], x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+    assert device_ops == {"Transpose": 1}
+    fed = w[::-1].copy()
+    np.testing.assert_allclose(prepared.run({"x": x, "w": fed})[0], x.astype(np.float64) @ fed.T,
+                               rtol=1e-5, atol=1e-5)
+    assert device_ops == {"Transpose": 1}  # with w fed, Transpose is a kernel call of the plan
+    fed_plan = prepared.plans[(("w", (80, 60)), ("x", (5, 60)))]
+    assert [call.op for call in fed_plan.calls] == ["Transpose", "MatMul"]
+
+
+def test_a_new_shape_builds_and_caches_its_own_plan():
+    prepared = donnx.prepare(shape_subgraph_model())
+    rng = np.random.default_rng(0)
+    seen = []
+    for batch in (4, 1, 4, 1, 7):
+        x = rng.standard_normal((batch, 6)).astype(np.float32)
+        np.testing.assert_array_equal(prepared.run([x])[0], np.maximum(x.reshape(batch, 2, 3), 0))
+        seen.append(prepared.plans[(("x", (batch, 6)),)])
+    assert list(prepared.plans) == [(("x", (b, 6)),) for b in (4, 1, 7)]
+    assert seen[0] is seen[2] and seen[1] is seen[3] and seen[0] is not seen[1]
+
+
+def test_one_synchronisation_per_run(syncs):
+    model, inputs = zoo.resnet()
+    planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    planned.run(inputs)  # the build
+    syncs.clear()
+    for _ in range(3):
+        planned.run(inputs)
+    assert syncs == {"stream_synchronize": 3}
+    syncs.clear()
+    interpreted.run(inputs)
+    assert sum(syncs.values()) == 0  # every node on the default stream: each complete when it returns
+
+
+def test_a_run_on_the_callers_stream_waits_for_nothing(syncs):
+    model, inputs = zoo.mlp()
+    prepared = donnx.prepare(model)
+    (want,) = donnx.prepare(model, plan=False).run(inputs)
+    prepared.run(inputs)
+    dev = devkit.device("cpu:0")
+    first, second = dev.create_stream(), dev.create_stream()
+    for stream in (first, second, first):  # the calls follow the stream they are given
+        syncs.clear()
+        (got,) = prepared.run(inputs, stream)
+        assert sum(syncs.values()) == 0
+        stream.synchronize()
+        np.testing.assert_array_equal(got, want)
+    first.destroy()
+    second.destroy()
+
+
+def test_what_cannot_be_planned_runs_in_the_interpreter():
+    """Reshape's target fed as an input is only known on the device; NonZero's
+    output size depends on its input values: both say so and still run."""
+    reshape = make_model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                         [value("x", [6]), value("shape", [2], TensorProto.INT64)], [value("y", None)])
+    prepared = donnx.prepare(reshape)
+    (y,) = prepared.run([np.arange(6, dtype=np.float32), np.array([3, 2])])
+    np.testing.assert_array_equal(y, np.arange(6, dtype=np.float32).reshape(3, 2))
+    (reason,) = prepared.plans.values()
+    assert "input 'shape' is computed on the device" in reason and "(Reshape)" in reason
+    nonzero = make_model([helper.make_node("NonZero", ["x"], ["y"])], [value("x", [5])],
+                         [value("y", None, TensorProto.INT64)])
+    prepared = donnx.prepare(nonzero)
+    x = np.array([0, 1, 0, 2, 3], np.float32)
+    np.testing.assert_array_equal(prepared.run([x])[0], np.array(np.nonzero(x)))
+    (reason,) = prepared.plans.values()
+    assert "output shape depends on its input values" in reason
+
+
+def test_bad_inputs_still_fail_with_their_name_once_planned():
+    model, inputs = zoo.mlp()
+    prepared = donnx.prepare(model)
+    prepared.run(inputs)
+    with pytest.raises(TypeError, match="input 'x' has dtype float64, the model declares float32"):
+        prepared.run({"x": inputs["x"].astype(np.float64)})
+    with pytest.raises(ValueError, match=r"input 'x' has shape \(16, 5\), the model declares \(\?, 128\)"):
+        prepared.run({"x": inputs["x"][:, :5]})
+
+
+def test_a_shape_error_found_at_build_names_the_op():
+    model = make_model([helper.make_node("Add", ["a", "b"], ["y"])], [value("a", ["n"]), value("b", ["m"])],
+                       [value("y", None)])
+    with pytest.raises(ValueError, match=r"Add: shapes \(3,\), \(4,\) cannot be broadcast together"):
+        donnx.prepare(model).run([np.ones(3, np.float32), np.ones(4, np.float32)])
+
+
+# -- the eager call cache ----------------------------------------------------------------------
+
+@pytest.fixture
+def cache():
+    devkit.ops.clear_call_cache()
+    yield devkit.ops.call_cache_info
+    devkit.ops.clear_call_cache()
+
+
+def test_repeated_calls_hit_the_cache(cache):
+    a = devkit.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    b = devkit.asarray(np.full(3, 0.5, np.float32))
+    outputs = [devkit.ops.Add(a, b).numpy() for _ in range(4)]
+    for out in outputs:
+        np.testing.assert_array_equal(out, np.arange(6, dtype=np.float32).reshape(2, 3) + 0.5)
+    assert cache() == {"hits": 3, "misses": 1, "entries": 1}
+    devkit.ops.Add(b, a)  # other shapes in the other order: its own entry
+    devkit.ops.Softmax(a, axis=0)
+    devkit.ops.Softmax(a, axis=1)
+    assert cache() == {"hits": 3, "misses": 4, "entries": 4}
+
+
+def test_host_inputs_are_keyed_by_value(cache):
+    x = devkit.asarray(np.arange(6, dtype=np.float32))
+    assert devkit.ops.Reshape(x, [2, 3]).shape == (2, 3)
+    assert devkit.ops.Reshape(x, [3, 2]).shape == (3, 2)
+    assert devkit.ops.Reshape(x, np.array([3, 2])).shape == (3, 2)
+    assert devkit.ops.Reshape(x, [3, 2]).shape == (3, 2)
+    assert cache()["hits"] == 2  # [3, 2] and np.array([3, 2]): the same int64 values
+
+
+def test_host_inputs_given_as_device_arrays_are_never_cached(cache):
+    """ConstantOfShape's shape read from a device Array: the same Array shape, other values."""
+    for shape in ([2, 3], [3, 2], [2, 3]):
+        out = devkit.ops.ConstantOfShape(devkit.asarray(np.array(shape)), value=1.5, dtype="float32")
+        np.testing.assert_array_equal(out.numpy(), np.full(shape, 1.5, np.float32))
+    assert cache()["hits"] == 0
+
+
+def test_bad_input_after_caching_still_fails_clearly(cache):
+    a = devkit.asarray(np.ones(3, np.float32))
+    devkit.ops.Add(a, a)
+    with pytest.raises(ValueError, match=r"Add: shapes \(3,\), \(4,\) cannot be broadcast together"):
+        devkit.ops.Add(a, devkit.asarray(np.ones(4, np.float32)))
+    with pytest.raises(TypeError, match="Add: B has dtype int32 but A has float32"):
+        devkit.ops.Add(a, devkit.asarray(np.ones(3, np.int32)))
+    devkit.ops.Softmax(a, axis=0)
+    with pytest.raises(ValueError, match="axis 5 is out of range"):
+        devkit.ops.Softmax(a, axis=5)
+    with pytest.raises(TypeError, match="Softmax: unknown attribute 'axes'"):
+        devkit.ops.Softmax(a, axes=0)
+    b = devkit.asarray(np.ones(3, np.float32))
+    devkit.ops.Add(a, b)
+    b.buffer.free()
+    with pytest.raises(ValueError, match="buffer has been freed"):
+        devkit.ops.Add(a, b)
+
+
+def test_a_cached_call_on_a_stream(cache):
+    dev = devkit.device("cpu:0")
+    stream = dev.create_stream()
+    a = devkit.asarray(np.arange(4, dtype=np.float32))
+    for _ in range(3):
+        out = devkit.ops.Mul(a, a, stream=stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(out.numpy(), np.arange(4, dtype=np.float32) ** 2)
+    assert cache()["hits"] == 2
+    stream.destroy()
+
+
+def test_strided_and_numpy_inputs(cache):
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = devkit.asarray(host)
+    for _ in range(2):
+        np.testing.assert_array_equal(devkit.ops.Relu(x.T).numpy(), np.maximum(host.T, 0))
+        np.testing.assert_array_equal(devkit.ops.Add(x, np.ones(4, np.float32)).numpy(), host + 1)
+
+
+def test_kernels_are_found_by_op_and_dtype():
+    plugin = devkit.load_plugin("cpu")
+    entry = plugin.kernel_entry("Add", np.float32)
+    assert entry in plugin.kernel_entries("Add") and entry.dtype.bits == 32
+    assert plugin.kernel_entry("Add", np.dtype("bool")) is None
+    assert plugin.kernel_entry("NoSuchOp", np.float32) is None
