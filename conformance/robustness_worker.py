@@ -41,6 +41,7 @@ import devkit
 from devkit import dtypes as _dtypes
 from devkit import ops
 from devkit.abi import C, ffi
+from devkit.engine import calls
 from devkit.ops import dispatch, spec as _spec
 from devkit.ops.testing import rng_for
 
@@ -253,12 +254,12 @@ class KernelCall:
 
 def _attribute_cdata(attribute: Attribute, keep: list):
     if attribute.kind == "raw-dtype":
-        a = dispatch._attribute(attribute.name, "int", 0, keep)
+        a = calls._attribute(attribute.name, "int", 0, keep)
         a.type = C.DK_ATTR_DTYPE
         a.dtype.code, a.dtype.bits = attribute.value
         a.dtype.lanes = 1
         return a
-    return dispatch._attribute(attribute.name, attribute.kind, attribute.value, keep)
+    return calls._attribute(attribute.name, attribute.kind, attribute.value, keep)
 
 
 def run_kernel(ctx: Context, entry, call: KernelCall, patch: Callable | None = None) -> list[list[int]]:
@@ -288,8 +289,8 @@ def run_kernel(ctx: Context, entry, call: KernelCall, patch: Callable | None = N
         slot.device.device_id = t.device_id
         slot.ndim = len(shape)
         slot.dtype.code, slot.dtype.bits, slot.dtype.lanes = t.dtype or (code, bits, 1)
-        slot.shape = ffi.NULL if t.null_shape else dispatch._owned(keep, "int64_t[]", list(shape) or [0])
-        slot.strides = ffi.NULL if t.strides is None else dispatch._owned(keep, "int64_t[]",
+        slot.shape = ffi.NULL if t.null_shape else calls._owned(keep, "int64_t[]", list(shape) or [0])
+        slot.strides = ffi.NULL if t.strides is None else calls._owned(keep, "int64_t[]",
                                                                            list(t.strides) or [0])
         slot.byte_offset = t.byte_offset
 
@@ -328,7 +329,7 @@ def _entry(ctx: Context, op: str, dtype_name: str | None = None):
     entries = ctx.plugin.kernel_entries(op)
     if not entries:
         return None
-    by_name = {_spec.dtype_name(dispatch._key_dtype_of(e)): e for e in entries}
+    by_name = {_spec.dtype_name(calls.key_dtype_of(e)): e for e in entries}
     if dtype_name is not None:
         return by_name.get(dtype_name)
     return next((by_name[name] for name in PREFERRED_DTYPES if name in by_name), entries[0])
@@ -498,31 +499,31 @@ def tensor_in_foreign_memory(ctx, entry):
 @_register_kernel_case
 def attribute_null_or_short(ctx, entry):
     def null_attribute(raw, keep):
-        raw.attributes = dispatch._owned(keep, "DK_Attribute *[]", [ffi.NULL])
+        raw.attributes = calls._owned(keep, "DK_Attribute *[]", [ffi.NULL])
         raw.num_attributes = 1
 
     def short_attribute(raw, keep):
-        a = dispatch._attribute("alpha", "float", 1.0, keep)
+        a = calls._attribute("alpha", "float", 1.0, keep)
         a.struct_size = 8
-        raw.attributes = dispatch._owned(keep, "DK_Attribute *[]", [a])
+        raw.attributes = calls._owned(keep, "DK_Attribute *[]", [a])
         raw.num_attributes = 1
 
     def list_without_elements(raw, keep):
-        a = dispatch._attribute("axes", "ints", [0], keep)
+        a = calls._attribute("axes", "ints", [0], keep)
         a.ints, a.count = ffi.NULL, 3
-        raw.attributes = dispatch._owned(keep, "DK_Attribute *[]", [a])
+        raw.attributes = calls._owned(keep, "DK_Attribute *[]", [a])
         raw.num_attributes = 1
 
     def negative_count(raw, keep):
-        a = dispatch._attribute("axes", "ints", [0], keep)
+        a = calls._attribute("axes", "ints", [0], keep)
         a.count = -1
-        raw.attributes = dispatch._owned(keep, "DK_Attribute *[]", [a])
+        raw.attributes = calls._owned(keep, "DK_Attribute *[]", [a])
         raw.num_attributes = 1
 
     def unknown_type(raw, keep):
-        a = dispatch._attribute("alpha", "int", 1, keep)
+        a = calls._attribute("alpha", "int", 1, keep)
         a.type = 99
-        raw.attributes = dispatch._owned(keep, "DK_Attribute *[]", [a])
+        raw.attributes = calls._owned(keep, "DK_Attribute *[]", [a])
         raw.num_attributes = 1
 
     return [call for patch in (null_attribute, short_attribute, list_without_elements, negative_count,

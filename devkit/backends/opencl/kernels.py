@@ -475,13 +475,13 @@ class KernelTable:
 
 
 def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:
-    from ...ops.dispatch import _key_dtype_of
+    from ...engine.calls import key_dtype_of
 
     code, bits, lanes = key & 0xFF, (key >> 8) & 0xFF, key >> 16
     try:
         if lanes != 1:
             raise KeyError(lanes)
-        return _key_dtype_of(SimpleNamespace(dtype=SimpleNamespace(code=code, bits=bits)))
+        return key_dtype_of(SimpleNamespace(dtype=SimpleNamespace(code=code, bits=bits)))
     except (KeyError, TypeError):
         raise invalid(f"{c.op}: {what} has dtype (code {code}, bits {bits}, lanes {lanes}), which the op "
                       f"does not take") from None
