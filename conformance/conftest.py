@@ -95,6 +95,8 @@ def memory_returns_to_baseline(request, plugin_allocator):
         yield
         return
     devices = request.getfixturevalue("plugin").devices()
+    for device in devices:  # frees the last case ordered on its streams complete first
+        device.synchronize()
     before = [device.mem_get_info()[0] for device in devices]
     yield
     if getattr(request.node, "call_failed", False):
@@ -107,5 +109,6 @@ def memory_returns_to_baseline(request, plugin_allocator):
         for device in devices:
             device.synchronize()
         after = [device.mem_get_info()[0] for device in devices]
-    leaked = {str(d): b - a for d, b, a in zip(devices, before, after) if b != a}
+    # More free memory than before is no leak: an earlier case's last objects went meanwhile.
+    leaked = {str(d): b - a for d, b, a in zip(devices, before, after) if b > a}
     assert not leaked, f"device memory not returned after the case (bytes): {leaked}"
