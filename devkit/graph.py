@@ -128,15 +128,15 @@ class Graph(Destroyable):
         """Keep ``objects`` alive as long as the graph (Stream.retain while capturing)."""
         self._keepalive.extend(objects)
 
-    def add_kernel(self, entry, call, keep: list, inputs: list, outputs: list, op: str) -> None:
+    def add_kernel(self, entry, call, keep: list, inputs: list, outputs: list, label: str) -> None:
         """A kernel call submitted to the capturing stream (devkit.ops' launch point)."""
         arrays = [*inputs, *outputs]
         tensors = [call.inputs[i] for i in range(len(inputs))] + \
                   [call.outputs[i] for i in range(len(outputs))]
         if self.native:
-            check(self.device.plugin, entry.fn(call), f"kernel {op}")
+            check(self.device.plugin, entry.fn(call), label)
         else:
-            self._steps.append((_launch_kernel, (entry.fn, call, f"kernel {op}")))
+            self._steps.append((_launch_kernel, (entry.fn, call, label)))
             self._keepalive.append(keep)
         self._slots.extend(_slot_of(a, None if self.native else t)
                            for a, t in zip(arrays, tensors) if a is not None)

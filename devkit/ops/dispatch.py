@@ -169,7 +169,7 @@ def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], output
     returns the call, which a later launch may reuse."""
     call = KernelCall(dev, entry, op, inputs, outputs, attributes, _stream_handle(stream, dev))
     if stream is not None and stream.capturing is not None:
-        stream.capturing.add_kernel(entry, call.cdata, [call], inputs, outputs, call.label()[len("kernel "):])
+        stream.capturing.add_kernel(entry, call.cdata, [call], inputs, outputs, call.label())
     else:
         launch(call)
     if stream is not None:

@@ -680,22 +680,23 @@ def lerp(self, end, weight):
     return out(run1("Add", [a, run1("Mul", [arr(weight, dtype), run1("Sub", [b, a])])]))
 
 
+def _add_scaled(op: str, self, tensor1, tensor2, value):
+    """self + value * op(tensor1, tensor2): addcmul (Mul) and addcdiv (Div)."""
+    dtype = result_dtype(self, tensor1, tensor2)
+    combined = run1(op, [arr(tensor1, dtype), arr(tensor2, dtype)])
+    if value != 1:
+        combined = run1("Mul", [combined, np.asarray(value, numpy_dtype(dtype))])
+    return out(run1("Add", [arr(self, dtype), combined]))
+
+
 @lower(aten.addcmul.default)
 def addcmul(self, tensor1, tensor2, *, value=1):
-    dtype = result_dtype(self, tensor1, tensor2)
-    product = run1("Mul", [arr(tensor1, dtype), arr(tensor2, dtype)])
-    if value != 1:
-        product = run1("Mul", [product, np.asarray(value, numpy_dtype(dtype))])
-    return out(run1("Add", [arr(self, dtype), product]))
+    return _add_scaled("Mul", self, tensor1, tensor2, value)
 
 
 @lower(aten.addcdiv.default)
 def addcdiv(self, tensor1, tensor2, *, value=1):
-    dtype = result_dtype(self, tensor1, tensor2)
-    quotient = run1("Div", [arr(tensor1, dtype), arr(tensor2, dtype)])
-    if value != 1:
-        quotient = run1("Mul", [quotient, np.asarray(value, numpy_dtype(dtype))])
-    return out(run1("Add", [arr(self, dtype), quotient]))
+    return _add_scaled("Div", self, tensor1, tensor2, value)
 
 
 # -- reductions -------------------------------------------------------------------------------
