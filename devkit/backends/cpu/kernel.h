@@ -122,6 +122,18 @@ const double *cpu_attr_floats(const cpu_kernel_args *k, const char *name, int64_
 const char *cpu_attr_string(const cpu_kernel_args *k, const char *name, const char *fallback);
 DK_DTypeKey cpu_attr_dtype(const cpu_kernel_args *k, const char *name, DK_DTypeKey fallback);
 
+/* ---- Threads ---------------------------------------------------------------- */
+
+/* Runs fn(ctx, begin, end) over disjoint chunks covering [0, n), each at
+ * least `grain` items long (the last may be shorter), and returns when every
+ * chunk has run. Chunks run on the plugin's one thread pool (threads.c),
+ * shared by every stream; work under 2 * grain items, or a call made from
+ * inside a chunk (never nested), runs on the calling thread. A compute
+ * function picks `grain` so a chunk is worth a thread hand-off (tens of
+ * microseconds of work). */
+typedef void (*cpu_range_fn)(void *ctx, int64_t begin, int64_t end);
+void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx);
+
 /* ---- Element loops ------------------------------------------------------- */
 
 /* An inner loop over n elements of nops operands: operand i starts at ptrs[i]
