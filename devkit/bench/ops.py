@@ -77,6 +77,11 @@ BENCHMARKS = [
             lambda r: [_f32(r, 4096, 1024), _f32(r, 1024), _f32(r, 1024)], _layer_norm),
 ]
 
+# The neural-network block (row kernels, pools, BatchNormalization, convolutions): devkit/bench/ops_nn.py.
+from .ops_nn import NN_BENCHMARKS  # noqa: E402 -- it takes OpBench and the helpers above
+
+BENCHMARKS += NN_BENCHMARKS
+
 
 def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
     fn()  # warm-up: first-touch page faults, BLAS thread start
