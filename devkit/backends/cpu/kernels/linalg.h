@@ -7,15 +7,7 @@
 #define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
 
 #include "kernel.h"
-
-/* Hot loops compiled twice, for AVX2 + FMA and for the baseline, picked by
- * the CPU at load time (GCC function multiversioning): the wheel keeps
- * running on any x86-64 and on other architectures. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define LINALG_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define LINALG_CLONES
-#endif
+#include "vector.h"
 
 /* The compute type of a float kernel: float16/bfloat16 run as float32. */
 typedef enum { LINALG_F32, LINALG_F64 } linalg_real;

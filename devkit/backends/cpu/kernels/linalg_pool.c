@@ -128,7 +128,7 @@ static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
       index[o] = take ? at + (IDX)(o * s) : index[o];                                           \
     }                                                                                           \
   }                                                                                             \
-  LINALG_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int32_t last = w->n - 1;                                                                    \
@@ -244,7 +244,7 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
                                                                 double *acc, int64_t s) {       \
     for (int64_t o = 0; o < count; o++) acc[o] += (double)src[o * s];                           \
   }                                                                                             \
-  LINALG_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int32_t last = w->n - 1;                                                                    \
