@@ -19,7 +19,7 @@
  * picked by the CPU at load time (GCC function multiversioning): the wheel
  * keeps running on any x86-64, and elsewhere the loop is compiled once. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-#define VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define VECTOR_CLONES
 #endif
