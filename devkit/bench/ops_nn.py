@@ -19,7 +19,7 @@ import pathlib
 
 import numpy as np
 
-from .ops import OpBench, _f32, _layer_norm, _softmax
+from .ops import OpBench, _f32, _layer_norm, _softmax, single_node_model
 
 
 def _log_softmax(x, axis=-1):
@@ -123,22 +123,11 @@ NN_BENCHMARKS = [
 
 def _ort_feed(bench: OpBench, inputs: list[np.ndarray]) -> dict:
     """onnxruntime sessions for the op with 1 and 2 threads (spinning off), as callables by label."""
-    from onnx import TensorProto, helper
-
-    from .. import ops
     from .engine import _ort_sessions
 
-    spec = ops.get(bench.op)
-    names = [f"in{i}" for i in range(len(inputs))]
-    node = helper.make_node(bench.op, names, ["out"], **bench.attrs)
-    graph = helper.make_graph(
-        [node], "bench",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-         for n, x in zip(names, inputs)],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
-    feed = dict(zip(names, inputs))
-    return {label: (lambda s=s: s.run(["out"], feed)) for label, s in _ort_sessions(model).items()}
+    feed = {f"in{i}": x for i, x in enumerate(inputs)}
+    sessions = _ort_sessions(single_node_model(bench, inputs))
+    return {label: (lambda s=s: s.run(["out"], feed)) for label, s in sessions.items()}
 
 
 def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:

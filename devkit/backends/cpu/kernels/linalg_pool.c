@@ -99,6 +99,41 @@ static int64_t column_major(const linalg_window *w, int64_t at) {
   return index;
 }
 
+/* Calls TAP(at, lo, count, s, ...) for every window row of output row `row`
+ * and every last-axis tap that meets X: `at` is the plane offset of the tap
+ * at output column lo, [lo, lo + count) the output columns it meets, s the
+ * last axis's stride -- a constant for strides 1 and 2, so TAP, inlined,
+ * loops with a constant step. Leaves r's taps as rows_start set them;
+ * `any` is declared, true when a window row meets X. */
+#define POOL_ROW_TAPS(w, row, r, any, TAP, ...)                                     \
+  bool any = rows_start(w, row, &(r));                                              \
+  if (any) {                                                                        \
+    int32_t last_ = (w)->n - 1;                                                     \
+    int64_t s_ = (w)->stride[last_];                                                \
+    do {                                                                            \
+      int64_t row_at_ = rows_offset(w, &(r));                                       \
+      for (int64_t t_ = 0; t_ < (w)->kernel[last_]; t_++) {                         \
+        int64_t base_, lo_, hi_;                                                    \
+        tap_columns(w, t_, &base_, &lo_, &hi_);                                     \
+        if (lo_ == hi_) continue;                                                   \
+        int64_t at_ = row_at_ + base_ + lo_ * s_, count_ = hi_ - lo_;               \
+        if (s_ == 1)                                                                \
+          TAP(at_, lo_, count_, 1, __VA_ARGS__);                                    \
+        else if (s_ == 2)                                                           \
+          TAP(at_, lo_, count_, 2, __VA_ARGS__);                                    \
+        else                                                                        \
+          TAP(at_, lo_, count_, s_, __VA_ARGS__);                                   \
+      }                                                                             \
+    } while (rows_next(w, &(r)));                                                   \
+  }
+
+/* A chunk's row buffer; NULL after flagging the job's failure. */
+static void *chunk_scratch(pool_job *job, int64_t count, size_t size) {
+  void *p = malloc((size_t)count * size);
+  if (!p) __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+  return p;
+}
+
 /* ---- MaxPool ----------------------------------------------------------------------- */
 
 /* The plane offset of output column o's first tap inside X in the window
@@ -118,26 +153,24 @@ static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
  * LOWEST is a leading LOWEST, which the widening gives the window's first
  * tap. */
 #define MAX_POOL(NAME, T, LOWEST, IS_NAN, IDX)                                                  \
-  static inline __attribute__((always_inline)) void NAME##_tap(const T *src, IDX at,            \
-                                                                int64_t count, T *y, IDX *index, \
-                                                                int64_t s) {                    \
+  static inline __attribute__((always_inline)) void NAME##_tap(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, T *y, IDX *index) {     \
+    const T *src = plane + at;                                                                  \
+    y += lo;                                                                                    \
+    index += lo;                                                                                \
     for (int64_t o = 0; o < count; o++) {                                                       \
       T v = src[o * s], best = y[o];                                                            \
       bool take = v > best || (IS_NAN(v) && !IS_NAN(best));                                     \
       y[o] = take ? v : best;                                                                   \
-      index[o] = take ? at + (IDX)(o * s) : index[o];                                           \
+      index[o] = take ? (IDX)(at + o * s) : index[o];                                           \
     }                                                                                           \
   }                                                                                             \
   VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
-    int32_t last = w->n - 1;                                                                    \
-    int64_t width = w->grid[last], s = w->stride[last];                                         \
-    IDX *index = malloc((size_t)width * sizeof *index);                                         \
-    if (!index) {                                                                               \
-      __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                      \
-      return;                                                                                   \
-    }                                                                                           \
+    int64_t width = w->grid[w->n - 1];                                                          \
+    IDX *index = chunk_scratch(job, width, sizeof *index);                                      \
+    if (!index) return;                                                                         \
     for (int64_t item = begin; item < end; item++) {                                            \
       int64_t p = item / job->rows, row = item % job->rows;                                     \
       const T *plane = (const T *)job->x + p * job->in_plane;                                   \
@@ -147,25 +180,8 @@ static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
         index[o] = -1;                                                                          \
       }                                                                                         \
       pool_rows r;                                                                              \
-      bool any = rows_start(w, row, &r);                                                        \
+      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, y, index);                               \
       int64_t first_row = any ? rows_offset(w, &r) : 0;                                         \
-      if (any) {                                                                                \
-        do {                                                                                    \
-          int64_t row_at = rows_offset(w, &r);                                                  \
-          for (int64_t t = 0; t < w->kernel[last]; t++) {                                       \
-            int64_t base, lo, hi;                                                               \
-            tap_columns(w, t, &base, &lo, &hi);                                                 \
-            if (lo == hi) continue;                                                             \
-            int64_t at = row_at + base + lo * s; /* column lo's tap */                          \
-            if (s == 1)                                                                         \
-              NAME##_tap(plane + at, (IDX)at, hi - lo, y + lo, index + lo, 1);                  \
-            else if (s == 2)                                                                    \
-              NAME##_tap(plane + at, (IDX)at, hi - lo, y + lo, index + lo, 2);                  \
-            else                                                                                \
-              NAME##_tap(plane + at, (IDX)at, hi - lo, y + lo, index + lo, s);                  \
-          }                                                                                     \
-        } while (rows_next(w, &r));                                                             \
-      }                                                                                         \
       int64_t *out = job->indices + p * job->out_plane + row * width;                           \
       for (int64_t o = 0; o < width; o++) {                                                     \
         int64_t at = index[o];                                                                  \
@@ -240,44 +256,26 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
  * those taps (or, with include_pad, of the taps inside the padded input). A
  * window with nothing to count gives 0 / 0, NaN. */
 #define AVERAGE_POOL(NAME, T)                                                                   \
-  static inline __attribute__((always_inline)) void NAME##_tap(const T *src, int64_t count,     \
-                                                                double *acc, int64_t s) {       \
+  static inline __attribute__((always_inline)) void NAME##_tap(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, double *acc) {          \
+    const T *src = plane + at;                                                                  \
+    acc += lo;                                                                                  \
     for (int64_t o = 0; o < count; o++) acc[o] += (double)src[o * s];                           \
   }                                                                                             \
   VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
-    int32_t last = w->n - 1;                                                                    \
-    int64_t width = w->grid[last], s = w->stride[last];                                         \
-    double *acc = malloc((size_t)width * sizeof *acc);                                          \
-    if (!acc) {                                                                                 \
-      __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                      \
-      return;                                                                                   \
-    }                                                                                           \
+    int64_t width = w->grid[w->n - 1];                                                          \
+    double *acc = chunk_scratch(job, width, sizeof *acc);                                       \
+    if (!acc) return;                                                                           \
     for (int64_t item = begin; item < end; item++) {                                            \
       int64_t p = item / job->rows, row = item % job->rows;                                     \
       const T *plane = (const T *)job->x + p * job->in_plane;                                   \
       T *y = (T *)job->y + p * job->out_plane + row * width;                                    \
       memset(acc, 0, (size_t)width * sizeof *acc);                                              \
       pool_rows r;                                                                              \
-      bool any = rows_start(w, row, &r);                                                        \
-      if (any) {                                                                                \
-        do {                                                                                    \
-          int64_t row_at = rows_offset(w, &r);                                                  \
-          for (int64_t t = 0; t < w->kernel[last]; t++) {                                       \
-            int64_t base, lo, hi;                                                               \
-            tap_columns(w, t, &base, &lo, &hi);                                                 \
-            if (lo == hi) continue;                                                             \
-            const T *src = plane + row_at + base + lo * s;                                      \
-            if (s == 1)                                                                         \
-              NAME##_tap(src, hi - lo, acc + lo, 1);                                            \
-            else if (s == 2)                                                                    \
-              NAME##_tap(src, hi - lo, acc + lo, 2);                                            \
-            else                                                                                \
-              NAME##_tap(src, hi - lo, acc + lo, s);                                            \
-          }                                                                                     \
-        } while (rows_next(w, &r));                                                             \
-      }                                                                                         \
+      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, acc);                                    \
+      (void)any;                                                                                \
       const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;           \
       double outer = (double)(job->include_pad ? r.padded : r.count);                           \
       for (int64_t o = 0; o < width; o++) y[o] = (T)(acc[o] / (outer * (double)columns[o]));    \
