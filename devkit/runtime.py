@@ -419,26 +419,33 @@ class _DeviceMemory:
     # -- allocation ---------------------------------------------------------------
 
     def allocate(self, nbytes: int, stream: Stream | None) -> _Allocation:
-        dev = self.device
-        if not self._max_alloc_size:
-            self._max_alloc_size = dev.properties.max_alloc_size or _SIZE_MAX  # 0: none reported
-        limit = self._max_alloc_size
+        limit = self._max_alloc_size or self._read_max_alloc_size()
         if nbytes > limit:
-            raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {dev}: more than its "
-                                   f"max_alloc_size of {dev.properties.max_alloc_size} bytes")
+            raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {self.device}: more than its "
+                                   f"max_alloc_size of {self.device.properties.max_alloc_size} bytes")
         capacity = _size_class(nbytes)
         if _allocator == "none" or capacity > limit:
             return self._allocate_direct(nbytes, stream)
+        stats = self._stats
         with self._lock:
-            self._take_returned()
-            block = self._reuse(capacity, stream)
+            if self._returned:
+                self._take_returned()
+            blocks = self._cache.get(capacity)
+            if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
+                block = blocks.pop()
+            else:
+                block = self._reuse(capacity, stream)
             if block is None:
                 block = _Block(self._device_alloc(capacity), capacity)
             else:
-                self._stats["cache_hits"] += 1
-                self._stats["cached_bytes"] -= capacity
+                stats["cache_hits"] += 1
+                stats["cached_bytes"] -= capacity
             self._count_allocation(nbytes)
         return _Allocation(self, block.handle, nbytes, block)
+
+    def _read_max_alloc_size(self) -> int:
+        self._max_alloc_size = self.device.properties.max_alloc_size or _SIZE_MAX  # 0: none reported
+        return self._max_alloc_size
 
     def _allocate_direct(self, nbytes: int, stream: Stream | None) -> _Allocation:
         dev = self.device
@@ -497,8 +504,9 @@ class _DeviceMemory:
 
     def _count_allocation(self, nbytes: int) -> None:
         stats = self._stats
-        stats["allocated_bytes"] += nbytes
-        stats["peak_allocated_bytes"] = max(stats["peak_allocated_bytes"], stats["allocated_bytes"])
+        allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes
+        if allocated > stats["peak_allocated_bytes"]:
+            stats["peak_allocated_bytes"] = allocated
         stats["allocations"] += 1
         stats["allocation_count"] += 1
 
@@ -513,8 +521,11 @@ class _DeviceMemory:
     def release(self, allocation: _Allocation, handle, stream: Stream | None,
                 finalizing: bool) -> None:
         """Give ``handle`` back after the pending work that uses it (see the rule above)."""
-        pending = self._pending_streams(allocation)
         block = allocation.block
+        if block is not None and stream is None and not allocation.used_on_streams:
+            self._returned.append((allocation.nbytes, block.capacity, block))  # no work can be pending on it
+            return
+        pending = self._pending_streams(allocation)
         if block is None:
             self._free_on_device(handle, pending, stream)
             self._returned.append((allocation.nbytes, allocation.nbytes, None))
@@ -571,9 +582,9 @@ class _DeviceMemory:
 
     def _take_returned(self) -> None:
         """Account for (and cache) what was released since; the caller holds the lock."""
-        stats = self._stats
-        while self._returned:
-            nbytes, capacity, block = self._returned.popleft()
+        stats, returned = self._stats, self._returned
+        while returned:
+            nbytes, capacity, block = returned.popleft()
             stats["allocated_bytes"] -= nbytes
             stats["allocations"] -= 1
             stats["free_count"] += 1
@@ -681,8 +692,11 @@ class _Allocation:
             self._holds -= 1
             release = not self._holds and self.handle is None and self._owned is not None
         if release:
-            stream = self._free_stream if self._free_stream and self._free_stream._handle else None
-            self._release(stream, finalizing)
+            self._release(self._pending_free_stream(), finalizing)
+
+    def _pending_free_stream(self) -> Stream | None:
+        stream = self._free_stream
+        return stream if stream is not None and stream._handle is not None else None
 
     def free(self, stream: Stream | None = None, finalizing: bool = False) -> None:
         with _holds_lock:
@@ -700,9 +714,11 @@ class _Allocation:
             self.memory.release(self, handle, stream, finalizing)
 
     def __del__(self):
+        # Nothing refers to the allocation any more, so nothing holds it or frees it
+        # concurrently: free()'s lock is not needed.
         try:
-            self.free(finalizing=True)
-        except Exception:
+            self._release(self._pending_free_stream(), True)
+        except Exception:  # interpreter shutdown or an already-failed plugin
             pass
 
 

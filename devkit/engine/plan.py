@@ -31,7 +31,7 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
 from .calls import KernelCall, bind
-from .launch import make_launcher
+from .launch import StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
 # Host values are at most this many elements: initializers that small keep a
@@ -105,6 +105,8 @@ class Plan:
         self._arena = arena
         self._resident = resident    # device values the calls read that nothing else holds
         self._launcher = make_launcher(device, calls)
+        # A run that waits, on a plugin with the graph section: made at its first use.
+        self._staged: StagedGraph | None = None
         self._stream: Stream | None = None
         self._lock = threading.Lock()
 
@@ -118,10 +120,15 @@ class Plan:
         Without ``stream`` the work goes to a stream of the plan's own. With
         ``wait`` (the default without a stream) the stream is synchronized
         once before returning; else nothing waits and the outputs are defined
-        once ``stream`` has been synchronized. Runs of one plan take turns."""
+        once ``stream`` has been synchronized. Runs of one plan take turns.
+
+        A run without a stream that waits, on a plugin with the graph
+        section, is one graph launch holding the copies too (StagedGraph)."""
         if wait is None:
             wait = stream is None
         with self._lock:
+            if stream is None and wait and self.device.plugin.has_graphs:
+                return self._run_staged(feed)
             if stream is None:
                 if self._stream is None:
                     self._stream = self.device.create_stream()
@@ -148,6 +155,17 @@ class Plan:
             else:
                 work.retain(self)
             return results
+
+
+    def _run_staged(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The whole run as one graph launch (engine.launch.StagedGraph); the caller holds the lock."""
+        device_outputs = [value for value in self._outputs if not isinstance(value, np.ndarray)]
+        if self._staged is None:
+            self._staged = StagedGraph(self.device, self.calls, [array for _, array in self._inputs],
+                                       device_outputs)
+        computed = iter(self._staged.run([feed[name] for name, _ in self._inputs]))
+        # Host values are the plan's: the caller gets copies.
+        return [np.array(value) if isinstance(value, np.ndarray) else next(computed) for value in self._outputs]
 
 
 def _alignment(device: Device) -> int:
