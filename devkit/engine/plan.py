@@ -106,9 +106,16 @@ class Plan:
         self._resident = resident    # device values the calls read that nothing else holds
         self._launcher = make_launcher(device, calls)
         # A run that waits, on a plugin with the graph section: made at its first use.
+        self._stages = device.plugin.has_graphs
         self._staged: StagedGraph | None = None
         self._stream: Stream | None = None
         self._lock = threading.Lock()
+
+    @property
+    def launcher(self):
+        """What a run without a stream launches: the StagedGraph once made (a
+        plugin with the graph section), else the Launcher (GraphLaunch or HostReplay)."""
+        return self._staged if self._staged is not None else self._launcher
 
     @property
     def arena_bytes(self) -> int:
@@ -127,7 +134,7 @@ class Plan:
         if wait is None:
             wait = stream is None
         with self._lock:
-            if stream is None and wait and self.device.plugin.has_graphs:
+            if stream is None and wait and self._stages:
                 return self._run_staged(feed)
             if stream is None:
                 if self._stream is None:
