@@ -209,8 +209,8 @@ class Graph:
             for kind, closure in steps:
                 if kind == "enqueue":
                     pending.append(closure(queue))
-                elif kind == "copy_host":  # a blocking copy: the in-order queue runs what precedes it first
-                    pending.append(closure(queue))
+                elif kind == "copy_host":  # blocking (the in-order queue runs what precedes it first)
+                    closure(queue)
                 else:
                     drain()
                     if kind == "host":
