@@ -168,6 +168,23 @@ def test_a_run_is_one_graph_launch(plugin_calls):
     assert synchronising(plugin_calls) == 0  # every node on the default stream: each complete when it returns
 
 
+def test_profile_times_each_call_on_the_values_a_run_gives_it():
+    """RotaryEmbedding reads its position ids: launched on stale arena bytes it would refuse them."""
+    model, inputs = zoo.llama_decoder()
+    prepared = donnx.prepare(model)
+    (want,) = prepared.run(inputs)
+    (plan,) = prepared.plans.values()
+    profile = plan.profile(inputs, repeat=2)
+    assert [op for op, _ in profile] == [call.op for call in plan.calls] and "RotaryEmbedding" in dict(profile)
+    assert all(seconds > 0 for _, seconds in profile)
+    np.testing.assert_array_equal(prepared.run(inputs)[0], want)  # the calls' streams are restored
+    dev = devkit.device("cpu:0")
+    with dev.create_stream() as stream:
+        (got,) = prepared.run(inputs, stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_run_of_a_new_input_value_reads_it():
     """The staged graph reads its host input arrays at every launch: each run sees its own feed."""
     model, _ = zoo.mlp()

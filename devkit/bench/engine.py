@@ -170,36 +170,12 @@ def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat
             model, inputs = build()
             row, planned = _model_row(model, inputs, plugin, repeat)
             (plan,) = planned.plans.values()
-            kernel_ms = _kernel_ms(plan, repeat)
+            kernel_ms = sum(seconds for _, seconds in plan.profile(inputs, repeat)) * 1e3
             rows.append({"benchmark": f"model {name}", "model": name, **row, "launcher": type(plan.launcher).__name__,
                          "kernel_ms": kernel_ms, "host_ms": row["plan_ms"] - kernel_ms,
                          "kernel_calls": len(plan.calls), "arena_bytes": plan.arena_bytes,
                          "intermediate_bytes": plan.memory.total_bytes})
     return rows
-
-
-def _kernel_ms(plan, repeat: int) -> float:
-    """The plan's kernel time: each prebuilt call launched alone on the default
-    stream (complete when it returns), the median of each summed. What a run
-    takes beyond it is host work: copies, launches, Python."""
-    from ..abi import ffi
-    from ..engine.calls import launch
-
-    total = 0.0
-    for call in plan.calls:
-        stream = call.cdata.stream
-        call.cdata.stream = ffi.NULL
-        try:
-            launch(call)  # warm-up
-            times = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                launch(call)
-                times.append(time.perf_counter() - start)
-        finally:
-            call.cdata.stream = stream
-        total += statistics.median(times)
-    return total * 1e3
 
 
 def run(plugins: list[str], only: list[str], repeat: int, quick: bool, models: list[str] | None = None) -> list[dict]:

@@ -22,15 +22,18 @@ cannot be planned: build_plan raises NotPlannable saying why.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..abi import ffi
 from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
-from .calls import KernelCall, bind
+from .calls import KernelCall, bind, launch
 from .launch import StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
@@ -163,6 +166,33 @@ class Plan:
                 work.retain(self)
             return results
 
+
+    def profile(self, feed: Mapping[str, np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
+        """Per call, in order: (op, median seconds) of the call launched alone
+        on the default stream (complete when it returns), over ``repeat``
+        passes that each copy ``feed`` in and launch every call in order (so
+        every call reads the values a run gives it). The sum is the plan's
+        kernel time; a run's time beyond it is host work."""
+        calls = self.calls
+        times: list[list[float]] = [[] for _ in calls]
+        with self._lock:
+            saved = [call.cdata.stream for call in calls]
+            try:
+                for call in calls:
+                    call.cdata.stream = ffi.NULL
+                for _ in range(repeat):
+                    for name, array in self._inputs:
+                        host = np.ascontiguousarray(feed[name])
+                        if host.size:
+                            array.buffer.copy_from_host(host.reshape(-1).view(np.uint8))
+                    for call, spent in zip(calls, times):
+                        start = time.perf_counter()
+                        launch(call)
+                        spent.append(time.perf_counter() - start)
+            finally:
+                for call, stream in zip(calls, saved):
+                    call.cdata.stream = stream
+        return [(call.op, statistics.median(spent)) for call, spent in zip(calls, times)]
 
     def _run_staged(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The whole run as one graph launch (engine.launch.StagedGraph); the caller holds the lock."""
