@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from . import dialect, sources
 
-ARCHITECTURES = ("sm_90", "sm_70")
+# sm_75 (Turing): the oldest architecture CUDA 13 still compiles for.
+ARCHITECTURES = ("sm_90", "sm_75")
 
 
 def find_nvcc() -> str | None:
@@ -35,10 +37,20 @@ def find_nvcc() -> str | None:
     return None
 
 
-def compile_ptx(nvcc: str, path: Path, arch: str, defines: list[str]) -> subprocess.CompletedProcess:
-    command = [nvcc, "--ptx", f"-arch={arch}", *dialect.COMPILE_OPTIONS, *defines,
-               "-o", os.devnull, str(path)]
-    return subprocess.run(command, capture_output=True, text=True)
+def compile_ptx(nvcc: str, path: Path, arch: str, defines: list[str], kernels: list[str]) -> str | None:
+    """Compiles ``path`` to PTX; the compiler's log on an error, or the names
+    of kernels that did not come out as entry points."""
+    ptx = path.with_suffix(f".{arch}.ptx")
+    command = [nvcc, "--ptx", f"-arch={arch}", *dialect.COMPILE_OPTIONS, *defines, "-o", str(ptx), str(path)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        return f"nvcc exit status {result.returncode}: {' '.join(command)}\n{result.stdout}{result.stderr}"
+    entries = set(re.findall(r"^\s*\.(?:visible\s+)?\.entry\s+(\w+)", ptx.read_text(), re.M))
+    ptx.unlink()
+    missing = [name for name in kernels if name not in entries]
+    if missing:
+        return f"no entry point for kernel(s) {', '.join(missing)} in the PTX"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,12 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             jobs += [(program, path, arch) for arch in architectures]
         failures = []
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is an nvcc process
-            results = pool.map(lambda job: compile_ptx(nvcc, job[1], job[2], dialect.defines(job[0].options)),
-                               jobs)
-            for (program, path, arch), result in zip(jobs, results):
-                if result.returncode:
-                    failures.append(f"--- {program.name} ({path.name}) for {arch}: nvcc exit status "
-                                    f"{result.returncode}\n{result.stdout}{result.stderr}")
+            results = pool.map(lambda job: compile_ptx(nvcc, job[1], job[2], dialect.defines(job[0].options),
+                                                       dialect.kernel_names(job[0].source)), jobs)
+            for (program, path, arch), error in zip(jobs, results):
+                if error is not None:
+                    failures.append(f"--- {program.name} ({path.name}) for {arch}: {error}")
     if failures:
         print("\n".join(failures), file=sys.stderr)
         print(f"{len(failures)} of {len(jobs)} compilations failed ({len(programs)} sources, "

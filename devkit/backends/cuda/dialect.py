@@ -4,12 +4,14 @@ bodies, compiled by NVRTC (and by ``nvcc --ptx`` in the check) unchanged.
 Two parts make one source of the other:
 
 - ``PRELUDE``: CUDA C that gives OpenCL C's vocabulary its meaning
-  (``kernel`` and ``global``, the work-item functions, ``barrier``, bit casts
+  (the work-item functions, ``barrier``, bit casts
   ``as_T``, ``convert_T[_sat][_rte|_rtz]``, ``vload_half`` /
   ``vstore_half_rte`` on ``cuda_fp16.h``'s half, the integer types and limits,
   ``clamp``, ``clz``, ``mul_hi``, the atomics);
-- ``render``: the rewrites a macro cannot do, all of them on address-space
-  qualifiers and kernel signatures. A ``local`` or ``constant`` array becomes
+- ``render``: the rewrites a macro cannot do, on address-space qualifiers
+  and kernel signatures. ``kernel`` becomes ``extern "C" __global__`` and
+  ``global`` goes (neither can be a macro: CUDA's ``__global__`` expands to
+  an attribute named ``global``). A ``local`` or ``constant`` array becomes
   ``__shared__`` or ``__constant__``; on a pointer the qualifier goes (CUDA
   pointers are generic). A kernel parameter ``local T *name`` (pyopencl's
   ``cl.LocalMemory`` argument) becomes a byte offset into the launch's
@@ -37,10 +39,6 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
-#define kernel extern "C" __global__
-#define __kernel kernel
-#define global
-#define __global
 #define CLK_LOCAL_MEM_FENCE 1
 #define CLK_GLOBAL_MEM_FENCE 2
 #define barrier(flags) __syncthreads()
@@ -215,6 +213,10 @@ _WORK_GROUP_SIZE = re.compile(r"__attribute__\s*\(\(\s*reqd_work_group_size\s*\(
 _KERNEL = re.compile(r"\b(?:__)?kernel\b((?:\s+__launch_bounds__\([^()]*\))?)\s+void\s+([A-Za-z_]\w*)\s*\(")
 _LOCAL_PARAMETER = re.compile(rf"^\s*(?:__)?local\s+({_TYPE_TOKEN})\s*\*\s*([A-Za-z_]\w*)\s*$")
 
+# Not macros: CUDA's own __global__ expands to an attribute named `global`.
+KERNEL = 'extern "C" __global__'
+_GLOBAL = re.compile(r"\b(?:__)?global\b[ \t]*")
+
 SHARED_ALIGNMENT = 16  # of each local-memory argument in the dynamic shared memory
 _SHARED = "dk_shared_bytes"
 
@@ -264,7 +266,7 @@ def _render_kernels(source: str) -> str:
             else:
                 parameters.append(parameter)
         out.append(source[at:match.start()])
-        out.append(f"kernel void{match.group(1)} {match.group(2)}({','.join(parameters)}){source[close + 1:body + 1]}")
+        out.append(f"{KERNEL} void{match.group(1)} {match.group(2)}({','.join(parameters)}){source[close + 1:body + 1]}")
         if pointers:
             out.append(f"\n  extern __shared__ __align__({SHARED_ALIGNMENT}) unsigned char {_SHARED}[];"
                        + "".join(pointers))
@@ -279,7 +281,7 @@ def render(source: str) -> str:
     text = _WORK_GROUP_SIZE.sub(lambda m: "__launch_bounds__(" + " * ".join(
         d.strip() for d in m.group(1).split(",")) + ")", text)
     text = re.sub(r"\b(?:__)?kernel\s+(__launch_bounds__\([^()]*\))\s+void\b", r"kernel \1 void", text)
-    text = _render_kernels(text)
+    text = _render_kernels(_GLOBAL.sub("", text))
     text = _POINTER_QUALIFIER.sub("", text)
     text = _ARRAY_QUALIFIER.sub(lambda m: _MEMORY_SPACE[m.group(1)], text)
     # The helpers of a program are device functions.
@@ -291,6 +293,11 @@ def defines(options: str) -> list[str]:
     """The ``-D`` definitions of OpenCL build ``options``; the rest (``-cl-*``)
     has no CUDA meaning or is what ``COMPILE_OPTIONS`` asks for anyway."""
     return [part for part in options.split() if part.startswith("-D")]
+
+
+def kernel_names(source: str) -> list[str]:
+    """The kernels an OpenCL C (or rendered) source defines."""
+    return [m.group(2) for m in _KERNEL.finditer(source)]
 
 
 def local_parameters(source: str, kernel: str) -> list[str]:
