@@ -296,8 +296,9 @@ def defines(options: str) -> list[str]:
 
 
 def kernel_names(source: str) -> list[str]:
-    """The kernels an OpenCL C (or rendered) source defines."""
-    return [m.group(2) for m in _KERNEL.finditer(source)]
+    """The kernels an OpenCL C (or rendered) source defines (not those a
+    macro defines from its parameter, such as ``kernel void NAME(...)``)."""
+    return [m.group(2) for m in _KERNEL.finditer(source) if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", m.group(2))]
 
 
 def local_parameters(source: str, kernel: str) -> list[str]:

@@ -29,6 +29,12 @@ _KEY_PARAMETERS = {"key", "x", "x_key", "src_key"}
 _SECOND_PARAMETERS = {"p_key", "s_key", "s", "m", "work_key", "dst_key"}
 _INDEX_PARAMETERS = {"index_key", "labels_key"}
 _INDEX_KEYS = (C.DK_DTYPE_INT32, C.DK_DTYPE_INT64)
+# Builders whose run also serves other programs, so that the dtypes reaching
+# them overstate theirs: each takes float dtypes only.
+_FLOAT_ONLY = {
+    "reduce_arg._softmax_source": "k_softmax's run also launches ArgMax/ArgMin/Hardmax, whose "
+                                  "integer dtypes take _arg_source",
+}
 # Modules of the opencl package that hold no kernel sources.
 _NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels"}
 
@@ -181,6 +187,8 @@ def programs() -> list[Program]:
         module = importlib.import_module(f"{OPENCL}.{module_name}")
         for name, builder in _builders(module):
             keys = keys_of(builder)
+            if f"{module_name}.{name}" in _FLOAT_ONLY:
+                keys = [k for k in keys if CL_TYPES[k].is_float]
             itemsizes = sorted({CL_TYPES[k].itemsize for k in keys})
             for args, label in _arguments(builder, keys, itemsizes):
                 try:
