@@ -275,13 +275,15 @@ def _render_kernels(source: str) -> str:
     return "".join(out)
 
 
+def _with_launch_bounds(source: str) -> str:
+    """``reqd_work_group_size(x, y, z)`` as ``__launch_bounds__(x * y * z)``."""
+    return _WORK_GROUP_SIZE.sub(lambda m: "__launch_bounds__(" + " * ".join(
+        d.strip() for d in m.group(1).split(",")) + ")", source)
+
+
 def render(source: str) -> str:
     """The CUDA C of OpenCL C ``source`` (the prelude first)."""
-    text = _PRAGMA.sub("", source)
-    text = _WORK_GROUP_SIZE.sub(lambda m: "__launch_bounds__(" + " * ".join(
-        d.strip() for d in m.group(1).split(",")) + ")", text)
-    text = re.sub(r"\b(?:__)?kernel\s+(__launch_bounds__\([^()]*\))\s+void\b", r"kernel \1 void", text)
-    text = _render_kernels(_GLOBAL.sub("", text))
+    text = _render_kernels(_GLOBAL.sub("", _PRAGMA.sub("", _with_launch_bounds(source))))
     text = _POINTER_QUALIFIER.sub("", text)
     text = _ARRAY_QUALIFIER.sub(lambda m: _MEMORY_SPACE[m.group(1)], text)
     # The helpers of a program are device functions.
@@ -298,11 +300,12 @@ def defines(options: str) -> list[str]:
 def kernel_names(source: str) -> list[str]:
     """The kernels an OpenCL C (or rendered) source defines (not those a
     macro defines from its parameter, such as ``kernel void NAME(...)``)."""
-    return [m.group(2) for m in _KERNEL.finditer(source) if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", m.group(2))]
+    return [m.group(2) for m in _KERNEL.finditer(_with_launch_bounds(source)) if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", m.group(2))]
 
 
 def local_parameters(source: str, kernel: str) -> list[str]:
     """The names of kernel ``kernel``'s ``local`` pointer parameters, in order."""
+    source = _with_launch_bounds(source)
     for match in _KERNEL.finditer(source):
         if match.group(2) == kernel:
             open_at = match.end() - 1
