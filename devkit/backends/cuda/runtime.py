@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 
 from ...abi import C, ffi
+from ..python_plugin import PluginError, invalid
 
 # cudaError values the plugin tells apart.
 CUDA_ERROR_MEMORY_ALLOCATION = 2
@@ -33,19 +34,6 @@ INSTALL_HINT = ("pip install 'devkit[cuda]' (cupy-cuda13x; for a CUDA 12 driver,
 
 _cupy = None
 _in_callback = threading.local()  # set while a stream callback runs on CUDA's callback thread
-
-
-class PluginError(Exception):
-    """A failure with the status a plugin function returns for it."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def invalid(message: str) -> PluginError:
-    return PluginError(C.DK_INVALID_ARGUMENT, message)
 
 
 def cuda():

@@ -19,14 +19,13 @@ import threading
 
 from ... import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from ..python_plugin import PluginError, copy_out, invalid, last_error_message, not_null, set_error
 from . import ccl
 from .runtime import (
     CUDA_EVENT_DISABLE_TIMING,
     CUDA_STREAM_NON_BLOCKING,
     Device,
-    PluginError,
     create_devices,
-    invalid,
     key_of,
     refuse_in_callback,
     run_callback,
@@ -34,24 +33,11 @@ from .runtime import (
     unavailable_reason,
 )
 
-_tls = threading.local()
 _devices: list[Device] = []
 _keepalive: list = []
 _init_lock = threading.Lock()
 _init_result: tuple[int, str] | None = None
 _info = None
-
-
-def set_error(status: int, message: str) -> int:
-    _tls.message = ffi.new("char[]", message.encode("utf-8", errors="replace"))
-    return status
-
-
-def last_error_message():
-    message = getattr(_tls, "message", None)
-    if message is None:
-        message = _tls.message = ffi.new("char[]", b"no error")
-    return message
 
 
 def _entry(name: str, fn):
@@ -88,32 +74,17 @@ def _device(dev: int) -> Device:
     return _devices[dev]
 
 
-def _not_null(pointer, what: str) -> None:
-    if pointer == ffi.NULL:
-        raise invalid(f"{what} is NULL")
-
-
-def _copy_out(dst, src, ctype: str) -> None:
-    """VERSIONING rule 4: write only what the caller's struct_size holds."""
-    size_field = ffi.sizeof("size_t")
-    if dst.struct_size < size_field:
-        raise invalid(f"struct_size {dst.struct_size} is smaller than the struct_size field itself")
-    n = min(dst.struct_size, ffi.sizeof(ctype))
-    ffi.memmove(ffi.cast("char *", dst) + size_field, ffi.cast("char *", src) + size_field, n - size_field)
-    dst.struct_size = n
-
-
 # -- device and memory ----------------------------------------------------------------
 
 
 def get_device_count(count):
-    _not_null(count, "count")
+    not_null(count, "count")
     count[0] = len(_devices)
 
 
 def get_device_properties(dev, props):
     d = _device(dev)
-    _not_null(props, "props")
+    not_null(props, "props")
     p = d.properties
     flags = C.DK_DEVICE_FP64 | C.DK_DEVICE_FP16
     if p["major"] >= 8:  # bfloat16 arithmetic from Ampere on
@@ -130,7 +101,7 @@ def get_device_properties(dev, props):
         "total_memory": int(p["totalGlobalMem"]), "max_alloc_size": int(p["totalGlobalMem"]),
         "alloc_alignment": 256, "flags": flags,
     })
-    _copy_out(props, full, "DK_DeviceProperties")
+    copy_out(props, full, "DK_DeviceProperties")
 
 
 def device_synchronize(dev):
@@ -139,7 +110,7 @@ def device_synchronize(dev):
 
 def mem_alloc(dev, size, mem):
     d = _device(dev)
-    _not_null(mem, "mem")
+    not_null(mem, "mem")
     mem[0] = d.alloc(size)
 
 
@@ -151,15 +122,15 @@ def mem_free(dev, mem):
 
 def mem_get_info(dev, free_bytes, total_bytes):
     d = _device(dev)
-    _not_null(free_bytes, "free_bytes")
-    _not_null(total_bytes, "total_bytes")
+    not_null(free_bytes, "free_bytes")
+    not_null(total_bytes, "total_bytes")
     free_bytes[0], total_bytes[0] = d.mem_info()
 
 
 def mem_alloc_async(dev, size, stream, mem):
     d = _device(dev)
     s = d.stream(stream)
-    _not_null(mem, "mem")
+    not_null(mem, "mem")
     mem[0] = d.alloc(size) if s is None else d.alloc(size, s)
 
 
@@ -176,7 +147,7 @@ def mem_free_async(dev, mem, stream):
 
 def host_alloc(dev, size, ptr):
     d = _device(dev)
-    _not_null(ptr, "ptr")
+    not_null(ptr, "ptr")
     ptr[0] = ffi.cast("void *", d.host_alloc(size))
 
 
@@ -197,7 +168,7 @@ def memset(dev, mem, offset, value, size, stream):
 def copy_h2d(dev, dst, dst_offset, src, size, stream):
     d = _device(dev)
     if size:
-        _not_null(src, "src")
+        not_null(src, "src")
     to = d.mem("dst", dst, dst_offset, size)
     d.copy(to, key_of(src), size, d.stream(stream))
 
@@ -205,7 +176,7 @@ def copy_h2d(dev, dst, dst_offset, src, size, stream):
 def copy_d2h(dev, dst, src, src_offset, size, stream):
     d = _device(dev)
     if size:
-        _not_null(dst, "dst")
+        not_null(dst, "dst")
     source = d.mem("src", src, src_offset, size)
     d.copy(key_of(dst), source, size, d.stream(stream))
 
@@ -240,7 +211,7 @@ def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
 
 def stream_create(dev, stream):
     d = _device(dev)
-    _not_null(stream, "stream")
+    not_null(stream, "stream")
     with d.context():
         s = d.runtime.streamCreateWithFlags(CUDA_STREAM_NON_BLOCKING)
     with d.lock:
@@ -292,7 +263,7 @@ def stream_wait_event(dev, stream, event):
 
 def stream_add_callback(dev, stream, fn, user_data):
     d = _device(dev)
-    _not_null(fn, "fn")
+    not_null(fn, "fn")
     s = d.stream(stream)
     if s is None:
         fn(user_data)  # the NULL stream has nothing pending to order after
@@ -303,7 +274,7 @@ def stream_add_callback(dev, stream, fn, user_data):
 
 def event_create(dev, flags, event):
     d = _device(dev)
-    _not_null(event, "event")
+    not_null(event, "event")
     if flags & ~C.DK_EVENT_DISABLE_TIMING:
         raise invalid(f"unknown flags {flags:#x} (allowed: DK_EVENT_DISABLE_TIMING = "
                       f"{C.DK_EVENT_DISABLE_TIMING:#x})")
@@ -352,7 +323,7 @@ def event_synchronize(dev, event):
 
 def event_elapsed_ms(dev, start, end, ms):
     d = _device(dev)
-    _not_null(ms, "ms")
+    not_null(ms, "ms")
     events = {"start": d.event("start", start), "end": d.event("end", end)}
     for what, e in events.items():
         if e not in d.recorded:
@@ -432,7 +403,7 @@ def _plugin_init(host, out):
     status, message = _init_result
     if status != C.DK_OK:
         return set_error(status, message)
-    _copy_out(out, _info, "DK_PluginInfo")
+    copy_out(out, _info, "DK_PluginInfo")
     return C.DK_OK
 
 
