@@ -42,11 +42,9 @@ PLUGIN_PATH_ENV = "DEVKIT_PLUGIN_PATH"
 _BACKENDS_DIR = Path(__file__).parent / "backends"
 _BUILTIN_LIBRARIES = {"cpu": _BACKENDS_DIR / "cpu" / "libdevkit_cpu.so"}
 # Built-ins written in Python: modules exposing ``dk_plugin_init``.
-_BUILTIN_MODULES = {"opencl": "devkit.backends.opencl"}
+_BUILTIN_MODULES = {"opencl": "devkit.backends.opencl", "cuda": "devkit.backends.cuda"}
 # Built-in names whose backend is not part of this release yet.
-_BUILTIN_PENDING = {
-    "cuda": "the cuda reference backend is not part of this devkit release yet",
-}
+_BUILTIN_PENDING: dict[str, str] = {}
 
 _API_FUNCTIONS = struct_fields("DK_DeviceApi")[1:]
 # Functions appended after the 1.0 required set are optional by rule: a

@@ -4,43 +4,18 @@ turned into a DK_Status and a thread-local message at the C boundary."""
 from __future__ import annotations
 
 import functools
-import threading
 
 import pyopencl as cl
 
 from ...abi import C, ffi
+from ..python_plugin import PluginError, invalid, last_error_message, set_error
 
-_tls = threading.local()
+__all__ = ["PluginError", "invalid", "last_error_message", "set_error", "callback", "entry",
+           "status_of_cl_error"]
 
 # OpenCL codes that mean "the device (or host) has no memory for this".
 _OOM_CODES = {cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, cl.status_code.OUT_OF_RESOURCES,
               cl.status_code.OUT_OF_HOST_MEMORY}
-
-
-class PluginError(Exception):
-    """A failure with the status a plugin function returns for it."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def invalid(message: str) -> PluginError:
-    return PluginError(C.DK_INVALID_ARGUMENT, message)
-
-
-def set_error(status: int, message: str) -> int:
-    # Kept alive until the next failure on this thread, as last_error_message promises.
-    _tls.message = ffi.new("char[]", message.encode("utf-8", errors="replace"))
-    return status
-
-
-def last_error_message():
-    message = getattr(_tls, "message", None)
-    if message is None:
-        message = _tls.message = ffi.new("char[]", b"no error")
-    return message
 
 
 def status_of_cl_error(exc: cl.Error) -> int:

@@ -17,6 +17,7 @@ import pyopencl as cl
 from ..._version import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
 from . import graph as graphs, kernels
+from ..python_plugin import copy_out as _copy_out, not_null as _not_null
 from .errors import PluginError, callback, invalid, last_error_message, set_error
 from .runtime import (
     Device,
@@ -46,22 +47,6 @@ def _device(dev: int) -> Device:
     if not 0 <= dev < len(_devices):
         raise invalid(f"device index {dev} out of range [0, {len(_devices)})")
     return _devices[dev]
-
-
-def _not_null(pointer, what: str) -> None:
-    if pointer == ffi.NULL:
-        raise invalid(f"{what} is NULL")
-
-
-def _copy_out(dst, src, ctype: str) -> None:
-    """VERSIONING rule 4: write only what the caller's struct_size holds."""
-    size_field = ffi.sizeof("size_t")
-    if dst.struct_size < size_field:
-        raise invalid(f"struct_size {dst.struct_size} is smaller than the struct_size field itself")
-    n = min(dst.struct_size, ffi.sizeof(ctype))
-    ffi.memmove(ffi.cast("char *", dst) + size_field, ffi.cast("char *", src) + size_field,
-                n - size_field)
-    dst.struct_size = n
 
 
 def _wait_on_self(what: str, stream: Stream) -> PluginError:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The cuda plugin on a GPU machine, offline: builds devkit with the image's
+# python3 (cupy-cuda13x, onnx, onnxruntime and pytest preinstalled; nothing
+# is installed from a network), then runs the runtime, ops (quick), onnx-node
+# and models conformance on cuda and writes every result under RESULTS_DIR.
+# Budget: under 8 minutes on one H200 (each step has its own timeout).
+#   ci/gpu-check.sh [RESULTS_DIR]     (default: results/gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-results/gpu-check}
+mkdir -p "$results"
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+status=0
+step() {  # step NAME SECONDS COMMAND...: runs it, logs it, keeps going
+    local name=$1 seconds=$2
+    shift 2
+    echo "== $name" | tee -a "$results/summary.txt"
+    if timeout "$seconds" "$@" > "$results/$name.log" 2>&1; then
+        echo "   ok" | tee -a "$results/summary.txt"
+    else
+        echo "   FAILED (exit $?; see $name.log)" | tee -a "$results/summary.txt"
+        status=1
+    fi
+    tail -3 "$results/$name.log" | sed 's/^/   /' >> "$results/summary.txt"
+}
+: > "$results/summary.txt"
+step environment 60 bash -c 'nvidia-smi; python3 --version; python3 -c "import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()"'
+# The editable install builds the cpu plugin's C library (setuptools, wheel and
+# scipy-openblas32 are the build requirements; --no-build-isolation uses the
+# image's, --no-deps installs nothing else).
+step install 180 python3 -m pip install --no-deps --no-build-isolation -e .
+step plugins 60 python3 -c "import devkit; [print(d) for d in devkit.list_plugins()]; devkit.load_plugin('cuda')"
+step kernel-check 120 python3 -m devkit.backends.cuda.check --require-nvcc
+export DEVKIT_TEST_PLUGINS=cuda
+step runtime 120 devkit-conformance cuda --suite runtime --workers 8 \
+    --report "$results/runtime.md" --junit "$results/runtime.xml"
+# Ops the plugin has no kernel for are skipped by the op suite (and reported).
+step suites 240 devkit-conformance cuda --profile quick --workers 8 --suite ops --suite onnx-node \
+    --suite models --report "$results/conformance.md" --junit "$results/conformance.xml"
+step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py \
+    --junitxml="$results/test_cuda.xml"
+echo "results in $results (exit $status)"
+exit $status

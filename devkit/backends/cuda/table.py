@@ -1,0 +1,410 @@
+"""DK_PluginInit and the DK_DeviceApi table of the cuda plugin.
+
+Every table function is an ffi.callback with the header's exact function
+pointer type, so the host drives this plugin exactly as it drives a C one
+(the opencl plugin's table.py is the model). Without CuPy, a driver or a
+device, DK_PluginInit answers DK_UNAVAILABLE with that reason, which
+devkit.list_plugins() shows.
+
+Absent (NULL, the host's documented fallbacks): the graph section, which
+the host then captures itself and replays through this table; the kernel
+table is empty for now (see docs/cuda.md: the kernels are rendered and
+compiled by the check, not yet launched).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from ... import __version__
+from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from ..python_plugin import PluginError, copy_out, invalid, last_error_message, not_null, set_error
+from . import ccl
+from .runtime import (
+    CUDA_EVENT_DISABLE_TIMING,
+    CUDA_STREAM_NON_BLOCKING,
+    Device,
+    create_devices,
+    key_of,
+    refuse_in_callback,
+    run_callback,
+    status_of,
+    unavailable_reason,
+)
+
+_devices: list[Device] = []
+_keepalive: list = []
+_init_lock = threading.Lock()
+_init_result: tuple[int, str] | None = None
+_info = None
+
+
+def _entry(name: str, fn):
+    """Every exception becomes a status and a message: nothing propagates into C."""
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            status = fn(*args)
+            return C.DK_OK if status is None else status
+        except PluginError as exc:
+            return set_error(exc.status, f"{name}: {exc.message}")
+        except MemoryError as exc:
+            return set_error(C.DK_RESOURCE_EXHAUSTED, f"{name}: host out of memory: {exc}")
+        except Exception as exc:
+            status = status_of(exc)
+            if status == C.DK_NOT_READY:
+                return status
+            return set_error(status, f"{name}: {type(exc).__name__}: {exc}")
+    return call
+
+
+def callback(ctype: str, name: str, fn):
+    def on_error(exc_type, exc, _tb):
+        set_error(C.DK_INTERNAL, f"{name}: interrupted: {exc_type.__name__}: {exc}")
+
+    return ffi.callback(ctype, _entry(name, fn), error=C.DK_INTERNAL, onerror=on_error)
+
+
+def _device(dev: int) -> Device:
+    refuse_in_callback("a devkit function")
+    if not 0 <= dev < len(_devices):
+        raise invalid(f"device index {dev} out of range [0, {len(_devices)})")
+    return _devices[dev]
+
+
+# -- device and memory ----------------------------------------------------------------
+
+
+def get_device_count(count):
+    not_null(count, "count")
+    count[0] = len(_devices)
+
+
+def get_device_properties(dev, props):
+    d = _device(dev)
+    not_null(props, "props")
+    p = d.properties
+    flags = C.DK_DEVICE_FP64 | C.DK_DEVICE_FP16
+    if p["major"] >= 8:  # bfloat16 arithmetic from Ampere on
+        flags |= C.DK_DEVICE_BF16
+    if p.get("integrated"):
+        flags |= C.DK_DEVICE_UNIFIED_MEMORY
+    runtime = d.runtime
+    full = ffi.new("DK_DeviceProperties *", {
+        "struct_size": ffi.sizeof("DK_DeviceProperties"),
+        "name": p["name"][:127], "vendor": b"NVIDIA",
+        "driver_version": f"CUDA driver {runtime.driverGetVersion()}, runtime "
+                          f"{runtime.runtimeGetVersion()}, sm_{p['major']}{p['minor']}".encode()[:63],
+        "device_type": C.DK_DEVICE_TYPE_CUDA, "compute_units": max(1, int(p["multiProcessorCount"])),
+        "total_memory": int(p["totalGlobalMem"]), "max_alloc_size": int(p["totalGlobalMem"]),
+        "alloc_alignment": 256, "flags": flags,
+    })
+    copy_out(props, full, "DK_DeviceProperties")
+
+
+def device_synchronize(dev):
+    _device(dev).synchronize()
+
+
+def mem_alloc(dev, size, mem):
+    d = _device(dev)
+    not_null(mem, "mem")
+    mem[0] = d.alloc(size)
+
+
+def mem_free(dev, mem):
+    d = _device(dev)
+    if mem != ffi.NULL:
+        d.free(mem)
+
+
+def mem_get_info(dev, free_bytes, total_bytes):
+    d = _device(dev)
+    not_null(free_bytes, "free_bytes")
+    not_null(total_bytes, "total_bytes")
+    free_bytes[0], total_bytes[0] = d.mem_info()
+
+
+def mem_alloc_async(dev, size, stream, mem):
+    d = _device(dev)
+    s = d.stream(stream)
+    not_null(mem, "mem")
+    mem[0] = d.alloc(size) if s is None else d.alloc(size, s)
+
+
+def mem_free_async(dev, mem, stream):
+    d = _device(dev)
+    s = d.stream(stream)
+    if mem == ffi.NULL:
+        return
+    if s is None:
+        d.free(mem)
+    else:
+        d.free_async(mem, s)
+
+
+def host_alloc(dev, size, ptr):
+    d = _device(dev)
+    not_null(ptr, "ptr")
+    ptr[0] = ffi.cast("void *", d.host_alloc(size))
+
+
+def host_free(dev, ptr):
+    d = _device(dev)
+    if ptr != ffi.NULL:
+        d.host_free(key_of(ptr))
+
+
+def memset(dev, mem, offset, value, size, stream):
+    d = _device(dev)
+    address = d.mem("mem", mem, offset, size)
+    s = d.stream(stream)
+    if size:
+        d.submit(s, lambda cs: d.runtime.memsetAsync(address, value & 0xFF, size, cs))
+
+
+def copy_h2d(dev, dst, dst_offset, src, size, stream):
+    d = _device(dev)
+    if size:
+        not_null(src, "src")
+    to = d.mem("dst", dst, dst_offset, size)
+    d.copy(to, key_of(src), size, d.stream(stream))
+
+
+def copy_d2h(dev, dst, src, src_offset, size, stream):
+    d = _device(dev)
+    if size:
+        not_null(dst, "dst")
+    source = d.mem("src", src, src_offset, size)
+    d.copy(key_of(dst), source, size, d.stream(stream))
+
+
+def copy_d2d(dev, dst, dst_offset, src, src_offset, size, stream):
+    d = _device(dev)
+    to = d.mem("dst", dst, dst_offset, size)
+    source = d.mem("src", src, src_offset, size)
+    if src == dst and abs(dst_offset - src_offset) < size:
+        # cudaMemcpy leaves overlapping ranges undefined: through a temporary.
+        staging = d.alloc(size, d.stream(stream) or d.null_stream)
+        temporary = key_of(staging)
+        d.copy(temporary, source, size, d.stream(stream))
+        d.copy(to, temporary, size, d.stream(stream))
+        mem_free_async(dev, staging, stream)
+        return
+    d.copy(to, source, size, d.stream(stream))
+
+
+def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
+    dd, sd = _device(dst_dev), _device(src_dev)
+    to = dd.mem("dst", dst, dst_offset, size)
+    source = sd.mem("src", src, src_offset, size)
+    s = dd.stream(stream)
+    if size:
+        dd.enable_peer(sd)
+        dd.submit(s, lambda cs: dd.runtime.memcpyPeerAsync(to, dd.index, source, sd.index, size, cs))
+
+
+# -- streams and events ------------------------------------------------------------------
+
+
+def stream_create(dev, stream):
+    d = _device(dev)
+    not_null(stream, "stream")
+    with d.context():
+        s = d.runtime.streamCreateWithFlags(CUDA_STREAM_NON_BLOCKING)
+    with d.lock:
+        d.streams.add(s)
+    stream[0] = ffi.cast("DK_Stream", s)
+
+
+def stream_destroy(dev, stream):
+    d = _device(dev)
+    if stream == ffi.NULL:
+        return
+    s = d.stream(stream)
+    with d.lock:
+        d.streams.discard(s)
+    with d.context():
+        d.runtime.streamSynchronize(s)  # destroying returns at once; the ABI's destroy drains
+        d.runtime.streamDestroy(s)
+
+
+def stream_synchronize(dev, stream):
+    d = _device(dev)
+    s = d.stream(stream)
+    if s is not None:
+        with d.context():
+            d.runtime.streamSynchronize(s)
+
+
+def stream_query(dev, stream):
+    d = _device(dev)
+    s = d.stream(stream)
+    if s is None:
+        return C.DK_OK
+    with d.context():
+        return C.DK_OK if d.runtime.streamQuery(s) == 0 else C.DK_NOT_READY
+
+
+def stream_wait_event(dev, stream, event):
+    d = _device(dev)
+    e = d.event("event", event)
+    s = d.stream(stream)
+    if e not in d.recorded:
+        return  # an event never recorded is complete
+    with d.context():
+        if s is None:
+            d.runtime.eventSynchronize(e)
+        else:
+            d.runtime.streamWaitEvent(s, e, 0)
+
+
+def stream_add_callback(dev, stream, fn, user_data):
+    d = _device(dev)
+    not_null(fn, "fn")
+    s = d.stream(stream)
+    if s is None:
+        fn(user_data)  # the NULL stream has nothing pending to order after
+        return
+    with d.context():
+        d.runtime.launchHostFunc(s, lambda _arg: run_callback(fn, user_data), 0)
+
+
+def event_create(dev, flags, event):
+    d = _device(dev)
+    not_null(event, "event")
+    if flags & ~C.DK_EVENT_DISABLE_TIMING:
+        raise invalid(f"unknown flags {flags:#x} (allowed: DK_EVENT_DISABLE_TIMING = "
+                      f"{C.DK_EVENT_DISABLE_TIMING:#x})")
+    timing = not flags & C.DK_EVENT_DISABLE_TIMING
+    with d.context():
+        e = d.runtime.eventCreateWithFlags(0 if timing else CUDA_EVENT_DISABLE_TIMING)
+    with d.lock:
+        d.events[e] = timing
+    event[0] = ffi.cast("DK_Event", e)
+
+
+def event_destroy(dev, event):
+    d = _device(dev)
+    if event == ffi.NULL:
+        return
+    e = d.event("event", event)
+    with d.lock:
+        d.events.pop(e, None)
+        d.recorded.discard(e)
+    d.runtime.eventDestroy(e)
+
+
+def event_record(dev, event, stream):
+    d = _device(dev)
+    e = d.event("event", event)
+    s = d.stream(stream)
+    d.submit(s, lambda cs: d.runtime.eventRecord(e, cs))
+    with d.lock:
+        d.recorded.add(e)
+
+
+def event_query(dev, event):
+    d = _device(dev)
+    e = d.event("event", event)
+    if e not in d.recorded:
+        return C.DK_OK
+    return C.DK_OK if d.runtime.eventQuery(e) == 0 else C.DK_NOT_READY
+
+
+def event_synchronize(dev, event):
+    d = _device(dev)
+    e = d.event("event", event)
+    if e in d.recorded:
+        d.runtime.eventSynchronize(e)
+
+
+def event_elapsed_ms(dev, start, end, ms):
+    d = _device(dev)
+    not_null(ms, "ms")
+    events = {"start": d.event("start", start), "end": d.event("end", end)}
+    for what, e in events.items():
+        if e not in d.recorded:
+            raise invalid(f"{what} event was never recorded")
+        if not d.events[e]:
+            raise invalid(f"{what} event was created with DK_EVENT_DISABLE_TIMING")
+    ms[0] = d.runtime.eventElapsedTime(events["start"], events["end"])
+
+
+# -- the table and DK_PluginInit -------------------------------------------------------
+
+_FUNCTIONS = {
+    "get_device_count": get_device_count, "get_device_properties": get_device_properties,
+    "device_synchronize": device_synchronize, "mem_alloc": mem_alloc, "mem_free": mem_free,
+    "mem_get_info": mem_get_info, "memset": memset, "copy_h2d": copy_h2d, "copy_d2h": copy_d2h,
+    "copy_d2d": copy_d2d, "stream_create": stream_create, "stream_destroy": stream_destroy,
+    "stream_synchronize": stream_synchronize, "stream_query": stream_query,
+    "stream_wait_event": stream_wait_event, "stream_add_callback": stream_add_callback,
+    "event_create": event_create, "event_destroy": event_destroy, "event_record": event_record,
+    "event_query": event_query, "event_synchronize": event_synchronize,
+    "event_elapsed_ms": event_elapsed_ms, "copy_p2p": copy_p2p, "host_alloc": host_alloc,
+    "host_free": host_free, "mem_alloc_async": mem_alloc_async, "mem_free_async": mem_free_async,
+}
+
+
+def _build_api():
+    api = ffi.new("DK_DeviceApi *", {"struct_size": ffi.sizeof("DK_DeviceApi")})
+    api_type = dict(ffi.typeof("DK_DeviceApi").fields)
+    functions = dict(_FUNCTIONS)
+    functions.update(ccl.functions(_devices))
+    for name, fn in functions.items():
+        pointer = callback(api_type[name].type, name, fn)
+        _keepalive.append(pointer)
+        setattr(api, name, pointer)
+    return api
+
+
+_last_error_fn = ffi.callback("DK_LastErrorFn", last_error_message)
+_strings = {key: ffi.new("char[]", value.encode())
+            for key, value in (("name", "cuda"), ("version", __version__), ("device_type", "cuda"))}
+
+
+def _initialise_once() -> tuple[int, str]:
+    global _info
+    reason = unavailable_reason()
+    if reason is not None:
+        return C.DK_UNAVAILABLE, f"DK_PluginInit: {reason}"
+    try:
+        _devices.extend(create_devices())
+    except Exception as exc:
+        return C.DK_UNAVAILABLE, f"DK_PluginInit: the CUDA devices cannot be opened: {exc}"
+    api = _build_api()
+    entries = ffi.new("DK_KernelEntry *[]", 1)
+    _info = ffi.new("DK_PluginInfo *", {
+        "struct_size": ffi.sizeof("DK_PluginInfo"), "abi_major": ABI_MAJOR, "abi_minor": ABI_MINOR,
+        "last_error_message": _last_error_fn, "name": _strings["name"],
+        "version": _strings["version"], "device_type": _strings["device_type"], "api": api,
+        "kernels": entries, "num_kernels": 0,
+    })
+    _keepalive.extend([api, entries])
+    return C.DK_OK, ""
+
+
+def _plugin_init(host, out):
+    global _init_result
+    if out == ffi.NULL:
+        return set_error(C.DK_INVALID_ARGUMENT, "DK_PluginInit: out is NULL")
+    if out.struct_size >= field_end("DK_PluginInfo", "last_error_message"):
+        out.last_error_message = _last_error_fn
+    if out.struct_size < field_end("DK_PluginInfo", "api"):
+        return set_error(C.DK_INVALID_ARGUMENT,
+                         f"DK_PluginInit: out->struct_size {out.struct_size} cannot hold 'api' "
+                         f"(needs {field_end('DK_PluginInfo', 'api')})")
+    with _init_lock:
+        if _init_result is None:
+            _init_result = _initialise_once()
+    status, message = _init_result
+    if status != C.DK_OK:
+        return set_error(status, message)
+    copy_out(out, _info, "DK_PluginInfo")
+    return C.DK_OK
+
+
+dk_plugin_init = callback("DK_PluginInitFn", "DK_PluginInit", _plugin_init)
