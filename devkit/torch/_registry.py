@@ -10,7 +10,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..plugin import Plugin, load_plugin
 from ..runtime import Device
-from . import _dispatch, _memory
+from . import _dispatch, _memory, _replay
 
 _lock = threading.Lock()
 _device: Device | None = None
@@ -65,6 +65,7 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
         dev = (plugin if isinstance(plugin, Plugin) else load_plugin(plugin)).device(0)
         if _device is not None:
             _device = dev
+            _replay.clear()  # devkit:0 is another device now
             return dev
         if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _memory.DEVICE_TYPE):
             raise RuntimeError(f"torch's PrivateUse1 backend is already "
