@@ -19,6 +19,7 @@ op run its lowering every time, as before.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -39,6 +40,17 @@ _NOT_REPLAYABLE = object()
 def recorder():
     """The Recorder of the op running in this thread, or None."""
     return getattr(_thread, "recorder", None)
+
+
+@contextlib.contextmanager
+def recording(active):
+    """Ops in the block record into ``active`` (None: they run as they are)."""
+    previous = getattr(_thread, "recorder", None)
+    _thread.recorder = active
+    try:
+        yield active
+    finally:
+        _thread.recorder = previous
 
 
 def refuse() -> None:
@@ -129,15 +141,11 @@ def run(op, impl, args, kwargs):
         if template is _NOT_REPLAYABLE:
             return impl(*args, **kwargs)
         return template.run(tensors)
-    recording = Recorder(tensors)
-    _thread.recorder = recording
-    try:
+    with recording(Recorder(tensors)) as recorded:
         result = impl(*args, **kwargs)
-    finally:
-        _thread.recorder = None
     if len(templates) >= CACHE_SIZE:
         templates.clear()
-    templates[key] = recording.template(result) or _NOT_REPLAYABLE
+    templates[key] = recorded.template(result) or _NOT_REPLAYABLE
     return result
 
 
