@@ -31,8 +31,9 @@ def collect() -> int:
 
 def from_array(array):
     """A devkit torch tensor viewing a devkit Array of the registered device (no copy)."""
-    if array.device is not registered_device():
-        raise ValueError(f"array is on {array.device}, devkit.torch is registered on {registered_device()}")
+    if array.device.plugin is not registered_device().plugin:
+        raise ValueError(f"array is on {array.device}, devkit.torch is registered on plugin "
+                         f"'{registered_device().plugin.name}'")
     return wrap(array)
 
 

@@ -148,7 +148,9 @@ def write(dst: torch.Tensor, src) -> torch.Tensor:
     dev = target.device
     if not isinstance(src, Array):
         src = run_op("Identity", [np.asarray(src, dtype=target.dtype)], device=dev)[0]
-    if src.buffer._allocation is target.buffer._allocation:
+    if src.device is not dev:  # another device of the plugin: a compact copy moves there
+        src = src.to(dev)
+    elif src.buffer._allocation is target.buffer._allocation:
         src = run1("Identity", [src])  # the source may overlap the destination
     source = _broadcast_view(src, target.shape)
     if source.dtype == target.dtype and source.is_contiguous and target.is_contiguous:

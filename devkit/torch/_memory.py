@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import dtypes
 from ..runtime import Array, Buffer, Device, empty
+from . import _seeds
 
 DEVICE_TYPE = "devkit"
 
@@ -132,7 +133,10 @@ def wrap(array: Array) -> torch.Tensor:
 
 
 def _tensor(storage: torch.UntypedStorage, dtype: torch.dtype, shape, strides, storage_offset: int) -> torch.Tensor:
-    tensor = torch._C._acc.create_empty_tensor(_EMPTY, dtype)
+    index = storage.device.index
+    tensor = torch._C._acc.create_empty_tensor(_EMPTY, dtype) if not index else \
+        _seeds.empty_on(index, dtype, lambda seed: _set_storage._op_dk(
+            _CPU, seed, torch._C._construct_storage_from_data_pointer(0, storage.device, 0), 0, _EMPTY, (1,)))
     _set_storage._op_dk(_CPU, tensor, storage, storage_offset, shape, strides)
     return tensor
 

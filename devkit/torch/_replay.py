@@ -134,6 +134,7 @@ def run(op, impl, args, kwargs):
         return impl(*args, **kwargs)
     key, tensors = key_of(op, args, kwargs)
     if key is None:
+        _check_one_device(op, (args, kwargs))
         return impl(*args, **kwargs)
     templates = _templates()
     template = templates.get(key)
@@ -141,12 +142,39 @@ def run(op, impl, args, kwargs):
         if template is _NOT_REPLAYABLE:
             return impl(*args, **kwargs)
         return template.run(tensors)
+    _check_one_device(op, tensors)
     with recording(Recorder(tensors)) as recorded:
         result = impl(*args, **kwargs)
     if len(templates) >= CACHE_SIZE:
         templates.clear()
     templates[key] = recorded.template(result) or _NOT_REPLAYABLE
     return result
+
+
+# Ops that take tensors on two devices: the copies between them.
+_CROSS_DEVICE = frozenset({torch.ops.aten._copy_from.default, torch.ops.aten._copy_from_and_resize.default,
+                           torch.ops.aten.copy_.default, torch.ops.aten.copy.default})
+
+
+def _devices(value, found: dict) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.device.type == _memory.DEVICE_TYPE:
+            found.setdefault(value.get_device(), value.device)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _devices(item, found)
+    elif isinstance(value, dict):
+        _devices(list(value.values()), found)
+
+
+def _check_one_device(op, values) -> None:
+    """torch's error for an op given tensors on two devkit devices."""
+    found: dict = {}
+    _devices(values, found)
+    if len(found) > 1 and op not in _CROSS_DEVICE:
+        first, second = list(found.values())[:2]
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{first} and {second}! (aten::{op._schema.name.split('::')[1]}.{op._overloadname})")
 
 
 class _Step:
