@@ -162,8 +162,9 @@ def buffer_of(tensor: torch.Tensor) -> Buffer:
 def to_array(tensor: torch.Tensor) -> Array:
     """The devkit Array a devkit torch tensor views (no copy)."""
     dtype = numpy_dtype(tensor.dtype)
-    return Array(buffer_of(tensor), tuple(tensor.shape), dtype, tuple(tensor.stride()),
-                 tensor.storage_offset() * dtype.itemsize)
+    # An empty view may start past its storage's end (the second half of a split of nothing): it reaches no bytes.
+    offset = tensor.storage_offset() * dtype.itemsize if tensor.numel() else 0
+    return Array(buffer_of(tensor), tuple(tensor.shape), dtype, tuple(tensor.stride()), offset)
 
 
 def empty_tensor(shape, dtype: torch.dtype, dev: Device) -> torch.Tensor:

@@ -212,7 +212,11 @@ class Recorder:
         self.views = None
         self._origins: dict[int, tuple[int, int]] = {}  # id(allocation) -> (source, byte offset)
         for index, tensor in enumerate(tensors):
-            array = _memory.to_array(tensor)
+            try:
+                array = _memory.to_array(tensor)
+            except (IndexError, ValueError, RuntimeError):  # no devkit Array (an empty view past its storage)
+                self.replayable = False
+                continue
             allocation = id(array.buffer._allocation)
             if allocation in self._origins:  # arguments sharing memory: replay would not know
                 self.replayable = False
