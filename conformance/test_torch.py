@@ -49,8 +49,24 @@ def test_compiled_gpt_block_matches_eager(devkit_torch):
     torch.manual_seed(0)
     block = models.gpt_block(32, 4)
     x = torch.randn(2, 8, 32)
-    expected = block(x)
+    other = torch.randn(2, 8, 32)
+    expected, expected_other = block(x), block(other)
     compiled = torch.compile(block.to(dt.DEVICE_TYPE), backend="devkit")
-    got = compiled(x.to(dt.DEVICE_TYPE))
-    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+    for _ in range(2):  # the first run records the graph's plan, the second runs it
+        torch.testing.assert_close(compiled(x.to(dt.DEVICE_TYPE)).cpu(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(other.to(dt.DEVICE_TYPE)).cpu(), expected_other, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+
+
+def test_every_device_of_the_plugin(devkit_torch):
+    count = torch.devkit.device_count()
+    if count < 2:
+        pytest.skip(f"plugin '{devkit_torch}' has one device")
+    last = f"{dt.DEVICE_TYPE}:{count - 1}"
+    a = torch.randn(4, 3)
+    x = a.to(last)
+    y = (x * 2 + 1).t()
+    assert y.device == torch.device(last)
+    torch.testing.assert_close(y.to(f"{dt.DEVICE_TYPE}:0").cpu(), (a * 2 + 1).t())
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        y + torch.ones(3, 4, device=f"{dt.DEVICE_TYPE}:0")

@@ -4,9 +4,14 @@
 
 eager: the time of one aten op on small tensors (64 float32 elements) on the
 plugin through devkit.torch, and on torch's CPU; the overhead is the
-difference of the medians (the target on cpu is at most 15 us). Times are
-the process's CPU time (time.process_time: every thread, the plugin's too),
-which a machine shared with other work disturbs less than wall time.
+difference of the medians (the target on cpu is at most 15 us). The floor
+is the same call of a custom op whose devkit kernel is a Python function
+returning its input: what torch's dispatcher alone costs a Python backend.
+Times are the process's CPU time (time.process_time: every thread, the
+plugin's too), which a machine shared with other work disturbs less than
+wall time; torch runs with OMP_WAIT_POLICY=PASSIVE (unless set otherwise)
+so that its idle OpenMP threads do not spin, and the report says how many
+threads torch uses.
 compile: a GPT-style block (models.gpt_block) forward under
 torch.compile(backend="devkit") against torch eager on the CPU (the target
 is at most 1.5x). Repetitions interleave devkit and torch so that a busy
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import statistics
 import time
 
@@ -55,6 +61,17 @@ def eager(torch, dt, repeat: int, calls: int = 200) -> list[dict]:
     return rows
 
 
+def dispatch_floor(torch, dt, repeat: int, calls: int = 200) -> float:
+    """us per call of a custom op whose devkit (PrivateUse1) kernel is a Python no-op."""
+    library = torch.library.Library("devkit_bench", "FRAGMENT")
+    if not hasattr(torch.ops.devkit_bench, "noop"):
+        library.define("noop(Tensor self, Tensor other) -> Tensor")
+    library.impl("noop", lambda a, b: a, "PrivateUse1")
+    a, b = torch.randn(64).to(dt.DEVICE_TYPE), torch.randn(64).to(dt.DEVICE_TYPE)
+    noop = torch.ops.devkit_bench.noop
+    return statistics.median(_time_per_call(lambda: noop(a, b), calls) for _ in range(repeat)) * 1e6
+
+
 def compile_block(torch, dt, models, repeat: int, calls: int = 5) -> dict:
     torch.manual_seed(0)
     block = models.gpt_block(64, 4).eval()
@@ -73,6 +90,7 @@ def compile_block(torch, dt, models, repeat: int, calls: int = 5) -> dict:
 
 
 def torch_main(args) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch's OpenMP starts
     try:
         import torch
     except ImportError:
@@ -88,11 +106,15 @@ def torch_main(args) -> int:
     for row in rows:
         print(f"{row['op']:<12}{row['devkit_us']:>12.1f}{row['torch_cpu_us']:>12.1f}{row['overhead_us']:>14.1f}")
     median_overhead = statistics.median(r["overhead_us"] for r in rows)
-    print(f"median overhead per aten op: {median_overhead:.1f} us (target <= {EAGER_TARGET_US:g} us on cpu)")
+    floor = dispatch_floor(torch, dt, args.repeat)
+    print(f"median overhead per aten op: {median_overhead:.1f} us (target <= {EAGER_TARGET_US:g} us on cpu); "
+          f"torch's dispatch to a Python no-op kernel: {floor:.1f} us")
+    print(f"torch CPU threads: {torch.get_num_threads()}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     block = compile_block(torch, dt, models, args.repeat)
     print(f"compile: {block['model']}: devkit {block['devkit_compiled_ms']:.2f} ms, torch eager CPU "
           f"{block['torch_eager_cpu_ms']:.2f} ms, ratio {block['ratio']:.2f}x (target <= {COMPILE_TARGET_RATIO:g}x)")
     if args.json:
         args.json.write_text(json.dumps({"plugin": args.plugin, "eager": rows, "median_overhead_us": median_overhead,
+                                         "dispatch_floor_us": floor, "torch_threads": torch.get_num_threads(),
                                          "compile": block}, indent=2))
     return 0

@@ -17,14 +17,23 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("devkit.torch needs PyTorch: pip install 'devkit[torch]'") from exc
 
 from ._dispatch import implementation, supported_ops
-from ._memory import DEVICE_TYPE, Unsupported, collect, live_allocations, to_array, wrap
+from . import _memory, _replay
+from ._memory import DEVICE_TYPE, Unsupported, live_allocations, to_array, wrap
 from ._registry import register, registered_device
+
+
+def collect() -> int:
+    """Drop the devkit allocations of storages torch no longer holds, and the
+    replay templates (the constants they keep on the device, in every thread); returns how many allocations."""
+    _replay.clear()
+    return _memory.collect()
 
 
 def from_array(array):
     """A devkit torch tensor viewing a devkit Array of the registered device (no copy)."""
-    if array.device is not registered_device():
-        raise ValueError(f"array is on {array.device}, devkit.torch is registered on {registered_device()}")
+    if array.device.plugin is not registered_device().plugin:
+        raise ValueError(f"array is on {array.device}, devkit.torch is registered on plugin "
+                         f"'{registered_device().plugin.name}'")
     return wrap(array)
 
 

@@ -18,9 +18,9 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as PROMOTION, el
 
 from ..abi import C
 from ..ops import dispatch as _dispatch
-from ..ops import run_op
+from ..ops import run_op as _run_op
 from ..runtime import Array
-from . import _memory
+from . import _memory, _replay
 from ._memory import Unsupported, numpy_dtype, to_array, wrap
 
 aten = torch.ops.aten
@@ -42,6 +42,14 @@ def lower(*ops):
 
 def is_devkit(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == _memory.DEVICE_TYPE
+
+
+def run_op(name: str, inputs, attrs=None, *, device=None) -> list[Array]:
+    """devkit.ops.run_op, recorded for replay while an op is being recorded (``_replay``)."""
+    recording = _replay.recorder()
+    if recording is None:
+        return _run_op(name, inputs, attrs, device=device)
+    return recording.run_op(name, inputs, attrs, device)
 
 
 def run(name: str, inputs, **attrs) -> list[Array]:
@@ -103,6 +111,10 @@ def _meta_twin(tensor: torch.Tensor) -> torch.Tensor:
 def _view_lowering(op):
     def view_op(self, *args, **kwargs):
         result = op(_meta_twin(self), *args, **kwargs)
+        recording = _replay.recorder()
+        if recording is not None:
+            views = [result] if isinstance(result, torch.Tensor) else result
+            recording.view(self, [(r.shape, r.stride(), r.storage_offset()) for r in views])
         if isinstance(result, torch.Tensor):
             return _memory.view(self, result.shape, result.stride(), result.storage_offset())
         return type(result)(_memory.view(self, r.shape, r.stride(), r.storage_offset()) for r in result)
@@ -127,13 +139,18 @@ def _broadcast_view(array: Array, shape) -> Array:
 
 def write(dst: torch.Tensor, src) -> torch.Tensor:
     """dst[...] = src on the device: src (an Array or a host value) broadcast and cast to dst."""
+    recording = _replay.recorder()
+    if recording is not None and recording.write(dst, src):
+        return dst
     target = to_array(dst)
     if target.size == 0:
         return dst
     dev = target.device
     if not isinstance(src, Array):
         src = run_op("Identity", [np.asarray(src, dtype=target.dtype)], device=dev)[0]
-    if src.buffer._allocation is target.buffer._allocation:
+    if src.device is not dev:  # another device of the plugin: a compact copy moves there
+        src = src.to(dev)
+    elif src.buffer._allocation is target.buffer._allocation:
         src = run1("Identity", [src])  # the source may overlap the destination
     source = _broadcast_view(src, target.shape)
     if source.dtype == target.dtype and source.is_contiguous and target.is_contiguous:
@@ -158,6 +175,7 @@ def write(dst: torch.Tensor, src) -> torch.Tensor:
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    _replay.refuse()  # what the op does next depends on the values
     host = to_array(tensor).numpy()
     if tensor.dtype == torch.bfloat16:
         return torch.from_numpy(host.view(np.int16)).view(torch.bfloat16)
@@ -165,6 +183,7 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def from_host(dst: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    _replay.refuse()  # host values, which a replay would not have
     host = host.to(dst.dtype).expand(dst.shape).contiguous()
     values = host.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16)) \
         if host.dtype == torch.bfloat16 else host.numpy()
@@ -222,6 +241,7 @@ def resize_(self, size, memory_format=None):
     size = tuple(size)
     if tuple(self.shape) == size:
         return self
+    _replay.refuse()  # the tensor's geometry changes, which a replay would not redo
     needed = (self.storage_offset() + math.prod(size)) * self.element_size()
     if needed <= self.untyped_storage().nbytes():
         storage, offset = self.untyped_storage(), self.storage_offset()
@@ -240,6 +260,7 @@ def fill_(self, value):
     value = value.item() if isinstance(value, torch.Tensor) else value
     target = to_array(self)
     if value == 0 and target.is_contiguous and target.size and not math.copysign(1, value) < 0:
+        _replay.refuse()  # a memset, not a kernel call
         target.buffer.view(target.offset, target.nbytes).fill(0)
         return self
     return write(self, value)

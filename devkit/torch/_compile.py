@@ -1,6 +1,7 @@
 """``torch.compile(model, backend="devkit")``: aot_autograd with torch's core-ATen
-decompositions; each FX graph then runs op by op, every aten node calling its
-devkit lowering directly (no dispatcher or autograd on the way)."""
+decompositions; each FX graph then runs as one devkit plan (``_graph``), or,
+where it cannot be planned, op by op, every aten node calling its devkit
+lowering directly (no dispatcher or autograd on the way)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 from torch.fx.node import map_arg
 
-from . import _aten, _dispatch
+from . import _aten, _dispatch, _graph, _replay
 
 
 def _has_devkit_tensor(values) -> bool:
@@ -21,7 +22,8 @@ def _has_devkit_tensor(values) -> bool:
 
 
 def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
-    """A boxed callable running ``graph_module``'s nodes in order on devkit."""
+    """A boxed callable running ``graph_module`` on devkit: as one plan per input
+    geometry where it can be planned (``_graph``), else node by node."""
     nodes = list(graph_module.graph.nodes)
     steps = []
     for node in nodes:
@@ -33,24 +35,50 @@ def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
             steps.append((node, None, getattr(graph_module, node.target)))
     placeholders = [n for n in nodes if n.op == "placeholder"]
     output = next(n for n in nodes if n.op == "output")
+    plans: dict = {}  # input key -> GraphPlan, or None where the graph cannot be planned
 
-    def run(args):
+    def run_nodes(args, recorder=None):
         env = dict(zip(placeholders, args))
-        args.clear()  # boxed: the inputs die as soon as the graph is done with them
         lookup = env.__getitem__
         for node, target, direct in steps:
             if target is None:
                 env[node] = direct
+                if recorder is not None and _aten.is_devkit(direct):
+                    recorder.add_constant(direct)
                 continue
             node_args = map_arg(node.args, lookup)
             node_kwargs = map_arg(node.kwargs, lookup)
-            if direct is not None and _has_devkit_tensor(node_args):
+            if recorder is not None and target in _graph.CONSTANT_FACTORIES:
+                with _replay.recording(None):  # runs once: the plan keeps the result
+                    env[node] = value = target(*node_args, **node_kwargs)
+                recorder.add_constant(value)
+            elif direct is not None and _has_devkit_tensor(node_args):
                 env[node] = direct(*node_args, **node_kwargs)
             else:
                 env[node] = target(*node_args, **node_kwargs)
         return map_arg(output.args[0], lookup)
 
+    def run(args):
+        inputs = list(args)
+        args.clear()  # boxed: the inputs die as soon as the graph is done with them
+        key = _graph.input_key(inputs)
+        if key is None:
+            return run_nodes(inputs)
+        plan = plans.get(key, False)
+        if plan:
+            return plan.run(inputs)
+        if plan is None:
+            return run_nodes(inputs)
+        with _replay.recording(_graph.GraphRecorder(inputs)) as recorder:
+            results = run_nodes(inputs, recorder)
+        try:
+            plans[key] = _graph.GraphPlan(recorder, list(results))
+        except _graph.NotPlannable:
+            plans[key] = None
+        return results
+
     run._boxed_call = True
+    run.plans = plans
     return run
 
 

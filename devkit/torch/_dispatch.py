@@ -17,7 +17,7 @@ from torch._decomp import core_aten_decompositions, decomposition_table
 from torch.utils import _pytree
 
 from ..ops import dispatch as _ops_dispatch
-from . import _aten, _memory
+from . import _aten, _memory, _replay
 from ._memory import Unsupported
 
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
@@ -181,7 +181,7 @@ def kernel(op, *args, **kwargs):
     if impl is None:
         return _cpu_or_raise(op, args, kwargs, _no_lowering(op))
     try:
-        return impl(*args, **kwargs)
+        return _replay.run(op, impl, args, kwargs)
     except Unsupported as exc:
         if getattr(_decomposing, "ops", None):  # inside a decomposition: the outermost op decides
             raise

@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import dtypes
 from ..runtime import Array, Buffer, Device, empty
+from . import _seeds
 
 DEVICE_TYPE = "devkit"
 
@@ -37,9 +38,20 @@ _TOKEN_BASE = 1 << 44
 _TOKEN_ALIGN = 1 << 12
 _lock = threading.Lock()
 _next_token = _TOKEN_BASE
-_live: dict[int, tuple[Buffer, StorageWeakRef]] = {}
+live: dict[int, tuple[Buffer, StorageWeakRef]] = {}  # token -> (the allocation's Buffer, its storage)
 _live_after_collect = 0
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_CPU = torch._C.DispatchKey.CPU
+_EMPTY = (0,)
+_torch_devices: dict = {}
+
+
+def _torch_device(dev: Device) -> torch.device:
+    """The torch device ``devkit:N`` of a devkit Device (its index on its plugin)."""
+    try:
+        return _torch_devices[dev.index]
+    except KeyError:
+        return _torch_devices.setdefault(dev.index, torch.device(DEVICE_TYPE, dev.index))
 
 
 class Unsupported(NotImplementedError):
@@ -61,33 +73,38 @@ def collect() -> int:
     """Drop the devkit allocations of storages torch no longer holds; returns how many."""
     global _live_after_collect
     with _lock:
-        dead = [token for token, (_, ref) in _live.items() if ref.expired()]
+        dead = [token for token, (_, ref) in live.items() if ref.expired()]
         for token in dead:
-            del _live[token]
-        _live_after_collect = len(_live)
+            del live[token]
+        _live_after_collect = len(live)
     return len(dead)
 
 
 def live_allocations() -> int:
-    return len(_live)
+    return len(live)
 
 
 def _storage_for(buffer: Buffer) -> torch.UntypedStorage:
     """The torch storage of ``buffer``'s allocation (one per allocation)."""
-    global _next_token
     allocation = buffer._allocation
     token = getattr(allocation, "torch_token", None)
-    if token is not None and token in _live and not _live[token][1].expired():
-        return _live[token][1].storage()
-    if len(_live) > 2 * _live_after_collect + 256:
+    if token is not None and token in live and not live[token][1].expired():
+        return live[token][1].storage()
+    return _new_storage(Buffer(allocation, 0, allocation.nbytes))
+
+
+def _new_storage(whole: Buffer) -> torch.UntypedStorage:
+    """A torch storage for ``whole``, an allocation no storage has yet."""
+    global _next_token
+    if len(live) > 2 * _live_after_collect + 256:
         collect()
-    whole = Buffer(allocation, 0, allocation.nbytes)
+    allocation = whole._allocation
+    nbytes = allocation.nbytes
     with _lock:
         token = _next_token
-        _next_token += (allocation.nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
-        storage = torch._C._construct_storage_from_data_pointer(
-            token, torch.device(DEVICE_TYPE, 0), allocation.nbytes)
-        _live[token] = (whole, _WeakStorage(storage))
+        _next_token += (nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
+    storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
+    live[token] = (whole, _WeakStorage(storage))
     allocation.torch_token = token
     return storage
 
@@ -112,24 +129,32 @@ def wrap(array: Array) -> torch.Tensor:
     byte_offset = array.buffer.offset + array.offset
     if byte_offset % array.itemsize:
         raise ValueError(f"array offset {byte_offset} is not a multiple of its itemsize {array.itemsize}")
-    tensor = torch._C._acc.create_empty_tensor([0], dtype)
-    _set_storage._op_dk(torch._C.DispatchKey.CPU, tensor, storage, byte_offset // array.itemsize,
-                        list(array.shape), list(array.strides))
+    return _tensor(storage, dtype, array.shape, array.strides, byte_offset // array.itemsize)
+
+
+def _tensor(storage: torch.UntypedStorage, dtype: torch.dtype, shape, strides, storage_offset: int) -> torch.Tensor:
+    index = storage.device.index
+    tensor = torch._C._acc.create_empty_tensor(_EMPTY, dtype) if not index else \
+        _seeds.empty_on(index, dtype, lambda seed: _set_storage._op_dk(
+            _CPU, seed, torch._C._construct_storage_from_data_pointer(0, storage.device, 0), 0, _EMPTY, (1,)))
+    _set_storage._op_dk(_CPU, tensor, storage, storage_offset, shape, strides)
     return tensor
+
+
+def tensor_on(buffer: Buffer, dtype: torch.dtype, shape, strides, storage_offset: int) -> torch.Tensor:
+    """A devkit tensor on ``buffer``, a new allocation's whole Buffer, geometry already checked."""
+    return _tensor(_new_storage(buffer), dtype, shape, strides, storage_offset)
 
 
 def view(tensor: torch.Tensor, shape, strides, storage_offset: int) -> torch.Tensor:
     """A new devkit tensor on ``tensor``'s storage with the given geometry."""
-    out = torch._C._acc.create_empty_tensor([0], tensor.dtype)
-    _set_storage._op_dk(torch._C.DispatchKey.CPU, out, tensor.untyped_storage(), storage_offset,
-                        list(shape), list(strides))
-    return out
+    return _tensor(tensor.untyped_storage(), tensor.dtype, shape, strides, storage_offset)
 
 
 def buffer_of(tensor: torch.Tensor) -> Buffer:
     token = tensor.untyped_storage().data_ptr()
     try:
-        return _live[token][0]
+        return live[token][0]
     except KeyError:
         raise RuntimeError(f"tensor on {tensor.device} has no devkit memory (storage token {token:#x})") from None
 
@@ -137,8 +162,9 @@ def buffer_of(tensor: torch.Tensor) -> Buffer:
 def to_array(tensor: torch.Tensor) -> Array:
     """The devkit Array a devkit torch tensor views (no copy)."""
     dtype = numpy_dtype(tensor.dtype)
-    return Array(buffer_of(tensor), tuple(tensor.shape), dtype, tuple(tensor.stride()),
-                 tensor.storage_offset() * dtype.itemsize)
+    # An empty view may start past its storage's end (the second half of a split of nothing): it reaches no bytes.
+    offset = tensor.storage_offset() * dtype.itemsize if tensor.numel() else 0
+    return Array(buffer_of(tensor), tuple(tensor.shape), dtype, tuple(tensor.stride()), offset)
 
 
 def empty_tensor(shape, dtype: torch.dtype, dev: Device) -> torch.Tensor:

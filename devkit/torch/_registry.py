@@ -10,10 +10,11 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..plugin import Plugin, load_plugin
 from ..runtime import Device
-from . import _dispatch, _memory
+from . import _dispatch, _memory, _replay
 
 _lock = threading.Lock()
-_device: Device | None = None
+_device: Device | None = None  # device 0 of the registered plugin
+_current = threading.local()  # .index: this thread's current devkit device (torch.devkit.set_device)
 _libraries: list = []  # torch unregisters kernels when their Library dies
 
 
@@ -30,11 +31,15 @@ class _BackendModule:
 
     @staticmethod
     def device_count() -> int:
-        return 1
+        return registered_device().plugin.device_count if _device is not None else 0
 
     @staticmethod
     def current_device() -> int:
-        return 0
+        return getattr(_current, "index", 0)
+
+    @staticmethod
+    def set_device(device) -> None:
+        _current.index = devkit_device(device).index
 
     @staticmethod
     def _is_in_bad_fork() -> bool:
@@ -46,7 +51,7 @@ class _BackendModule:
 
     @staticmethod
     def synchronize(device=None) -> None:
-        registered_device().synchronize()
+        devkit_device(device).synchronize()
 
     @staticmethod
     def get_amp_supported_dtype():
@@ -54,7 +59,7 @@ class _BackendModule:
 
 
 def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
-    """Put new torch tensors of device type ``devkit`` on ``plugin``'s device 0.
+    """Make ``plugin``'s devices torch's ``devkit:0``, ``devkit:1``, ...; returns device 0.
 
     ``plugin`` is a plugin name, the path of its library or a loaded Plugin. Registering again
     with another plugin moves where new tensors go; tensors made before stay on
@@ -65,6 +70,7 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
         dev = (plugin if isinstance(plugin, Plugin) else load_plugin(plugin)).device(0)
         if _device is not None:
             _device = dev
+            _replay.clear()  # devkit:0 is another device now
             return dev
         if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _memory.DEVICE_TYPE):
             raise RuntimeError(f"torch's PrivateUse1 backend is already "
@@ -96,9 +102,15 @@ def registered_device() -> Device:
 
 
 def devkit_device(device) -> Device:
-    """The devkit Device a torch device argument of a factory names."""
+    """The devkit Device a torch device argument names (None or ``devkit``: the current one)."""
+    plugin = registered_device().plugin
+    index = None
     if device is not None:
-        index = torch.device(device).index
-        if index not in (None, 0):
-            raise RuntimeError(f"devkit.torch runs on devkit:0 ({registered_device()}); got {device}")
-    return registered_device()
+        index = device if isinstance(device, int) else torch.device(device).index
+    if index is None:
+        index = getattr(_current, "index", 0)
+    if not 0 <= index < plugin.device_count:
+        raise RuntimeError(f"devkit:{index} does not exist: plugin '{plugin.name}' has "
+                           f"{plugin.device_count} device{'s' if plugin.device_count != 1 else ''} "
+                           f"(devkit:0 to devkit:{plugin.device_count - 1})")
+    return registered_device() if index == 0 else plugin.device(index)

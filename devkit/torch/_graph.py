@@ -1,0 +1,192 @@
+"""A torch.compile FX graph as one devkit plan: one launch per run, one sync.
+
+The graph's first run with given input dtypes, shapes, strides and devices
+runs its nodes op by op under a GraphRecorder (the eager fast path's
+Recorder, ``_replay``), which builds every kernel call as a prebuilt
+engine.KernelCall and notes where its tensors come from. View nodes need no
+call (their consumers find them by memory). Factory nodes whose results do
+not depend on the inputs' values (``full``, ``arange``, ``full_like`` ...)
+run once and stay resident as constants.
+
+The plan then places every input and every call's output in one arena
+(engine.plan_memory: liveness-based reuse), points the calls at it once and
+hands them to engine.make_launcher: a native graph where the plugin has the
+graph section, host replay elsewhere. A run copies the inputs into the
+arena, launches, copies the outputs out into fresh allocations and
+synchronizes once. A graph with anything a plan cannot redo (a value read
+back, a host copy, an op without a lowering or kernel) runs op by op.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..engine import Lifetime, make_launcher, plan_memory
+from . import _memory, _replay
+
+aten = torch.ops.aten
+
+# Nodes whose results depend on their arguments' shapes and values given in the graph only.
+CONSTANT_FACTORIES = frozenset(
+    overload for packet in (aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones, aten.ones_like,
+                            aten.arange, aten.scalar_tensor, aten.new_full, aten.new_zeros, aten.new_ones)
+    for overload in (getattr(packet, name) for name in packet.overloads())
+    if "out" not in overload._overloadname)
+
+
+class NotPlannable(Exception):
+    """The graph run did something a plan cannot redo."""
+
+
+class GraphRecorder(_replay.Recorder):
+    """A Recorder across a whole graph: views are geometry only, constants are kept."""
+
+    def __init__(self, tensors: list):
+        super().__init__(tensors)
+        self.constants: list[torch.Tensor] = []
+
+    def view(self, base, geometries) -> None:
+        """A view needs no call: the calls reading it find it by its memory."""
+
+    def write(self, destination, source) -> bool:
+        self.replayable = False  # a graph input written: the plan would write its staged copy
+        return False
+
+    def add_constant(self, tensor: torch.Tensor) -> None:
+        array = _memory.to_array(tensor)
+        self.constants.append(tensor)
+        self._origins.setdefault(id(array.buffer._allocation),
+                                 (-len(self.constants), array.buffer.offset + array.offset))
+
+
+def input_key(tensors) -> tuple | None:
+    parts = []
+    for value in tensors:
+        if not isinstance(value, torch.Tensor) or value.is_cpu:
+            return None
+        parts.append((value.get_device(), value.dtype, value.shape, value.stride()))
+    return tuple(parts)
+
+
+class GraphPlan:
+    """A recorded graph run: see the module doc."""
+
+    def __init__(self, recording: GraphRecorder, results: list):
+        if not recording.replayable:
+            raise NotPlannable("the graph has an op a plan cannot redo")
+        devices = {device for step in recording.steps for _, _, device in step.outputs}
+        if len(devices) != 1:
+            raise NotPlannable(f"the graph's calls run on {len(devices)} devices, a plan on one")
+        self.device = device = devices.pop()
+        self.constants = recording.constants
+        self.resident = recording.resident
+        inputs = recording.tensors
+        count = len(inputs)
+        steps = recording.steps
+        # Where each input's bytes lie: (byte offset of the tensor from its extent's start, extent size).
+        extents = []
+        for tensor in inputs:
+            array = _memory.to_array(tensor)
+            low, high = array._extent()
+            extents.append((array.offset - low, high - low))
+        output_sizes = [nbytes for step in steps for _, nbytes, _ in step.outputs]
+        last_read = [-1] * (count + len(output_sizes))
+        for index, step in enumerate(steps):
+            for _, source, _ in step.inputs:
+                if source >= 0:
+                    last_read[source] = index
+        first_written = []
+        for index, step in enumerate(steps):
+            first_written += [index] * len(step.outputs)
+        self.results = []
+        for value in results:
+            self.results.append(self._result(recording, value, count, last_read, len(steps)))
+        lifetimes = [Lifetime(size, -1, last_read[i]) for i, (_, size) in enumerate(extents)]
+        # An output nothing reads is still written: it lives for its own step.
+        lifetimes += [Lifetime(size, first_written[i], max(first_written[i], last_read[count + i]))
+                      for i, size in enumerate(output_sizes)]
+        alignment = max(64, int(device.properties.alloc_alignment or 0))
+        self.memory = plan_memory(lifetimes, alignment)
+        self.arena = arena = device.alloc(max(self.memory.arena_bytes, 1))
+        offsets = self.memory.offsets
+        handle = arena.handle
+        for step in steps:
+            for slot, source, delta in step.inputs:
+                if source < 0:  # a resident constant
+                    constant = _memory.to_array(self.constants[-source - 1])
+                    slot.data = constant.buffer.handle
+                    slot.byte_offset = constant.buffer.offset + constant.offset + delta
+                else:
+                    lead = extents[source][0] if source < count else 0
+                    slot.data = handle
+                    slot.byte_offset = arena.offset + offsets[source] + lead + delta
+        out_index = count
+        for step in steps:
+            for slot, _, _ in step.outputs:
+                slot.data = handle
+                slot.byte_offset = arena.offset + offsets[out_index]
+                out_index += 1
+        # Inputs no call reads are not copied in.
+        self.staging = [(arena.view(offsets[i], size), lead, size if last_read[i] >= 0 else 0, tensor.element_size())
+                        for i, ((lead, size), tensor) in enumerate(zip(extents, inputs))]
+        self.output_sizes = output_sizes
+        self.count = count
+        self.launcher = make_launcher(device, [step.call for step in steps])
+        self.stream = device.create_stream()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _result(recording, value, count, last_read, end):
+        """How the plan makes one graph output: None, an input, a view of one, or an output of a call."""
+        if value is None:
+            return None
+        if not isinstance(value, torch.Tensor) or value.is_cpu:
+            raise NotPlannable(f"a graph output is {type(value).__name__}, not a devkit tensor")
+        for index, tensor in enumerate(recording.tensors):
+            if value is tensor:
+                return ("input", index)
+        origin = recording._source(_memory.to_array(value))
+        if origin is None or origin[0] < 0:
+            raise NotPlannable("a graph output is neither an input nor computed by the graph")
+        source, delta = origin
+        geometry = (tuple(value.shape), tuple(value.stride()))
+        if source < count:
+            return ("input view", source, geometry, delta // value.element_size())
+        last_read[source] = end  # copied out after the last call
+        return ("output", source, (value.dtype, *geometry, value.storage_offset()))
+
+    def run(self, inputs: list) -> list:
+        live = _memory.live
+        stream = self.stream
+        with self.lock:
+            for tensor, (staged, lead, size, itemsize) in zip(inputs, self.staging):
+                if size:
+                    whole = live[tensor.untyped_storage().data_ptr()][0]
+                    staged.copy_from(whole.view(tensor.storage_offset() * itemsize - lead, size), stream=stream)
+            self.launcher.replay(stream)
+            copies = {}
+            for result in self.results:
+                if result is not None and result[0] == "output" and result[1] not in copies:
+                    source = result[1]
+                    nbytes = self.output_sizes[source - self.count]
+                    buffer = self.device.alloc(nbytes)
+                    buffer.copy_from(self.arena.view(self.memory.offsets[source], nbytes), stream=stream)
+                    copies[source] = buffer
+            stream.synchronize()
+        storages = {source: _memory._new_storage(buffer) for source, buffer in copies.items()}
+        outputs = []
+        for result in self.results:
+            if result is None:
+                outputs.append(None)
+            elif result[0] == "input":
+                outputs.append(inputs[result[1]])
+            elif result[0] == "input view":
+                _, index, (shape, strides), delta = result
+                base = inputs[index]
+                outputs.append(_memory.view(base, shape, strides, base.storage_offset() + delta))
+            else:
+                _, source, (dtype, shape, strides, storage_offset) = result
+                outputs.append(_memory._tensor(storages[source], dtype, shape, strides, storage_offset))
+        return outputs
