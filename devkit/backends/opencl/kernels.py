@@ -18,11 +18,13 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
 
 from ...abi import C, ffi
+from ...ops.spec import dtype_name
 from .errors import callback, invalid
 from .runtime import Device, Mem
 
@@ -253,6 +255,10 @@ def attribute_value(attribute):
     raise invalid(f"attribute '{ffi.string(attribute.name).decode()}' has unknown type {kind}")
 
 
+ATTR_KINDS = {C.DK_ATTR_INT: "int", C.DK_ATTR_FLOAT: "float", C.DK_ATTR_INTS: "ints",
+              C.DK_ATTR_FLOATS: "floats", C.DK_ATTR_STRING: "string", C.DK_ATTR_DTYPE: "dtype"}
+
+
 class Call:
     """One kernel call, read out of its DK_KernelCall: what every kernel starts from.
 
@@ -270,6 +276,8 @@ class Call:
         self.outputs = [Tensor(self.device, f"output {j}", call.outputs[j]) for j in range(call.num_outputs)]
         self.attrs = {ffi.string(call.attributes[i].name).decode(): attribute_value(call.attributes[i])
                       for i in range(call.num_attributes)}
+        self.attr_kinds = {ffi.string(call.attributes[i].name).decode(): ATTR_KINDS[call.attributes[i].type]
+                           for i in range(call.num_attributes)}
 
     @property
     def fp64(self) -> bool:
@@ -457,12 +465,102 @@ class KernelTable:
 
             def fn(call, key=key, device_of=self.device_of):
                 c = Call(op, call, device_of)
+                check_against_spec(c, key)
                 if c.stream is not None and c.stream.capture is not None:  # graph.py
                     c.stream.capture.add_kernel(call, lambda copy: run(Call(op, copy, device_of), key))
                 else:
                     run(c, key)
 
             self.add(op, key, fn, flags)
+
+
+def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:
+    from ...engine.calls import key_dtype_of
+
+    code, bits, lanes = key & 0xFF, (key >> 8) & 0xFF, key >> 16
+    try:
+        if lanes != 1:
+            raise KeyError(lanes)
+        return key_dtype_of(SimpleNamespace(dtype=SimpleNamespace(code=code, bits=bits)))
+    except (KeyError, TypeError):
+        raise invalid(f"{c.op}: {what} has dtype (code {code}, bits {bits}, lanes {lanes}), which the op "
+                      f"does not take") from None
+
+
+def check_against_spec(c: Call, key: int) -> None:
+    """Refuses, once per call, what the op spec refuses: tensor counts, the key
+    dtype, each attribute's presence, type and value (its choices and check),
+    and inputs and outputs whose shapes and dtypes shape inference does not
+    give. The devkit host sends valid calls; any other host may not."""
+    from ... import ops
+    from ...ops import dispatch
+    from ...ops.spec import TensorInfo
+
+    spec = ops.get(c.op)
+    declared = [decl for decl in spec.inputs if not decl.host]
+    variadic = bool(declared) and declared[-1].variadic
+    required = max((i + 1 for i, decl in enumerate(declared) if not decl.optional), default=0)
+    if len(c.inputs) < required or (not variadic and len(c.inputs) > len(declared)):
+        raise invalid(f"{c.op}: takes {required} to {'any' if variadic else len(declared)} inputs, "
+                      f"got {len(c.inputs)}")
+    if not c.outputs:
+        raise invalid(f"{c.op}: the call has no outputs")
+    attrs, as_attributes = {}, set()
+    for attr in spec.attrs:
+        if attr.name not in c.attrs:
+            if attr.default is not None:
+                raise invalid(f"{c.op}: attribute '{attr.name}' is missing")
+            continue
+        kind = c.attr_kinds[attr.name]
+        host_form = any(decl.host and decl.name == attr.name for decl in spec.inputs)
+        if kind != attr.kind and not (host_form and kind in ("ints", "floats")):
+            raise invalid(f"{c.op}: attribute '{attr.name}' is {kind}; the op takes {attr.kind}")
+        value = c.attrs[attr.name]
+        if kind == "dtype":
+            value = _numpy_dtype(c, f"attribute '{attr.name}'", value)
+        if kind != attr.kind:
+            continue  # the host input's form (Dropout's ratio as floats), read below
+        as_attributes.add(attr.name)
+        try:
+            attrs[attr.name] = dispatch._coerce_attr(spec, attr, value)
+        except (TypeError, ValueError) as exc:
+            raise invalid(str(exc)) from None
+    tensors = iter(c.inputs)
+    infos: list = []
+    for decl in spec.inputs[:-1] + (spec.inputs[-1:] * max(1, len(c.inputs) - len(declared) + 1)
+                                    if variadic else spec.inputs[-1:]):
+        if decl.host:
+            values = None if decl.name in as_attributes else c.attrs.get(decl.name)
+            if values is None and not decl.optional and decl.name not in as_attributes:
+                raise invalid(f"{c.op}: attribute '{decl.name}' (the values of input '{decl.name}') is missing")
+            if values is not None and c.attr_kinds[decl.name] not in ("ints", "floats"):
+                raise invalid(f"{c.op}: attribute '{decl.name}' is {c.attr_kinds[decl.name]}; it carries "
+                              f"input '{decl.name}' as ints or floats")
+            array = None if values is None else np.asarray(values, np.int64 if c.attr_kinds[decl.name] == "ints"
+                                                           else np.float64)
+            infos.append(None if array is None else TensorInfo(array.shape, array.dtype, array))
+            continue
+        t = next(tensors, None)
+        if decl.read_by_infer:
+            return  # the outputs' shapes depend on the data (NonZero): the kernel checks what it reads
+        infos.append(None if t is None else TensorInfo(tuple(t.shape), _numpy_dtype(c, decl.name, t.dtype)))
+    while infos and infos[-1] is None:
+        infos.pop()
+    key_info = infos[spec.key] if isinstance(spec.key, int) and spec.key < len(infos) else None
+    if key_info is not None and CL_TYPES[key].name != dtype_name(key_info.dtype):
+        raise invalid(f"{c.op}: input '{spec.inputs[spec.key].name}' is {dtype_name(key_info.dtype)}; this "
+                      f"kernel is for {CL_TYPES[key].name}")
+    try:
+        expected = spec.infer(infos, attrs)
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        raise invalid(f"{c.op}: {exc}") from None
+    if len(c.outputs) > len(expected):
+        raise invalid(f"{c.op}: the call has {len(c.outputs)} outputs; the op gives {len(expected)}")
+    for j, (t, (shape, dtype)) in enumerate(zip(c.outputs, expected)):
+        got = (tuple(t.shape), dtype_name(_numpy_dtype(c, f"output {j}", t.dtype)))
+        if got != (tuple(int(n) for n in shape), dtype_name(dtype)):
+            raise invalid(f"{c.op}: output {j} is {got[1]} {got[0]}; the inputs and attributes give "
+                          f"{dtype_name(dtype)} {tuple(shape)}")
 
 
 def supported_dtypes(op: str, devices: list[Device]) -> list[int]:
