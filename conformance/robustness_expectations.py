@@ -73,5 +73,5 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
 
 
 def reason_for(plugin: str, case_id: str) -> str | None:
-    """The written reason kernel case ``case_id`` (OP/DTYPE/MUTATION) may fail on ``plugin``."""
+    """The written reason kernel case ``case_id`` (OP, or OP/DTYPE/MUTATION) may fail on ``plugin``."""
     return KNOWN_GAPS.get(plugin, {}).get(case_id.split("/", 1)[0])

@@ -647,6 +647,18 @@ def _out_of_range_values(kind: str, value, rank: int, attr: _spec.Attr | None) -
     return []
 
 
+def _host_input(candidate, dtype: np.dtype) -> np.ndarray | None:
+    """The candidate as a host input of the valid call's dtype; None when that dtype cannot
+    hold it (2^40 as Clip's int8 min: the host could not send it either)."""
+    if not candidate:
+        return np.asarray(candidate, np.int64)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if any(not isinstance(c, int) or not info.min <= c <= info.max for c in np.ravel(candidate).tolist()):
+            return None
+    return np.asarray(candidate, dtype)
+
+
 _WRONG_KIND = {"int": ("string", "x"), "float": ("string", "x"), "ints": ("float", 1.0),
                "floats": ("string", "x"), "string": ("int", 1), "dtype": ("int", 1)}
 
@@ -680,7 +692,9 @@ def mutations(op: str, dtype: str) -> list[Mutation]:
     for sent in base_attrs:
         others = [a for a in base_attrs if a.name != sent.name]
         attr = spec.attr(sent.name)
-        host = attr is None
+        # Sent as a host input's values, even where an attribute has its name (ReduceSum's axes):
+        # mutated there, or the call would carry the name twice.
+        host = sent.name in host_positions and v.inputs[host_positions[sent.name]] is not None
         required = (not spec.inputs[host_positions[sent.name]].optional) if host else attr.default is not None
         if required:
             add(f"attribute-{sent.name}-missing", attributes=others)
@@ -692,8 +706,10 @@ def mutations(op: str, dtype: str) -> list[Mutation]:
         for candidate in _out_of_range_values(sent.kind, sent.value, rank, attr):
             if host:
                 inputs = list(v.inputs)
-                inputs[host_positions[sent.name]] = np.asarray(candidate, dtype=np.asarray(
-                    v.inputs[host_positions[sent.name]]).dtype if candidate else np.int64)
+                value = _host_input(candidate, np.asarray(v.inputs[host_positions[sent.name]]).dtype)
+                if value is None:
+                    continue
+                inputs[host_positions[sent.name]] = value
                 if not _is_invalid(v, v.attrs, inputs):
                     continue
                 attributes = _sent_attributes(v, v.attrs, inputs)
@@ -704,7 +720,7 @@ def mutations(op: str, dtype: str) -> list[Mutation]:
                 attributes = _sent_attributes(v, attrs, v.inputs)
             add(f"attribute-{sent.name}-{_label(candidate)}", attributes=attributes)
     for attr in spec.attrs:  # optional attributes the valid call leaves out (Conv's strides, say)
-        if attr.name in v.attrs or attr.kind not in ("int", "ints", "float"):
+        if any(a.name == attr.name for a in base_attrs) or attr.kind not in ("int", "ints", "float"):
             continue
         spatial = max(rank - 2, 1)
         candidates = ([[c] * n for n in dict.fromkeys((spatial, 2 * spatial)) for c in (0, -1)]

@@ -10,9 +10,16 @@ when every malformed call returned a status other than DK_OK (a kernel may
 also report it at the stream's synchronisation) and the plugin still works.
 
 The calls run in a worker process (robustness_worker.py), crash-isolated under
-plain pytest too: a case that kills it fails naming the signal, and the next
-case gets a new worker. --profile quick checks each op's kernel for one dtype
-(the first of float32, int32, ... it has); --profile full every dtype.
+plain pytest too. One test drives one kernel: its mutations go to the worker
+as a batch, answered one by one; a mutation that kills the worker fails
+naming the signal, and a new worker takes the rest of the batch. A kernel
+that accepted a malformed call may have corrupted the worker's memory, so the
+next test gets a new worker; ops with known gaps run in a worker of their own
+from the start, so what they corrupt never fails another op's case.
+
+The profile (DEVKIT_CONFORMANCE_PROFILE, which devkit-conformance --profile
+sets; plain pytest runs quick): quick checks each op's kernel for one dtype
+(the first of float32, int32, ... it has), full every dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import pytest
 
 from devkit import ops
 from devkit.abi import C
+from devkit.conformance_cli.suites import PROFILE_VARIABLE
 from devkit.ops.spec import dtype_name
 
 from . import robustness_expectations as expectations
@@ -37,6 +45,7 @@ from . import robustness_worker as worker
 
 WORKER = Path(worker.__file__)
 REPLY_TIMEOUT_S = 60
+FULL_PROFILE = os.environ.get(PROFILE_VARIABLE, "quick") == "full"
 
 
 class Worker:
@@ -46,6 +55,7 @@ class Worker:
         self.plugin = plugin
         self.process: subprocess.Popen | None = None
         self.replies: queue.Queue = queue.Queue()
+        self.hung = False
 
     def _start(self):
         self.process = subprocess.Popen([sys.executable, str(WORKER), self.plugin], stdin=subprocess.PIPE,
@@ -53,10 +63,8 @@ class Worker:
                                         env=dict(os.environ, PYTHONFAULTHANDLER="1"))
         self.replies = queue.Queue()
         threading.Thread(target=self._pump, args=(self.process, self.replies), daemon=True).start()
-        ready = self._read()
-        if ready is None:
-            raise RuntimeError(f"the robustness worker for {self.plugin} did not start: "
-                               f"{self._death()}")
+        if self._read() is None:
+            raise RuntimeError(f"the robustness worker for {self.plugin} did not start: {self._death()}")
 
     @staticmethod
     def _pump(process: subprocess.Popen, replies: queue.Queue):
@@ -75,9 +83,11 @@ class Worker:
             return None
 
     def _death(self) -> str:
+        """How the worker ended, with the tail of its log; the next batch starts a new one."""
+        self.process.kill()  # a no-op when it is dead already
         self.process.wait(10)
         code = self.process.returncode
-        if getattr(self, "hung", False):
+        if self.hung:
             self.hung = False
             how = f"hung for {REPLY_TIMEOUT_S} s and was killed"
         elif code < 0:
@@ -88,15 +98,38 @@ class Worker:
         self.process = None
         return f"the plugin's process {how}\n{log}"
 
-    def ask(self, case_id: str) -> dict:
-        if self.process is None:
-            self._start()
-        self.process.stdin.write(case_id + "\n")
-        self.process.stdin.flush()
-        reply = self._read()
-        if reply is None:
-            return {"case": case_id, "died": self._death()}
-        return reply
+    def _send(self, case_ids: list[str]) -> bool:
+        """Hands the cases to a live worker; False when it had died meanwhile (after its last answer)."""
+        try:
+            self.process.stdin.write("".join(case_id + "\n" for case_id in case_ids))
+            self.process.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def ask(self, case_ids: list[str]) -> list[dict]:
+        """Every case's answer, in order. A case that kills the worker is answered {"died": how}
+        and a new worker takes the cases after it."""
+        answers: list[dict] = []
+        while len(answers) < len(case_ids):
+            rest = case_ids[len(answers):]
+            if self.process is None:
+                self._start()
+            if not self._send(rest):  # the last batch's worker died after answering: not these cases
+                self._death()
+                continue
+            for case_id in rest:
+                reply = self._read()
+                if reply is None:
+                    answers.append({"case": case_id, "died": self._death()})
+                    break
+                answers.append(reply)
+        return answers
+
+    def restart(self):
+        """The next batch runs in a new worker (this one's memory may be corrupt)."""
+        if self.process is not None:
+            self._death()
 
     def close(self):
         if self.process is not None:
@@ -106,7 +139,7 @@ class Worker:
 
 @pytest.fixture(scope="session")
 def workers():
-    pool: dict[str, Worker] = {}
+    pool: dict[tuple[str, bool], Worker] = {}
     yield pool
     for w in pool.values():
         w.close()
@@ -116,67 +149,68 @@ def _plugin_spec(request) -> str:
     return request.node.callspec.params["plugin"]
 
 
-def _run(request, workers, case_id: str):
-    spec = _plugin_spec(request)
-    w = workers.setdefault(spec, Worker(spec))
-    reply = w.ask(case_id)
+def _verdict(reply: dict) -> tuple[str | None, str | None]:
+    """(why the case failed or None, why it skips or None)."""
+    case_id = reply["case"]
     if "died" in reply:
-        pytest.fail(f"{case_id}: {reply['died']}", pytrace=False)
+        return f"{case_id}: {reply['died']}", None
     if reply["skip"]:
-        pytest.skip(reason=reply["skip"])
-    assert reply["problem"] is None, f"the case itself failed:\n{reply['problem']}"
+        return None, reply["skip"]
+    if reply["problem"] is not None:
+        return f"{case_id}: the case itself failed:\n{reply['problem']}", None
     accepted = [call for call in reply["calls"] if all(status == C.DK_OK for status in call)]
-    assert reply["calls"] and not accepted, (
-        f"{case_id}: the plugin accepted {len(accepted)} of {len(reply['calls'])} malformed call(s) "
-        f"(statuses {reply['calls']}); last message: {reply['messages']}")
-    assert reply["alive"] is None, f"{case_id}: the plugin is broken after the case: {reply['alive']}"
+    if not reply["calls"] or accepted:
+        return (f"{case_id}: the plugin accepted {len(accepted)} of {len(reply['calls'])} malformed call(s) "
+                f"(statuses {reply['calls']}); last message: {reply['messages']}"), None
+    if reply["alive"] is not None:
+        return f"{case_id}: the plugin is broken after the case: {reply['alive']}", None
+    return None, None
+
+
+def _run(request, workers, case_ids: list[str], known_gaps: bool = False) -> None:
+    """Runs the cases as one batch; fails listing every case that failed."""
+    key = (_plugin_spec(request), known_gaps)
+    w = workers.setdefault(key, Worker(key[0]))
+    failures, skips = [], []
+    for reply in w.ask(case_ids):
+        failure, skip = _verdict(reply)
+        failures += [failure] if failure else []
+        skips += [skip] if skip else []
+    if failures:
+        w.restart()
+        pytest.fail("\n".join(failures), pytrace=False)
+    if skips:
+        pytest.skip(reason=skips[0])
 
 
 @pytest.mark.parametrize("case_id", sorted(worker.CASES))
 def test_abi_call(plugin, request, workers, case_id):
-    _run(request, workers, case_id)
+    _run(request, workers, [case_id])
 
 
 def _kernel_params():
+    """One test per op's kernel: the first dtype's always, the others' in the full profile."""
     params = []
     for spec in ops.all_specs():
-        op = spec.name
         names = [dtype_name(d) for d in spec.dtypes]
         first = next((n for n in worker.PREFERRED_DTYPES if n in names), names[0])
-        for dtype in names:
-            marks = () if dtype == first else (pytest.mark.full,)
-            for case_id in worker.kernel_case_ids(op, dtype) if dtype == first else ():
-                params.append(pytest.param(case_id, id=case_id, marks=marks))
-            if dtype != first:
-                params.append(pytest.param(f"{op}/{dtype}/*", id=f"{op}/{dtype}", marks=marks))
+        params.append(pytest.param(spec.name, first, id=f"{spec.name}/{first}"))
+        if FULL_PROFILE:
+            params += [pytest.param(spec.name, dtype, id=f"{spec.name}/{dtype}", marks=pytest.mark.full)
+                       for dtype in names if dtype != first]
     return params
 
 
-@pytest.mark.parametrize("case_id", _kernel_params())
-def test_kernel_call(plugin, request, workers, case_id):
-    reason = expectations.reason_for(plugin.name, case_id)
+@pytest.mark.parametrize(("op", "dtype"), _kernel_params())
+def test_kernel_call(plugin, request, workers, op, dtype):
+    """Every mutation of the op's valid call (robustness_worker.mutations) must be refused."""
+    case_ids = worker.kernel_case_ids(op, dtype)
+    if not case_ids:
+        pytest.skip(reason=f"{op} has no {dtype} case this suite can mutate")
+    reason = expectations.reason_for(plugin.name, op)
     try:
-        _check_kernel_call(request, workers, case_id)
-    except (AssertionError, pytest.fail.Exception):
+        _run(request, workers, case_ids, known_gaps=reason is not None)
+    except pytest.fail.Exception:
         if reason:
             pytest.xfail(reason=reason)
         raise
-
-
-def _check_kernel_call(request, workers, case_id):
-    if case_id.endswith("/*"):  # --profile full: every mutation of another dtype's kernel, in one test
-        op, dtype, _ = case_id.split("/")
-        ids = worker.kernel_case_ids(op, dtype)
-        if not ids:
-            pytest.skip(reason=f"{op} has no {dtype} case this suite can mutate")
-        failures = []
-        for one in ids:
-            try:
-                _run(request, workers, one)
-            except pytest.skip.Exception:
-                return pytest.skip(reason=f"the plugin publishes no kernel for {op} {dtype}")
-            except AssertionError as exc:
-                failures.append(str(exc).splitlines()[0])
-        assert not failures, "\n".join(failures)
-        return
-    _run(request, workers, case_id)

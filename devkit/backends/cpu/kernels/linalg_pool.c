@@ -293,9 +293,9 @@ static DK_Status validate_pool(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-/* X (N, C, D...) to Y (N, C, 1, ...). */
+/* X (N, C, D...) to Y (N, C, 1, ...); a rank-2 X has no spatial dims (each plane is one element). */
 static DK_Status validate_global_pool(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
   if (st != DK_OK) return st;
   const cpu_tensor *x = &k->in[0];
   int64_t out[CPU_MAX_DIMS];

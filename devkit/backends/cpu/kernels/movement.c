@@ -332,8 +332,25 @@ static DK_Status validate_concat(const cpu_kernel_args *k) {
   return check_parts(k, &k->out[0], k->in, k->num_inputs, "input");
 }
 
+/* The outputs are the parts; `split` (their sizes) or `num_outputs`, when given, must describe them. */
 static DK_Status validate_split(const cpu_kernel_args *k) {
-  return check_parts(k, &k->in[0], k->out, k->num_outputs, "output");
+  DK_Status st = check_parts(k, &k->in[0], k->out, k->num_outputs, "output");
+  if (st != DK_OK) return st;
+  int64_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), k->in[0].ndim), count;
+  const int64_t *sizes = cpu_attr_ints(k, "split", &count);
+  if (cpu_attr(k, "split")) {
+    if (count != (int64_t)k->num_outputs)
+      return cpu_invalid(k, "attribute 'split' has %lld sizes for %zu outputs", (long long)count, k->num_outputs);
+    for (int64_t i = 0; i < count; i++)
+      if (sizes[i] != k->out[i].shape[axis])
+        return cpu_invalid(k, "attribute 'split' value %lld is %lld; output %lld has %lld along axis %lld",
+                           (long long)i, (long long)sizes[i], (long long)i, (long long)k->out[i].shape[axis],
+                           (long long)axis);
+  }
+  if (cpu_attr(k, "num_outputs") && cpu_attr_int(k, "num_outputs", 0) != (int64_t)k->num_outputs)
+    return cpu_invalid(k, "attribute 'num_outputs' is %lld; the call has %zu outputs",
+                       (long long)cpu_attr_int(k, "num_outputs", 0), k->num_outputs);
+  return DK_OK;
 }
 
 static DK_Status validate_slice(const cpu_kernel_args *k) {
@@ -397,10 +414,20 @@ static DK_Status validate_tile(const cpu_kernel_args *k) {
   const cpu_tensor *in = &k->in[0], *out = &k->out[0];
   if (in->ndim != out->ndim)
     return cpu_invalid(k, "the output has rank %d; the input has %d", out->ndim, in->ndim);
-  for (int32_t d = 0; d < in->ndim; d++)
+  int64_t count, tiled;
+  const int64_t *repeats = cpu_attr_ints(k, "repeats", &count);
+  if (cpu_attr(k, "repeats") && count != in->ndim)
+    return cpu_invalid(k, "attribute 'repeats' has %lld values; the input has rank %d", (long long)count, in->ndim);
+  for (int32_t d = 0; d < in->ndim; d++) {
     if (in->shape[d] ? out->shape[d] % in->shape[d] : out->shape[d])
       return cpu_invalid(k, "output dimension %d (%lld) is not a multiple of the input's (%lld)", d,
                          (long long)out->shape[d], (long long)in->shape[d]);
+    if (repeats && (repeats[d] < 0 || __builtin_mul_overflow(in->shape[d], repeats[d], &tiled) ||
+                    tiled != out->shape[d]))
+      return cpu_invalid(k, "attribute 'repeats' value %d is %lld; it does not tile input dimension %lld to "
+                         "the output's %lld", d, (long long)repeats[d], (long long)in->shape[d],
+                         (long long)out->shape[d]);
+  }
   return DK_OK;
 }
 
