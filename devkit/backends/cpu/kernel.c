@@ -412,6 +412,12 @@ DK_Status cpu_check_ints(const cpu_kernel_args *k, const char *name, int64_t cou
   return DK_OK;
 }
 
+DK_Status cpu_check_int_list(const cpu_kernel_args *k, const char *name) {
+  const DK_Attribute *a = cpu_attr(k, name);
+  bool listed = a && (a->type == DK_ATTR_INTS || (a->type == DK_ATTR_FLOATS && a->count == 0));
+  return !a || listed ? DK_OK : cpu_invalid(k, "attribute '%s' must be a list of integers", name);
+}
+
 DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t rank, int32_t *axes,
                          int64_t *count) {
   const int64_t *values = cpu_attr_ints(k, name, count);
@@ -419,6 +425,8 @@ DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t ran
     *count = -1;
     return DK_OK;
   }
+  DK_Status st = cpu_check_int_list(k, name);
+  if (st != DK_OK) return st;
   if (*count > rank)
     return cpu_invalid(k, "attribute '%s' has %lld axes; the tensor has rank %d", name, (long long)*count, rank);
   bool seen[CPU_MAX_DIMS] = {false};

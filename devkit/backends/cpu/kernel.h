@@ -179,6 +179,10 @@ DK_Status cpu_check_axis(const cpu_kernel_args *k, const char *name, int32_t ran
 /* Ints attribute `name`, when present, has `count` elements (count < 0: any)
  * each >= min. */
 DK_Status cpu_check_ints(const cpu_kernel_args *k, const char *name, int64_t count, int64_t min);
+/* Attribute `name`, when present, is a list of integers: ints, or an empty
+ * list of either type (the values of an empty host input, which NumPy makes
+ * float64). */
+DK_Status cpu_check_int_list(const cpu_kernel_args *k, const char *name);
 /* Ints attribute `name` as a list of distinct axes of a rank-`rank` tensor:
  * axes[0..*count) get them normalised; absent: *count = -1. */
 DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t rank, int32_t *axes,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -189,11 +190,25 @@ class Tensor:
 
     def __init__(self, device: Device, what: str, tensor, itemsize: int | None = None):
         ndim = tensor.ndim
+        if not 0 <= ndim <= MAX_DIMS:
+            raise invalid(f"{what} has rank {ndim}; the opencl plugin takes 0 to {MAX_DIMS}")
+        if ndim and tensor.shape == ffi.NULL:
+            raise invalid(f"{what} has a NULL shape")
+        if tensor.device.device_type != C.DK_DEVICE_TYPE_OPENCL or tensor.device.device_id != device.index:
+            raise invalid(f"{what} is on device (type {tensor.device.device_type}, id {tensor.device.device_id}), "
+                          f"not on opencl device {device.index}")
+        if tensor.dtype.lanes != 1 or not tensor.dtype.bits or tensor.dtype.bits % 8 or tensor.dtype.bits > 64:
+            raise invalid(f"{what} has dtype (code {tensor.dtype.code}, bits {tensor.dtype.bits}, lanes "
+                          f"{tensor.dtype.lanes}), which no kernel takes")
         self.dtype = key_of(tensor.dtype)
         # Sized from the dtype's bits, not CL_TYPES: an input need not have a kernel dtype
         # (Pow's exponent may be int16 or uint64, say).
         itemsize = itemsize or max(1, tensor.dtype.bits * tensor.dtype.lanes // 8)
         self.shape = [int(tensor.shape[i]) for i in range(ndim)]
+        if any(n < 0 for n in self.shape):
+            raise invalid(f"{what} has a negative dimension: shape {self.shape}")
+        if math.prod(self.shape) > INT64_MAX:  # kernels count elements in int64 (a zero-stride view too)
+            raise invalid(f"{what} has more elements than int64 counts: shape {self.shape}")
         if tensor.strides == ffi.NULL:
             strides, step = [0] * ndim, 1
             for i in reversed(range(ndim)):
@@ -253,6 +268,43 @@ def attribute_value(attribute):
     if kind == C.DK_ATTR_DTYPE:
         return key_of(attribute.dtype)
     raise invalid(f"attribute '{ffi.string(attribute.name).decode()}' has unknown type {kind}")
+
+
+# More tensors or attributes than this in one call is a malformed call, not a big one.
+MAX_CALL_ITEMS = 1 << 16
+MAX_DIMS = 64
+INT64_MAX = (1 << 63) - 1
+
+
+def check_raw_call(op: str, call, token, device_count: int) -> None:
+    """Refuses a DK_KernelCall that Call could not read safely: NULL, short, another entry's,
+    a device out of range, NULL or huge arrays, attributes NULL, short, unnamed, of an
+    unknown type or lists without elements. (The tensors check themselves: Tensor.)"""
+    if call == ffi.NULL or call.struct_size < ffi.offsetof("DK_KernelCall", "user_data") + ffi.sizeof("void *"):
+        raise invalid("the call is NULL or its struct_size is too small")
+    if call.user_data != token:
+        raise invalid("call->user_data is not this kernel entry's")
+    if not 0 <= call.device < device_count:
+        raise invalid(f"device {call.device} is out of range (the plugin has {device_count})")
+    for count, array, what in ((call.num_inputs, call.inputs, "inputs"), (call.num_outputs, call.outputs, "outputs"),
+                               (call.num_attributes, call.attributes, "attributes")):
+        if count > MAX_CALL_ITEMS:
+            raise invalid(f"{count} {what} is more than a call takes ({MAX_CALL_ITEMS})")
+        if count and array == ffi.NULL:
+            raise invalid(f"{count} {what} and a NULL array")
+    minimum = ffi.offsetof("DK_Attribute", "dtype") + ffi.sizeof("DK_DataType")
+    for i in range(call.num_attributes):
+        a = call.attributes[i]
+        if a == ffi.NULL or a.struct_size < minimum or a.name == ffi.NULL:
+            raise invalid(f"attribute {i} is NULL, short or unnamed")
+        name = ffi.string(a.name).decode(errors="replace")
+        if a.type not in ATTR_KINDS:
+            raise invalid(f"attribute '{name}' has unknown type {a.type}")
+        elements = a.ints if a.type == C.DK_ATTR_INTS else a.floats if a.type == C.DK_ATTR_FLOATS else None
+        if elements is not None and (not 0 <= a.count <= MAX_CALL_ITEMS or (a.count and elements == ffi.NULL)):
+            raise invalid(f"attribute '{name}' has count {a.count} and no elements")
+        if a.type == C.DK_ATTR_STRING and a.s == ffi.NULL:
+            raise invalid(f"string attribute '{name}' is NULL")
 
 
 ATTR_KINDS = {C.DK_ATTR_INT: "int", C.DK_ATTR_FLOAT: "float", C.DK_ATTR_INTS: "ints",
@@ -446,12 +498,18 @@ class KernelTable:
 
     def add(self, op: str, dtype_key: int, fn, flags: int) -> None:
         name = ffi.new("char[]", op.encode())
-        pointer = callback("DK_KernelFn", f"{op} kernel", fn)
+        token = ffi.new("char[]", 1)  # the entry's user_data: a call carries it back
+
+        def checked(call):
+            check_raw_call(op, call, token, len(self.devices))
+            return fn(call)
+
+        pointer = callback("DK_KernelFn", f"{op} kernel", checked)
         entry = ffi.new("DK_KernelEntry *", {
             "struct_size": ffi.sizeof("DK_KernelEntry"), "op": name,
             "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1},
-            "fn": pointer, "flags": flags})
-        self._keepalive += [name, pointer]
+            "fn": pointer, "flags": flags, "user_data": token})
+        self._keepalive += [name, token, pointer]
         self.entries.append(entry[0])
         self._keepalive.append(entry)
 

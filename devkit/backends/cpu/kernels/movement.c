@@ -362,10 +362,10 @@ static DK_Status validate_slice(const cpu_kernel_args *k) {
   int32_t axes[CPU_MAX_DIMS];
   DK_Status st = same_dtype_everywhere(k);
   if (st == DK_OK) st = cpu_check_axes(k, "axes", in->ndim, axes, &n_axes);
+  if (st == DK_OK) st = cpu_check_int_list(k, "starts");
+  if (st == DK_OK) st = cpu_check_int_list(k, "ends");
+  if (st == DK_OK) st = cpu_check_int_list(k, "steps");
   if (st != DK_OK) return st;
-  if (cpu_attr(k, "starts")->type != DK_ATTR_INTS || cpu_attr(k, "ends")->type != DK_ATTR_INTS ||
-      (cpu_attr(k, "steps") && cpu_attr(k, "steps")->type != DK_ATTR_INTS))
-    return cpu_invalid(k, "starts, ends and steps must be integers");
   if (n > in->ndim || n_ends != n || (n_axes >= 0 && n_axes != n) || (cpu_attr(k, "steps") && n_steps != n))
     return cpu_invalid(k, "starts, ends, axes and steps have lengths %lld, %lld, %lld, %lld; they must agree "
                        "and be at most the rank %d", (long long)n, (long long)n_ends, (long long)n_axes,

@@ -153,7 +153,7 @@ static DK_Status validate_pad(const cpu_kernel_args *k) {
   if (st == DK_OK) st = cpu_check_axes(k, "axes", rank, axes, &n_axes);
   if (st != DK_OK) return st;
   const int64_t *pads = cpu_attr_ints(k, "pads", &n_pads);
-  if (cpu_attr(k, "pads")->type != DK_ATTR_INTS) return cpu_invalid(k, "attribute 'pads' must be integers");
+  if ((st = cpu_check_int_list(k, "pads")) != DK_OK) return st;
   int64_t padded = n_axes >= 0 ? n_axes : rank;
   if (n_pads != 2 * padded)
     return cpu_invalid(k, "attribute 'pads' has %lld values; %lld axes need %lld", (long long)n_pads,
