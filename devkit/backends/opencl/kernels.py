@@ -585,6 +585,7 @@ def check_against_spec(c: Call, key: int) -> None:
             raise invalid(str(exc)) from None
     tensors = iter(c.inputs)
     infos: list = []
+    host_key = isinstance(spec.key, int) and spec.inputs[spec.key].host
     for decl in spec.inputs[:-1] + (spec.inputs[-1:] * max(1, len(c.inputs) - len(declared) + 1)
                                     if variadic else spec.inputs[-1:]):
         if decl.host:
@@ -594,9 +595,15 @@ def check_against_spec(c: Call, key: int) -> None:
             if values is not None and c.attr_kinds[decl.name] not in ("ints", "floats"):
                 raise invalid(f"{c.op}: attribute '{decl.name}' is {c.attr_kinds[decl.name]}; it carries "
                               f"input '{decl.name}' as ints or floats")
-            array = None if values is None else np.asarray(values, np.int64 if c.attr_kinds[decl.name] == "ints"
-                                                           else np.float64)
-            infos.append(None if array is None else TensorInfo(array.shape, array.dtype, array))
+            if values is None:
+                infos.append(None)
+                continue
+            # The ABI carries a host input's values, not its dtype: where the key is a host input (Range's
+            # start), the host inputs have the kernel's dtype, elsewhere int64 or float64.
+            dtype = (_numpy_dtype(c, decl.name, key) if host_key else
+                     np.int64 if c.attr_kinds[decl.name] == "ints" else np.float64)
+            array = np.asarray(values).astype(dtype)
+            infos.append(TensorInfo(array.shape, array.dtype, array))
             continue
         t = next(tensors, None)
         if decl.read_by_infer:
