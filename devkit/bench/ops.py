@@ -88,29 +88,34 @@ def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
-    """A one-node onnxruntime session for the op, or None without onnxruntime."""
-    try:
-        import onnxruntime
-        from onnx import TensorProto, helper
-    except ImportError:
-        return None
+def single_node_model(bench: OpBench, inputs: list[np.ndarray]):
+    """The op as a one-node ONNX model with inputs in0, in1, ... and its first output "out"
+    (BatchNormalization in inference mode takes no other)."""
+    from onnx import TensorProto, helper
+
     from .. import ops
 
     spec = ops.get(bench.op)
     names = [f"in{i}" for i in range(len(inputs))]
-    node = helper.make_node(bench.op, names, ["out"] + [f"extra{i}" for i in range(len(spec.outputs) - 1)],
-                            **bench.attrs)
+    node = helper.make_node(bench.op, names, ["out"], **bench.attrs)  # optional trailing outputs left off
     graph = helper.make_graph(
         [node], "bench",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
          for n, x in zip(names, inputs)],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
+
+
+def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
+    """A one-node onnxruntime session for the op, or None without onnxruntime."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
     options = onnxruntime.SessionOptions()
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+    session = onnxruntime.InferenceSession(single_node_model(bench, inputs).SerializeToString(), options,
                                            providers=["CPUExecutionProvider"])
-    feed = dict(zip(names, inputs))
+    feed = {f"in{i}": x for i, x in enumerate(inputs)}
     return lambda: session.run(["out"], feed)
 
 
@@ -173,3 +178,11 @@ def ops_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+# The last block of BENCHMARKS, the neural-network cases (row kernels, pools,
+# BatchNormalization, convolutions): devkit/bench/ops_nn.py, which takes OpBench
+# and the helpers above.
+from .ops_nn import NN_BENCHMARKS  # noqa: E402
+
+BENCHMARKS += NN_BENCHMARKS
