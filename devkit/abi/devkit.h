@@ -46,6 +46,22 @@
  *  A plugin never aborts the process on bad input: invalid handles, device
  *  indices, NULL pointers and out-of-bounds ranges are reported as
  *  DK_INVALID_ARGUMENT or DK_OUT_OF_RANGE.
+ *  A kernel validates every attribute and tensor it reads, once per call
+ *  (never per element), whatever host calls it; it never aborts, nor reads
+ *  or writes out of bounds, divides by zero, loops without end or gives
+ *  garbage on a bad call. It checks tensor counts; each tensor's rank, dtype
+ *  and shape against what the kernel assumes and against the others'
+ *  (outputs included: their shapes are the ones the op spec infers); each
+ *  attribute's presence (the host sends every attribute the op spec gives a
+ *  default), type and range (ints lists one value per axis, axes inside the
+ *  rank, kernel sizes, strides and dilations >= 1, a group that divides the
+ *  channels, the spec's choices). Sizes computed from a call are
+ *  overflow-checked. A bad call returns DK_INVALID_ARGUMENT (or
+ *  DK_OUT_OF_RANGE) with a message naming the op, the attribute or tensor
+ *  and the value: from the kernel function, or, for what only the data
+ *  shows (an index out of range), from the stream's next synchronisation.
+ *  The checks refuse only what the op spec (devkit/ops) refuses: every call
+ *  the spec accepts runs. devkit-conformance --suite robustness checks this.
  *
  * ========================================================================
  * CONVENTIONS

@@ -28,7 +28,7 @@ from . import reports
 from .expectations import ExpectationFileError, apply_expectations, load_expectations, unused
 from .results import STATUSES, CaseResult, summarize
 from .runner import CaseRunner, CollectionFailure, PluginLoadFailure, collect
-from .suites import PROFILES, available_suites, suite_directory
+from .suites import PROFILE_VARIABLE, PROFILES, available_suites, suite_directory
 
 # The pytest-timeout limit the repository uses too: the collectives matrix case alone
 # takes 40-80 s on a loaded 2-core machine.
@@ -116,6 +116,7 @@ def _run(argv: list[str], console: Console) -> int:
     required = _required_native(args.require_native)
     if args.allow_cpu_fallback:
         os.environ["DEVKIT_CPU_FALLBACK"] = "1"  # the workers inherit it
+    os.environ[PROFILE_VARIABLE] = args.profile  # the workers inherit it too: a suite may size its cases by it
     plugin = str(Path(args.plugin).resolve()) if _looks_like_path(args.plugin) else args.plugin
 
     with tempfile.TemporaryDirectory(prefix="devkit-conformance-") as workdir:

@@ -10,6 +10,9 @@ MODULE_PREFIX = "test_"
 
 # --profile -> the pytest marker expression that selects its cases (None: all).
 PROFILES = {"quick": "not full", "full": None}
+# The profile's name, for the workers: a suite may size its cases by it (the
+# robustness suite's full dtypes are not even collected otherwise, plain pytest included).
+PROFILE_VARIABLE = "DEVKIT_CONFORMANCE_PROFILE"
 
 
 def suite_directory() -> Path:

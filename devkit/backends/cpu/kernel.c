@@ -39,7 +39,41 @@ void cpu_register_init(cpu_init_fn fn) {
   g_inits[g_num_inits++] = fn;
 }
 
+static const cpu_op_schema *g_schemas[512];
+static size_t g_num_schemas;
+
+void cpu_register_schemas(const cpu_op_schema *schemas, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (g_num_schemas == sizeof g_schemas / sizeof g_schemas[0]) {
+      g_registration_overflow = true;
+      return;
+    }
+    g_schemas[g_num_schemas++] = &schemas[i];
+  }
+}
+
+static const cpu_validator *g_validators[512];
+static size_t g_num_validators;
+
+void cpu_register_validators(const cpu_validator *validators, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (g_num_validators == sizeof g_validators / sizeof g_validators[0]) {
+      g_registration_overflow = true;
+      return;
+    }
+    g_validators[g_num_validators++] = &validators[i];
+  }
+}
+
+/* What a kernel entry's user_data points to: its definition, and how its calls are checked. */
+typedef struct entry_rules {
+  const cpu_kernel_def *def;
+  const cpu_op_schema *schema; /* NULL: the op has none */
+  cpu_validate_fn validate;    /* NULL: the op has none */
+} entry_rules;
+
 static DK_Status kernel_launch(const DK_KernelCall *call);
+static entry_rules *g_rules;
 
 static DK_KernelEntry *g_entries;
 static const DK_KernelEntry **g_entry_ptrs;
@@ -84,11 +118,14 @@ static DK_Status build_table(void) {
   for (size_t r = 0; r < g_num_registered; r++) total += g_registered[r].count;
   g_entries = calloc(total ? total : 1, sizeof *g_entries);
   g_entry_ptrs = calloc(total ? total : 1, sizeof *g_entry_ptrs);
-  if (!g_entries || !g_entry_ptrs) {
+  g_rules = calloc(total ? total : 1, sizeof *g_rules);
+  if (!g_entries || !g_entry_ptrs || !g_rules) {
     free(g_entries);
     free(g_entry_ptrs);
+    free(g_rules);
     g_entries = NULL;
     g_entry_ptrs = NULL;
+    g_rules = NULL;
     return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: out of memory for the kernel table", fn);
   }
   size_t n = 0;
@@ -96,6 +133,11 @@ static DK_Status build_table(void) {
     for (size_t i = 0; i < g_registered[r].count; i++) {
       const cpu_kernel_def *def = &g_registered[r].defs[i];
       if (only_primitives && !is_primitive(def->op)) continue;
+      g_rules[n].def = def;
+      for (size_t j = 0; j < g_num_schemas; j++)
+        if (strcmp(g_schemas[j]->op, def->op) == 0) g_rules[n].schema = g_schemas[j];
+      for (size_t j = 0; j < g_num_validators; j++)
+        if (strcmp(g_validators[j]->op, def->op) == 0) g_rules[n].validate = g_validators[j]->validate;
       g_entries[n] = (DK_KernelEntry){
           .struct_size = sizeof(DK_KernelEntry),
           .op = def->op,
@@ -104,7 +146,7 @@ static DK_Status build_table(void) {
                     .lanes = 1},
           .fn = kernel_launch,
           .flags = def->flags,
-          .user_data = (void *)def,
+          .user_data = &g_rules[n],
       };
       g_entry_ptrs[n] = &g_entries[n];
       n++;
@@ -214,13 +256,19 @@ static DK_Status resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool
   r->ndim = t->ndim;
   r->dtype = (DK_DTypeKey)(t->dtype.code | t->dtype.bits << 8 | 1 << 16);
   r->size = 1;
+  bool empty = false, size_overflows = false;
   for (int32_t k = 0; k < t->ndim; k++) {
     if (t->shape[k] < 0)
       return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s %zu has negative dimension %lld", op,
                            role, i, (long long)t->shape[k]);
     r->shape[k] = t->shape[k];
-    r->size *= t->shape[k];
+    empty = empty || t->shape[k] == 0;
+    size_overflows = size_overflows || __builtin_mul_overflow(r->size, t->shape[k], &r->size);
   }
+  if (empty) r->size = 0;
+  /* Checked even for a zero-stride view: kernels count elements in int64. */
+  if (size_overflows && !empty)
+    return cpu_set_error(DK_OUT_OF_RANGE, "%s: %s %zu has more elements than int64 counts", op, role, i);
   cpu_compact_strides(r->ndim, r->shape, r->strides);
 #ifdef DEVKIT_DEFECT_IGNORE_STRIDES
   const bool honour_strides = false; /* the defect: every view read as compact */
@@ -238,23 +286,245 @@ static DK_Status resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool
     }
   }
   if (r->size == 0) return DK_OK;
-  int64_t low = 0, high = 0; /* element offsets reached, relative to element 0 */
+  /* Byte offsets reached, relative to element 0; every step overflow-checked. */
+  int64_t low = 0, high = 0, reach, start_offset, span_elements, span_bytes;
+  bool overflows = false;
   for (int32_t k = 0; k < r->ndim; k++) {
-    int64_t reach = (r->shape[k] - 1) * r->strides[k];
-    if (reach < 0) low += reach; else high += reach;
+    overflows = overflows || __builtin_mul_overflow(r->shape[k] - 1, r->strides[k], &reach) ||
+                __builtin_mul_overflow(reach, (int64_t)r->itemsize, &reach) ||
+                __builtin_add_overflow(reach < 0 ? low : high, reach, reach < 0 ? &low : &high);
   }
-  if ((int64_t)t->byte_offset + low * r->itemsize < 0)
+  overflows = overflows || t->byte_offset > (uint64_t)INT64_MAX ||
+              __builtin_add_overflow((int64_t)t->byte_offset, low, &start_offset) ||
+              __builtin_sub_overflow(high, low, &span_elements) ||
+              __builtin_add_overflow(span_elements, (int64_t)r->itemsize, &span_bytes);
+  if (overflows)
+    return cpu_set_error(DK_OUT_OF_RANGE, "%s: %s %zu reaches past any buffer (its shape, strides and "
+                         "byte offset overflow int64)", op, role, i);
+  if (start_offset < 0)
     return cpu_set_error(DK_OUT_OF_RANGE, "%s: %s %zu reaches before the start of its buffer",
                          op, role, i);
   char what[32];
   snprintf(what, sizeof what, "%s %zu", role, i);
   uint8_t *first;
-  size_t start = (size_t)((int64_t)t->byte_offset + low * r->itemsize);
-  size_t span = (size_t)((high - low + 1) * r->itemsize);
+  size_t start = (size_t)start_offset;
+  size_t span = (size_t)span_bytes;
   DK_Status st = cpu_mem_range(op, what, d, (DK_Mem)t->data, start, span, &first);
   if (st != DK_OK) return st;
-  r->data = first - low * r->itemsize;
+  r->data = first - low;
   return DK_OK;
+}
+
+DK_Status cpu_invalid(const cpu_kernel_args *k, const char *fmt, ...) {
+  char message[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(message, sizeof message, fmt, ap);
+  va_end(ap);
+  return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s", k->op, message);
+}
+
+static const char *attr_type_name(int32_t type) {
+  static const char *const names[] = {"int", "float", "ints", "floats", "string", "dtype"};
+  if (type == CPU_ATTR_NUMBERS) return "ints or floats";
+  if (type == CPU_ATTR_NUMBER_OR_NUMBERS) return "a number or numbers";
+  return type >= 0 && type <= DK_ATTR_DTYPE ? names[type] : "an unknown type";
+}
+
+static DK_Status check_attr_rule(const cpu_kernel_args *k, const cpu_attr_rule *rule) {
+  const DK_Attribute *a = cpu_attr(k, rule->name);
+  if (!a)
+    return rule->required ? cpu_invalid(k, "attribute '%s' is missing", rule->name) : DK_OK;
+  bool list = a->type == DK_ATTR_INTS || a->type == DK_ATTR_FLOATS;
+  bool typed = rule->type == CPU_ATTR_NUMBERS             ? list
+               : rule->type == CPU_ATTR_NUMBER_OR_NUMBERS ? list || a->type == DK_ATTR_INT ||
+                                                                a->type == DK_ATTR_FLOAT
+                                                          : a->type == rule->type;
+  if (!typed)
+    return cpu_invalid(k, "attribute '%s' is %s; the op takes %s", rule->name, attr_type_name(a->type),
+                       attr_type_name(rule->type));
+  if (a->type == DK_ATTR_STRING && rule->strings) {
+    for (const char *const *allowed = rule->strings; *allowed; allowed++)
+      if (strcmp(*allowed, a->s) == 0) return DK_OK;
+    return cpu_invalid(k, "attribute '%s' is '%s', which the op does not take", rule->name, a->s);
+  }
+  if (a->type == DK_ATTR_INT && rule->ints) {
+    for (int32_t i = 0; i < rule->num_ints; i++)
+      if (rule->ints[i] == a->i) return DK_OK;
+    return cpu_invalid(k, "attribute '%s' is %lld, which the op does not take", rule->name, (long long)a->i);
+  }
+  if (a->type == DK_ATTR_DTYPE && !itemsize_of(a->dtype))
+    return cpu_invalid(k, "attribute '%s' is an unsupported dtype (code %u, bits %u, lanes %u)", rule->name,
+                       a->dtype.code, a->dtype.bits, a->dtype.lanes);
+  return DK_OK;
+}
+
+static DK_Status check_schema(const cpu_kernel_args *k, const cpu_op_schema *schema, DK_DTypeKey key) {
+  if (!schema) return DK_OK;
+  int64_t nin = (int64_t)k->num_inputs, nout = (int64_t)k->num_outputs;
+  if (nin < schema->min_inputs || (schema->max_inputs >= 0 && nin > schema->max_inputs))
+    return cpu_invalid(k, "takes %d to %d inputs (-1: any), got %lld", schema->min_inputs,
+                       schema->max_inputs, (long long)nin);
+  if (nout < schema->min_outputs || (schema->max_outputs >= 0 && nout > schema->max_outputs))
+    return cpu_invalid(k, "has %d to %d outputs (-1: any), got %lld", schema->min_outputs,
+                       schema->max_outputs, (long long)nout);
+  for (int32_t i = 0; i < schema->min_inputs; i++)
+    if (k->in[i].ndim < 0) return cpu_invalid(k, "input %d is required but omitted", i);
+  if (schema->key_input >= 0 && schema->key_input < nin && k->in[schema->key_input].ndim >= 0 &&
+      k->in[schema->key_input].dtype != key)
+    return cpu_invalid(k, "input %d has dtype key 0x%x; this kernel is for dtype key 0x%x",
+                       schema->key_input, (unsigned)k->in[schema->key_input].dtype, (unsigned)key);
+  for (int32_t i = 0; i < schema->num_attrs; i++) {
+    DK_Status st = check_attr_rule(k, &schema->attrs[i]);
+    if (st != DK_OK) return st;
+  }
+  return DK_OK;
+}
+
+DK_Status cpu_check_rank(const cpu_kernel_args *k, size_t i, int32_t min_rank, int32_t max_rank) {
+  if (i >= k->num_inputs || k->in[i].ndim < 0) return cpu_invalid(k, "input %zu is missing", i);
+  int32_t ndim = k->in[i].ndim;
+  if (ndim < min_rank || ndim > max_rank)
+    return cpu_invalid(k, "input %zu has rank %d; the op takes rank %d to %d", i, ndim, min_rank, max_rank);
+  return DK_OK;
+}
+
+DK_Status cpu_check_axis(const cpu_kernel_args *k, const char *name, int32_t rank, bool insert,
+                         int64_t *axis) {
+  int64_t value = cpu_attr_int(k, name, 0), limit = insert ? rank + 1 : rank;
+  if (value < -limit || value >= limit)
+    return cpu_invalid(k, "attribute '%s' is %lld, out of range for rank %d", name, (long long)value, rank);
+  *axis = value < 0 ? value + limit : value;
+  return DK_OK;
+}
+
+DK_Status cpu_check_ints(const cpu_kernel_args *k, const char *name, int64_t count, int64_t min) {
+  int64_t n;
+  const int64_t *values = cpu_attr_ints(k, name, &n);
+  if (!cpu_attr(k, name)) return DK_OK;
+  if (count >= 0 && n != count)
+    return cpu_invalid(k, "attribute '%s' has %lld values; the call needs %lld", name, (long long)n,
+                       (long long)count);
+  for (int64_t i = 0; i < n; i++)
+    if (values[i] < min)
+      return cpu_invalid(k, "attribute '%s' value %lld is %lld; it must be at least %lld", name,
+                         (long long)i, (long long)values[i], (long long)min);
+  return DK_OK;
+}
+
+DK_Status cpu_check_int_list(const cpu_kernel_args *k, const char *name) {
+  const DK_Attribute *a = cpu_attr(k, name);
+  bool listed = a && (a->type == DK_ATTR_INTS || (a->type == DK_ATTR_FLOATS && a->count == 0));
+  return !a || listed ? DK_OK : cpu_invalid(k, "attribute '%s' must be a list of integers", name);
+}
+
+DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t rank, int32_t *axes,
+                         int64_t *count) {
+  const int64_t *values = cpu_attr_ints(k, name, count);
+  if (!cpu_attr(k, name)) {
+    *count = -1;
+    return DK_OK;
+  }
+  DK_Status st = cpu_check_int_list(k, name);
+  if (st != DK_OK) return st;
+  if (*count > rank)
+    return cpu_invalid(k, "attribute '%s' has %lld axes; the tensor has rank %d", name, (long long)*count, rank);
+  bool seen[CPU_MAX_DIMS] = {false};
+  for (int64_t i = 0; i < *count; i++) {
+    if (values[i] < -rank || values[i] >= rank)
+      return cpu_invalid(k, "attribute '%s' value %lld is %lld, out of range for rank %d", name, (long long)i,
+                         (long long)values[i], rank);
+    int32_t axis = (int32_t)(values[i] < 0 ? values[i] + rank : values[i]);
+    if (seen[axis]) return cpu_invalid(k, "attribute '%s' names axis %d twice", name, axis);
+    seen[axis] = true;
+    axes[i] = axis;
+  }
+  return DK_OK;
+}
+
+DK_Status cpu_check_output(const cpu_kernel_args *k, size_t j, int32_t ndim, const int64_t *shape) {
+  if (j >= k->num_outputs) return cpu_invalid(k, "output %zu is missing", j);
+  const cpu_tensor *t = &k->out[j];
+  bool same = t->ndim == ndim;
+  for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+  if (!same) {
+    char want[256] = "", got[256] = "";
+    for (int32_t d = 0; d < ndim; d++)
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "", (long long)shape[d]);
+    for (int32_t d = 0; d < t->ndim; d++)
+      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", (long long)t->shape[d]);
+    return cpu_invalid(k, "output %zu has shape (%s); the inputs and attributes give (%s)", j, got, want);
+  }
+  return DK_OK;
+}
+
+DK_Status cpu_check_output_like(const cpu_kernel_args *k, size_t j, size_t i) {
+  if (i >= k->num_inputs || k->in[i].ndim < 0) return cpu_invalid(k, "input %zu is missing", i);
+  return cpu_check_output(k, j, k->in[i].ndim, k->in[i].shape);
+}
+
+DK_Status cpu_check_broadcast(const cpu_kernel_args *k, size_t nin) {
+  int32_t ndim = 0;
+  for (size_t i = 0; i < nin; i++) {
+    if (i >= k->num_inputs || k->in[i].ndim < 0) return cpu_invalid(k, "input %zu is missing", i);
+    if (k->in[i].ndim > ndim) ndim = k->in[i].ndim;
+  }
+  int64_t shape[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < ndim; d++) {
+    shape[d] = 1;
+    for (size_t i = 0; i < nin; i++) {
+      int32_t td = d - (ndim - k->in[i].ndim);
+      int64_t n = td < 0 ? 1 : k->in[i].shape[td];
+      if (n == 1) continue;
+      if (shape[d] != 1 && shape[d] != n)
+        return cpu_invalid(k, "inputs do not broadcast: dimension %d is %lld in one and %lld in input %zu",
+                           d, (long long)shape[d], (long long)n, i);
+      shape[d] = n;
+    }
+  }
+  return cpu_check_output(k, 0, ndim, shape);
+}
+
+DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype) {
+  const cpu_tensor *t = role[0] == 'i' ? (i < k->num_inputs ? &k->in[i] : NULL)
+                                       : (i < k->num_outputs ? &k->out[i] : NULL);
+  if (!t || t->ndim < 0) return cpu_invalid(k, "%s %zu is missing", role, i);
+  if (t->dtype != dtype)
+    return cpu_invalid(k, "%s %zu has dtype key 0x%x; the op needs 0x%x here", role, i, (unsigned)t->dtype,
+                       (unsigned)dtype);
+  return DK_OK;
+}
+
+DK_Status cpu_validate_like_input(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
+    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static DK_Status check_pair(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
+  for (int32_t d = 0; st == DK_OK && d < k->in[0].ndim; d++)
+    if (k->in[1].shape[d] != k->in[0].shape[d])
+      st = cpu_invalid(k, "input 1's dimension %d is %lld; input 0's is %lld", d, (long long)k->in[1].shape[d],
+                       (long long)k->in[0].shape[d]);
+  return st;
+}
+
+DK_Status cpu_validate_pair_like_input(const cpu_kernel_args *k) {
+  DK_Status st = check_pair(k);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k) {
+  int64_t axis;
+  DK_Status st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k) {
+  DK_Status st = check_pair(k);
+  return st != DK_OK ? st : cpu_validate_axis_like_input(k);
 }
 
 static void run_launch(void *arg) {
@@ -265,8 +535,13 @@ static void run_launch(void *arg) {
 static DK_Status kernel_launch(const DK_KernelCall *call) {
   if (!call || call->struct_size < offsetof(DK_KernelCall, user_data) + sizeof(void *))
     return cpu_set_error(DK_INVALID_ARGUMENT, "kernel: call is NULL or its struct_size is too small");
-  const cpu_kernel_def *def = call->user_data;
-  if (!def) return cpu_set_error(DK_INVALID_ARGUMENT, "kernel: call->user_data is not the entry's");
+  const entry_rules *rules = call->user_data;
+  /* Compared as addresses: a foreign pointer is refused without being read. */
+  uintptr_t at = (uintptr_t)rules, first = (uintptr_t)g_rules;
+  if (!g_rules || at < first || at >= (uintptr_t)(g_rules + g_num_entries) ||
+      (at - first) % sizeof *g_rules)
+    return cpu_set_error(DK_INVALID_ARGUMENT, "kernel: call->user_data is not a kernel entry's");
+  const cpu_kernel_def *def = rules->def;
   const char *op = def->op;
   if ((call->num_inputs && !call->inputs) || (call->num_outputs && !call->outputs) ||
       (call->num_attributes && !call->attributes))
@@ -332,8 +607,13 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
       arena += ALIGN8(n);
     }
   }
-  cpu_graph *g = cpu_stream_capture(s);
-  if (g && (st = cpu_graph_add_tensors(g, call, tensors)) != DK_OK) {
+#ifndef DEVKIT_DEFECT_TRUST_ATTRIBUTES /* the defect: attributes and shapes go unchecked */
+  st = check_schema(&l->args, rules->schema, def->dtype);
+  if (st == DK_OK && rules->validate) st = rules->validate(&l->args);
+#endif
+  cpu_graph *g = st == DK_OK ? cpu_stream_capture(s) : NULL;
+  if (st == DK_OK && g) st = cpu_graph_add_tensors(g, call, tensors);
+  if (st != DK_OK) {
     cpu_work_discard(l);
     cpu_stream_release(s);
     return st;

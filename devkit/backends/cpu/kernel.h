@@ -19,11 +19,16 @@
  * work item. The compute function runs later, in stream order, on the
  * stream's worker thread, with every tensor resolved to a host address.
  *
- * The host has already inferred the output shapes, applied attribute
- * defaults and validated attributes against the op specification
- * (devkit/ops), so a compute function trusts shapes and attribute presence.
- * It still reports what only it can see (an index out of range in Gather
- * data, say) with cpu_kernel_fail, which becomes the stream's sticky error.
+ * The launcher also validates the call against the op's schema (kernels/
+ * op_schema.c, generated from the op specs: tensor counts, the key input's
+ * dtype, and every attribute's presence, type and allowed values) and runs
+ * the op's validators (CPU_REGISTER_VALIDATORS): what a compute function
+ * reads -- ranks, shapes, axes, kernel sizes -- is checked there, once per
+ * call, and a bad call returns DK_INVALID_ARGUMENT before anything is
+ * queued. The devkit host sends valid calls, but any host may call the
+ * table, so a compute function trusts only what a validator checked. It
+ * still reports what only it can see (an index out of range in Gather data,
+ * say) with cpu_kernel_fail, which becomes the stream's sticky error.
  *
  * Strides: without CPU_STRIDED the host passes compact row-major tensors
  * only (it copies non-contiguous inputs first), and the compute function may
@@ -110,6 +115,93 @@ DK_Status cpu_kernel_table(const DK_KernelEntry *const **entries, size_t *count)
 DK_Status cpu_kernel_fail(const cpu_kernel_args *k, DK_Status status,
                           const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- Validation (at launch, on the caller's thread) ------------------------ */
+
+/* type of a cpu_attr_rule for a host input's values: DK_ATTR_INTS or DK_ATTR_FLOATS. */
+#define CPU_ATTR_NUMBERS (-1)
+/* type of a cpu_attr_rule that is an attribute or a host input: any of the four number types. */
+#define CPU_ATTR_NUMBER_OR_NUMBERS (-2)
+
+/* One attribute of an op schema. */
+typedef struct cpu_attr_rule {
+  const char *name;
+  int32_t type;                /* DK_AttributeType, CPU_ATTR_NUMBERS or CPU_ATTR_NUMBER_OR_NUMBERS */
+  bool required;               /* the host always sends it (it has a default, or is required) */
+  const char *const *strings;  /* a string attribute's allowed values, NULL-terminated; NULL: any */
+  const int64_t *ints;         /* an int attribute's allowed values; NULL: any */
+  int32_t num_ints;
+} cpu_attr_rule;
+
+/* What every call of an op must look like (kernels/op_schema.c). */
+typedef struct cpu_op_schema {
+  const char *op;
+  int32_t min_inputs, max_inputs;   /* tensor inputs (host inputs arrive as attributes); max -1: any */
+  int32_t min_outputs, max_outputs; /* max -1: any */
+  int32_t key_input;                /* the input whose dtype keys the kernel; -1: a dtype attribute */
+  const cpu_attr_rule *attrs;
+  int32_t num_attrs;
+} cpu_op_schema;
+
+void cpu_register_schemas(const cpu_op_schema *schemas, size_t count);
+#define CPU_REGISTER_SCHEMAS(schemas)                                      \
+  __attribute__((constructor)) static void cpu_register_##schemas(void) {  \
+    cpu_register_schemas(schemas, sizeof(schemas) / sizeof((schemas)[0])); \
+  }
+
+/* An op's validator: checks what the op's compute functions read beyond the
+ * schema and returns DK_OK or, through cpu_invalid, DK_INVALID_ARGUMENT. */
+typedef DK_Status (*cpu_validate_fn)(const cpu_kernel_args *k);
+typedef struct cpu_validator {
+  const char *op;
+  cpu_validate_fn validate;
+} cpu_validator;
+
+void cpu_register_validators(const cpu_validator *validators, size_t count);
+#define CPU_REGISTER_VALIDATORS(validators)                                         \
+  __attribute__((constructor)) static void cpu_register_##validators(void) {        \
+    cpu_register_validators(validators, sizeof(validators) / sizeof((validators)[0])); \
+  }
+
+/* From a validator: sets "<op>: <message>" and returns DK_INVALID_ARGUMENT. */
+DK_Status cpu_invalid(const cpu_kernel_args *k, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Shared checks; each returns DK_OK or cpu_invalid's status, naming the op,
+ * the tensor or attribute and the value. */
+/* Input i is present with a rank in [min_rank, max_rank]. */
+DK_Status cpu_check_rank(const cpu_kernel_args *k, size_t i, int32_t min_rank, int32_t max_rank);
+/* Int attribute `name` (which the schema made present) as an axis of a
+ * rank-`rank` tensor, in [-rank, rank) (or [-rank - 1, rank] with
+ * `insert`); *axis gets it normalised. */
+DK_Status cpu_check_axis(const cpu_kernel_args *k, const char *name, int32_t rank, bool insert,
+                         int64_t *axis);
+/* Ints attribute `name`, when present, has `count` elements (count < 0: any)
+ * each >= min. */
+DK_Status cpu_check_ints(const cpu_kernel_args *k, const char *name, int64_t count, int64_t min);
+/* Attribute `name`, when present, is a list of integers: ints, or an empty
+ * list of either type (the values of an empty host input, which NumPy makes
+ * float64). */
+DK_Status cpu_check_int_list(const cpu_kernel_args *k, const char *name);
+/* Ints attribute `name` as a list of distinct axes of a rank-`rank` tensor:
+ * axes[0..*count) get them normalised; absent: *count = -1. */
+DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t rank, int32_t *axes,
+                         int64_t *count);
+/* Output j has rank ndim and the given shape. */
+DK_Status cpu_check_output(const cpu_kernel_args *k, size_t j, int32_t ndim, const int64_t *shape);
+/* Output j has input i's shape. */
+DK_Status cpu_check_output_like(const cpu_kernel_args *k, size_t j, size_t i);
+/* Inputs 0..nin-1 broadcast together to output 0's shape. */
+DK_Status cpu_check_broadcast(const cpu_kernel_args *k, size_t nin);
+/* Validators many ops share: every present input and output 0 have input
+ * 0's dtype, and output 0 (and input 1 with `_pair`: dY and X, say) input
+ * 0's shape; `_axis`: also the int attribute "axis" lies inside its rank. */
+DK_Status cpu_validate_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_pair_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k);
+DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k);
+/* Tensor t (an input, role "input", or output) has dtype `dtype`. */
+DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype);
 
 /* ---- Attributes (present, after host-side defaults) ----------------------- */
 

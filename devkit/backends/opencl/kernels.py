@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyopencl as cl
 
 from ...abi import C, ffi
+from ...ops.spec import dtype_name
 from .errors import callback, invalid
 from .runtime import Device, Mem
 
@@ -187,11 +190,25 @@ class Tensor:
 
     def __init__(self, device: Device, what: str, tensor, itemsize: int | None = None):
         ndim = tensor.ndim
+        if not 0 <= ndim <= MAX_DIMS:
+            raise invalid(f"{what} has rank {ndim}; the opencl plugin takes 0 to {MAX_DIMS}")
+        if ndim and tensor.shape == ffi.NULL:
+            raise invalid(f"{what} has a NULL shape")
+        if tensor.device.device_type != C.DK_DEVICE_TYPE_OPENCL or tensor.device.device_id != device.index:
+            raise invalid(f"{what} is on device (type {tensor.device.device_type}, id {tensor.device.device_id}), "
+                          f"not on opencl device {device.index}")
+        if tensor.dtype.lanes != 1 or not tensor.dtype.bits or tensor.dtype.bits % 8 or tensor.dtype.bits > 64:
+            raise invalid(f"{what} has dtype (code {tensor.dtype.code}, bits {tensor.dtype.bits}, lanes "
+                          f"{tensor.dtype.lanes}), which no kernel takes")
         self.dtype = key_of(tensor.dtype)
         # Sized from the dtype's bits, not CL_TYPES: an input need not have a kernel dtype
         # (Pow's exponent may be int16 or uint64, say).
         itemsize = itemsize or max(1, tensor.dtype.bits * tensor.dtype.lanes // 8)
         self.shape = [int(tensor.shape[i]) for i in range(ndim)]
+        if any(n < 0 for n in self.shape):
+            raise invalid(f"{what} has a negative dimension: shape {self.shape}")
+        if math.prod(self.shape) > INT64_MAX:  # kernels count elements in int64 (a zero-stride view too)
+            raise invalid(f"{what} has more elements than int64 counts: shape {self.shape}")
         if tensor.strides == ffi.NULL:
             strides, step = [0] * ndim, 1
             for i in reversed(range(ndim)):
@@ -253,6 +270,47 @@ def attribute_value(attribute):
     raise invalid(f"attribute '{ffi.string(attribute.name).decode()}' has unknown type {kind}")
 
 
+# More tensors or attributes than this in one call is a malformed call, not a big one.
+MAX_CALL_ITEMS = 1 << 16
+MAX_DIMS = 64
+INT64_MAX = (1 << 63) - 1
+
+
+def check_raw_call(op: str, call, token, device_count: int) -> None:
+    """Refuses a DK_KernelCall that Call could not read safely: NULL, short, another entry's,
+    a device out of range, NULL or huge arrays, attributes NULL, short, unnamed, of an
+    unknown type or lists without elements. (The tensors check themselves: Tensor.)"""
+    if call == ffi.NULL or call.struct_size < ffi.offsetof("DK_KernelCall", "user_data") + ffi.sizeof("void *"):
+        raise invalid("the call is NULL or its struct_size is too small")
+    if call.user_data != token:
+        raise invalid("call->user_data is not this kernel entry's")
+    if not 0 <= call.device < device_count:
+        raise invalid(f"device {call.device} is out of range (the plugin has {device_count})")
+    for count, array, what in ((call.num_inputs, call.inputs, "inputs"), (call.num_outputs, call.outputs, "outputs"),
+                               (call.num_attributes, call.attributes, "attributes")):
+        if count > MAX_CALL_ITEMS:
+            raise invalid(f"{count} {what} is more than a call takes ({MAX_CALL_ITEMS})")
+        if count and array == ffi.NULL:
+            raise invalid(f"{count} {what} and a NULL array")
+    minimum = ffi.offsetof("DK_Attribute", "dtype") + ffi.sizeof("DK_DataType")
+    for i in range(call.num_attributes):
+        a = call.attributes[i]
+        if a == ffi.NULL or a.struct_size < minimum or a.name == ffi.NULL:
+            raise invalid(f"attribute {i} is NULL, short or unnamed")
+        name = ffi.string(a.name).decode(errors="replace")
+        if a.type not in ATTR_KINDS:
+            raise invalid(f"attribute '{name}' has unknown type {a.type}")
+        elements = a.ints if a.type == C.DK_ATTR_INTS else a.floats if a.type == C.DK_ATTR_FLOATS else None
+        if elements is not None and (not 0 <= a.count <= MAX_CALL_ITEMS or (a.count and elements == ffi.NULL)):
+            raise invalid(f"attribute '{name}' has count {a.count} and no elements")
+        if a.type == C.DK_ATTR_STRING and a.s == ffi.NULL:
+            raise invalid(f"string attribute '{name}' is NULL")
+
+
+ATTR_KINDS = {C.DK_ATTR_INT: "int", C.DK_ATTR_FLOAT: "float", C.DK_ATTR_INTS: "ints",
+              C.DK_ATTR_FLOATS: "floats", C.DK_ATTR_STRING: "string", C.DK_ATTR_DTYPE: "dtype"}
+
+
 class Call:
     """One kernel call, read out of its DK_KernelCall: what every kernel starts from.
 
@@ -270,6 +328,8 @@ class Call:
         self.outputs = [Tensor(self.device, f"output {j}", call.outputs[j]) for j in range(call.num_outputs)]
         self.attrs = {ffi.string(call.attributes[i].name).decode(): attribute_value(call.attributes[i])
                       for i in range(call.num_attributes)}
+        self.attr_kinds = {ffi.string(call.attributes[i].name).decode(): ATTR_KINDS[call.attributes[i].type]
+                           for i in range(call.num_attributes)}
 
     @property
     def fp64(self) -> bool:
@@ -438,12 +498,18 @@ class KernelTable:
 
     def add(self, op: str, dtype_key: int, fn, flags: int) -> None:
         name = ffi.new("char[]", op.encode())
-        pointer = callback("DK_KernelFn", f"{op} kernel", fn)
+        token = ffi.new("char[]", 1)  # the entry's user_data: a call carries it back
+
+        def checked(call):
+            check_raw_call(op, call, token, len(self.devices))
+            return fn(call)
+
+        pointer = callback("DK_KernelFn", f"{op} kernel", checked)
         entry = ffi.new("DK_KernelEntry *", {
             "struct_size": ffi.sizeof("DK_KernelEntry"), "op": name,
             "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1},
-            "fn": pointer, "flags": flags})
-        self._keepalive += [name, pointer]
+            "fn": pointer, "flags": flags, "user_data": token})
+        self._keepalive += [name, token, pointer]
         self.entries.append(entry[0])
         self._keepalive.append(entry)
 
@@ -457,12 +523,109 @@ class KernelTable:
 
             def fn(call, key=key, device_of=self.device_of):
                 c = Call(op, call, device_of)
+                check_against_spec(c, key)
                 if c.stream is not None and c.stream.capture is not None:  # graph.py
                     c.stream.capture.add_kernel(call, lambda copy: run(Call(op, copy, device_of), key))
                 else:
                     run(c, key)
 
             self.add(op, key, fn, flags)
+
+
+def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:
+    from ...engine.calls import key_dtype_of
+
+    code, bits, lanes = key & 0xFF, (key >> 8) & 0xFF, key >> 16
+    try:
+        if lanes != 1:
+            raise KeyError(lanes)
+        return key_dtype_of(SimpleNamespace(dtype=SimpleNamespace(code=code, bits=bits)))
+    except (KeyError, TypeError):
+        raise invalid(f"{c.op}: {what} has dtype (code {code}, bits {bits}, lanes {lanes}), which the op "
+                      f"does not take") from None
+
+
+def check_against_spec(c: Call, key: int) -> None:
+    """Refuses, once per call, what the op spec refuses: tensor counts, the key
+    dtype, each attribute's presence, type and value (its choices and check),
+    and inputs and outputs whose shapes and dtypes shape inference does not
+    give. The devkit host sends valid calls; any other host may not."""
+    from ... import ops
+    from ...ops import dispatch
+    from ...ops.spec import TensorInfo
+
+    spec = ops.get(c.op)
+    declared = [decl for decl in spec.inputs if not decl.host]
+    variadic = bool(declared) and declared[-1].variadic
+    required = max((i + 1 for i, decl in enumerate(declared) if not decl.optional), default=0)
+    if len(c.inputs) < required or (not variadic and len(c.inputs) > len(declared)):
+        raise invalid(f"{c.op}: takes {required} to {'any' if variadic else len(declared)} inputs, "
+                      f"got {len(c.inputs)}")
+    if not c.outputs:
+        raise invalid(f"{c.op}: the call has no outputs")
+    attrs, as_attributes = {}, set()
+    for attr in spec.attrs:
+        if attr.name not in c.attrs:
+            if attr.default is not None:
+                raise invalid(f"{c.op}: attribute '{attr.name}' is missing")
+            continue
+        kind = c.attr_kinds[attr.name]
+        host_form = any(decl.host and decl.name == attr.name for decl in spec.inputs)
+        if kind != attr.kind and not (host_form and kind in ("ints", "floats")):
+            raise invalid(f"{c.op}: attribute '{attr.name}' is {kind}; the op takes {attr.kind}")
+        value = c.attrs[attr.name]
+        if kind == "dtype":
+            value = _numpy_dtype(c, f"attribute '{attr.name}'", value)
+        if kind != attr.kind:
+            continue  # the host input's form (Dropout's ratio as floats), read below
+        as_attributes.add(attr.name)
+        try:
+            attrs[attr.name] = dispatch._coerce_attr(spec, attr, value)
+        except (TypeError, ValueError) as exc:
+            raise invalid(str(exc)) from None
+    tensors = iter(c.inputs)
+    infos: list = []
+    host_key = isinstance(spec.key, int) and spec.inputs[spec.key].host
+    for decl in spec.inputs[:-1] + (spec.inputs[-1:] * max(1, len(c.inputs) - len(declared) + 1)
+                                    if variadic else spec.inputs[-1:]):
+        if decl.host:
+            values = None if decl.name in as_attributes else c.attrs.get(decl.name)
+            if values is None and not decl.optional and decl.name not in as_attributes:
+                raise invalid(f"{c.op}: attribute '{decl.name}' (the values of input '{decl.name}') is missing")
+            if values is not None and c.attr_kinds[decl.name] not in ("ints", "floats"):
+                raise invalid(f"{c.op}: attribute '{decl.name}' is {c.attr_kinds[decl.name]}; it carries "
+                              f"input '{decl.name}' as ints or floats")
+            if values is None:
+                infos.append(None)
+                continue
+            # The ABI carries a host input's values, not its dtype: where the key is a host input (Range's
+            # start), the host inputs have the kernel's dtype, elsewhere int64 or float64.
+            dtype = (_numpy_dtype(c, decl.name, key) if host_key else
+                     np.int64 if c.attr_kinds[decl.name] == "ints" else np.float64)
+            array = np.asarray(values).astype(dtype)
+            infos.append(TensorInfo(array.shape, array.dtype, array))
+            continue
+        t = next(tensors, None)
+        if decl.read_by_infer:
+            return  # the outputs' shapes depend on the data (NonZero): the kernel checks what it reads
+        infos.append(None if t is None else TensorInfo(tuple(t.shape), _numpy_dtype(c, decl.name, t.dtype)))
+    while infos and infos[-1] is None:
+        infos.pop()
+    key_info = infos[spec.key] if isinstance(spec.key, int) and spec.key < len(infos) else None
+    if key_info is not None and CL_TYPES[key].name != dtype_name(key_info.dtype):
+        raise invalid(f"{c.op}: input '{spec.inputs[spec.key].name}' is {dtype_name(key_info.dtype)}; this "
+                      f"kernel is for {CL_TYPES[key].name}")
+    try:
+        expected = spec.infer(infos, attrs)
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        raise invalid(f"{c.op}: {exc}") from None
+    if len(c.outputs) > len(expected):
+        raise invalid(f"{c.op}: the call has {len(c.outputs)} outputs; the op gives {len(expected)}")
+    for j, (t, (shape, dtype)) in enumerate(zip(c.outputs, expected)):
+        got = (tuple(t.shape), dtype_name(_numpy_dtype(c, f"output {j}", t.dtype)))
+        if got != (tuple(int(n) for n in shape), dtype_name(dtype)):
+            raise invalid(f"{c.op}: output {j} is {got[1]} {got[0]}; the inputs and attributes give "
+                          f"{dtype_name(dtype)} {tuple(shape)}")
 
 
 def supported_dtypes(op: str, devices: list[Device]) -> list[int]:

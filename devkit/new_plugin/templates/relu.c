@@ -32,3 +32,22 @@ static const @name@_kernel_def k_defs[] = {
     {"Relu", DK_DTYPE_FLOAT32, relu_f32, @NAME@_STRIDED},
 };
 @NAME@_REGISTER_KERNELS(k_defs)
+
+/* Any host may call the table, so the launcher checks each call before it
+ * queues it: the schema (one input, one output, the input keys the dtype,
+ * no attributes), then the validator -- what relu_f32 reads: Y has X's
+ * shape and dtype. A bad call gets DK_INVALID_ARGUMENT with a message. */
+static const @name@_op_schema k_schemas[] = {
+    {"Relu", 1, 1, 1, 1, 0, NULL, 0},
+};
+@NAME@_REGISTER_SCHEMAS(k_schemas)
+
+static DK_Status validate_relu(const @name@_kernel_args *k) {
+  DK_Status st = @name@_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : @name@_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static const @name@_validator k_validators[] = {
+    {"Relu", validate_relu},
+};
+@NAME@_REGISTER_VALIDATORS(k_validators)

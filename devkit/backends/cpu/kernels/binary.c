@@ -395,3 +395,36 @@ static const cpu_kernel_def k_binary[] = {
     CPU_ALL_DTYPES("Where", where_kernel, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_binary)
+
+/* The inputs broadcast to the output's shape; every input has the first one's
+ * dtype (Pow's exponent may differ) and the output it too, or bool. */
+static DK_Status validate_binary(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_broadcast(k, k->num_inputs);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs && strcmp(k->op, "Pow") != 0; i++)
+    st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  if (st != DK_OK) return st;
+  const char *op = k->op;
+  bool compares = strcmp(op, "Equal") == 0 || strncmp(op, "Less", 4) == 0 || strncmp(op, "Greater", 7) == 0;
+  return cpu_check_dtype(k, "output", 0, compares ? DK_DTYPE_BOOL : k->in[0].dtype);
+}
+
+/* Where(condition, X, Y): a bool condition; X, Y and the output of one dtype. */
+static DK_Status validate_where(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_broadcast(k, 3);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, DK_DTYPE_BOOL);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, k->in[1].dtype);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[1].dtype);
+  return st;
+}
+
+static const cpu_validator v_binary[] = {
+    {"Add", validate_binary},      {"Sub", validate_binary},         {"Mul", validate_binary},
+    {"Div", validate_binary},      {"Mod", validate_binary},         {"Pow", validate_binary},
+    {"PRelu", validate_binary},    {"Max", validate_binary},         {"Min", validate_binary},
+    {"Sum", validate_binary},      {"Mean", validate_binary},        {"Equal", validate_binary},
+    {"Less", validate_binary},     {"LessOrEqual", validate_binary}, {"Greater", validate_binary},
+    {"GreaterOrEqual", validate_binary}, {"And", validate_binary},  {"Or", validate_binary},
+    {"Xor", validate_binary},      {"BitwiseAnd", validate_binary},  {"BitwiseOr", validate_binary},
+    {"BitwiseXor", validate_binary}, {"Where", validate_where},
+};
+CPU_REGISTER_VALIDATORS(v_binary)

@@ -234,6 +234,105 @@ void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *i
   }
 }
 
+/* Window extents are bounded like the spec's (_EXTENT_LIMIT), so sizes stay far from overflow. */
+#define WINDOW_LIMIT ((int64_t)1 << 31)
+
+static DK_Status check_per_axis(const cpu_kernel_args *k, const char *name, int64_t count, int64_t min) {
+  DK_Status st = cpu_check_ints(k, name, count, min);
+  if (st != DK_OK) return st;
+  int64_t n;
+  const int64_t *values = cpu_attr_ints(k, name, &n);
+  for (int64_t i = 0; i < n; i++)
+    if (values[i] >= WINDOW_LIMIT)
+      return cpu_invalid(k, "attribute '%s' value %lld is %lld; it must be below 2^31", name, (long long)i,
+                         (long long)values[i]);
+  return DK_OK;
+}
+
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int64_t *x_shape,
+                              const int64_t *kernel, bool pool, bool transpose, int64_t *out) {
+  if (ndim < 3) return cpu_invalid(k, "X has rank %d; it needs (N, C, D1, ...)", ndim);
+  int32_t n = ndim - 2;
+  DK_Status st;
+  if ((st = check_per_axis(k, "kernel_shape", n, 1)) != DK_OK ||
+      (st = check_per_axis(k, "strides", n, 1)) != DK_OK ||
+      (st = check_per_axis(k, "dilations", n, 1)) != DK_OK ||
+      (st = check_per_axis(k, "pads", 2 * n, transpose ? -WINDOW_LIMIT : 0)) != DK_OK ||
+      (st = check_per_axis(k, "output_padding", n, 0)) != DK_OK ||
+      (st = check_per_axis(k, "output_shape", n, 0)) != DK_OK)
+    return st;
+  int64_t nk, ns, nd, np, nop, nos;
+  const int64_t *kernel_shape = cpu_attr_ints(k, "kernel_shape", &nk);
+  const int64_t *strides = cpu_attr_ints(k, "strides", &ns);
+  const int64_t *dilations = cpu_attr_ints(k, "dilations", &nd);
+  const int64_t *pads = cpu_attr_ints(k, "pads", &np);
+  const int64_t *output_padding = cpu_attr_ints(k, "output_padding", &nop);
+  const int64_t *output_shape = cpu_attr_ints(k, "output_shape", &nos);
+  if (!kernel && !kernel_shape) return cpu_invalid(k, "attribute 'kernel_shape' is missing");
+  const char *auto_pad = cpu_attr_string(k, "auto_pad", "NOTSET");
+  bool same = strcmp(auto_pad, "SAME_UPPER") == 0 || strcmp(auto_pad, "SAME_LOWER") == 0;
+  bool ceil_mode = pool && cpu_attr_int(k, "ceil_mode", 0) == 1;
+  for (int32_t d = 0; d < n; d++) {
+    if (np && strcmp(auto_pad, "NOTSET") != 0 && (pads[d] || pads[n + d]))
+      return cpu_invalid(k, "attribute 'pads' cannot be combined with auto_pad %s", auto_pad);
+    int64_t size = x_shape[d + 2], kd = kernel ? kernel[d] : kernel_shape[d];
+    if (kernel && kernel_shape && kernel_shape[d] != kernel[d])
+      return cpu_invalid(k, "attribute 'kernel_shape' value %d is %lld; W's spatial size there is %lld", d,
+                         (long long)kernel_shape[d], (long long)kernel[d]);
+    if (kd < 1 || kd >= WINDOW_LIMIT || size >= WINDOW_LIMIT)
+      return cpu_invalid(k, "spatial axis %d: kernel size %lld and input size %lld must be in [1, 2^31)", d,
+                         (long long)kd, (long long)size);
+    int64_t s = ns ? strides[d] : 1, dil = nd ? dilations[d] : 1;
+    int64_t b = np && !same ? pads[d] : 0, e = np && !same ? pads[n + d] : 0;
+    int64_t extent = (kd - 1) * dil + 1, o;
+    if (transpose) {
+      int64_t extra = nop ? output_padding[d] : 0;
+      if (extra >= (s > dil ? s : dil))
+        return cpu_invalid(k, "attribute 'output_padding' value %d is %lld; it must be smaller than the "
+                           "stride or the dilation", d, (long long)extra);
+      int64_t full = size ? s * (size - 1) + extra + extent : 0;
+      o = nos ? output_shape[d] : same ? size * s : strcmp(auto_pad, "VALID") == 0 ? full : full - b - e;
+      if (o < 0)
+        return cpu_invalid(k, "spatial axis %d: pads (%lld, %lld) exceed the full output size %lld", d,
+                           (long long)b, (long long)e, (long long)full);
+    } else if (same) {
+      o = floor_div(size + s - 1, s);
+    } else {
+      if (strcmp(auto_pad, "VALID") == 0) b = e = 0;
+      int64_t span = size + b + e - extent;
+      if (span < 0)
+        return cpu_invalid(k, "spatial axis %d: the kernel extent %lld exceeds the padded input size %lld",
+                           d, (long long)extent, (long long)(size + b + e));
+      o = (ceil_mode ? floor_div(span + s - 1, s) : span / s) + 1;
+      if (ceil_mode && (o - 1) * s >= size + b) o--;
+      if (pool && (b >= extent || e >= extent))
+        return cpu_invalid(k, "spatial axis %d: pads (%lld, %lld) must be smaller than the kernel extent %lld",
+                           d, (long long)b, (long long)e, (long long)extent);
+    }
+    out[d] = o;
+  }
+  return DK_OK;
+}
+
+DK_Status linalg_check_conv(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                            const cpu_tensor *b, bool transpose, int64_t *y) {
+  if (x->ndim < 3 || wt->ndim != x->ndim)
+    return cpu_invalid(k, "X has rank %d and W rank %d; they need one rank of at least 3", x->ndim, wt->ndim);
+  int64_t group = cpu_attr_int(k, "group", 1), c = x->shape[1];
+  if (group < 1) return cpu_invalid(k, "attribute 'group' is %lld; it must be at least 1", (long long)group);
+  int64_t m = transpose ? wt->shape[1] * group : wt->shape[0];
+  if (transpose ? c != wt->shape[0] || c % group : c != wt->shape[1] * group || m % group)
+    return cpu_invalid(k, "X has %lld channels, W has shape (%lld, %lld, ...) and group is %lld: they do not fit",
+                       (long long)c, (long long)wt->shape[0], (long long)wt->shape[1], (long long)group);
+  if (b && (b->ndim != 1 || b->shape[0] != m))
+    return cpu_invalid(k, "B has rank %d; it needs shape (%lld)", b->ndim, (long long)m);
+  y[0] = x->shape[0];
+  y[1] = m;
+  return linalg_check_window(k, x->ndim, x->shape, wt->shape + 2, false, transpose, y + 2);
+}
+
 /* ---- MatMul -------------------------------------------------------------------- */
 
 /* Whether a rows x cols matrix with element strides (rs, cs) is a BLAS

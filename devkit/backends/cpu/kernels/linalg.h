@@ -79,4 +79,18 @@ typedef struct linalg_window {
 void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *in,
                            const int64_t *out, const int64_t *kernel, linalg_window *w);
 
+/* Validation of the window ops (Conv, ConvTranspose, the pools and their
+ * gradients): X (input i) has rank >= 3; kernel_shape (when given), strides,
+ * dilations and pads have one value per spatial axis (two for pads), in
+ * range; `kernel` (the spatial kernel sizes, NULL: kernel_shape) is >= 1.
+ * *out gets the spatial output sizes the spec derives (ConvTranspose:
+ * `transpose`), ready for cpu_check_output. `x` is input i's shape. */
+DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int64_t *x_shape,
+                              const int64_t *kernel, bool pool, bool transpose, int64_t *out);
+
+/* Conv's (or ConvTranspose's) X, W (of X's rank) and optional B against
+ * group and the window attributes; *y gets Y's shape (X's rank). */
+DK_Status linalg_check_conv(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                            const cpu_tensor *b, bool transpose, int64_t *y);
+
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_ */

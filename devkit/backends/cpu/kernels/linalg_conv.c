@@ -317,3 +317,25 @@ static const cpu_kernel_def k_linalg_conv[] = {
     {"ConvTranspose", DK_DTYPE_BFLOAT16, conv_transpose_low, 0},
 };
 CPU_REGISTER_KERNELS(k_linalg_conv)
+
+/* X, W, optional B and Y: one dtype; Y's shape as X, W and the attributes give it. */
+static DK_Status validate_conv_common(const cpu_kernel_args *k, bool transpose) {
+  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+  if (st == DK_OK) st = cpu_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
+  const cpu_tensor *b = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+  int64_t out[CPU_MAX_DIMS];
+  if (st == DK_OK) st = linalg_check_conv(k, &k->in[0], &k->in[1], b, transpose, out);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
+    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_output(k, 0, k->in[0].ndim, out);
+}
+
+static DK_Status validate_conv(const cpu_kernel_args *k) { return validate_conv_common(k, false); }
+static DK_Status validate_conv_transpose(const cpu_kernel_args *k) { return validate_conv_common(k, true); }
+
+static const cpu_validator v_linalg_conv[] = {
+    {"Conv", validate_conv},
+    {"ConvTranspose", validate_conv_transpose},
+};
+CPU_REGISTER_VALIDATORS(v_linalg_conv)

@@ -397,3 +397,38 @@ static const cpu_kernel_def k_linalg_pool[] = {
     {"GlobalMaxPool", DK_DTYPE_BFLOAT16, global_max_pool_low, 0},
 };
 CPU_REGISTER_KERNELS(k_linalg_pool)
+
+/* X (N, C, D...) to Y (N, C, O...) (and MaxPool's int64 Indices of Y's shape). */
+static DK_Status validate_pool(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  const cpu_tensor *x = &k->in[0];
+  int64_t out[CPU_MAX_DIMS] = {x->shape[0], x->shape[1]};
+  if ((st = linalg_check_window(k, x->ndim, x->shape, NULL, true, false, out + 2)) != DK_OK) return st;
+  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  if ((st = cpu_check_output(k, 0, x->ndim, out)) != DK_OK) return st;
+  if (k->num_outputs > 1 && strcmp(k->op, "MaxPool") == 0) {
+    if ((st = cpu_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
+    return cpu_check_output(k, 1, x->ndim, out);
+  }
+  return DK_OK;
+}
+
+/* X (N, C, D...) to Y (N, C, 1, ...); a rank-2 X has no spatial dims (each plane is one element). */
+static DK_Status validate_global_pool(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  const cpu_tensor *x = &k->in[0];
+  int64_t out[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < x->ndim; d++) out[d] = d < 2 ? x->shape[d] : 1;
+  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  return cpu_check_output(k, 0, x->ndim, out);
+}
+
+static const cpu_validator v_linalg_pool[] = {
+    {"MaxPool", validate_pool},
+    {"AveragePool", validate_pool},
+    {"GlobalAveragePool", validate_global_pool},
+    {"GlobalMaxPool", validate_global_pool},
+};
+CPU_REGISTER_VALIDATORS(v_linalg_pool)

@@ -280,3 +280,159 @@ static const cpu_kernel_def k_movement[] = {
     CPU_ALL_DTYPES("Tile", tile, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_movement)
+
+/* ---- Validators ------------------------------------------------------------------- */
+
+static DK_Status same_dtype_everywhere(const cpu_kernel_args *k) {
+  DK_Status st = DK_OK;
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+  return st;
+}
+
+static DK_Status validate_transpose(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int32_t axes[CPU_MAX_DIMS];
+  int64_t count, shape[CPU_MAX_DIMS];
+  DK_Status st = same_dtype_everywhere(k);
+  if (st == DK_OK) st = cpu_check_axes(k, "perm", in->ndim, axes, &count);
+  if (st != DK_OK) return st;
+  if (count >= 0 && count != in->ndim)
+    return cpu_invalid(k, "attribute 'perm' has %lld axes; the input has rank %d", (long long)count, in->ndim);
+  for (int32_t d = 0; d < in->ndim; d++) shape[d] = in->shape[count >= 0 ? axes[d] : in->ndim - 1 - d];
+  return cpu_check_output(k, 0, in->ndim, shape);
+}
+
+/* Concat's inputs and Split's outputs (`parts`) against the whole, along `axis`. */
+static DK_Status check_parts(const cpu_kernel_args *k, const cpu_tensor *whole, const cpu_tensor *parts,
+                             size_t count, const char *role) {
+  int64_t axis;
+  DK_Status st = same_dtype_everywhere(k);
+  if (st == DK_OK) st = cpu_check_axis(k, "axis", whole->ndim, false, &axis);
+  if (st != DK_OK) return st;
+  int64_t total = 0;
+  for (size_t i = 0; i < count; i++) {
+    const cpu_tensor *t = &parts[i];
+    bool fits = t->ndim == whole->ndim;
+    for (int32_t d = 0; fits && d < t->ndim; d++) fits = d == axis || t->shape[d] == whole->shape[d];
+    if (!fits)
+      return cpu_invalid(k, "%s %zu (rank %d) does not match the other tensors outside axis %lld", role, i,
+                         t->ndim, (long long)axis);
+    total += t->shape[axis];
+  }
+  if (total != whole->shape[axis])
+    return cpu_invalid(k, "the %ss' extents along axis %lld add up to %lld, not %lld", role, (long long)axis,
+                       (long long)total, (long long)whole->shape[axis]);
+  return DK_OK;
+}
+
+static DK_Status validate_concat(const cpu_kernel_args *k) {
+  for (size_t i = 0; i < k->num_inputs; i++)
+    if (k->in[i].ndim < 0) return cpu_invalid(k, "input %zu is omitted", i);
+  return check_parts(k, &k->out[0], k->in, k->num_inputs, "input");
+}
+
+/* The outputs are the parts; `split` (their sizes) or `num_outputs`, when given, must describe them. */
+static DK_Status validate_split(const cpu_kernel_args *k) {
+  DK_Status st = check_parts(k, &k->in[0], k->out, k->num_outputs, "output");
+  if (st != DK_OK) return st;
+  int64_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), k->in[0].ndim), count;
+  const int64_t *sizes = cpu_attr_ints(k, "split", &count);
+  if (cpu_attr(k, "split")) {
+    if (count != (int64_t)k->num_outputs)
+      return cpu_invalid(k, "attribute 'split' has %lld sizes for %zu outputs", (long long)count, k->num_outputs);
+    for (int64_t i = 0; i < count; i++)
+      if (sizes[i] != k->out[i].shape[axis])
+        return cpu_invalid(k, "attribute 'split' value %lld is %lld; output %lld has %lld along axis %lld",
+                           (long long)i, (long long)sizes[i], (long long)i, (long long)k->out[i].shape[axis],
+                           (long long)axis);
+  }
+  if (cpu_attr(k, "num_outputs") && cpu_attr_int(k, "num_outputs", 0) != (int64_t)k->num_outputs)
+    return cpu_invalid(k, "attribute 'num_outputs' is %lld; the call has %zu outputs",
+                       (long long)cpu_attr_int(k, "num_outputs", 0), k->num_outputs);
+  return DK_OK;
+}
+
+static DK_Status validate_slice(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int64_t n, n_ends, n_axes, n_steps;
+  const int64_t *starts = cpu_attr_ints(k, "starts", &n);
+  const int64_t *ends = cpu_attr_ints(k, "ends", &n_ends);
+  const int64_t *steps = cpu_attr_ints(k, "steps", &n_steps);
+  int32_t axes[CPU_MAX_DIMS];
+  DK_Status st = same_dtype_everywhere(k);
+  if (st == DK_OK) st = cpu_check_axes(k, "axes", in->ndim, axes, &n_axes);
+  if (st == DK_OK) st = cpu_check_int_list(k, "starts");
+  if (st == DK_OK) st = cpu_check_int_list(k, "ends");
+  if (st == DK_OK) st = cpu_check_int_list(k, "steps");
+  if (st != DK_OK) return st;
+  if (n > in->ndim || n_ends != n || (n_axes >= 0 && n_axes != n) || (cpu_attr(k, "steps") && n_steps != n))
+    return cpu_invalid(k, "starts, ends, axes and steps have lengths %lld, %lld, %lld, %lld; they must agree "
+                       "and be at most the rank %d", (long long)n, (long long)n_ends, (long long)n_axes,
+                       (long long)(cpu_attr(k, "steps") ? n_steps : n), in->ndim);
+  int64_t shape[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < in->ndim; d++) shape[d] = in->shape[d];
+  for (int64_t i = 0; i < n; i++) {
+    int32_t axis = n_axes >= 0 ? axes[i] : (int32_t)i;
+    int64_t step = steps ? steps[i] : 1, dim = in->shape[axis], start = starts[i], end = ends[i];
+    if (step == 0) return cpu_invalid(k, "attribute 'steps' value %lld is 0", (long long)i);
+    if (start < 0) start += dim;
+    if (end < 0) end += dim;
+    /* Clamped to [-1, dim], so the differences below cannot overflow. */
+    start = start < -1 ? -1 : start > dim ? dim : start;
+    end = end < -1 ? -1 : end > dim ? dim : end;
+    if (step > 0) {
+      start = start < 0 ? 0 : start;
+      end = end < 0 ? 0 : end;
+      shape[axis] = end > start ? (end - start - 1) / step + 1 : 0;
+    } else {
+      start = start > dim - 1 ? dim - 1 : start;
+      end = end > dim - 1 ? dim - 1 : end;
+      shape[axis] = start > end ? (start - end - 1) / (step == INT64_MIN ? INT64_MAX : -step) + 1 : 0;
+    }
+  }
+  return cpu_check_output(k, 0, in->ndim, shape);
+}
+
+static DK_Status validate_expand(const cpu_kernel_args *k) {
+  DK_Status st = same_dtype_everywhere(k);
+  if (st != DK_OK) return st;
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (in->ndim > out->ndim)
+    return cpu_invalid(k, "the input has rank %d, more than the output's %d", in->ndim, out->ndim);
+  for (int32_t d = 0; d < in->ndim; d++) {
+    int64_t n = in->shape[d], m = out->shape[out->ndim - in->ndim + d];
+    if (n != 1 && n != m)
+      return cpu_invalid(k, "input dimension %d (%lld) does not broadcast to %lld", d, (long long)n, (long long)m);
+  }
+  return DK_OK;
+}
+
+static DK_Status validate_tile(const cpu_kernel_args *k) {
+  DK_Status st = same_dtype_everywhere(k);
+  if (st != DK_OK) return st;
+  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  if (in->ndim != out->ndim)
+    return cpu_invalid(k, "the output has rank %d; the input has %d", out->ndim, in->ndim);
+  int64_t count, tiled;
+  const int64_t *repeats = cpu_attr_ints(k, "repeats", &count);
+  if (cpu_attr(k, "repeats") && count != in->ndim)
+    return cpu_invalid(k, "attribute 'repeats' has %lld values; the input has rank %d", (long long)count, in->ndim);
+  for (int32_t d = 0; d < in->ndim; d++) {
+    if (in->shape[d] ? out->shape[d] % in->shape[d] : out->shape[d])
+      return cpu_invalid(k, "output dimension %d (%lld) is not a multiple of the input's (%lld)", d,
+                         (long long)out->shape[d], (long long)in->shape[d]);
+    if (repeats && (repeats[d] < 0 || __builtin_mul_overflow(in->shape[d], repeats[d], &tiled) ||
+                    tiled != out->shape[d]))
+      return cpu_invalid(k, "attribute 'repeats' value %d is %lld; it does not tile input dimension %lld to "
+                         "the output's %lld", d, (long long)repeats[d], (long long)in->shape[d],
+                         (long long)out->shape[d]);
+  }
+  return DK_OK;
+}
+
+static const cpu_validator v_movement[] = {
+    {"Transpose", validate_transpose}, {"Concat", validate_concat}, {"Split", validate_split},
+    {"Slice", validate_slice},         {"Expand", validate_expand}, {"Tile", validate_tile},
+};
+CPU_REGISTER_VALIDATORS(v_movement)

@@ -140,3 +140,43 @@ static const cpu_kernel_def k_movement_pad[] = {
     CPU_ALL_DTYPES("Pad", pad, CPU_STRIDED),
 };
 CPU_REGISTER_KERNELS(k_movement_pad)
+
+/* Pads this large would overflow the output sizes. */
+#define CPU_PAD_LIMIT ((int64_t)1 << 62)
+
+/* pads: a begin and an end per padded axis; the output is the input grown by them. */
+static DK_Status validate_pad(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int32_t rank = in->ndim, axes[CPU_MAX_DIMS];
+  int64_t n_axes, n_pads;
+  DK_Status st = cpu_check_dtype(k, "output", 0, in->dtype);
+  if (st == DK_OK) st = cpu_check_axes(k, "axes", rank, axes, &n_axes);
+  if (st != DK_OK) return st;
+  const int64_t *pads = cpu_attr_ints(k, "pads", &n_pads);
+  if ((st = cpu_check_int_list(k, "pads")) != DK_OK) return st;
+  int64_t padded = n_axes >= 0 ? n_axes : rank;
+  if (n_pads != 2 * padded)
+    return cpu_invalid(k, "attribute 'pads' has %lld values; %lld axes need %lld", (long long)n_pads,
+                       (long long)padded, (long long)(2 * padded));
+  bool constant = mode_of(cpu_attr_string(k, "mode", "constant")) == PAD_CONSTANT;
+  int64_t shape[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < rank; d++) shape[d] = in->shape[d];
+  for (int64_t i = 0; i < padded; i++) {
+    int32_t axis = n_axes >= 0 ? axes[i] : (int32_t)i;
+    int64_t b = pads[i], e = pads[padded + i], n = in->shape[axis], kept;
+    if (b <= -CPU_PAD_LIMIT || b >= CPU_PAD_LIMIT || e <= -CPU_PAD_LIMIT || e >= CPU_PAD_LIMIT)
+      return cpu_invalid(k, "pads (%lld, %lld) of axis %d are beyond 2^62", (long long)b, (long long)e, axis);
+    kept = n - (b < 0 ? -b : 0) - (e < 0 ? -e : 0);
+    if (kept < 0)
+      return cpu_invalid(k, "pads (%lld, %lld) crop axis %d of size %lld by more than its size", (long long)b,
+                         (long long)e, axis, (long long)n);
+    if (kept == 0 && !constant && (b > 0 || e > 0))
+      return cpu_invalid(k, "mode '%s' cannot pad axis %d: it has no elements to read",
+                         cpu_attr_string(k, "mode", "constant"), axis);
+    shape[axis] = n + b + e;
+  }
+  return cpu_check_output(k, 0, rank, shape);
+}
+
+static const cpu_validator v_movement_pad[] = {{"Pad", validate_pad}};
+CPU_REGISTER_VALIDATORS(v_movement_pad)

@@ -387,3 +387,86 @@ static const cpu_kernel_def k_nn[] = {
     CPU_ALL_DTYPES("Trilu", trilu, 0),
 };
 CPU_REGISTER_KERNELS(k_nn)
+
+/* Input i is absent or a vector of n elements. */
+static DK_Status check_vector(const cpu_kernel_args *k, size_t i, int64_t n) {
+  if (i >= k->num_inputs || k->in[i].ndim < 0) return DK_OK;
+  const cpu_tensor *t = &k->in[i];
+  if (t->ndim != 1 || t->shape[0] != n)
+    return cpu_invalid(k, "input %zu has rank %d; it needs shape (%lld)", i, t->ndim, (long long)n);
+  return DK_OK;
+}
+
+/* BatchNormalization, InstanceNormalization: X (N, C, ...) (BatchNormalization:
+ * or (N)), per-channel vectors (of any float dtype); Y like X. */
+static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, strcmp(k->op, "InstanceNormalization") == 0 ? 3 : 1, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  int64_t c = k->in[0].ndim > 1 ? k->in[0].shape[1] : 1;
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_output(k, j, 1, &c);
+  return st;
+}
+
+/* LayerNormalization, RMSNormalization: axis inside X's rank; Scale (and B)
+ * broadcast to X; Y like X, Mean and InvStdDev X's shape
+ * with 1 from axis on. */
+static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
+  int64_t axis;
+  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  if (st == DK_OK) st = cpu_validate_like_input(k);
+  if (st != DK_OK) return st;
+  const cpu_tensor *x = &k->in[0];
+  for (size_t i = 1; i < k->num_inputs; i++) {
+    const cpu_tensor *t = &k->in[i];
+    if (t->ndim < 0) continue;
+    if (t->ndim > x->ndim) return cpu_invalid(k, "input %zu has more dims than X", i);
+    for (int32_t d = 0; d < t->ndim; d++) {
+      int64_t n = t->shape[d], m = x->shape[x->ndim - t->ndim + d];
+      if (n != 1 && n != m) return cpu_invalid(k, "input %zu does not broadcast to X", i);
+    }
+  }
+  int64_t stats[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < x->ndim; d++) stats[d] = d < axis ? x->shape[d] : 1;
+  for (size_t j = 1; j < k->num_outputs; j++)
+    if (k->out[j].ndim >= 0 && (st = cpu_check_output(k, j, x->ndim, stats)) != DK_OK) return st;
+  return DK_OK;
+}
+
+/* GroupNormalization: num_groups >= 1 divides C; scale and bias (C); Y like X. */
+static DK_Status validate_group_norm(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  int64_t groups = cpu_attr_int(k, "num_groups", 1), c = k->in[0].shape[1];
+  if (groups < 1 || c % groups)
+    return cpu_invalid(k, "attribute 'num_groups' is %lld; it must be at least 1 and divide the %lld channels",
+                       (long long)groups, (long long)c);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+/* LRN: X (N, C, ...), size >= 1; Y like X. */
+static DK_Status validate_lrn(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+  if (st != DK_OK) return st;
+  int64_t size = cpu_attr_int(k, "size", 1);
+  if (size < 1) return cpu_invalid(k, "attribute 'size' is %lld; it must be at least 1", (long long)size);
+  return cpu_validate_like_input(k);
+}
+
+/* Trilu: a matrix (or a batch of them); Y like it. */
+static DK_Status validate_trilu(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+  return st != DK_OK ? st : cpu_validate_like_input(k);
+}
+
+static const cpu_validator v_nn[] = {
+    {"BatchNormalization", validate_channel_norm}, {"InstanceNormalization", validate_channel_norm},
+    {"LayerNormalization", validate_axis_norm},    {"RMSNormalization", validate_axis_norm},
+    {"GroupNormalization", validate_group_norm},   {"LRN", validate_lrn},
+    {"Trilu", validate_trilu},
+};
+CPU_REGISTER_VALIDATORS(v_nn)

@@ -165,3 +165,9 @@ REDUCE_FLOAT_TYPES(SOFTMAX_KERNELS)
 
 static const cpu_kernel_def k_reduce_softmax[] = {REDUCE_FLOAT_TYPES(ROWS)};
 CPU_REGISTER_KERNELS(k_reduce_softmax)
+
+static const cpu_validator v_reduce_softmax[] = {
+    {"Softmax", cpu_validate_axis_like_input},
+    {"LogSoftmax", cpu_validate_axis_like_input},
+};
+CPU_REGISTER_VALIDATORS(v_reduce_softmax)

@@ -324,3 +324,54 @@ static const cpu_kernel_def k_shape[] = {
     {"Range", DK_DTYPE_INT64, range_int, 0},
 };
 CPU_REGISTER_KERNELS(k_shape)
+
+/* ---- Validators ------------------------------------------------------------------- */
+
+/* Flatten: a 2-D output of the dims before `axis` times those from it on. */
+static DK_Status validate_flatten(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int64_t axis = cpu_attr_int(k, "axis", 1), shape[2] = {1, 1};
+  if (axis < -in->ndim || axis > in->ndim) /* in [-rank, rank]: a negative one counts from the back */
+    return cpu_invalid(k, "attribute 'axis' is %lld, out of range for rank %d", (long long)axis, in->ndim);
+  if (axis < 0) axis += in->ndim;
+  DK_Status st = cpu_check_dtype(k, "output", 0, in->dtype);
+  if (st != DK_OK) return st;
+  for (int32_t d = 0; d < in->ndim; d++) shape[d < axis ? 0 : 1] *= in->shape[d]; /* in->size did not overflow */
+  return cpu_check_output(k, 0, 2, shape);
+}
+
+/* DepthToSpace and SpaceToDepth: rank-4 X (N, C, H, W), blocksize b >= 1; DepthToSpace
+ * gives (N, C / b^2, H b, W b), SpaceToDepth (N, C b^2, H / b, W / b). */
+static DK_Status validate_block_move(const cpu_kernel_args *k) {
+  const cpu_tensor *x = &k->in[0];
+  int64_t b = cpu_attr_int(k, "blocksize", 0), square, shape[4];
+  DK_Status st = cpu_check_rank(k, 0, 4, 4);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, x->dtype);
+  if (st != DK_OK) return st;
+  if (b < 1 || __builtin_mul_overflow(b, b, &square))
+    return cpu_invalid(k, "attribute 'blocksize' is %lld; it must be at least 1", (long long)b);
+  bool to_space = strcmp(k->op, "DepthToSpace") == 0;
+  bool fits = to_space ? x->shape[1] % square == 0 : x->shape[2] % b == 0 && x->shape[3] % b == 0;
+  shape[0] = x->shape[0];
+  if (fits && to_space) {
+    shape[1] = x->shape[1] / square;
+    fits = !__builtin_mul_overflow(x->shape[2], b, &shape[2]) && !__builtin_mul_overflow(x->shape[3], b, &shape[3]);
+  } else if (fits) {
+    fits = !__builtin_mul_overflow(x->shape[1], square, &shape[1]);
+    shape[2] = x->shape[2] / b;
+    shape[3] = x->shape[3] / b;
+  }
+  if (!fits)
+    return cpu_invalid(k, "blocksize %lld does not divide input shape (%lld, %lld, %lld, %lld)", (long long)b,
+                       (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2],
+                       (long long)x->shape[3]);
+  return cpu_check_output(k, 0, 4, shape);
+}
+
+static const cpu_validator v_shape[] = {
+    {"Identity", cpu_validate_like_input},
+    {"Flatten", validate_flatten},
+    {"DepthToSpace", validate_block_move},
+    {"SpaceToDepth", validate_block_move},
+};
+CPU_REGISTER_VALIDATORS(v_shape)

@@ -330,3 +330,41 @@ static const cpu_kernel_def k_training[] = {
     {"Adam", DK_DTYPE_FLOAT64, adam_kernel, 0},
 };
 CPU_REGISTER_KERNELS(k_training)
+
+/* The optimizers: R and T are one value each; then per tensor X the inputs
+ * G (and V, H) share X's shape and dtype, and each output its input's. */
+static DK_Status validate_optimizer(const cpu_kernel_args *k) {
+  int64_t nr, nt;
+  const DK_Attribute *r = cpu_attr(k, "R"), *t = cpu_attr(k, "T");
+  nr = r->count;
+  nt = t->count;
+  if (nr != 1 || nt != 1)
+    return cpu_invalid(k, "R and T must be one value each, got %lld and %lld", (long long)nr, (long long)nt);
+  size_t per = strcmp(k->op, "Adam") == 0 ? 4 : 3, n = k->num_inputs / per;
+  if (n == 0 || k->num_inputs % per || k->num_outputs != n * (per - 1))
+    return cpu_invalid(k, "%zu inputs and %zu outputs do not make groups of %zu inputs and %zu outputs",
+                       k->num_inputs, k->num_outputs, per, per - 1);
+  for (size_t i = 0; i < k->num_inputs; i++) {
+    const cpu_tensor *x = &k->in[i % n], *t2 = &k->in[i];
+    bool same = t2->ndim == x->ndim && t2->dtype == x->dtype;
+    for (int32_t d = 0; same && d < x->ndim; d++) same = t2->shape[d] == x->shape[d];
+    if (!same) return cpu_invalid(k, "input %zu does not have the shape and dtype of input %zu", i, i % n);
+  }
+  for (size_t j = 0; j < k->num_outputs; j++) {
+    const cpu_tensor *x = &k->in[j % n], *o = &k->out[j];
+    bool same = o->ndim == x->ndim && o->dtype == x->dtype;
+    for (int32_t d = 0; same && d < x->ndim; d++) same = o->shape[d] == x->shape[d];
+    if (!same) return cpu_invalid(k, "output %zu does not have the shape and dtype of input %zu", j, j % n);
+  }
+  return DK_OK;
+}
+
+static const cpu_validator v_training[] = {
+    {"ReluGrad", cpu_validate_pair_like_input},     {"SigmoidGrad", cpu_validate_pair_like_input},
+    {"LeakyReluGrad", cpu_validate_pair_like_input}, {"TanhGrad", cpu_validate_pair_like_input},
+    {"GeluGrad", cpu_validate_pair_like_input},     {"SoftmaxGrad", cpu_validate_axis_pair_like_input},
+    {"LogSoftmaxGrad", cpu_validate_axis_pair_like_input},
+    {"Momentum", validate_optimizer},               {"Adagrad", validate_optimizer},
+    {"Adam", validate_optimizer},
+};
+CPU_REGISTER_VALIDATORS(v_training)

@@ -161,3 +161,25 @@ static const cpu_kernel_def k_training_conv[] = {
     {"ConvGrad", DK_DTYPE_BFLOAT16, conv_grad_low, 0},
 };
 CPU_REGISTER_KERNELS(k_training_conv)
+
+/* ConvGrad(dY, X, W) -> dX (X's shape), dW (W's), dB (M): dY is Conv(X, W)'s shape. */
+static DK_Status validate_conv_grad(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 1, 3, CPU_MAX_DIMS);
+  if (st == DK_OK) st = cpu_check_rank(k, 2, k->in[1].ndim, k->in[1].ndim);
+  if (st == DK_OK) st = cpu_check_rank(k, 0, k->in[1].ndim, k->in[1].ndim);
+  int64_t y[CPU_MAX_DIMS];
+  if (st == DK_OK) st = linalg_check_conv(k, &k->in[1], &k->in[2], NULL, false, y);
+  for (size_t i = 1; st == DK_OK && i < 3; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+  if (st != DK_OK) return st;
+  bool same = true;
+  for (int32_t d = 0; d < k->in[1].ndim; d++) same = same && k->in[0].shape[d] == y[d];
+  if (!same) return cpu_invalid(k, "dY's shape is not what Conv of X and W gives");
+  if ((st = cpu_check_output_like(k, 0, 1)) != DK_OK) return st;
+  if (k->num_outputs > 1 && (st = cpu_check_output_like(k, 1, 2)) != DK_OK) return st;
+  if (k->num_outputs > 2) st = cpu_check_output(k, 2, 1, &k->in[2].shape[0]);
+  return st;
+}
+
+static const cpu_validator v_training_conv[] = {{"ConvGrad", validate_conv_grad}};
+CPU_REGISTER_VALIDATORS(v_training_conv)

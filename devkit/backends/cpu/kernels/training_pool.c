@@ -120,3 +120,38 @@ static DK_Status average_pool_grad(const cpu_kernel_args *k) {
 
 static const cpu_kernel_def k_training_pool[] = {TRAINING_FLOAT_TYPES(POOL_DEFS)};
 CPU_REGISTER_KERNELS(k_training_pool)
+
+/* dX has the shape X_shape names (rank >= 3), and dY the pool's output shape over it. */
+static DK_Status validate_pool_grad(const cpu_kernel_args *k) {
+  int64_t n;
+  const int64_t *x_shape = cpu_attr_ints(k, "X_shape", &n);
+  if (cpu_attr(k, "X_shape")->type != DK_ATTR_INTS || n < 3 || n > CPU_MAX_DIMS)
+    return cpu_invalid(k, "attribute 'X_shape' has %lld values; it needs (N, C, D1, ...)", (long long)n);
+  for (int64_t d = 0; d < n; d++)
+    if (x_shape[d] < 0) return cpu_invalid(k, "attribute 'X_shape' has a negative size %lld", (long long)x_shape[d]);
+  DK_Status st = cpu_check_output(k, 0, (int32_t)n, x_shape);
+  if (st == DK_OK) st = cpu_check_rank(k, 0, (int32_t)n, (int32_t)n);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  if (st != DK_OK) return st;
+  const cpu_tensor *dy = &k->in[0];
+  if (strcmp(k->op, "MaxPoolGrad") == 0) { /* Indices: int64, dY's shape; the kernel checks their values */
+    if ((st = cpu_check_rank(k, 1, dy->ndim, dy->ndim)) != DK_OK ||
+        (st = cpu_check_dtype(k, "input", 1, DK_DTYPE_INT64)) != DK_OK)
+      return st;
+    for (int32_t d = 0; d < dy->ndim; d++)
+      if (k->in[1].shape[d] != dy->shape[d]) return cpu_invalid(k, "Indices' shape is not dY's");
+    return dy->shape[0] == x_shape[0] && dy->shape[1] == x_shape[1]
+               ? DK_OK : cpu_invalid(k, "dY's N and C are not X_shape's");
+  }
+  int64_t y[CPU_MAX_DIMS] = {x_shape[0], x_shape[1]};
+  if ((st = linalg_check_window(k, (int32_t)n, x_shape, NULL, true, false, y + 2)) != DK_OK) return st;
+  for (int32_t d = 0; d < dy->ndim; d++)
+    if (dy->shape[d] != y[d]) return cpu_invalid(k, "dY's shape is not what AveragePool of X_shape gives");
+  return DK_OK;
+}
+
+static const cpu_validator v_training_pool[] = {
+    {"MaxPoolGrad", validate_pool_grad},
+    {"AveragePoolGrad", validate_pool_grad},
+};
+CPU_REGISTER_VALIDATORS(v_training_pool)

@@ -360,3 +360,24 @@ static const cpu_kernel_def k_unary[] = {
     {"Not", DK_DTYPE_BOOL, not_bool, CPU_STRIDED},
 };
 CPU_REGISTER_KERNELS(k_unary)
+
+/* Y has X's shape, and X's dtype (bool for the predicates). */
+static DK_Status validate_unary(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static DK_Status validate_predicate(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, DK_DTYPE_BOOL);
+}
+
+#define UNARY_VALIDATOR(OP, FN, PARAMS) {#OP, validate_unary},
+#define PREDICATE_VALIDATOR(OP, FN, PARAMS) {#OP, validate_predicate},
+static const cpu_validator v_unary[] = {
+    FLOAT_OPS(UNARY_VALIDATOR)
+    INT_OPS(UNARY_VALIDATOR)
+    PREDICATE_OPS(PREDICATE_VALIDATOR)
+    {"Not", validate_unary},
+};
+CPU_REGISTER_VALIDATORS(v_unary)

@@ -25,3 +25,20 @@ static const acme_kernel_def k_defs[] = {
     {"Add", DK_DTYPE_FLOAT32, add_f32, ACME_STRIDED},
 };
 ACME_REGISTER_KERNELS(k_defs)
+
+/* Checked at launch: two inputs that broadcast to the output's shape, all float32. */
+static const acme_op_schema k_schemas[] = {
+    {"Add", 2, 2, 1, 1, 0, NULL, 0},
+};
+ACME_REGISTER_SCHEMAS(k_schemas)
+
+static DK_Status validate_add(const acme_kernel_args *k) {
+  DK_Status st = acme_check_broadcast(k, 2);
+  if (st == DK_OK) st = acme_check_dtype(k, "input", 1, k->in[0].dtype);
+  return st != DK_OK ? st : acme_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static const acme_validator k_validators[] = {
+    {"Add", validate_add},
+};
+ACME_REGISTER_VALIDATORS(k_validators)

@@ -32,3 +32,22 @@ static const acme_kernel_def k_defs[] = {
     {"Relu", DK_DTYPE_FLOAT32, relu_f32, ACME_STRIDED},
 };
 ACME_REGISTER_KERNELS(k_defs)
+
+/* Any host may call the table, so the launcher checks each call before it
+ * queues it: the schema (one input, one output, the input keys the dtype,
+ * no attributes), then the validator -- what relu_f32 reads: Y has X's
+ * shape and dtype. A bad call gets DK_INVALID_ARGUMENT with a message. */
+static const acme_op_schema k_schemas[] = {
+    {"Relu", 1, 1, 1, 1, 0, NULL, 0},
+};
+ACME_REGISTER_SCHEMAS(k_schemas)
+
+static DK_Status validate_relu(const acme_kernel_args *k) {
+  DK_Status st = acme_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : acme_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static const acme_validator k_validators[] = {
+    {"Relu", validate_relu},
+};
+ACME_REGISTER_VALIDATORS(k_validators)
