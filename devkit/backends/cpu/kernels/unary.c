@@ -104,12 +104,10 @@ MATH(selu, return x > 0 ? P(gamma) * x : P(gamma) * (P(alpha) * expm1(x));)
 MATH(celu, return x > 0 ? x : P(alpha) * expm1(x / P(alpha));)
 /* 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2), and
  * 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): neither cancels for x < 0. */
-VMATH(gelu, return p->tanh_approximation ? vm_gelu_tanhf(x) : vm_gelu_erff(x);,
-     if (p->tanh_approximation) {
-       T u = (T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x);
-       return x / (1 + exp(-2 * u));
-     }
-     return x * ((T)0.5 * erfc(-x * (T)SQRT1_2));)
+VMATH(gelu_erf, return vm_gelu_erff(x);, return x * ((T)0.5 * erfc(-x * (T)SQRT1_2));)
+VMATH(gelu_tanh, return vm_gelu_tanhf(x);,
+      T u = (T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x);
+      return x / (1 + exp(-2 * u));)
 MATH(softplus, return (x > 0 ? x : (T)0) + log1p(exp(-fabs(x)));)
 MATH(softsign, return x / (1 + fabs(x));)
 MATH(mish, T softplus = (x > 0 ? x : (T)0) + log1p(exp(-fabs(x))); return x * tanh(softplus);)
@@ -158,7 +156,8 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
  */
 #define UNARY_LOOP_WITH(ATTR, NAME, TI, TX, LOAD, TO, STORE, EXPR)              \
   ATTR static void NAME##_compact(int64_t n, TO *o, const TI *in,                 \
-                                  const unary_params *p) {                        \
+                                  const unary_params params) {                    \
+    const unary_params *p = &params;                                              \
     (void)p;                                                                      \
     for (int64_t i = 0; i < n; i++) {                                             \
       TX x = LOAD(in[i]);                                                         \
@@ -170,7 +169,7 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
     const unary_params *p = &params;                                              \
     (void)p;                                                                      \
     if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {             \
-      NAME##_compact(n, (TO *)ptr[0], (const TI *)ptr[1], p);                     \
+      NAME##_compact(n, (TO *)ptr[0], (const TI *)ptr[1], params);                \
     } else {                                                                      \
       uint8_t *o = ptr[0];                                                        \
       const uint8_t *in = ptr[1];                                                 \
@@ -294,7 +293,6 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   X(Elu, elu, alpha_one_params, )                     \
   X(Selu, selu, selu_params, )                        \
   X(Celu, celu, alpha_one_params, )                   \
-  X(Gelu, gelu, gelu_params, CPU_VECTOR_CLONES)                        \
   X(Erf, erf, no_params, CPU_VECTOR_CLONES)                            \
   X(Softplus, softplus, no_params, )                  \
   X(Softsign, softsign, no_params, )                  \
@@ -329,6 +327,21 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   KERNEL(FN##_f16, FN##_f16_loop, PARAMS)                                            \
   KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS)
 FLOAT_OPS(FLOAT_KERNELS)
+
+/* Gelu: a loop per form, each vectorising (a test of `approximate` per
+ * element keeps the loop scalar), picked by the kernel. */
+#define GELU_FORMS(X)                                \
+  X(GeluErf, gelu_erf, no_params, CPU_VECTOR_CLONES) \
+  X(GeluTanh, gelu_tanh, no_params, CPU_VECTOR_CLONES)
+GELU_FORMS(FLOAT_KERNELS)
+#define GELU_KERNEL(SFX)                                                                \
+  static DK_Status gelu_##SFX(const cpu_kernel_args *k) {                               \
+    return gelu_params(k).tanh_approximation ? gelu_tanh_##SFX(k) : gelu_erf_##SFX(k); \
+  }
+GELU_KERNEL(f32)
+GELU_KERNEL(f64)
+GELU_KERNEL(f16)
+GELU_KERNEL(bf16)
 
 /* The integer formulas take p only where they read parameters. */
 #define INT_ARGS_no_params(x) (x)
@@ -376,6 +389,7 @@ KERNEL(not_bool, not_loop, no_params)
 
 static const cpu_kernel_def k_unary[] = {
     FLOAT_OPS(FLOAT_ENTRIES)
+    FLOAT_ENTRIES(Gelu, gelu, gelu_params)
     INT_OPS(INT_ENTRIES)
     PREDICATE_OPS(FLOAT_ENTRIES)
     {"Not", DK_DTYPE_BOOL, not_bool, CPU_STRIDED},
