@@ -266,41 +266,41 @@ static unary_params clip_params(const cpu_kernel_args *k) {
  * attribute]). Each list item expands into its loops, its kernels and its
  * kernel-table entries.
  */
-#define FLOAT_OPS(X)                                \
-  X(Abs, abs, no_params, CPU_VECTOR_CLONES)                            \
-  X(Neg, neg, no_params, CPU_VECTOR_CLONES)                            \
-  X(Exp, exp, no_params, CPU_VECTOR_CLONES)                            \
-  X(Log, log, no_params, CPU_VECTOR_CLONES)                            \
-  X(Sqrt, sqrt, no_params, )                          \
-  X(Reciprocal, reciprocal, no_params, )              \
-  X(Sin, sin, no_params, )                            \
-  X(Cos, cos, no_params, )                            \
-  X(Tan, tan, no_params, )                            \
-  X(Asin, asin, no_params, )                          \
-  X(Acos, acos, no_params, )                          \
-  X(Atan, atan, no_params, )                          \
-  X(Sinh, sinh, no_params, )                          \
-  X(Cosh, cosh, no_params, )                          \
-  X(Tanh, tanh, no_params, CPU_VECTOR_CLONES)                          \
-  X(Asinh, asinh, no_params, )                        \
-  X(Acosh, acosh, no_params, )                        \
-  X(Atanh, atanh, no_params, )                        \
-  X(Sigmoid, sigmoid, no_params, CPU_VECTOR_CLONES)                    \
-  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, ) \
-  X(HardSwish, hard_swish, no_params, )               \
-  X(Relu, relu, no_params, CPU_VECTOR_CLONES)                          \
-  X(LeakyRelu, leaky_relu, leaky_relu_params, )       \
-  X(Elu, elu, alpha_one_params, )                     \
-  X(Selu, selu, selu_params, )                        \
-  X(Celu, celu, alpha_one_params, )                   \
-  X(Erf, erf, no_params, CPU_VECTOR_CLONES)                            \
-  X(Softplus, softplus, no_params, )                  \
-  X(Softsign, softsign, no_params, )                  \
-  X(Mish, mish, no_params, )                          \
-  X(Floor, floor, no_params, )                        \
-  X(Ceil, ceil, no_params, )                          \
-  X(Round, round, no_params, )                        \
-  X(Sign, sign, no_params, )                          \
+#define FLOAT_OPS(X)                                 \
+  X(Abs, abs, no_params, CPU_VECTOR_CLONES)          \
+  X(Neg, neg, no_params, CPU_VECTOR_CLONES)          \
+  X(Exp, exp, no_params, CPU_VECTOR_CLONES)          \
+  X(Log, log, no_params, CPU_VECTOR_CLONES)          \
+  X(Sqrt, sqrt, no_params, )                         \
+  X(Reciprocal, reciprocal, no_params, )             \
+  X(Sin, sin, no_params, )                           \
+  X(Cos, cos, no_params, )                           \
+  X(Tan, tan, no_params, )                           \
+  X(Asin, asin, no_params, )                         \
+  X(Acos, acos, no_params, )                         \
+  X(Atan, atan, no_params, )                         \
+  X(Sinh, sinh, no_params, )                         \
+  X(Cosh, cosh, no_params, )                         \
+  X(Tanh, tanh, no_params, CPU_VECTOR_CLONES)        \
+  X(Asinh, asinh, no_params, )                       \
+  X(Acosh, acosh, no_params, )                       \
+  X(Atanh, atanh, no_params, )                       \
+  X(Sigmoid, sigmoid, no_params, CPU_VECTOR_CLONES)  \
+  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, )\
+  X(HardSwish, hard_swish, no_params, )              \
+  X(Relu, relu, no_params, CPU_VECTOR_CLONES)        \
+  X(LeakyRelu, leaky_relu, leaky_relu_params, )      \
+  X(Elu, elu, alpha_one_params, )                    \
+  X(Selu, selu, selu_params, )                       \
+  X(Celu, celu, alpha_one_params, )                  \
+  X(Erf, erf, no_params, CPU_VECTOR_CLONES)          \
+  X(Softplus, softplus, no_params, )                 \
+  X(Softsign, softsign, no_params, )                 \
+  X(Mish, mish, no_params, )                         \
+  X(Floor, floor, no_params, )                       \
+  X(Ceil, ceil, no_params, )                         \
+  X(Round, round, no_params, )                       \
+  X(Sign, sign, no_params, )                         \
   X(Clip, clip, clip_params, )
 
 /* Ops with integer kernels (int8, uint8, int32, int64). */
