@@ -241,8 +241,12 @@ static DK_Status configure(void) {
 
   /* The cores this process may run on (taskset, cgroup cpusets), not the
    * machine's: more threads than those only take turns. */
-  cpu_set_t usable;
-  g.threads = sched_getaffinity(0, sizeof usable, &usable) == 0 ? CPU_COUNT(&usable) : g.compute_units;
+  unsigned long usable[1024 / (8 * sizeof(unsigned long))]; /* a cpu_set_t's bits */
+  g.threads = 0;
+  if (sched_getaffinity(0, sizeof usable, (void *)usable) == 0)
+    for (size_t i = 0; i < sizeof usable / sizeof usable[0]; i++) g.threads += __builtin_popcountl(usable[i]);
+  else
+    g.threads = g.compute_units;
   if (g.threads < 1) g.threads = 1;
   if (g.threads > CPU_MAX_THREADS) g.threads = CPU_MAX_THREADS;
   if ((s = env("DEVKIT_CPU_THREADS"))) {
