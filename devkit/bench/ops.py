@@ -71,9 +71,9 @@ def _sigmoid(x):
 
 
 def _gelu(x):
-    """The erf form, as NumPy has no erf: through math.erf per element would
-    measure Python, so the peer is onnxruntime here; NumPy gets the tanh form
-    (a few ufuncs), which is what it would run."""
+    """NumPy's Gelu, the tanh form: NumPy has no erf, and math.erf per element
+    would time Python. devkit and onnxruntime run the op's default erf form,
+    so max |diff| is the forms' difference (~5e-4)."""
     return 0.5 * x * (1 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
