@@ -20,12 +20,12 @@ import dataclasses
 import json
 import os
 import re
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+
+from .engine import _interleaved, _ort_sessions
 
 MI = 1 << 20
 PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: rich sizes it to its content
@@ -104,17 +104,8 @@ BENCHMARKS = [
 ]
 
 
-def _interleaved_medians(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Median seconds of each function, the functions taking turns."""
-    for fn in fns.values():
-        fn()  # warm-up: first-touch page faults, thread starts
-    times = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
+    return _interleaved({"fn": fn}, repeat)["fn"]
 
 
 def usable_cores() -> int:
@@ -144,40 +135,38 @@ def copy_bandwidth_gbps(repeat: int) -> float:
     """The machine's memcpy bandwidth as NumPy measures it: 64 MiB read and written."""
     src = np.ones(16 * MI, dtype=np.float32)
     dst = np.empty_like(src)
-    seconds = _interleaved_medians({"copy": lambda: np.copyto(dst, src)}, repeat)["copy"]
+    seconds = _median_seconds(lambda: np.copyto(dst, src), repeat)
     return 2 * src.nbytes / seconds / 1e9
 
 
-def _onnxruntime_sessions(bench: OpBench, inputs: list[np.ndarray]) -> dict[str, Callable[[], object]]:
-    """One-node onnxruntime sessions on 1 and 2 intra-op threads (spinning
-    off), or none without onnxruntime."""
-    try:
-        import onnxruntime
-        from onnx import TensorProto, helper
-    except ImportError:
-        return {}
+def single_node_model(bench: OpBench, inputs: list[np.ndarray]):
+    """The op as a one-node ONNX model with inputs in0, in1, ... and its first output "out"
+    (BatchNormalization in inference mode takes no other)."""
+    from onnx import TensorProto, helper
+
     from .. import ops
 
     spec = ops.get(bench.op)
     names = [f"in{i}" for i in range(len(inputs))]
-    node = helper.make_node(bench.op, names, ["out"] + [f"extra{i}" for i in range(len(spec.outputs) - 1)],
-                            **bench.attrs)
+    node = helper.make_node(bench.op, names, ["out"], **bench.attrs)  # optional trailing outputs left off
     graph = helper.make_graph(
         [node], "bench",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
          for n, x in zip(names, inputs)],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)]).SerializeToString()
-    feed = dict(zip(names, inputs))
-    sessions = {}
-    for threads in (1, 2):
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        sessions[f"ort{threads}"] = lambda session=session: session.run(["out"], feed)
-    return sessions
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
+
+
+def _onnxruntime_sessions(bench: OpBench, inputs: list[np.ndarray]) -> dict[str, Callable[[], object]]:
+    """One-node onnxruntime sessions on 1 and 2 intra-op threads (spinning
+    off) by label, or none without onnxruntime."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return {}
+    feed = {f"in{i}": x for i, x in enumerate(inputs)}
+    sessions = _ort_sessions(single_node_model(bench, inputs))
+    return {label: (lambda s=s: s.run(["out"], feed)) for label, s in sessions.items()}
 
 
 def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
@@ -201,8 +190,9 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
         error = float(np.max(np.abs(result.astype(np.float64) - expected))) if expected.size else 0.0
         timers = {"devkit": lambda: devkit.run_op(bench.op, device_inputs, bench.attrs),
                   "numpy": lambda: bench.numpy(*inputs), **_onnxruntime_sessions(bench, inputs)}
-        seconds = _interleaved_medians(timers, repeat)
-        ort = min((name for name in seconds if name.startswith("ort")), key=seconds.get, default=None)
+        seconds = _interleaved(timers, repeat)
+        ort = min((name for name in seconds if name.startswith("onnxruntime_")), key=seconds.get,
+                  default=None)
         devkit_s, numpy_s = seconds["devkit"], seconds["numpy"]
         ort_s = seconds[ort] if ort else None
         row = {"benchmark": bench.name, "op": bench.op, "plugin": plugin, "devkit_ms": devkit_s * 1e3,
@@ -211,7 +201,7 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
                "onnxruntime_over_devkit": None if ort_s is None else ort_s / devkit_s,
                "devkit_cores": devkit_threads(),
                "numpy_cores": (blas_threads if bench.blas else 1),
-               "onnxruntime_cores": None if ort is None else int(ort[3:]),
+               "onnxruntime_cores": None if ort is None else int(ort.removeprefix("onnxruntime_")[:-1]),
                "max_abs_diff_vs_numpy": error}
         if bench.memory_bound:
             moved = sum(x.nbytes for x in inputs) + result.nbytes
@@ -259,3 +249,11 @@ def ops_main(args) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+# The last block of BENCHMARKS, the neural-network cases (row kernels, pools,
+# BatchNormalization, convolutions): devkit/bench/ops_nn.py, which takes OpBench
+# and the helpers above.
+from .ops_nn import NN_BENCHMARKS  # noqa: E402
+
+BENCHMARKS += NN_BENCHMARKS

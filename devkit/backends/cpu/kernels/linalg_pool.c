@@ -2,70 +2,87 @@
  * linalg_pool.c -- MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool.
  *
  * Windows are clipped to the input per axis (the padding is never read);
- * sums are taken in float64. NaN propagates (see devkit/ops/linalg.py).
+ * sums are taken in float64 (a float32 sum of mixed signs can cancel to
+ * more than AveragePool's 1 ulp). NaN propagates (see devkit/ops/linalg.py).
  * float16/bfloat16 run as float32, which is exact for the maxima.
  */
 #include "linalg.h"
 
-/* The window of one output position, per axis: where tap 0 lands (first)
- * and the taps [lo, hi) that land inside the input. */
-typedef struct pool_window {
-  int64_t first[CPU_MAX_DIMS], lo[CPU_MAX_DIMS], hi[CPU_MAX_DIMS];
-  bool empty;
-} pool_window;
+#include <stdlib.h>
 
-static void window_at(const linalg_window *w, const int64_t *q, pool_window *pw) {
-  pw->empty = false;
-  for (int32_t d = 0; d < w->n; d++) {
-    pw->first[d] = q[d] * w->stride[d] - w->pad[d];
-    linalg_valid_range(pw->first[d], w->dilation[d], w->kernel[d], w->target[d], &pw->lo[d], &pw->hi[d]);
-    pw->empty = pw->empty || pw->lo[d] == pw->hi[d];
+/* ---- Windowed pools: one output row at a time -------------------------------- */
+
+/* The pools walk the output one row (last axis) at a time. A row's window
+ * rows -- the valid taps of the other axes -- are visited in row-major tap
+ * order; for each, every tap t of the last axis updates the row's outputs o
+ * in the range where o * stride - pad + t * dilation lies inside the input,
+ * a contiguous (or strided) loop with no bounds test, which the compiler
+ * vectorises. Per output position the taps still arrive in row-major order,
+ * so "the first maximum wins" holds. Work splits over (plane, output row). */
+typedef struct pool_job {
+  const linalg_window *w;
+  const uint8_t *x;
+  uint8_t *y;
+  int64_t *indices;                  /* MaxPool */
+  const int64_t *last_count;         /* AveragePool: per output column, taps inside X ... */
+  const int64_t *last_padded;        /* ... and inside the explicitly padded X */
+  int64_t in_plane, out_plane, rows; /* rows: output rows per plane */
+  bool col_major, include_pad;
+  int failed;                        /* a chunk ran out of memory */
+} pool_job;
+
+/* The window rows of output row `row` (its coordinates on the axes before
+ * the last): per axis the first target position and the taps [lo, hi)
+ * inside X; *count multiplies the taps inside X, *padded those inside the
+ * padded X. False when no window row lies inside X. */
+typedef struct pool_rows {
+  int64_t first[CPU_MAX_DIMS], lo[CPU_MAX_DIMS], hi[CPU_MAX_DIMS], tap[CPU_MAX_DIMS];
+  int64_t count, padded;
+} pool_rows;
+
+static bool rows_start(const linalg_window *w, int64_t row, pool_rows *r) {
+  int32_t last = w->n - 1;
+  r->count = r->padded = 1;
+  bool any = true;
+  for (int32_t d = last - 1; d >= 0; d--) {
+    int64_t q = row % w->grid[d];
+    row /= w->grid[d];
+    r->first[d] = q * w->stride[d] - w->pad[d];
+    linalg_valid_range(r->first[d], w->dilation[d], w->kernel[d], w->target[d], &r->lo[d], &r->hi[d]);
+    int64_t plo, phi;
+    linalg_valid_range(r->first[d] + w->pad[d], w->dilation[d], w->kernel[d],
+                       w->target[d] + w->pad[d] + w->pad_end[d], &plo, &phi);
+    r->count *= r->hi[d] - r->lo[d];
+    r->padded *= phi - plo;
+    r->tap[d] = r->lo[d];
+    any = any && r->lo[d] < r->hi[d];
   }
+  return any;
 }
 
-/* Taps inside the explicitly padded input, for count_include_pad. */
-static int64_t padded_taps(const linalg_window *w, const pool_window *pw) {
-  int64_t count = 1;
-  for (int32_t d = 0; d < w->n; d++) {
-    int64_t lo, hi;
-    linalg_valid_range(pw->first[d] + w->pad[d], w->dilation[d], w->kernel[d],
-                       w->target[d] + w->pad[d] + w->pad_end[d], &lo, &hi);
-    count *= hi - lo;
-  }
-  return count;
+/* The plane offset of the current window row's first element; advances to
+ * the next window row, false after the last. */
+static int64_t rows_offset(const linalg_window *w, const pool_rows *r) {
+  int64_t at = 0;
+  for (int32_t d = 0; d < w->n - 1; d++) at = at * w->target[d] + r->first[d] + r->tap[d] * w->dilation[d];
+  return at * w->target[w->n - 1];
 }
 
-static void next_position(int64_t *q, const int64_t *shape, int32_t n) {
-  for (int32_t d = n - 1; d >= 0; d--) {
-    if (++q[d] < shape[d]) return;
-    q[d] = 0;
+static bool rows_next(const linalg_window *w, pool_rows *r) {
+  for (int32_t d = w->n - 2; d >= 0; d--) {
+    if (++r->tap[d] < r->hi[d]) return true;
+    r->tap[d] = r->lo[d];
   }
+  return false;
 }
 
-/* Visits the input offsets (row-major in the plane) of a non-empty window,
- * tap order row-major: BODY sees `at`. The last axis is the inner loop. */
-#define FOR_EACH_TAP(w, pw, BODY)                                                         \
-  do {                                                                                    \
-    int32_t last_ = (w)->n - 1;                                                           \
-    int64_t tap_[CPU_MAX_DIMS];                                                           \
-    for (int32_t d_ = 0; d_ < (w)->n; d_++) tap_[d_] = (pw)->lo[d_];                      \
-    for (;;) {                                                                            \
-      int64_t row_ = 0;                                                                   \
-      for (int32_t d_ = 0; d_ < last_; d_++)                                              \
-        row_ = row_ * (w)->target[d_] + (pw)->first[d_] + tap_[d_] * (w)->dilation[d_];   \
-      row_ = row_ * (w)->target[last_] + (pw)->first[last_];                              \
-      for (int64_t t_ = (pw)->lo[last_]; t_ < (pw)->hi[last_]; t_++) {                    \
-        int64_t at = row_ + t_ * (w)->dilation[last_];                                    \
-        BODY;                                                                             \
-      }                                                                                   \
-      int32_t d_ = last_ - 1;                                                             \
-      for (; d_ >= 0; d_--) {                                                             \
-        if (++tap_[d_] < (pw)->hi[d_]) break;                                             \
-        tap_[d_] = (pw)->lo[d_];                                                          \
-      }                                                                                   \
-      if (d_ < 0) break;                                                                  \
-    }                                                                                     \
-  } while (0)
+/* Output columns [*lo, *hi) whose last-axis tap t lies inside X; *base: the
+ * input column of output column 0 under that tap. */
+static void tap_columns(const linalg_window *w, int64_t t, int64_t *base, int64_t *lo, int64_t *hi) {
+  int32_t last = w->n - 1;
+  *base = t * w->dilation[last] - w->pad[last];
+  linalg_valid_range(*base, w->stride[last], w->grid[last], w->target[last], lo, hi);
+}
 
 /* A row-major offset in the input plane as a column-major one. */
 static int64_t column_major(const linalg_window *w, int64_t at) {
@@ -82,43 +99,110 @@ static int64_t column_major(const linalg_window *w, int64_t at) {
   return index;
 }
 
+/* Calls TAP(at, lo, count, s, ...) for every window row of output row `row`
+ * and every last-axis tap that meets X: `at` is the plane offset of the tap
+ * at output column lo, [lo, lo + count) the output columns it meets, s the
+ * last axis's stride -- a constant for strides 1 and 2, so TAP, inlined,
+ * loops with a constant step. Leaves r's taps as rows_start set them;
+ * `any` is declared, true when a window row meets X. */
+#define POOL_ROW_TAPS(w, row, r, any, TAP, ...)                                     \
+  bool any = rows_start(w, row, &(r));                                              \
+  if (any) {                                                                        \
+    int32_t last_ = (w)->n - 1;                                                     \
+    int64_t s_ = (w)->stride[last_];                                                \
+    do {                                                                            \
+      int64_t row_at_ = rows_offset(w, &(r));                                       \
+      for (int64_t t_ = 0; t_ < (w)->kernel[last_]; t_++) {                         \
+        int64_t base_, lo_, hi_;                                                    \
+        tap_columns(w, t_, &base_, &lo_, &hi_);                                     \
+        if (lo_ == hi_) continue;                                                   \
+        int64_t at_ = row_at_ + base_ + lo_ * s_, count_ = hi_ - lo_;               \
+        if (s_ == 1)                                                                \
+          TAP(at_, lo_, count_, 1, __VA_ARGS__);                                    \
+        else if (s_ == 2)                                                           \
+          TAP(at_, lo_, count_, 2, __VA_ARGS__);                                    \
+        else                                                                        \
+          TAP(at_, lo_, count_, s_, __VA_ARGS__);                                   \
+      }                                                                             \
+    } while (rows_next(w, &(r)));                                                   \
+  }
+
+/* A chunk's row buffer; NULL after flagging the job's failure. */
+static void *chunk_scratch(pool_job *job, int64_t count, size_t size) {
+  void *p = malloc((size_t)count * size);
+  if (!p) __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+  return p;
+}
+
 /* ---- MaxPool ----------------------------------------------------------------------- */
 
+/* The plane offset of output column o's first tap inside X in the window
+ * row at first_row, or -1 when the column's window misses X. */
+static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
+  int32_t last = w->n - 1;
+  int64_t first = o * w->stride[last] - w->pad[last], lo, hi;
+  linalg_valid_range(first, w->dilation[last], w->kernel[last], w->target[last], &lo, &hi);
+  return lo < hi ? first_row + first + lo * w->dilation[last] : -1;
+}
+
 /* The first maximum in tap order wins; a NaN beats every number, the first
- * NaN every later one. An empty window gives LOWEST and index -1. */
-#define MAX_POOL(NAME, T, LOWEST, IS_NAN)                                                 \
-  static void NAME(const linalg_window *w, const T *x, T *y, int64_t *indices, int64_t planes, \
-                   bool col_major) {                                                      \
-    int64_t in_plane = linalg_prod(w->target, w->n), out_plane = linalg_prod(w->grid, w->n); \
-    for (int64_t p = 0; p < planes; p++) {                                                \
-      int64_t base = p * in_plane; /* offsets: x is NULL when empty */                    \
-      int64_t q[CPU_MAX_DIMS] = {0};                                                      \
-      for (int64_t o = 0; o < out_plane; o++, next_position(q, w->grid, w->n)) {          \
-        pool_window pw;                                                                   \
-        window_at(w, q, &pw);                                                             \
-        T best = LOWEST;                                                                  \
-        int64_t best_at = -1;                                                             \
-        if (!pw.empty)                                                                    \
-          FOR_EACH_TAP(w, &pw, {                                                          \
-            T v = x[base + at];                                                           \
-            if (best_at < 0 || v > best || (IS_NAN(v) && !IS_NAN(best))) {                \
-              best = v;                                                                   \
-              best_at = at;                                                               \
-            }                                                                             \
-          });                                                                             \
-        y[p * out_plane + o] = best;                                                      \
-        indices[p * out_plane + o] =                                                      \
-            best_at < 0 ? -1 : base + (col_major ? column_major(w, best_at) : best_at);   \
-      }                                                                                   \
-    }                                                                                     \
+ * NaN every later one. An empty window gives LOWEST and index -1. The row's
+ * indices (plane offsets) are kept as IDX -- int32_t when the plane allows,
+ * so that they share the values' vector lanes -- and widened at the end.
+ * Outputs start at LOWEST with no index: the one tap that can fail to beat
+ * LOWEST is a leading LOWEST, which the widening gives the window's first
+ * tap. */
+#define MAX_POOL(NAME, T, LOWEST, IS_NAN, IDX)                                                  \
+  static inline __attribute__((always_inline)) void NAME##_tap(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, T *y, IDX *index) {     \
+    const T *src = plane + at;                                                                  \
+    y += lo;                                                                                    \
+    index += lo;                                                                                \
+    for (int64_t o = 0; o < count; o++) {                                                       \
+      T v = src[o * s], best = y[o];                                                            \
+      bool take = v > best || (IS_NAN(v) && !IS_NAN(best));                                     \
+      y[o] = take ? v : best;                                                                   \
+      index[o] = take ? (IDX)(at + o * s) : index[o];                                           \
+    }                                                                                           \
+  }                                                                                             \
+  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+    pool_job *job = ctx;                                                                        \
+    const linalg_window *w = job->w;                                                            \
+    int64_t width = w->grid[w->n - 1];                                                          \
+    IDX *index = chunk_scratch(job, width, sizeof *index);                                      \
+    if (!index) return;                                                                         \
+    for (int64_t item = begin; item < end; item++) {                                            \
+      int64_t p = item / job->rows, row = item % job->rows;                                     \
+      const T *plane = (const T *)job->x + p * job->in_plane;                                   \
+      T *y = (T *)job->y + p * job->out_plane + row * width;                                    \
+      for (int64_t o = 0; o < width; o++) {                                                     \
+        y[o] = LOWEST;                                                                          \
+        index[o] = -1;                                                                          \
+      }                                                                                         \
+      pool_rows r;                                                                              \
+      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, y, index);                               \
+      int64_t first_row = any ? rows_offset(w, &r) : 0;                                         \
+      int64_t *out = job->indices + p * job->out_plane + row * width;                           \
+      for (int64_t o = 0; o < width; o++) {                                                     \
+        int64_t at = index[o];                                                                  \
+        if (at < 0 && any) at = first_tap(w, first_row, o);                                     \
+        out[o] = at < 0 ? -1 : p * job->in_plane + (job->col_major ? column_major(w, at) : at); \
+      }                                                                                         \
+    }                                                                                           \
+    free(index);                                                                                \
   }
 
 #define FLOAT_IS_NAN(v) ((v) != (v))
 #define INT_IS_NAN(v) false
-MAX_POOL(max_pool_f32, float, -INFINITY, FLOAT_IS_NAN)
-MAX_POOL(max_pool_f64, double, -INFINITY, FLOAT_IS_NAN)
-MAX_POOL(max_pool_i8, int8_t, INT8_MIN, INT_IS_NAN)
-MAX_POOL(max_pool_u8, uint8_t, 0, INT_IS_NAN)
+MAX_POOL(max_pool_f32, float, -INFINITY, FLOAT_IS_NAN, int32_t)
+MAX_POOL(max_pool_f64, double, -INFINITY, FLOAT_IS_NAN, int32_t)
+MAX_POOL(max_pool_i8, int8_t, INT8_MIN, INT_IS_NAN, int32_t)
+MAX_POOL(max_pool_u8, uint8_t, 0, INT_IS_NAN, int32_t)
+/* Planes of 2^31 elements or more. */
+MAX_POOL(max_pool_wide_f32, float, -INFINITY, FLOAT_IS_NAN, int64_t)
+MAX_POOL(max_pool_wide_f64, double, -INFINITY, FLOAT_IS_NAN, int64_t)
+MAX_POOL(max_pool_wide_i8, int8_t, INT8_MIN, INT_IS_NAN, int64_t)
+MAX_POOL(max_pool_wide_u8, uint8_t, 0, INT_IS_NAN, int64_t)
 
 /* Window geometry of a pool: X (N, C, D...) to Y (N, C, O...). */
 static void pool_window_of(const cpu_kernel_args *k, linalg_window *w) {
@@ -128,28 +212,39 @@ static void pool_window_of(const cpu_kernel_args *k, linalg_window *w) {
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, kernel, w);
 }
 
+/* The job of a pool call over (plane, output row) items: *items of them,
+ * split in chunks of about POOL_CHUNK_TAPS window taps. */
+#define POOL_CHUNK_TAPS ((int64_t)1 << 16)
+
+static pool_job pool_job_of(const cpu_kernel_args *k, const linalg_window *w, int64_t *items,
+                            int64_t *grain) {
+  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+  pool_job job = {.w = w, .x = x->data, .y = y->data};
+  job.in_plane = linalg_prod(w->target, w->n);
+  job.out_plane = linalg_prod(w->grid, w->n);
+  job.rows = job.out_plane / w->grid[w->n - 1];
+  *items = x->shape[0] * x->shape[1] * job.rows;
+  int64_t row_taps = w->grid[w->n - 1] * linalg_prod(w->kernel, w->n);
+  *grain = row_taps >= POOL_CHUNK_TAPS ? 1 : POOL_CHUNK_TAPS / (row_taps > 0 ? row_taps : 1);
+  return job;
+}
+
 static DK_Status max_pool(const cpu_kernel_args *k) {
   const cpu_tensor *x = &k->in[0], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   linalg_window w;
   pool_window_of(k, &w);
-  int64_t planes = x->shape[0] * x->shape[1];
-  bool col_major = cpu_attr_int(k, "storage_order", 0) == 1;
-  int64_t *indices = (int64_t *)k->out[1].data;
-  switch ((int)x->dtype) {
-    case DK_DTYPE_FLOAT64:
-      max_pool_f64(&w, (const double *)x->data, (double *)y->data, indices, planes, col_major);
-      break;
-    case DK_DTYPE_INT8:
-      max_pool_i8(&w, (const int8_t *)x->data, (int8_t *)y->data, indices, planes, col_major);
-      break;
-    case DK_DTYPE_UINT8:
-      max_pool_u8(&w, x->data, y->data, indices, planes, col_major);
-      break;
-    default:
-      max_pool_f32(&w, (const float *)x->data, (float *)y->data, indices, planes, col_major);
-      break;
-  }
+  int64_t items, grain;
+  pool_job job = pool_job_of(k, &w, &items, &grain);
+  job.col_major = cpu_attr_int(k, "storage_order", 0) == 1;
+  job.indices = (int64_t *)k->out[1].data;
+  bool wide = job.in_plane > INT32_MAX;
+  cpu_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? (wide ? max_pool_wide_f64 : max_pool_f64)
+                    : x->dtype == DK_DTYPE_INT8  ? (wide ? max_pool_wide_i8 : max_pool_i8)
+                    : x->dtype == DK_DTYPE_UINT8 ? (wide ? max_pool_wide_u8 : max_pool_u8)
+                                                 : (wide ? max_pool_wide_f32 : max_pool_f32);
+  cpu_parallel_for(items, grain, fn, &job);
+  if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of indices");
   return DK_OK;
 }
 
@@ -158,23 +253,34 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
 /* ---- AveragePool -------------------------------------------------------------------- */
 
 /* The float64 sum over the window's taps inside the input, over the count of
- * those taps (or, with include_pad, of the taps inside the padded input). */
-#define AVERAGE_POOL(NAME, T)                                                             \
-  static void NAME(const linalg_window *w, const T *x, T *y, int64_t planes, bool include_pad) { \
-    int64_t in_plane = linalg_prod(w->target, w->n), out_plane = linalg_prod(w->grid, w->n); \
-    for (int64_t p = 0; p < planes; p++) {                                                \
-      int64_t base = p * in_plane;                                                        \
-      int64_t q[CPU_MAX_DIMS] = {0};                                                      \
-      for (int64_t o = 0; o < out_plane; o++, next_position(q, w->grid, w->n)) {          \
-        pool_window pw;                                                                   \
-        window_at(w, q, &pw);                                                             \
-        double sum = 0.0;                                                                 \
-        int64_t count = 0;                                                                \
-        if (!pw.empty) FOR_EACH_TAP(w, &pw, { sum += x[base + at]; count++; });           \
-        if (include_pad) count = padded_taps(w, &pw);                                     \
-        y[p * out_plane + o] = (T)(sum / (double)count);                                  \
-      }                                                                                   \
-    }                                                                                     \
+ * those taps (or, with include_pad, of the taps inside the padded input). A
+ * window with nothing to count gives 0 / 0, NaN. */
+#define AVERAGE_POOL(NAME, T)                                                                   \
+  static inline __attribute__((always_inline)) void NAME##_tap(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, double *acc) {          \
+    const T *src = plane + at;                                                                  \
+    acc += lo;                                                                                  \
+    for (int64_t o = 0; o < count; o++) acc[o] += (double)src[o * s];                           \
+  }                                                                                             \
+  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+    pool_job *job = ctx;                                                                        \
+    const linalg_window *w = job->w;                                                            \
+    int64_t width = w->grid[w->n - 1];                                                          \
+    double *acc = chunk_scratch(job, width, sizeof *acc);                                       \
+    if (!acc) return;                                                                           \
+    for (int64_t item = begin; item < end; item++) {                                            \
+      int64_t p = item / job->rows, row = item % job->rows;                                     \
+      const T *plane = (const T *)job->x + p * job->in_plane;                                   \
+      T *y = (T *)job->y + p * job->out_plane + row * width;                                    \
+      memset(acc, 0, (size_t)width * sizeof *acc);                                              \
+      pool_rows r;                                                                              \
+      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, acc);                                    \
+      (void)any;                                                                                \
+      const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;           \
+      double outer = (double)(job->include_pad ? r.padded : r.count);                           \
+      for (int64_t o = 0; o < width; o++) y[o] = (T)(acc[o] / (outer * (double)columns[o]));    \
+    }                                                                                           \
+    free(acc);                                                                                  \
   }
 AVERAGE_POOL(average_pool_f32, float)
 AVERAGE_POOL(average_pool_f64, double)
@@ -184,12 +290,27 @@ static DK_Status average_pool(const cpu_kernel_args *k) {
   if (y->size == 0) return DK_OK;
   linalg_window w;
   pool_window_of(k, &w);
-  int64_t planes = x->shape[0] * x->shape[1];
-  bool include_pad = cpu_attr_int(k, "count_include_pad", 0) == 1;
-  if (x->dtype == DK_DTYPE_FLOAT64)
-    average_pool_f64(&w, (const double *)x->data, (double *)y->data, planes, include_pad);
-  else
-    average_pool_f32(&w, (const float *)x->data, (float *)y->data, planes, include_pad);
+  int64_t items, grain;
+  pool_job job = pool_job_of(k, &w, &items, &grain);
+  job.include_pad = cpu_attr_int(k, "count_include_pad", 0) == 1;
+  /* Per output column: the last axis's taps inside X and inside the padded X. */
+  int32_t last = w.n - 1;
+  int64_t width = w.grid[last];
+  int64_t *columns = linalg_scratch(k, (size_t)(2 * width), sizeof *columns);
+  if (!columns) return DK_RESOURCE_EXHAUSTED;
+  for (int64_t o = 0; o < width; o++) {
+    int64_t first = o * w.stride[last] - w.pad[last], lo, hi;
+    linalg_valid_range(first, w.dilation[last], w.kernel[last], w.target[last], &lo, &hi);
+    columns[o] = hi - lo;
+    linalg_valid_range(first + w.pad[last], w.dilation[last], w.kernel[last],
+                       w.target[last] + w.pad[last] + w.pad_end[last], &lo, &hi);
+    columns[width + o] = hi - lo;
+  }
+  job.last_count = columns;
+  job.last_padded = columns + width;
+  cpu_parallel_for(items, grain, x->dtype == DK_DTYPE_FLOAT64 ? average_pool_f64 : average_pool_f32, &job);
+  free(columns);
+  if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of sums");
   return DK_OK;
 }
 

@@ -1,11 +1,18 @@
 /*
  * reduce_softmax.c -- Softmax and LogSoftmax (opset 13: along one axis).
  *
- * The input splits around the axis into outer x len x inner; for each outer
- * block, three passes over its rows (maximum, sum of exponentials, outputs)
- * keep one running value per inner position, so every inner loop is
- * contiguous. Softmax caches the exponentials between the last two passes.
- * Everything computes in double and rounds once into the dtype.
+ * The input splits around the axis into outer x len x inner. With inner 1
+ * (the axis is the last) every slice is a contiguous row: three passes over
+ * it -- maximum, exponentials and their sum (kept in a row of doubles), and
+ * outputs -- each a loop of independent lanes the compiler vectorises. With
+ * inner > 1 the passes keep one running value per inner position instead,
+ * so every inner loop is contiguous. Work splits over rows (or outer
+ * blocks) with cpu_parallel_for.
+ *
+ * Precision: the operators' tolerance is 1 ulp of float32, so values go
+ * through double: x - max is exact there (in float32 it rounds by up to half
+ * an ulp of |x - max|, an error exp multiplies by |x - max|), the fast exp
+ * (vector.h) is good to a few double ulps, and each output rounds once.
  *
  * Stable form: y = exp(x - max) / sum(exp(x - max)) and
  * log y = (x - max) - log(sum(exp(x - max))). As in ONNX's reference (and
@@ -14,16 +21,76 @@
  * (-inf for LogSoftmax).
  */
 #include "reduce.h"
+#include "vector.h"
 
 /* The block is processed `width` inner positions at a time, so that
  * Softmax's cache of exp(x - max) (len x width doubles) stays small. */
 #define TILE_DOUBLES (1 << 16)
+/* Independent accumulators of a row pass: vector lanes. */
+#define LANES 8
+/* Elements per cpu_parallel_for chunk, about. */
+#define CHUNK_ELEMENTS ((int64_t)1 << 15)
+
+/* Below these exp(x - max) rounds a float32 (float16, bfloat16) output, and
+ * its share of the sum, to 0; float64 needs the whole range. */
+#define EXP_FLOOR_NARROW (-110.0)
+#define EXP_FLOOR_F64 (-746.0)
+
+/* The exponential of the row kernels: one place to swap in another. */
+static inline __attribute__((always_inline)) double softmax_exp(double x, double floor) { return vector_exp_nonpositive(x, floor); }
+
+typedef struct softmax_job {
+  const uint8_t *x;
+  uint8_t *y;
+  int64_t len, inner, width;
+  bool log_form;
+  int failed; /* a chunk ran out of memory */
+} softmax_job;
 
 #define SOFTMAX_KERNELS(S, T, DT, LOAD, STORE)                                                    \
+  /* One contiguous row of len elements; e: len doubles of scratch (Softmax). */                  \
+  static inline __attribute__((always_inline)) void softmax_row_##S(const T *x, T *y, int64_t len, double *e, bool log_form,     \
+                                     double floor) {                                              \
+    double lane[LANES];                                                                           \
+    for (int j = 0; j < LANES; j++) lane[j] = -INFINITY;                                          \
+    int64_t body = len - len % LANES;                                                             \
+    for (int64_t i = 0; i < body; i += LANES)                                                     \
+      for (int j = 0; j < LANES; j++) lane[j] = REDUCE_FMAX(lane[j], LOAD(x[i + j]));             \
+    double m = -INFINITY;                                                                         \
+    for (int j = 0; j < LANES; j++) m = REDUCE_FMAX(m, lane[j]);                                  \
+    for (int64_t i = body; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                          \
+    for (int64_t i = 0; i < len; i++) e[i] = softmax_exp(LOAD(x[i]) - m, floor);                \
+    for (int j = 0; j < LANES; j++) lane[j] = 0.0;                                                \
+    for (int64_t i = 0; i < body; i += LANES)                                                     \
+      for (int j = 0; j < LANES; j++) lane[j] += e[i + j];                                        \
+    double s = 0.0;                                                                               \
+    for (int64_t i = body; i < len; i++) s += e[i];                                               \
+    s += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])); \
+    if (log_form) {                                                                               \
+      double log_s = log(s);                                                                      \
+      for (int64_t i = 0; i < len; i++) y[i] = STORE((LOAD(x[i]) - m) - log_s);                   \
+    } else {                                                                                      \
+      double inv = 1.0 / s;                                                                       \
+      for (int64_t i = 0; i < len; i++) y[i] = STORE(e[i] * inv);                                 \
+    }                                                                                             \
+  }                                                                                               \
+  VECTOR_CLONES static void softmax_rows_##S(void *ctx, int64_t begin, int64_t end) {             \
+    softmax_job *job = ctx;                                                                       \
+    double *e = malloc((size_t)job->len * sizeof *e);                                             \
+    if (!e) {                                                                                     \
+      __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                        \
+      return;                                                                                     \
+    }                                                                                             \
+    double floor = DT == DK_DTYPE_FLOAT64 ? EXP_FLOOR_F64 : EXP_FLOOR_NARROW;                     \
+    for (int64_t r = begin; r < end; r++)                                                         \
+      softmax_row_##S((const T *)job->x + r * job->len, (T *)job->y + r * job->len, job->len, e,  \
+                      job->log_form, floor);                                                      \
+    free(e);                                                                                      \
+  }                                                                                               \
   /* The len x inner block at x, in tiles of `width` inner positions; m and s hold                \
    * width running values, e (Softmax only) len x width exponentials. */                          \
   static void softmax_block_##S(const T *x, T *y, int64_t len, int64_t inner, int64_t width,      \
-                                double *m, double *s, double *e, bool log_form) {                 \
+                                double *m, double *s, double *e, bool log_form, double floor) {   \
     for (int64_t i0 = 0; i0 < inner; i0 += width) {                                               \
       int64_t w = inner - i0 < width ? inner - i0 : width;                                        \
       const T *xt = x + i0;                                                                       \
@@ -32,15 +99,11 @@
         m[j] = -INFINITY;                                                                         \
         s[j] = 0.0;                                                                               \
       }                                                                                           \
-      for (int64_t r = 0; r < len; r++) {                                                         \
-        for (int64_t j = 0; j < w; j++) {                                                         \
-          double v = LOAD(xt[r * inner + j]);                                                     \
-          m[j] = REDUCE_FMAX(m[j], v);                                                            \
-        }                                                                                         \
-      }                                                                                           \
+      for (int64_t r = 0; r < len; r++)                                                           \
+        for (int64_t j = 0; j < w; j++) m[j] = REDUCE_FMAX(m[j], LOAD(xt[r * inner + j]));        \
       if (log_form) {                                                                             \
         for (int64_t r = 0; r < len; r++)                                                         \
-          for (int64_t j = 0; j < w; j++) s[j] += exp(LOAD(xt[r * inner + j]) - m[j]);            \
+          for (int64_t j = 0; j < w; j++) s[j] += softmax_exp(LOAD(xt[r * inner + j]) - m[j], floor); \
         for (int64_t j = 0; j < w; j++) s[j] = log(s[j]);                                         \
         for (int64_t r = 0; r < len; r++)                                                         \
           for (int64_t j = 0; j < w; j++)                                                         \
@@ -48,15 +111,32 @@
       } else {                                                                                    \
         for (int64_t r = 0; r < len; r++) {                                                       \
           for (int64_t j = 0; j < w; j++) {                                                       \
-            double v = exp(LOAD(xt[r * inner + j]) - m[j]);                                       \
+            double v = softmax_exp(LOAD(xt[r * inner + j]) - m[j], floor);                        \
             e[r * w + j] = v;                                                                     \
             s[j] += v;                                                                            \
           }                                                                                       \
         }                                                                                         \
+        for (int64_t j = 0; j < w; j++) s[j] = 1.0 / s[j];                                        \
         for (int64_t r = 0; r < len; r++)                                                         \
-          for (int64_t j = 0; j < w; j++) yt[r * inner + j] = STORE(e[r * w + j] / s[j]);         \
+          for (int64_t j = 0; j < w; j++) yt[r * inner + j] = STORE(e[r * w + j] * s[j]);         \
       }                                                                                           \
     }                                                                                             \
+  }                                                                                               \
+  VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
+    softmax_job *job = ctx;                                                                       \
+    size_t cache = job->log_form ? 0 : (size_t)(job->len * job->width);                           \
+    double *m = malloc((2 * (size_t)job->width + cache) * sizeof *m);                             \
+    if (!m) {                                                                                     \
+      __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                        \
+      return;                                                                                     \
+    }                                                                                             \
+    double floor = DT == DK_DTYPE_FLOAT64 ? EXP_FLOOR_F64 : EXP_FLOOR_NARROW;                     \
+    int64_t block = job->len * job->inner;                                                        \
+    for (int64_t o = begin; o < end; o++)                                                         \
+      softmax_block_##S((const T *)job->x + o * block, (T *)job->y + o * block, job->len,         \
+                        job->inner, job->width, m, m + job->width, m + 2 * job->width,            \
+                        job->log_form, floor);                                                    \
+    free(m);                                                                                      \
   }                                                                                               \
                                                                                                   \
   static DK_Status softmax_run_##S(const cpu_kernel_args *k, bool log_form) {                     \
@@ -67,16 +147,11 @@
     if (k->out[0].size != x->size)                                                                \
       return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape");   \
     int64_t width = len * inner <= TILE_DOUBLES ? inner : TILE_DOUBLES / len;                     \
-    if (width < 1) width = 1;                                                                     \
-    size_t cache = log_form ? 0 : (size_t)(len * width);                                          \
-    double *m = malloc((2 * (size_t)width + cache) * sizeof *m);                                  \
-    if (!m) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");               \
-    const T *xs = (const T *)x->data;                                                             \
-    T *ys = (T *)k->out[0].data;                                                                  \
-    for (int64_t o = 0; o < outer; o++)                                                           \
-      softmax_block_##S(xs + o * len * inner, ys + o * len * inner, len, inner, width, m,         \
-                        m + width, m + 2 * width, log_form);                                      \
-    free(m);                                                                                      \
+    softmax_job job = {.x = x->data, .y = k->out[0].data, .len = len, .inner = inner,             \
+                       .width = width < 1 ? 1 : width, .log_form = log_form};                     \
+    int64_t per_item = len * inner, grain = per_item >= CHUNK_ELEMENTS ? 1 : CHUNK_ELEMENTS / per_item; \
+    cpu_parallel_for(outer, grain, inner == 1 ? softmax_rows_##S : softmax_blocks_##S, &job);     \
+    if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");       \
     return DK_OK;                                                                                 \
   }                                                                                               \
                                                                                                   \

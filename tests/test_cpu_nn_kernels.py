@@ -1,0 +1,159 @@
+"""The cpu plugin's direct pools and row kernels on the paths the conformance
+cases do not reach: odd pads, dilations, strides other than 1 and 2, ceil_mode
+windows, 1-D and 3-D pools, MaxPool indices of windows that hold only -inf or
+NaN, and Softmax/LogSoftmax rows whose exponentials underflow. References are
+brute-force NumPy loops over the ONNX definitions; tolerances are the
+operators' own (1 ulp for float32 pools and softmax, exact for MaxPool)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import devkit
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return devkit.load_plugin("cpu").device(0)
+
+
+def _run(dev, op, inputs, attrs):
+    return [y.numpy() for y in devkit.run_op(op, [devkit.asarray(x, dev) for x in inputs], attrs)]
+
+
+def _windows(x_shape, y_shape, kernel, strides, pads, dilations):
+    """Per output position (n, c, o...): the in-bounds input coordinates of its
+    window in row-major tap order, and the count of taps inside the padded X."""
+    spatial = x_shape[2:]
+    rank = len(spatial)
+    for out in itertools.product(*(range(s) for s in y_shape[2:])):
+        taps, padded = [], 1
+        for d in range(rank):
+            first = out[d] * strides[d] - pads[d]
+            positions = [first + t * dilations[d] for t in range(kernel[d])]
+            taps.append([p for p in positions if 0 <= p < spatial[d]])
+            padded *= sum(1 for p in positions if -pads[d] <= p < spatial[d] + pads[rank + d])
+        yield out, list(itertools.product(*taps)), padded
+
+
+def _reference_pools(x, y_shape, kernel, strides, pads, dilations, include_pad):
+    """MaxPool (values, row-major flat indices) and AveragePool of x."""
+    n, c = x.shape[:2]
+    values = np.full(y_shape, -np.inf, x.dtype)
+    indices = np.full(y_shape, -1, np.int64)
+    means = np.zeros(y_shape, x.dtype)
+    plane = int(np.prod(x.shape[2:]))
+    for out, taps, padded in _windows(x.shape, y_shape, kernel, strides, pads, dilations):
+        for i, j in itertools.product(range(n), range(c)):
+            best, best_at = None, -1
+            total = 0.0
+            for tap in taps:
+                v = x[(i, j, *tap)]
+                total += float(v)
+                if best is None or v > best or (np.isnan(v) and not np.isnan(best)):
+                    best, best_at = v, int(np.ravel_multi_index(tap, x.shape[2:]))
+            if best is not None:
+                values[(i, j, *out)] = best
+                indices[(i, j, *out)] = (i * c + j) * plane + best_at
+            count = padded if include_pad else len(taps)
+            means[(i, j, *out)] = total / count if count else np.nan
+    return values, indices, means
+
+
+POOL_CASES = [
+    # (X shape, kernel, strides, pads (begin..., end...), dilations, ceil_mode)
+    ((1, 2, 9, 11), (3, 3), (2, 2), (1, 0, 2, 1), (1, 1), 0),
+    ((2, 1, 10, 7), (3, 2), (3, 1), (0, 1, 1, 0), (2, 1), 1),
+    ((1, 3, 13), (4,), (3,), (2, 1), (1,), 1),
+    ((1, 1, 5, 6, 7), (2, 3, 2), (1, 2, 3), (1, 1, 0, 0, 1, 1), (1, 1, 2), 0),
+    ((1, 2, 6, 6), (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 0),
+    ((1, 1, 4, 20), (1, 7), (1, 5), (0, 3, 0, 3), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads,dilations,ceil_mode", POOL_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pools_match_brute_force_windows(dev, shape, kernel, strides, pads, dilations, ceil_mode, dtype):
+    x = np.random.default_rng(len(shape) + sum(kernel)).standard_normal(shape).astype(dtype)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads),
+             "dilations": list(dilations), "ceil_mode": ceil_mode}
+    y, indices = _run(dev, "MaxPool", [x], attrs)
+    want_y, want_indices, _ = _reference_pools(x, y.shape, kernel, strides, pads, dilations, False)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(indices, want_indices)
+    for include_pad in (0, 1):
+        (mean,) = _run(dev, "AveragePool", [x], {**attrs, "count_include_pad": include_pad})
+        _, _, want_mean = _reference_pools(x, mean.shape, kernel, strides, pads, dilations, include_pad)
+        np.testing.assert_array_max_ulp(mean, want_mean, maxulp=1)
+
+
+def test_max_pool_indices_of_minus_inf_and_nan_windows(dev):
+    # A window of only -inf takes its first tap; the first NaN wins over numbers and later NaNs.
+    x = np.array([[[[-np.inf, -np.inf, 1.0, 2.0],
+                    [-np.inf, -np.inf, np.nan, 5.0],
+                    [3.0, np.nan, np.nan, 0.0],
+                    [-np.inf, 4.0, 7.0, np.nan]]]], np.float32)
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    y, indices = _run(dev, "MaxPool", [x], attrs)
+    np.testing.assert_array_equal(y, [[[[-np.inf, np.nan], [np.nan, np.nan]]]])
+    np.testing.assert_array_equal(indices, [[[[0, 6], [9, 10]]]])
+    # Column-major indices name the same elements.
+    _, col_major = _run(dev, "MaxPool", [x], {**attrs, "storage_order": 1})
+    np.testing.assert_array_equal(col_major, [[[[0, 9], [6, 10]]]])
+
+
+def test_pool_windows_that_miss_x(dev):
+    # Dilation 3 with pads 2 around one element: both windows' taps fall in the padding.
+    x = np.array([[[4.0]]], np.float32)
+    attrs = {"kernel_shape": [2], "dilations": [3], "pads": [2, 2]}
+    y, indices = _run(dev, "MaxPool", [x], attrs)
+    np.testing.assert_array_equal(y, [[[-np.inf, -np.inf]]])
+    np.testing.assert_array_equal(indices, [[[-1, -1]]])
+    (mean,) = _run(dev, "AveragePool", [x], attrs)
+    assert np.isnan(mean).all()  # nothing to count
+    (mean,) = _run(dev, "AveragePool", [x], {**attrs, "count_include_pad": 1})
+    np.testing.assert_array_equal(mean, [[[0.0, 0.0]]])  # two padded taps, no element
+
+
+def _softmax64(x, axis):
+    shifted = x.astype(np.float64) - x.astype(np.float64).max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / e.sum(axis=axis, keepdims=True), shifted - np.log(e.sum(axis=axis, keepdims=True))
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 37), -1), ((5, 1000), 1), ((4, 9, 6), 1), ((2, 3, 17), 0)])
+def test_softmax_rows_with_underflowing_exponentials(dev, shape, axis):
+    # Spread over 0..-200: exponentials below float32's range beside ordinary ones.
+    x = (np.random.default_rng(3).random(shape) * -200).astype(np.float32)
+    soft, log_soft = _softmax64(x, axis)
+    (y,) = _run(dev, "Softmax", [x], {"axis": axis})
+    np.testing.assert_array_max_ulp(y, soft.astype(np.float32), maxulp=1)
+    (y,) = _run(dev, "LogSoftmax", [x], {"axis": axis})
+    np.testing.assert_array_max_ulp(y, log_soft.astype(np.float32), maxulp=1)
+
+
+def test_float64_softmax_keeps_subnormal_probabilities(dev):
+    # exp(-720) and exp(-744) are subnormal doubles: the fast exp must still form them.
+    x = np.array([[0.0, -720.0, -744.0, -800.0, -np.inf, -3.5]])
+    (y,) = _run(dev, "Softmax", [x], {"axis": -1})
+    want, _ = _softmax64(x, -1)
+    assert want[0, 1] > 0 and want[0, 2] > 0 and want[0, 3] == 0
+    np.testing.assert_allclose(y[0, :2], want[0, :2], rtol=1e-13)
+    np.testing.assert_allclose(y[0, 2], want[0, 2], rtol=1e-2)  # a subnormal keeps few digits
+    np.testing.assert_array_equal(y[0, 3:5], [0.0, 0.0])
+    np.testing.assert_allclose(y[0, 5], want[0, 5], rtol=1e-13)
+
+
+def test_softmax_special_values(dev):
+    x = np.array([[1.0, -np.inf, 2.0, 0.5], [1.0, np.nan, 2.0, 0.5], [np.inf, 1.0, 2.0, 0.5],
+                  [-np.inf] * 4], np.float32)
+    (y,) = _run(dev, "Softmax", [x], {"axis": -1})
+    (log_y,) = _run(dev, "LogSoftmax", [x], {"axis": -1})
+    soft, log_soft = _softmax64(x[:1], -1)
+    np.testing.assert_array_max_ulp(y[0], soft[0].astype(np.float32), maxulp=1)
+    np.testing.assert_array_max_ulp(log_y[0], log_soft[0].astype(np.float32), maxulp=1)
+    assert y[0, 1] == 0 and log_y[0, 1] == -np.inf
+    assert np.isnan(y[1:]).all() and np.isnan(log_y[1:]).all()
