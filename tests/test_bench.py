@@ -115,12 +115,15 @@ def test_opencl_bench_names_the_missing_piece_of_a_peer():
 def test_a_piped_table_keeps_every_header_whole():
     row = {"benchmark": "a rather long benchmark name " * 3, "devkit_ms": 1.0, "numpy_ms": 2.0,
            "numpy_over_devkit": 2.0, "onnxruntime_ms": None, "onnxruntime_over_devkit": None,
-           "max_abs_diff_vs_numpy": 0.0}
-    code = f"from devkit.bench.ops import print_rows; print_rows([{row!r}])"
+           "devkit_cores": 2, "numpy_cores": 1, "onnxruntime_cores": None, "max_abs_diff_vs_numpy": 0.0}
+    memory_bound = {**row, "benchmark": "Add", "devkit_GBps": 6.0, "numpy_GBps": 3.0, "copy_GBps": 8.0}
+    code = f"from devkit.bench.ops import print_rows; print_rows([{row!r}, {memory_bound!r}])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
     assert result.returncode == 0, result.stderr
     for header in ("devkit ms", "NumPy ms", "NumPy/devkit", "onnxruntime ms", "ORT/devkit", "max |diff|",
-                   row["benchmark"].strip(), "ratio = peer time / devkit time, >1 means devkit is faster"):
+                   "cores devkit/NumPy/ORT", "devkit GB/s (of copy)", "NumPy copy: 8.0 GB/s", "2/1/-",
+                   "6.0 (75%)", row["benchmark"].strip(),
+                   "ratio = peer time / devkit time, >1 means devkit is faster"):
         assert header in result.stdout
     assert "…" not in result.stdout

@@ -69,7 +69,7 @@ def test_the_default_directory_is_named_after_the_plugin(tmp_path, monkeypatch):
 
 def test_the_project_has_its_files(project):
     expected = {"include/devkit.h", "src/plugin.c", f"src/{NAME}_internal.h", "src/runtime.c",
-                "src/stream.c", "src/kernel.h", "src/kernel.c", "src/graph.c", "src/kernels/relu.c",
+                "src/stream.c", "src/kernel.h", "src/kernel.c", "src/threads.c", "src/graph.c", "src/kernels/relu.c",
                 f"src/devkit_plugin_{NAME}/__init__.py", "setup.py", "pyproject.toml", "MANIFEST.in",
                 "README.md", ".github/workflows/conformance.yml", ".gitignore"}
     assert {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()} == expected

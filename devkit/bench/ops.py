@@ -5,20 +5,27 @@
 Every benchmark runs the op through devkit.run_op on the default stream
 (complete on return) with device-resident inputs, and the same computation
 with NumPy and, where it is installed, onnxruntime (a one-node model,
-CPUExecutionProvider). Reported: the median time of each, and the ratios
-peer / devkit (above 1: devkit is faster).
+CPUExecutionProvider, spinning off, on 1 and on 2 intra-op threads: the
+faster is reported). The sides take turns, one repetition each, so a noisy
+(shared) machine slows them alike; reported are the median time of each, the
+ratios peer / devkit (above 1: devkit is faster) and the cores each side may
+use. Memory-bound cases also report their bandwidth, against a NumPy copy's
+measured in the same run (the machine's memcpy speed).
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
-import statistics
+import os
+import re
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+
+from .engine import _interleaved, _ort_sessions
 
 MI = 1 << 20
 PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: rich sizes it to its content
@@ -31,6 +38,8 @@ class OpBench:
     inputs: Callable[[np.random.Generator], list[np.ndarray]]
     numpy: Callable[..., np.ndarray]
     attrs: dict = dataclasses.field(default_factory=dict)
+    memory_bound: bool = False  # report GB/s: the inputs read and the output written
+    blas: bool = False  # NumPy runs it through its BLAS (its threads), not on one core
 
 
 def _f32(rng, *shape):
@@ -57,18 +66,35 @@ def _conv2d(x, w):
     return (cols @ w.reshape(w.shape[0], -1).T).reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
 
 
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _gelu(x):
+    """NumPy's Gelu, the tanh form: NumPy has no erf, and math.erf per element
+    would time Python. devkit and onnxruntime run the op's default erf form,
+    so max |diff| is the forms' difference (~5e-4)."""
+    return 0.5 * x * (1 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
+
+
 BENCHMARKS = [
-    OpBench("Add 16Mi f32", "Add", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.add),
-    OpBench("Add broadcast 4096x4096 + 4096", "Add", lambda r: [_f32(r, 4096, 4096), _f32(r, 4096)], np.add),
-    OpBench("Mul 16Mi f32", "Mul", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.multiply),
-    OpBench("Exp 16Mi f32", "Exp", lambda r: [_f32(r, 16 * MI)], np.exp),
-    OpBench("Relu 16Mi f32", "Relu", lambda r: [_f32(r, 16 * MI)], lambda x: np.maximum(x, 0)),
+    OpBench("Add 16Mi f32", "Add", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.add, memory_bound=True),
+    OpBench("Add broadcast 4096x4096 + 4096", "Add", lambda r: [_f32(r, 4096, 4096), _f32(r, 4096)], np.add,
+            memory_bound=True),
+    OpBench("Mul 16Mi f32", "Mul", lambda r: [_f32(r, 16 * MI), _f32(r, 16 * MI)], np.multiply, memory_bound=True),
+    OpBench("Exp 16Mi f32", "Exp", lambda r: [_f32(r, 16 * MI)], np.exp, memory_bound=True),
+    OpBench("Sigmoid 16Mi f32", "Sigmoid", lambda r: [_f32(r, 16 * MI)], _sigmoid, memory_bound=True),
+    OpBench("Gelu 16Mi f32 (NumPy: tanh form)", "Gelu", lambda r: [_f32(r, 16 * MI)], _gelu, memory_bound=True),
+    OpBench("Relu 16Mi f32", "Relu", lambda r: [_f32(r, 16 * MI)], lambda x: np.maximum(x, 0), memory_bound=True),
     OpBench("ReduceSum 16Mi f32 (all)", "ReduceSum", lambda r: [_f32(r, 16 * MI)],
             lambda x: np.sum(x, keepdims=True), {"keepdims": 1}),
     OpBench("ReduceSum 4096x4096 axis -1", "ReduceSum", lambda r: [_f32(r, 4096, 4096), np.array([-1])],
             lambda x, axes: np.sum(x, axis=-1, keepdims=True)),
     OpBench("Softmax 4096x1024", "Softmax", lambda r: [_f32(r, 4096, 1024)], _softmax),
-    OpBench("MatMul 1024x1024x1024 f32", "MatMul", lambda r: [_f32(r, 1024, 1024), _f32(r, 1024, 1024)], np.matmul),
+    OpBench("MatMul 1024x1024x1024 f32", "MatMul", lambda r: [_f32(r, 1024, 1024), _f32(r, 1024, 1024)], np.matmul,
+            blas=True),
+    OpBench("MatMul 2048x2048x2048 f32", "MatMul", lambda r: [_f32(r, 2048, 2048), _f32(r, 2048, 2048)], np.matmul,
+            blas=True),
     OpBench("Conv 1x64x56x56 k3x3 -> 64", "Conv", lambda r: [_f32(r, 1, 64, 56, 56), _f32(r, 64, 64, 3, 3)],
             _conv2d, {"pads": [1, 1, 1, 1]}),
     OpBench("Transpose 4096x4096", "Transpose", lambda r: [_f32(r, 4096, 4096)],
@@ -79,13 +105,38 @@ BENCHMARKS = [
 
 
 def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up: first-touch page faults, BLAS thread start
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return _interleaved({"fn": fn}, repeat)["fn"]
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def devkit_threads() -> int:
+    """The cpu plugin's kernel threads: DEVKIT_CPU_THREADS, else the usable cores."""
+    return int(os.environ.get("DEVKIT_CPU_THREADS") or usable_cores())
+
+
+def numpy_blas_threads() -> int | None:
+    """The threads of the OpenBLAS NumPy loaded, or None when it is not found."""
+    np.ones((2, 2)) @ np.ones((2, 2))  # loads the BLAS
+    with open("/proc/self/maps") as maps:
+        paths = sorted(set(re.findall(r"/\S*numpy\S*openblas\S*\.so\S*", maps.read())))
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        for symbol in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                       "openblas_get_num_threads"):
+            if hasattr(lib, symbol):
+                return int(getattr(lib, symbol)())
+    return None
+
+
+def copy_bandwidth_gbps(repeat: int) -> float:
+    """The machine's memcpy bandwidth as NumPy measures it: 64 MiB read and written."""
+    src = np.ones(16 * MI, dtype=np.float32)
+    dst = np.empty_like(src)
+    seconds = _median_seconds(lambda: np.copyto(dst, src), repeat)
+    return 2 * src.nbytes / seconds / 1e9
 
 
 def single_node_model(bench: OpBench, inputs: list[np.ndarray]):
@@ -106,23 +157,24 @@ def single_node_model(bench: OpBench, inputs: list[np.ndarray]):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", spec.opset)])
 
 
-def _onnxruntime_session(bench: OpBench, inputs: list[np.ndarray]):
-    """A one-node onnxruntime session for the op, or None without onnxruntime."""
+def _onnxruntime_sessions(bench: OpBench, inputs: list[np.ndarray]) -> dict[str, Callable[[], object]]:
+    """One-node onnxruntime sessions on 1 and 2 intra-op threads (spinning
+    off) by label, or none without onnxruntime."""
     try:
-        import onnxruntime
+        import onnxruntime  # noqa: F401
     except ImportError:
-        return None
-    options = onnxruntime.SessionOptions()
-    session = onnxruntime.InferenceSession(single_node_model(bench, inputs).SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+        return {}
     feed = {f"in{i}": x for i, x in enumerate(inputs)}
-    return lambda: session.run(["out"], feed)
+    sessions = _ort_sessions(single_node_model(bench, inputs))
+    return {label: (lambda s=s: s.run(["out"], feed)) for label, s in sessions.items()}
 
 
 def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
     import devkit
 
     dev = devkit.load_plugin(plugin).device(0)  # a name or a library path
+    copy_gbps = copy_bandwidth_gbps(repeat)
+    blas_threads = numpy_blas_threads()
     rows = []
     for bench in BENCHMARKS:
         if only and bench.op not in only:
@@ -136,15 +188,26 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
         result = devkit.run_op(bench.op, device_inputs, bench.attrs)[0].numpy()
         expected = bench.numpy(*inputs)
         error = float(np.max(np.abs(result.astype(np.float64) - expected))) if expected.size else 0.0
-        devkit_s = _median_seconds(lambda: devkit.run_op(bench.op, device_inputs, bench.attrs), repeat)
-        numpy_s = _median_seconds(lambda: bench.numpy(*inputs), repeat)
-        session = _onnxruntime_session(bench, inputs)
-        ort_s = _median_seconds(session, repeat) if session else None
-        rows.append({"benchmark": bench.name, "op": bench.op, "plugin": plugin, "devkit_ms": devkit_s * 1e3,
-                     "numpy_ms": numpy_s * 1e3, "onnxruntime_ms": None if ort_s is None else ort_s * 1e3,
-                     "numpy_over_devkit": numpy_s / devkit_s,
-                     "onnxruntime_over_devkit": None if ort_s is None else ort_s / devkit_s,
-                     "max_abs_diff_vs_numpy": error})
+        timers = {"devkit": lambda: devkit.run_op(bench.op, device_inputs, bench.attrs),
+                  "numpy": lambda: bench.numpy(*inputs), **_onnxruntime_sessions(bench, inputs)}
+        seconds = _interleaved(timers, repeat)
+        ort = min((name for name in seconds if name.startswith("onnxruntime_")), key=seconds.get,
+                  default=None)
+        devkit_s, numpy_s = seconds["devkit"], seconds["numpy"]
+        ort_s = seconds[ort] if ort else None
+        row = {"benchmark": bench.name, "op": bench.op, "plugin": plugin, "devkit_ms": devkit_s * 1e3,
+               "numpy_ms": numpy_s * 1e3, "onnxruntime_ms": None if ort_s is None else ort_s * 1e3,
+               "numpy_over_devkit": numpy_s / devkit_s,
+               "onnxruntime_over_devkit": None if ort_s is None else ort_s / devkit_s,
+               "devkit_cores": devkit_threads(),
+               "numpy_cores": (blas_threads if bench.blas else 1),
+               "onnxruntime_cores": None if ort is None else int(ort.removeprefix("onnxruntime_")[:-1]),
+               "max_abs_diff_vs_numpy": error}
+        if bench.memory_bound:
+            moved = sum(x.nbytes for x in inputs) + result.nbytes
+            row.update(devkit_GBps=moved / devkit_s / 1e9, numpy_GBps=moved / numpy_s / 1e9,
+                       copy_GBps=copy_gbps)
+        rows.append(row)
     return rows
 
 
@@ -159,15 +222,23 @@ def table_console():
 def print_rows(rows: list[dict]) -> None:
     from rich.table import Table
 
-    table = Table(title="op latency (median); ratio = peer time / devkit time, >1 means devkit is faster")
+    copy = next((r["copy_GBps"] for r in rows if "copy_GBps" in r), None)
+    title = "op latency (median of interleaved runs); ratio = peer time / devkit time, >1 means devkit is faster"
+    if copy is not None:
+        title += f"; NumPy copy: {copy:.1f} GB/s"
+    table = Table(title=title)
     for column in ("benchmark", "devkit ms", "NumPy ms", "NumPy/devkit", "onnxruntime ms", "ORT/devkit",
-                   "max |diff|"):
+                   "cores devkit/NumPy/ORT", "devkit GB/s (of copy)", "max |diff|"):
         table.add_column(column, justify="left" if column == "benchmark" else "right")
     for r in rows:
         ort = r["onnxruntime_ms"]
+        cores = f"{r['devkit_cores']}/{r['numpy_cores'] or '?'}/{r['onnxruntime_cores'] or '-'}"
+        bandwidth = (f"{r['devkit_GBps']:.1f} ({r['devkit_GBps'] / r['copy_GBps']:.0%})"
+                     if "devkit_GBps" in r else "-")
         table.add_row(r["benchmark"], f"{r['devkit_ms']:.3f}", f"{r['numpy_ms']:.3f}", f"{r['numpy_over_devkit']:.2f}",
                       "-" if ort is None else f"{ort:.3f}",
-                      "-" if ort is None else f"{r['onnxruntime_over_devkit']:.2f}", f"{r['max_abs_diff_vs_numpy']:.2g}")
+                      "-" if ort is None else f"{r['onnxruntime_over_devkit']:.2f}", cores, bandwidth,
+                      f"{r['max_abs_diff_vs_numpy']:.2g}")
     table_console().print(table)
 
 

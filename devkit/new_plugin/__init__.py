@@ -34,6 +34,7 @@ RUNTIME_SOURCES = {
     "stream.c": "src/stream.c",
     "kernel.h": "src/kernel.h",
     "kernel.c": "src/kernel.c",
+    "threads.c": "src/threads.c",
     "graph.c": "src/graph.c",
 }
 # templates/ file -> its path in the project.

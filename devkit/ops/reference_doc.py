@@ -7,6 +7,7 @@ tests/test_docs.py fails when the committed file differs from this output.
 
 from __future__ import annotations
 
+from ..backends.cpu import FLOAT32_ULP_BOUNDS
 from . import FAMILIES, all_specs
 from .primitives import PRIMITIVES, PRIMITIVES_VERSION, REASONS
 from .spec import REQUIRED, OpSpec, dtype_name
@@ -42,7 +43,10 @@ def _tolerances(spec: OpSpec) -> str:
     groups: dict[str, list[str]] = {}
     for dtype in spec.dtypes:
         groups.setdefault(str(spec.tolerance_for(dtype)), []).append(dtype_name(dtype))
-    return "<br>".join(f"{tol}: {', '.join(names)}" for tol, names in groups.items())
+    text = "<br>".join(f"{tol}: {', '.join(names)}" for tol, names in groups.items())
+    if spec.name in FLOAT32_ULP_BOUNDS:
+        text += f"<br>(cpu plugin, float32: a polynomial, at most {FLOAT32_ULP_BOUNDS[spec.name]} ulp measured)"
+    return text
 
 
 def _key(spec: OpSpec) -> str:

@@ -115,6 +115,13 @@ DK_Status cpu_runtime_init(void);
 /* DEVKIT_CPU_KERNELS=primitives: the kernel table keeps only the primitive
  * set's kernels (read with the other variables, when the plugin loads). */
 bool cpu_primitives_only(void);
+/* The kernels' thread budget (DEVKIT_CPU_THREADS, default the usable cores):
+ * the pool's size, callers included (threads.c). */
+#define CPU_MAX_THREADS 256
+int32_t cpu_thread_count(void);
+/* Joins the pool's workers (at unload; a later cpu_parallel_for starts new
+ * ones). */
+void cpu_threads_shutdown(void);
 /* One-line summary of the configuration, for the init log line. */
 void cpu_runtime_describe(char *buf, size_t size);
 

@@ -677,44 +677,84 @@ DK_DTypeKey cpu_attr_dtype(const cpu_kernel_args *k, const char *name, DK_DTypeK
 
 /* ---- Element loops --------------------------------------------------------- */
 
+/* An element loop with its dimensions merged: dims[0] is the innermost run. */
+typedef struct nd_plan {
+  int nops, n; /* operands, merged dims (0: a single element) */
+  int64_t total;
+  int64_t dims[CPU_MAX_DIMS], steps[CPU_MAX_DIMS][CPU_MAX_OPERANDS];
+  uint8_t *base[CPU_MAX_OPERANDS];
+  cpu_inner_loop loop;
+  void *ctx;
+} nd_plan;
+
+/* Merges the dims that are contiguous for every operand; false for an
+ * empty shape. */
+static bool nd_plan_init(nd_plan *p, int nops, int32_t ndim, const int64_t *shape,
+                         const int64_t byte_strides[][CPU_MAX_DIMS], uint8_t *const *base,
+                         cpu_inner_loop loop, void *ctx) {
+  p->nops = nops;
+  p->n = 0;
+  p->total = 1;
+  p->loop = loop;
+  p->ctx = ctx;
+  for (int i = 0; i < nops; i++) p->base[i] = base[i];
+  for (int32_t d = ndim - 1; d >= 0; d--) {
+    if (shape[d] == 0) return false;
+    p->total *= shape[d];
+    if (shape[d] == 1) continue;
+    int n = p->n;
+    bool merge = n > 0;
+    for (int i = 0; merge && i < nops; i++)
+      merge = byte_strides[i][d] == p->steps[n - 1][i] * p->dims[n - 1];
+    if (merge) {
+      p->dims[n - 1] *= shape[d];
+      continue;
+    }
+    p->dims[n] = shape[d];
+    for (int i = 0; i < nops; i++) p->steps[n][i] = byte_strides[i][d];
+    p->n++;
+  }
+  return true;
+}
+
+/* Runs the loop over flat indices [begin, end) of the merged shape: a first
+ * partial run, whole runs, a last partial one. */
+static void nd_range(void *arg, int64_t begin, int64_t end) {
+  const nd_plan *p = arg;
+  uint8_t *ptrs[CPU_MAX_OPERANDS];
+  for (int i = 0; i < p->nops; i++) ptrs[i] = p->base[i];
+  if (p->n == 0) {
+    int64_t zero[CPU_MAX_OPERANDS] = {0};
+    p->loop(1, ptrs, zero, p->ctx);
+    return;
+  }
+  int64_t index[CPU_MAX_DIMS], rest = begin;
+  for (int d = 0; d < p->n; d++) {
+    index[d] = rest % p->dims[d];
+    rest /= p->dims[d];
+    for (int i = 0; i < p->nops; i++) ptrs[i] += index[d] * p->steps[d][i];
+  }
+  for (int64_t left = end - begin;;) {
+    int64_t run = p->dims[0] - index[0] < left ? p->dims[0] - index[0] : left;
+    p->loop(run, ptrs, p->steps[0], p->ctx);
+    if ((left -= run) == 0) return;
+    /* the run reached the end of dim 0: back to its start, then the odometer */
+    for (int i = 0; i < p->nops; i++) ptrs[i] -= index[0] * p->steps[0][i];
+    index[0] = 0;
+    for (int d = 1; d < p->n; d++) {
+      for (int i = 0; i < p->nops; i++) ptrs[i] += p->steps[d][i];
+      if (++index[d] < p->dims[d]) break;
+      for (int i = 0; i < p->nops; i++) ptrs[i] -= p->steps[d][i] * p->dims[d];
+      index[d] = 0;
+    }
+  }
+}
+
 void cpu_nd_loop(int nops, int32_t ndim, const int64_t *shape,
                  const int64_t byte_strides[][CPU_MAX_DIMS], uint8_t *const *base,
                  cpu_inner_loop loop, void *ctx) {
-  int64_t dims[CPU_MAX_DIMS], steps[CPU_MAX_DIMS][CPU_MAX_OPERANDS];
-  int n = 0; /* merged dims, innermost first */
-  for (int32_t d = ndim - 1; d >= 0; d--) {
-    if (shape[d] == 0) return;
-    if (shape[d] == 1) continue;
-    bool merge = n > 0;
-    for (int i = 0; merge && i < nops; i++)
-      merge = byte_strides[i][d] == steps[n - 1][i] * dims[n - 1];
-    if (merge) {
-      dims[n - 1] *= shape[d];
-      continue;
-    }
-    dims[n] = shape[d];
-    for (int i = 0; i < nops; i++) steps[n][i] = byte_strides[i][d];
-    n++;
-  }
-  uint8_t *ptrs[CPU_MAX_OPERANDS];
-  for (int i = 0; i < nops; i++) ptrs[i] = base[i];
-  if (n == 0) {
-    int64_t zero[CPU_MAX_OPERANDS] = {0};
-    loop(1, ptrs, zero, ctx);
-    return;
-  }
-  int64_t index[CPU_MAX_DIMS] = {0};
-  for (;;) {
-    loop(dims[0], ptrs, steps[0], ctx);
-    int d = 1;
-    for (; d < n; d++) { /* odometer over the outer dims */
-      for (int i = 0; i < nops; i++) ptrs[i] += steps[d][i];
-      if (++index[d] < dims[d]) break;
-      for (int i = 0; i < nops; i++) ptrs[i] -= steps[d][i] * dims[d];
-      index[d] = 0;
-    }
-    if (d == n) return;
-  }
+  nd_plan p;
+  if (nd_plan_init(&p, nops, ndim, shape, byte_strides, base, loop, ctx)) nd_range(&p, 0, p.total);
 }
 
 void cpu_broadcast_strides(const cpu_tensor *t, int32_t out_ndim, int64_t *byte_strides) {
@@ -740,8 +780,10 @@ void cpu_elementwise(const cpu_kernel_args *k, int nin, cpu_inner_loop loop, voi
     cpu_broadcast_strides(&k->in[i], out->ndim, strides[i + 1]);
     base[i + 1] = k->in[i].data;
   }
-  cpu_nd_loop(nin + 1, out->ndim, out->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base,
-              loop, ctx);
+  nd_plan p;
+  if (nd_plan_init(&p, nin + 1, out->ndim, out->shape, (const int64_t(*)[CPU_MAX_DIMS])strides,
+                   base, loop, ctx))
+    cpu_parallel_for(p.total, CPU_ELEMENTWISE_GRAIN, nd_range, &p);
 }
 
 /* ---- Generic scalars ---------------------------------------------------------- */

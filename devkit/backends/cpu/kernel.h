@@ -228,14 +228,28 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx);
 
 /* ---- Element loops ------------------------------------------------------- */
 
+/* On a function with a vectorisable loop: compiled for AVX-512, AVX2 and
+ * baseline x86-64, the best the CPU has picked when the plugin loads, so the
+ * library runs on any x86-64 without -march=native. Elsewhere (aarch64: NEON
+ * is baseline) a plain function. The clones compute the same bits: C's
+ * rounding rules hold in each and no product is fused into an FMA (ISO C
+ * mode: -ffp-contract=off). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CPU_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_VECTOR_CLONES
+#endif
+
 /* An inner loop over n elements of nops operands: operand i starts at ptrs[i]
  * and advances by steps[i] bytes (0 for a broadcast operand). */
 typedef void (*cpu_inner_loop)(int64_t n, uint8_t *const *ptrs,
                                const int64_t *steps, void *ctx);
 
-/* Runs `loop` over every index of `shape` (ndim dims). byte_strides[i] holds
- * operand i's ndim byte strides. Dimensions that are contiguous for every
- * operand are merged, so compact operands get one long inner loop.
+/* Runs `loop` over every index of `shape` (ndim dims), in row-major order on
+ * the calling thread (so loops may accumulate, into ctx or a broadcast
+ * operand). byte_strides[i] holds operand i's ndim byte strides. Dimensions
+ * that are contiguous for every operand are merged, so compact operands get
+ * one long inner loop.
  * nops <= CPU_MAX_OPERANDS. */
 #define CPU_MAX_OPERANDS 8
 void cpu_nd_loop(int nops, int32_t ndim, const int64_t *shape,
@@ -248,7 +262,11 @@ void cpu_nd_loop(int nops, int32_t ndim, const int64_t *shape,
 void cpu_broadcast_strides(const cpu_tensor *t, int32_t out_ndim, int64_t *byte_strides);
 
 /* Elementwise driver: out[0] = f(in[0], ..., in[nin-1]) with broadcasting.
- * The loop sees the output as operand 0 and the inputs as operands 1..nin. */
+ * The loop sees the output as operand 0 and the inputs as operands 1..nin.
+ * Outputs of CPU_ELEMENTWISE_GRAIN * 2 elements or more are split over the
+ * thread pool, so the loop may run on several threads at once: it must only
+ * read ctx. Each element's value does not depend on the split. */
+#define CPU_ELEMENTWISE_GRAIN 16384
 void cpu_elementwise(const cpu_kernel_args *k, int nin, cpu_inner_loop loop, void *ctx);
 
 /* ---- Reduced-precision storage types -------------------------------------- */

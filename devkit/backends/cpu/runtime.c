@@ -2,7 +2,9 @@
  * runtime.c -- errors, registries, configuration, devices, memory and copies
  * of the devkit "cpu" reference plugin. Streams and events live in stream.c.
  */
-#define _GNU_SOURCE /* posix_memalign, sysconf(_SC_NPROCESSORS_ONLN) */
+#define _GNU_SOURCE /* posix_memalign, sysconf(_SC_NPROCESSORS_ONLN), sched_getaffinity */
+
+#include <sched.h>
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -127,6 +129,7 @@ static struct {
   int32_t lost_device;    /* DEVKIT_CPU_LOST_DEVICE; -1 = none */
   bool primitives_only;   /* DEVKIT_CPU_KERNELS=primitives */
   int32_t compute_units;
+  int32_t threads;        /* DEVKIT_CPU_THREADS: the kernels' thread budget */
   DK_Status init_status;
   char init_error[1024];  /* message for init_status, replayed per thread */
 } g;
@@ -235,6 +238,22 @@ static DK_Status configure(void) {
 
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   g.compute_units = cpus < 1 ? 1 : cpus > INT32_MAX ? INT32_MAX : (int32_t)cpus;
+
+  /* The cores this process may run on (taskset, cgroup cpusets), not the
+   * machine's: more threads than those only take turns. */
+  unsigned long usable[1024 / (8 * sizeof(unsigned long))]; /* a cpu_set_t's bits */
+  g.threads = 0;
+  if (sched_getaffinity(0, sizeof usable, (void *)usable) == 0)
+    for (size_t i = 0; i < sizeof usable / sizeof usable[0]; i++) g.threads += __builtin_popcountl(usable[i]);
+  else
+    g.threads = g.compute_units;
+  if (g.threads < 1) g.threads = 1;
+  if (g.threads > CPU_MAX_THREADS) g.threads = CPU_MAX_THREADS;
+  if ((s = env("DEVKIT_CPU_THREADS"))) {
+    if (!parse_int(s, 1, CPU_MAX_THREADS, &v))
+      return config_error("DEVKIT_CPU_THREADS", s, "an integer in [1, 256]");
+    g.threads = (int32_t)v;
+  }
   return DK_OK;
 }
 
@@ -256,6 +275,8 @@ static void init_once(void) {
 
 bool cpu_primitives_only(void) { return g.primitives_only; }
 
+int32_t cpu_thread_count(void) { return g.threads; }
+
 DK_Status cpu_runtime_init(void) {
   pthread_once(&g_once, init_once);
   if (g.init_status != DK_OK)
@@ -266,9 +287,9 @@ DK_Status cpu_runtime_init(void) {
 void cpu_runtime_describe(char *buf, size_t size) {
   int n = snprintf(buf, size,
                    "devkit cpu plugin %s: %d device(s), %zu bytes of memory "
-                   "each, %d compute units",
+                   "each, %d compute units, %d kernel threads",
                    CPU_PLUGIN_VERSION, (int)g.num_devices, g.capacity,
-                   (int)g.compute_units);
+                   (int)g.compute_units, (int)g.threads);
   if (n < 0 || (size_t)n >= size) return;
   if (g.fail_alloc)
     n += snprintf(buf + n, size - (size_t)n, ", DEVKIT_CPU_FAIL_ALLOC=%" PRIu64,

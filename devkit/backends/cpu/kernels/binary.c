@@ -35,25 +35,63 @@
 
 /* An inner loop storing out = EXPR, where x is operand 1 (TA, read through
  * LOADA) and y operand 2 (TB, through LOADB), both held as CT; the result is
- * stored as TO through STORE. EXPR may use ctx. */
-#define LOOP2(NAME, TA, LOADA, TB, LOADB, CT, TO, STORE, EXPR)                  \
-  static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) { \
-    (void)ctx;                                                                  \
-    uint8_t *o = p[0];                                                          \
-    const uint8_t *a = p[1], *b = p[2];                                         \
-    for (int64_t i = 0; i < n; i++, o += s[0], a += s[1], b += s[2]) {          \
-      CT x = (CT)LOADA(*(const TA *)a), y = (CT)LOADB(*(const TB *)b);          \
-      *(TO *)o = (TO)STORE(EXPR);                                               \
-    }                                                                           \
+ * stored as TO through STORE. EXPR may use ctx. Compact operands, and a
+ * compact one with a broadcast scalar, get indexed loops the compiler
+ * vectorises; other layouts step by byte strides. VLOOP2's compact loops are
+ * also compiled for AVX2 and AVX-512 (CPU_VECTOR_CLONES): the arithmetic
+ * that runs at memory speed, where wider vectors pay (every loop cloned
+ * would triple the build time for loops that call libm anyway). */
+#define LOOP2_WITH(ATTR, NAME, TA, LOADA, TB, LOADB, CT, TO, STORE, EXPR)         \
+  ATTR static void NAME##_compact(int64_t n, TO *out,                 \
+                                               const TA *a, const TB *b,           \
+                                               int64_t sa, int64_t sb, void *ctx) { \
+    (void)ctx;                                                                    \
+    if (sa && sb) {                                                               \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        CT x = (CT)LOADA(a[i]), y = (CT)LOADB(b[i]);                              \
+        out[i] = (TO)STORE(EXPR);                                                 \
+      }                                                                           \
+    } else if (sa) {                                                              \
+      CT y = (CT)LOADB(b[0]);                                                     \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        CT x = (CT)LOADA(a[i]);                                                   \
+        out[i] = (TO)STORE(EXPR);                                                 \
+      }                                                                           \
+    } else {                                                                      \
+      CT x = (CT)LOADA(a[0]);                                                     \
+      for (int64_t i = 0; i < n; i++) {                                           \
+        CT y = (CT)LOADB(b[i]);                                                   \
+        out[i] = (TO)STORE(EXPR);                                                 \
+      }                                                                           \
+    }                                                                             \
+  }                                                                               \
+  static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {   \
+    uint8_t *o = p[0];                                                            \
+    const uint8_t *a = p[1], *b = p[2];                                           \
+    bool a_ok = s[1] == (int64_t)sizeof(TA) || s[1] == 0;                         \
+    bool b_ok = s[2] == (int64_t)sizeof(TB) || s[2] == 0;                         \
+    if (s[0] == (int64_t)sizeof(TO) && a_ok && b_ok && (s[1] || s[2])) {          \
+      NAME##_compact(n, (TO *)o, (const TA *)a, (const TB *)b, s[1], s[2], ctx);  \
+      return;                                                                     \
+    }                                                                             \
+    for (int64_t i = 0; i < n; i++, o += s[0], a += s[1], b += s[2]) {            \
+      CT x = (CT)LOADA(*(const TA *)a), y = (CT)LOADB(*(const TB *)b);            \
+      *(TO *)o = (TO)STORE(EXPR);                                                 \
+    }                                                                             \
   }
 
+#define LOOP2(...) LOOP2_WITH(, __VA_ARGS__)
+#define VLOOP2(...) LOOP2_WITH(CPU_VECTOR_CLONES, __VA_ARGS__)
+
 /* A kernel NAME over two operands of storage T, with its loop NAME_loop. */
-#define BINARY(NAME, T, CT, LOAD, TO, STORE, EXPR)          \
-  LOOP2(NAME##_loop, T, LOAD, T, LOAD, CT, TO, STORE, EXPR) \
-  static DK_Status NAME(const cpu_kernel_args *k) {         \
-    cpu_elementwise(k, 2, NAME##_loop, NULL);               \
-    return DK_OK;                                           \
+#define BINARY_WITH(LOOP, NAME, T, CT, LOAD, TO, STORE, EXPR) \
+  LOOP(NAME##_loop, T, LOAD, T, LOAD, CT, TO, STORE, EXPR)    \
+  static DK_Status NAME(const cpu_kernel_args *k) {           \
+    cpu_elementwise(k, 2, NAME##_loop, NULL);                 \
+    return DK_OK;                                             \
   }
+#define BINARY(...) BINARY_WITH(LOOP2, __VA_ARGS__)
+#define VBINARY(...) BINARY_WITH(VLOOP2, __VA_ARGS__)
 
 /* Integer arithmetic in the unsigned twin, where overflow wraps (C leaves
  * signed overflow undefined). */
@@ -132,20 +170,20 @@ UNSIGNED_TYPES(UNSIGNED_HELPERS)
 
 /* Mod of floats is fmod=1 only: the host refuses fmod=0 for them. */
 #define FLOAT_ARITH(SFX, T, CT, LOAD, STORE, M)                                   \
-  BINARY(add_##SFX, T, CT, LOAD, T, STORE, x + y)                                 \
-  BINARY(sub_##SFX, T, CT, LOAD, T, STORE, x - y)                                 \
-  BINARY(mul_##SFX, T, CT, LOAD, T, STORE, x * y)                                 \
-  BINARY(div_##SFX, T, CT, LOAD, T, STORE, x / y)                                 \
+  VBINARY(add_##SFX, T, CT, LOAD, T, STORE, x + y)                                 \
+  VBINARY(sub_##SFX, T, CT, LOAD, T, STORE, x - y)                                 \
+  VBINARY(mul_##SFX, T, CT, LOAD, T, STORE, x * y)                                 \
+  VBINARY(div_##SFX, T, CT, LOAD, T, STORE, x / y)                                 \
   BINARY(mod_##SFX, T, CT, LOAD, T, STORE, fmod##M(x, y))                         \
   BINARY(prelu_##SFX, T, CT, LOAD, T, STORE, x > 0 ? x : x * y)                   \
-  LOOP2(max_##SFX##_loop, T, LOAD, T, LOAD, CT, T, STORE, ieee_max##M(x, y))      \
-  LOOP2(min_##SFX##_loop, T, LOAD, T, LOAD, CT, T, STORE, ieee_min##M(x, y))
+  VLOOP2(max_##SFX##_loop, T, LOAD, T, LOAD, CT, T, STORE, ieee_max##M(x, y))      \
+  VLOOP2(min_##SFX##_loop, T, LOAD, T, LOAD, CT, T, STORE, ieee_min##M(x, y))
 FLOAT_TYPES(FLOAT_ARITH)
 
 #define INT_ARITH(SFX, T, U)                                                    \
-  BINARY(add_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, +))                       \
-  BINARY(sub_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, -))                       \
-  BINARY(mul_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, *))                       \
+  VBINARY(add_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, +))                       \
+  VBINARY(sub_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, -))                       \
+  VBINARY(mul_##SFX, T, T, AS_IS, T, AS_IS, WRAP(T, U, *))                       \
   BINARY(div_##SFX, T, T, AS_IS, T, AS_IS, idiv_##SFX(x, y))                    \
   LOOP2(mod_floor_##SFX, T, AS_IS, T, AS_IS, T, T, AS_IS, imod_##SFX(x, y))     \
   LOOP2(mod_trunc_##SFX, T, AS_IS, T, AS_IS, T, T, AS_IS, irem_##SFX(x, y))     \

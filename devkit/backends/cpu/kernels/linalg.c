@@ -19,24 +19,15 @@
 
 /* ---- OpenBLAS threads ---------------------------------------------------- */
 
-/* One thread per call by default: kernels already run on one worker thread
- * per stream, and OpenBLAS's own pool (next to the host framework's, on the
- * same cores) made small products 100x slower on a busy 2-core machine
- * (64x128x128: 16 ms against 0.09 ms). DEVKIT_CPU_BLAS_THREADS sets another
- * count; 0 keeps OpenBLAS's own choice (OPENBLAS_NUM_THREADS, else one per
- * core). */
+/* OpenBLAS runs on one thread: a large product is split over the plugin's
+ * pool instead (linalg_gemm), so the kernels have one thread budget
+ * (DEVKIT_CPU_THREADS), a product inside a pool chunk stays on that chunk's
+ * thread (never nested), and no BLAS thread spins next to the pool's (its
+ * own pool busy-waits after each call: next to the host framework's threads
+ * on a busy 2-core machine, that made small products 100x slower,
+ * 64x128x128: 16 ms against 0.09 ms). */
 static DK_Status blas_init(void) {
-  const char *s = getenv("DEVKIT_CPU_BLAS_THREADS");
-  long threads = 1;
-  if (s && *s) {
-    char *end;
-    threads = strtol(s, &end, 10);
-    if (*end || end == s || threads < 0 || threads > 4096)
-      return cpu_set_error(DK_INVALID_ARGUMENT,
-                           "DK_PluginInit: DEVKIT_CPU_BLAS_THREADS=\"%s\" is invalid: expected 0 "
-                           "(OpenBLAS's own choice) or a thread count up to 4096", s);
-  }
-  if (threads > 0) scipy_openblas_set_num_threads((int)threads);
+  scipy_openblas_set_num_threads(1);
   return DK_OK;
 }
 CPU_REGISTER_INIT(blas_init)
@@ -57,10 +48,9 @@ static void scale_rows(linalg_real real, int64_t m, int64_t n, double beta, void
   }
 }
 
-void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-                 void *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
+static void gemm_serial(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, double alpha, const void *a, int64_t lda, const void *b,
+                        int64_t ldb, double beta, void *c, int64_t ldc) {
   if (k <= 0) { /* no products: c = beta * c, beta == 0 clearing NaNs as BLAS does */
     scale_rows(real, m, n, beta, c, ldc);
     return;
@@ -97,6 +87,52 @@ void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_
       }
     }
   }
+}
+
+/* One product, split over the pool by rows of C (or by columns, when C has
+ * fewer rows than columns). */
+typedef struct gemm_split {
+  linalg_real real;
+  bool trans_a, trans_b, by_rows;
+  int64_t m, n, k, lda, ldb, ldc;
+  double alpha, beta;
+  const uint8_t *a, *b;
+  uint8_t *c;
+} gemm_split;
+
+static void gemm_part(void *arg, int64_t begin, int64_t end) {
+  const gemm_split *g = arg;
+  size_t es = g->real == LINALG_F64 ? sizeof(double) : sizeof(float);
+  if (g->by_rows) {
+    const uint8_t *a = g->a + (size_t)(g->trans_a ? begin : begin * g->lda) * es;
+    gemm_serial(g->real, g->trans_a, g->trans_b, end - begin, g->n, g->k, g->alpha, a, g->lda, g->b,
+                g->ldb, g->beta, g->c + (size_t)(begin * g->ldc) * es, g->ldc);
+  } else {
+    const uint8_t *b = g->b + (size_t)(g->trans_b ? begin * g->ldb : begin) * es;
+    gemm_serial(g->real, g->trans_a, g->trans_b, g->m, end - begin, g->k, g->alpha, g->a, g->lda, b,
+                g->ldb, g->beta, g->c + (size_t)begin * es, g->ldc);
+  }
+}
+
+/* Products below this many multiply-adds stay on one thread: a hand-off
+ * costs tens of microseconds, and each part packs its operands again. */
+#define GEMM_SPLIT_MIN_MACS (INT64_C(1) << 22)
+
+void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                 void *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  int64_t threads = cpu_thread_count();
+  if (threads < 2 || k <= 0 || (double)m * (double)n * (double)k < (double)GEMM_SPLIT_MIN_MACS) {
+    gemm_serial(real, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  gemm_split g = {.real = real, .trans_a = trans_a, .trans_b = trans_b, .by_rows = m >= n,
+                  .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                  .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
+  /* One part per thread: more would pack the shared operand more often. */
+  int64_t extent = g.by_rows ? m : n;
+  cpu_parallel_for(extent, (extent + threads - 1) / threads, gemm_part, &g);
 }
 
 /* ---- Scratch, copies, float16/bfloat16 ------------------------------------ */

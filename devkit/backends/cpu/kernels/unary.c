@@ -2,13 +2,16 @@
  * unary.c -- unary elementwise kernels: math functions, activations,
  * rounding, IsNaN/IsInf, Clip, Not and BitwiseNot (devkit/ops/unary.py).
  *
- * float32 calls the float libm functions and float64 the double ones;
- * float16 and bfloat16 load as float32, compute exactly as float32 does and
- * round once on store. Each formula is written once, generic over the
+ * float32 calls the float libm functions and float64 the double ones --
+ * except Exp, Log, Tanh, Sigmoid, Erf and Gelu, whose float32 forms are the
+ * vectorisable polynomials of vmath.h (at most 1 ulp from the correctly
+ * rounded result); float16 and bfloat16 load as float32, compute exactly as
+ * float32 does and round once on store. Each formula is written once, generic over the
  * compute type (see MATH). Every kernel runs through cpu_elementwise, so all
  * of them take strided tensors.
  */
 #include "kernel.h"
+#include "vmath.h"
 
 #include <tgmath.h>
 
@@ -46,6 +49,17 @@ typedef struct unary_params {
     __VA_ARGS__                                                     \
   }
 #define MATH(NAME, ...) GENERIC(NAME, float, double, __VA_ARGS__)
+/* A float formula of its own (FLOAT_BODY: vmath.h), the body for double. */
+#define VMATH(NAME, FLOAT_BODY, ...)                                 \
+  static inline float NAME##_float(float x, const unary_params *p) { \
+    (void)p;                                                         \
+    FLOAT_BODY                                                       \
+  }                                                                  \
+  static inline double NAME##_double(double x, const unary_params *p) { \
+    typedef double T __attribute__((unused));                        \
+    (void)p;                                                         \
+    __VA_ARGS__                                                      \
+  }
 #define PREDICATE(NAME, ...) GENERIC(NAME, bool, bool, __VA_ARGS__)
 #define P(field) ((T)p->field)
 
@@ -54,8 +68,8 @@ typedef struct unary_params {
 
 MATH(abs, return fabs(x);)
 MATH(neg, return -x;)
-MATH(exp, return exp(x);)
-MATH(log, return log(x);)
+VMATH(exp, return vm_expf(x);, return exp(x);)
+VMATH(log, return vm_logf(x);, return log(x);)
 MATH(sqrt, return sqrt(x);)
 MATH(reciprocal, return 1 / x;)
 MATH(sin, return sin(x);)
@@ -66,11 +80,11 @@ MATH(acos, return acos(x);)
 MATH(atan, return atan(x);)
 MATH(sinh, return sinh(x);)
 MATH(cosh, return cosh(x);)
-MATH(tanh, return tanh(x);)
+VMATH(tanh, return vm_tanhf(x);, return tanh(x);)
 MATH(asinh, return asinh(x);)
 MATH(acosh, return acosh(x);)
 MATH(atanh, return atanh(x);)
-MATH(erf, return erf(x);)
+VMATH(erf, return vm_erff(x);, return erf(x);)
 MATH(floor, return floor(x);)
 MATH(ceil, return ceil(x);)
 /* rint rounds half to even in the default rounding mode (to nearest), which
@@ -80,7 +94,7 @@ MATH(sign, return x > 0 ? (T)1 : x < 0 ? (T)-1 : x;)
 MATH(relu, return x < 0 ? (T)0 : x;)
 MATH(leaky_relu, return x < 0 ? P(alpha) * x : x;)
 /* exp(-|x|) never overflows, so the tails keep their (tiny) values. */
-MATH(sigmoid, T e = exp(-fabs(x)); return (x >= 0 ? (T)1 : e) / (1 + e);)
+VMATH(sigmoid, return vm_sigmoidf(x);, T e = exp(-fabs(x)); return (x >= 0 ? (T)1 : e) / (1 + e);)
 MATH(hard_sigmoid, T y = P(alpha) * x + P(beta); y = y < 0 ? (T)0 : y; return y > 1 ? (T)1 : y;)
 /* x * clamp(x + 3, 0, 6) / 6: x + 3 is exact where the clamp is open and
  * dividing before multiplying cannot overflow. */
@@ -90,12 +104,10 @@ MATH(selu, return x > 0 ? P(gamma) * x : P(gamma) * (P(alpha) * expm1(x));)
 MATH(celu, return x > 0 ? x : P(alpha) * expm1(x / P(alpha));)
 /* 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2), and
  * 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): neither cancels for x < 0. */
-MATH(gelu,
-     if (p->tanh_approximation) {
-       T u = (T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x);
-       return x / (1 + exp(-2 * u));
-     }
-     return x * ((T)0.5 * erfc(-x * (T)SQRT1_2));)
+VMATH(gelu_erf, return vm_gelu_erff(x);, return x * ((T)0.5 * erfc(-x * (T)SQRT1_2));)
+VMATH(gelu_tanh, return vm_gelu_tanhf(x);,
+      T u = (T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x);
+      return x / (1 + exp(-2 * u));)
 MATH(softplus, return (x > 0 ? x : (T)0) + log1p(exp(-fabs(x)));)
 MATH(softsign, return x / (1 + fabs(x));)
 MATH(mish, T softplus = (x > 0 ? x : (T)0) + log1p(exp(-fabs(x))); return x * tanh(softplus);)
@@ -138,20 +150,26 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
  * UNARY_LOOP(name, TI, TX, LOAD, TO, STORE, EXPR): out = STORE(EXPR) with
  * TX x = LOAD(in). A compact run gets an indexed loop the compiler can
  * vectorise; other layouts step by byte strides. The parameters are copied
- * to a local so stores to the output cannot alias them.
+ * to a local so stores to the output cannot alias them. UNARY_LOOP_WITH's
+ * ATTR is CPU_VECTOR_CLONES for the float32 loops worth AVX2/AVX-512 (the
+ * FLOAT_OPS column VEC): the vmath functions and the memory-speed ones.
  */
-#define UNARY_LOOP(NAME, TI, TX, LOAD, TO, STORE, EXPR)                           \
+#define UNARY_LOOP_WITH(ATTR, NAME, TI, TX, LOAD, TO, STORE, EXPR)              \
+  ATTR static void NAME##_compact(int64_t n, TO *o, const TI *in,                 \
+                                  const unary_params params) {                    \
+    const unary_params *p = &params;                                              \
+    (void)p;                                                                      \
+    for (int64_t i = 0; i < n; i++) {                                             \
+      TX x = LOAD(in[i]);                                                         \
+      o[i] = STORE(EXPR);                                                         \
+    }                                                                             \
+  }                                                                               \
   static void NAME(int64_t n, uint8_t *const *ptr, const int64_t *s, void *ctx) { \
     const unary_params params = *(const unary_params *)ctx;                       \
     const unary_params *p = &params;                                              \
     (void)p;                                                                      \
     if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {             \
-      TO *o = (TO *)ptr[0];                                                       \
-      const TI *in = (const TI *)ptr[1];                                          \
-      for (int64_t i = 0; i < n; i++) {                                           \
-        TX x = LOAD(in[i]);                                                       \
-        o[i] = STORE(EXPR);                                                       \
-      }                                                                           \
+      NAME##_compact(n, (TO *)ptr[0], (const TI *)ptr[1], params);                \
     } else {                                                                      \
       uint8_t *o = ptr[0];                                                        \
       const uint8_t *in = ptr[1];                                                 \
@@ -161,6 +179,7 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
       }                                                                           \
     }                                                                             \
   }
+#define UNARY_LOOP(...) UNARY_LOOP_WITH(, __VA_ARGS__)
 
 #define AS_IS(v) (v)
 #define AS_BOOL(v) ((uint8_t)(v))
@@ -243,46 +262,46 @@ static unary_params clip_params(const cpu_kernel_args *k) {
 
 /* ---- Kernels --------------------------------------------------------------
  *
- * X-macro lists: (ONNX name, formula, parameters). Each list item expands
- * into its loops, its kernels and its kernel-table entries.
+ * X-macro lists: (ONNX name, formula, parameters[, VEC: the float32 loop's
+ * attribute]). Each list item expands into its loops, its kernels and its
+ * kernel-table entries.
  */
-#define FLOAT_OPS(X)                                \
-  X(Abs, abs, no_params)                            \
-  X(Neg, neg, no_params)                            \
-  X(Exp, exp, no_params)                            \
-  X(Log, log, no_params)                            \
-  X(Sqrt, sqrt, no_params)                          \
-  X(Reciprocal, reciprocal, no_params)              \
-  X(Sin, sin, no_params)                            \
-  X(Cos, cos, no_params)                            \
-  X(Tan, tan, no_params)                            \
-  X(Asin, asin, no_params)                          \
-  X(Acos, acos, no_params)                          \
-  X(Atan, atan, no_params)                          \
-  X(Sinh, sinh, no_params)                          \
-  X(Cosh, cosh, no_params)                          \
-  X(Tanh, tanh, no_params)                          \
-  X(Asinh, asinh, no_params)                        \
-  X(Acosh, acosh, no_params)                        \
-  X(Atanh, atanh, no_params)                        \
-  X(Sigmoid, sigmoid, no_params)                    \
-  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params) \
-  X(HardSwish, hard_swish, no_params)               \
-  X(Relu, relu, no_params)                          \
-  X(LeakyRelu, leaky_relu, leaky_relu_params)       \
-  X(Elu, elu, alpha_one_params)                     \
-  X(Selu, selu, selu_params)                        \
-  X(Celu, celu, alpha_one_params)                   \
-  X(Gelu, gelu, gelu_params)                        \
-  X(Erf, erf, no_params)                            \
-  X(Softplus, softplus, no_params)                  \
-  X(Softsign, softsign, no_params)                  \
-  X(Mish, mish, no_params)                          \
-  X(Floor, floor, no_params)                        \
-  X(Ceil, ceil, no_params)                          \
-  X(Round, round, no_params)                        \
-  X(Sign, sign, no_params)                          \
-  X(Clip, clip, clip_params)
+#define FLOAT_OPS(X)                                 \
+  X(Abs, abs, no_params, CPU_VECTOR_CLONES)          \
+  X(Neg, neg, no_params, CPU_VECTOR_CLONES)          \
+  X(Exp, exp, no_params, CPU_VECTOR_CLONES)          \
+  X(Log, log, no_params, CPU_VECTOR_CLONES)          \
+  X(Sqrt, sqrt, no_params, )                         \
+  X(Reciprocal, reciprocal, no_params, )             \
+  X(Sin, sin, no_params, )                           \
+  X(Cos, cos, no_params, )                           \
+  X(Tan, tan, no_params, )                           \
+  X(Asin, asin, no_params, )                         \
+  X(Acos, acos, no_params, )                         \
+  X(Atan, atan, no_params, )                         \
+  X(Sinh, sinh, no_params, )                         \
+  X(Cosh, cosh, no_params, )                         \
+  X(Tanh, tanh, no_params, CPU_VECTOR_CLONES)        \
+  X(Asinh, asinh, no_params, )                       \
+  X(Acosh, acosh, no_params, )                       \
+  X(Atanh, atanh, no_params, )                       \
+  X(Sigmoid, sigmoid, no_params, CPU_VECTOR_CLONES)  \
+  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, )\
+  X(HardSwish, hard_swish, no_params, )              \
+  X(Relu, relu, no_params, CPU_VECTOR_CLONES)        \
+  X(LeakyRelu, leaky_relu, leaky_relu_params, )      \
+  X(Elu, elu, alpha_one_params, )                    \
+  X(Selu, selu, selu_params, )                       \
+  X(Celu, celu, alpha_one_params, )                  \
+  X(Erf, erf, no_params, CPU_VECTOR_CLONES)          \
+  X(Softplus, softplus, no_params, )                 \
+  X(Softsign, softsign, no_params, )                 \
+  X(Mish, mish, no_params, )                         \
+  X(Floor, floor, no_params, )                       \
+  X(Ceil, ceil, no_params, )                         \
+  X(Round, round, no_params, )                       \
+  X(Sign, sign, no_params, )                         \
+  X(Clip, clip, clip_params, )
 
 /* Ops with integer kernels (int8, uint8, int32, int64). */
 #define INT_OPS(X)           \
@@ -296,8 +315,8 @@ static unary_params clip_params(const cpu_kernel_args *k) {
 #define F16_LOAD cpu_f16_to_f32
 #define BF16_LOAD cpu_bf16_to_f32
 
-#define FLOAT_KERNELS(OP, FN, PARAMS)                                                \
-  UNARY_LOOP(FN##_f32_loop, float, float, AS_IS, float, AS_IS, FN##_float(x, p))     \
+#define FLOAT_KERNELS(OP, FN, PARAMS, VEC)                                           \
+  UNARY_LOOP_WITH(VEC, FN##_f32_loop, float, float, AS_IS, float, AS_IS, FN##_float(x, p)) \
   UNARY_LOOP(FN##_f64_loop, double, double, AS_IS, double, AS_IS, FN##_double(x, p)) \
   UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint16_t, cpu_f32_to_f16,     \
              FN##_float(x, p))                                                       \
@@ -308,6 +327,21 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   KERNEL(FN##_f16, FN##_f16_loop, PARAMS)                                            \
   KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS)
 FLOAT_OPS(FLOAT_KERNELS)
+
+/* Gelu: a loop per form, each vectorising (a test of `approximate` per
+ * element keeps the loop scalar), picked by the kernel. */
+#define GELU_FORMS(X)                                \
+  X(GeluErf, gelu_erf, no_params, CPU_VECTOR_CLONES) \
+  X(GeluTanh, gelu_tanh, no_params, CPU_VECTOR_CLONES)
+GELU_FORMS(FLOAT_KERNELS)
+#define GELU_KERNEL(SFX)                                                                \
+  static DK_Status gelu_##SFX(const cpu_kernel_args *k) {                               \
+    return gelu_params(k).tanh_approximation ? gelu_tanh_##SFX(k) : gelu_erf_##SFX(k); \
+  }
+GELU_KERNEL(f32)
+GELU_KERNEL(f64)
+GELU_KERNEL(f16)
+GELU_KERNEL(bf16)
 
 /* The integer formulas take p only where they read parameters. */
 #define INT_ARGS_no_params(x) (x)
@@ -322,7 +356,7 @@ FLOAT_OPS(FLOAT_KERNELS)
   INT_KERNEL(FN, i64, int64_t, PARAMS)
 INT_OPS(INT_KERNELS)
 
-#define PREDICATE_KERNELS(OP, FN, PARAMS)                                                    \
+#define PREDICATE_KERNELS(OP, FN, PARAMS, ...)                                                  \
   UNARY_LOOP(FN##_f32_loop, float, float, AS_IS, uint8_t, AS_BOOL, FN##_float(x, p))         \
   UNARY_LOOP(FN##_f64_loop, double, double, AS_IS, uint8_t, AS_BOOL, FN##_double(x, p))      \
   UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint8_t, AS_BOOL, FN##_float(x, p))   \
@@ -331,9 +365,9 @@ INT_OPS(INT_KERNELS)
   KERNEL(FN##_f64, FN##_f64_loop, PARAMS)                                                    \
   KERNEL(FN##_f16, FN##_f16_loop, PARAMS)                                                    \
   KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS)
-#define PREDICATE_OPS(X)      \
-  X(IsNaN, is_nan, no_params) \
-  X(IsInf, is_inf, is_inf_params)
+#define PREDICATE_OPS(X)         \
+  X(IsNaN, is_nan, no_params, )  \
+  X(IsInf, is_inf, is_inf_params, )
 PREDICATE_OPS(PREDICATE_KERNELS)
 
 /* Not on bool, stored as 0 or 1. */
@@ -342,7 +376,7 @@ KERNEL(not_bool, not_loop, no_params)
 
 /* ---- Table ------------------------------------------------------------------ */
 
-#define FLOAT_ENTRIES(OP, FN, PARAMS)             \
+#define FLOAT_ENTRIES(OP, FN, PARAMS, ...)        \
   {#OP, DK_DTYPE_FLOAT32, FN##_f32, CPU_STRIDED}, \
   {#OP, DK_DTYPE_FLOAT64, FN##_f64, CPU_STRIDED}, \
   {#OP, DK_DTYPE_FLOAT16, FN##_f16, CPU_STRIDED}, \
@@ -355,6 +389,7 @@ KERNEL(not_bool, not_loop, no_params)
 
 static const cpu_kernel_def k_unary[] = {
     FLOAT_OPS(FLOAT_ENTRIES)
+    FLOAT_ENTRIES(Gelu, gelu, gelu_params)
     INT_OPS(INT_ENTRIES)
     PREDICATE_OPS(FLOAT_ENTRIES)
     {"Not", DK_DTYPE_BOOL, not_bool, CPU_STRIDED},

@@ -1,0 +1,178 @@
+/*
+ * vmath.h -- float32 exp, log, tanh, erf, erfc, sigmoid and Gelu for loops
+ * the compiler vectorises: no libm calls, no table lookups, no branches
+ * (special values are blended in), only float/double arithmetic and bit
+ * operations GCC turns into SIMD.
+ *
+ * Each function takes float32 and computes in float64 -- range reduction
+ * and a polynomial whose truncation error is below 2^-31 relative -- then
+ * rounds once to float32. So a result is the correctly rounded one, or its
+ * neighbour where the exact value lies within that error of a rounding
+ * boundary: measured over every 7th float32 bit pattern (613 M inputs;
+ * tests/test_cpu_vmath.py repeats the sweep on a sample), the largest error
+ * is 1 ulp for each function (devkit/backends/cpu/__init__.py), inside every
+ * op's tolerance (docs/operators.md).
+ *
+ * Products are never fused (ISO C mode: -ffp-contract=off), so every
+ * CPU_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
+ * count gives the same bits.
+ */
+#ifndef DEVKIT_BACKENDS_CPU_KERNELS_VMATH_H_
+#define DEVKIT_BACKENDS_CPU_KERNELS_VMATH_H_
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint64_t vm_bits(double d) {
+  uint64_t u;
+  memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+static inline double vm_from_bits(uint64_t u) {
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+}
+
+static inline double vm_clamp(double x, double lo, double hi) { /* NaN stays NaN */
+  x = x < lo ? lo : x;
+  return x > hi ? hi : x;
+}
+
+/* e^x for |x| <= 200 (NaN gives NaN): x = k ln2 + r, |r| <= ln2 / 2, with
+ * k ln2 in two parts (k * LN2_HI is exact); e^r by its Taylor polynomial to
+ * r^9 / 9! (truncation below 2^-35); 2^k built in the exponent bits. */
+static inline double vm_exp_core(double x) {
+  const double shifter = 0x1.8p52; /* adding it rounds to an integer in the low bits */
+  double t = x * 0x1.71547652b82fep0 + shifter;
+  double k = t - shifter;
+  uint64_t scale = (vm_bits(t) - vm_bits(shifter) + 1023) << 52;
+  double r = (x - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
+  double p = 1.0 / 362880;
+  p = p * r + 1.0 / 40320;
+  p = p * r + 1.0 / 5040;
+  p = p * r + 1.0 / 720;
+  p = p * r + 1.0 / 120;
+  p = p * r + 1.0 / 24;
+  p = p * r + 1.0 / 6;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return p * vm_from_bits(scale);
+}
+
+/* e^x: overflow to inf above 88.72..., gradual underflow to 0 below -87.3
+ * (the one rounding to float32 makes the subnormals). */
+static inline float vm_expf(float x) {
+  return (float)vm_exp_core(vm_clamp(x, -200.0, 200.0));
+}
+
+/* ln x: x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled up
+ * first), ln m = 2 atanh(f / (2 + f)), f = m - 1 (exact), by its series to
+ * s^13 / 13 (|s| <= 0.172: truncation below 2^-39). */
+static inline float vm_logf(float x) {
+  uint32_t ix;
+  float xs = x < 0x1p-126f ? x * 0x1p23f : x; /* subnormal or 0: exact */
+  memcpy(&ix, &xs, sizeof ix);
+  int32_t k = x < 0x1p-126f ? -23 : 0;
+  ix += 0x3f800000u - 0x3f3504f3u;
+  k += (int32_t)(ix >> 23) - 0x7f;
+  ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+  float m;
+  memcpy(&m, &ix, sizeof m);
+  double f = (double)m - 1.0, s = f / (2.0 + f), z = s * s;
+  double p = 1.0 / 13;
+  p = p * z + 1.0 / 11;
+  p = p * z + 1.0 / 9;
+  p = p * z + 1.0 / 7;
+  p = p * z + 1.0 / 5;
+  p = p * z + 1.0 / 3;
+  p = p * z + 1.0;
+  float y = (float)((double)k * 0x1.62e42fefa39efp-1 + 2.0 * s * p);
+  y = x == 0 ? -INFINITY : y;
+  y = x < 0 ? NAN : y;
+  return x == INFINITY || x != x ? x : y;
+}
+
+/* tanh x: x (1 + x^2 P(x^2)) (Taylor to x^9) below |x| = 1/16, where
+ * 1 - 2 / (e^2|x| + 1) would lose the small values; that form above (it
+ * cancels at most 4 bits there, of float64's 53). */
+static inline float vm_tanhf(float xf) {
+  double x = xf, a = fabs(x), z = x * x;
+  double p = 62.0 / 2835;
+  p = p * z - 17.0 / 315;
+  p = p * z + 2.0 / 15;
+  p = p * z - 1.0 / 3;
+  double small = x * (1.0 + z * p);
+  double e = vm_exp_core(vm_clamp(2.0 * a, 0.0, 40.0));
+  double large = copysign(1.0 - 2.0 / (e + 1.0), x);
+  return (float)(a < 0.0625 ? small : large);
+}
+
+/* 1 / (1 + e^-x) through e^-|x|, so neither tail overflows. */
+static inline float vm_sigmoidf(float xf) {
+  double x = xf, e = vm_exp_core(-vm_clamp(fabs(x), 0.0, 200.0));
+  return (float)((x >= 0 ? 1.0 : e) / (1.0 + e));
+}
+
+/* erf x for |x| < 3/4 by its Taylor series (to x^21: truncation below
+ * 2^-38). */
+static inline double vm_erf_small(double x) {
+  static const double c[11] = {
+      1.1283791670955126, -0.37612638903183754, 0.11283791670955126, -0.026866170645131252,
+      0.005223977625442188, -0.0008548327023450852, 0.00012055332981789664, -1.492565035840625e-05,
+      1.6462114365889246e-06, -1.6365844691234924e-07, 1.4807192815879218e-08};
+  double z = x * x, p = c[10];
+  for (int i = 9; i >= 0; i--) p = p * z + c[i];
+  return x * p;
+}
+
+/* erfc u for u >= 3/4: e^-u^2 erfcx(u), erfcx(u) a degree-15 polynomial in
+ * y = 2 (t - t0) / (t1 - t0) - 1, t = 1 / (1 + u) (a Chebyshev fit over
+ * u in [3/4, 10.5]: relative error 3e-12); 0 beyond 10.5, where erfc is
+ * below float32's smallest subnormal (and +inf gives exactly 0). */
+static inline double vm_erfc_large(double u) {
+  static const double c[16] = {
+      0.25142432813480803, 0.23181655263646295, 0.029773068336771128, -0.005547089316790042,
+      -0.0009697037032600128, 0.000491003495045532, -2.520459418813346e-05, -3.768866528749428e-05,
+      1.380151395280972e-05, -4.955297832868492e-07, -1.4801993579230884e-06, 6.64441213669236e-07,
+      -6.23005252031238e-08, -7.057942149302783e-08, 2.783177562146138e-08, -1.2081814925145704e-09};
+  double t = 1.0 / (1.0 + vm_clamp(u, 0.75, 10.5));
+  double y = t * 4.128205128205129 - 1.358974358974359, p = c[15];
+  for (int i = 14; i >= 0; i--) p = p * y + c[i];
+  double r = vm_exp_core(-vm_clamp(u * u, 0.0, 200.0)) * p;
+  return u > 10.5 ? 0.0 : r;
+}
+
+static inline float vm_erff(float xf) {
+  double x = xf, a = fabs(x);
+  double large = copysign(1.0 - vm_erfc_large(a), x);
+  return (float)(a < 0.75 ? vm_erf_small(x) : large);
+}
+
+/* erfc z over the whole line, accurate in relative terms for z > 0 too. */
+static inline double vm_erfc(double z) {
+  double a = fabs(z), small = 1.0 - vm_erf_small(z), large = vm_erfc_large(a);
+  return a < 0.75 ? small : z > 0 ? large : 2.0 - large;
+}
+
+/* Gelu, erf form: x erfc(-x / sqrt 2) / 2 (no cancellation for x < 0; NaN
+ * at -inf, the formula's -inf * 0). */
+static inline float vm_gelu_erff(float xf) {
+  double x = xf;
+  return (float)(x * (0.5 * vm_erfc(-x * 0.70710678118654752440)));
+}
+
+/* Gelu, tanh form: x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715 x^3);
+ * e^-2u is +inf past the clamp, so -inf gives -inf / inf = NaN as the
+ * formula does. */
+static inline float vm_gelu_tanhf(float xf) {
+  double x = xf, u = 0.79788456080286535588 * (x + 0.044715 * x * x * x);
+  double e = vm_exp_core(vm_clamp(-2.0 * u, -200.0, 200.0));
+  e = -2.0 * u > 200.0 ? INFINITY : e;
+  return (float)(x / (1.0 + e));
+}
+
+#endif /* DEVKIT_BACKENDS_CPU_KERNELS_VMATH_H_ */

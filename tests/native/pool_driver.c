@@ -1,0 +1,146 @@
+/*
+ * pool_driver.c -- drives the cpu plugin's thread pool (threads.c) alone,
+ * for tests/test_cpu_threads.py. Built with threads.c; the thread budget
+ * comes from the environment as the plugin's would.
+ *
+ *   pool_driver THREADS   prints one "name ok" line per check, or the
+ *                         failure, and exits 1 on a failure.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kernel.h"
+
+static int g_threads;
+int32_t cpu_thread_count(void) { return g_threads; }
+
+static int failures;
+#define CHECK(name, cond)                                         \
+  do {                                                            \
+    if (cond) printf("%s ok\n", name);                            \
+    else { printf("%s FAILED (line %d)\n", name, __LINE__); failures++; } \
+  } while (0)
+
+static int task_count(void) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* Counts how often each index is visited, and the smallest chunk but the last. */
+typedef struct coverage {
+  atomic_int *hits;
+  int64_t n, grain;
+  atomic_int_fast64_t short_chunks, chunks;
+  pthread_t caller;
+  atomic_int off_caller; /* chunks run on another thread */
+} coverage;
+
+static void cover(void *arg, int64_t begin, int64_t end) {
+  coverage *c = arg;
+  for (int64_t i = begin; i < end; i++) atomic_fetch_add(&c->hits[i], 1);
+  if (end - begin < c->grain && end != c->n) atomic_fetch_add(&c->short_chunks, 1);
+  atomic_fetch_add(&c->chunks, 1);
+  if (!pthread_equal(pthread_self(), c->caller)) atomic_fetch_add(&c->off_caller, 1);
+}
+
+static bool covered_once(int64_t n, int64_t grain, coverage *c) {
+  *c = (coverage){.hits = calloc((size_t)(n ? n : 1), sizeof(atomic_int)), .n = n, .grain = grain,
+                  .caller = pthread_self()};
+  cpu_parallel_for(n, grain, cover, c);
+  bool ok = c->short_chunks == 0;
+  for (int64_t i = 0; i < n; i++) ok = ok && c->hits[i] == 1;
+  free(c->hits);
+  return ok;
+}
+
+/* Every chunk starts a nested loop, which must run whole on the chunk's thread. */
+typedef struct nested {
+  atomic_int bad;
+} nested;
+
+typedef struct inner_probe {
+  pthread_t thread;
+  int calls;
+  int64_t begin, end;
+} inner_probe;
+
+static void inner_record(void *arg, int64_t begin, int64_t end) {
+  inner_probe *p = arg;
+  p->thread = pthread_self();
+  p->calls++;
+  p->begin = begin;
+  p->end = end;
+}
+
+static void outer(void *arg, int64_t begin, int64_t end) {
+  nested *n = arg;
+  for (int64_t i = begin; i < end; i++) {
+    inner_probe p = {0};
+    cpu_parallel_for(1000, 10, inner_record, &p);
+    if (p.calls != 1 || !pthread_equal(p.thread, pthread_self()) || p.begin != 0 || p.end != 1000)
+      atomic_fetch_add(&n->bad, 1);
+  }
+}
+
+/* Streams: several threads call at once; each must get its whole range. */
+static void *stream_caller(void *arg) {
+  atomic_int *bad = arg;
+  for (int r = 0; r < 200; r++) {
+    coverage c;
+    if (!covered_once(10007, 100, &c)) atomic_fetch_add(bad, 1);
+  }
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  g_threads = argc > 1 ? atoi(argv[1]) : 2;
+  int baseline = task_count();
+  coverage c;
+  bool all = true;
+  for (int64_t n = 0; n < 300; n++)
+    for (int64_t grain = 1; grain < 40; grain += 7) all = all && covered_once(n, grain, &c);
+  all = all && covered_once(1 << 20, 1000, &c) && covered_once(999983, 1, &c);
+  CHECK("every_index_once", all);
+
+  covered_once(99, 50, &c); /* under 2 * grain: one call on the caller */
+  CHECK("small_work_on_caller", c.chunks == 1 && c.off_caller == 0);
+
+  covered_once(1 << 20, 1000, &c);
+  CHECK("chunks_per_budget", g_threads == 1 ? c.chunks == 1 : c.chunks == 4 * g_threads);
+  CHECK("workers_started", task_count() == baseline + g_threads - 1);
+
+  nested nest = {0};
+  cpu_parallel_for(64, 1, outer, &nest);
+  CHECK("nested_runs_serially", nest.bad == 0);
+
+  pthread_t callers[3];
+  atomic_int bad = 0;
+  for (int i = 0; i < 3; i++) pthread_create(&callers[i], NULL, stream_caller, &bad);
+  for (int i = 0; i < 3; i++) pthread_join(callers[i], NULL);
+  CHECK("concurrent_callers", bad == 0);
+
+  fflush(stdout);
+  pid_t child = fork();
+  if (child == 0) { /* the child starts its own workers */
+    coverage cc;
+    int ok = covered_once(1 << 16, 100, &cc) && task_count() == g_threads;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK("fork_child_pool", WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  cpu_threads_shutdown();
+  CHECK("shutdown_joins_workers", task_count() == baseline);
+  CHECK("restart_after_shutdown", covered_once(1 << 16, 100, &c));
+  return failures ? 1 : 0;
+}

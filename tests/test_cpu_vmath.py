@@ -1,0 +1,67 @@
+"""The cpu plugin's float32 polynomials (devkit/backends/cpu/kernels/vmath.h)
+against float64, over a dense sweep of float32 bit patterns.
+
+The bound asserted is the one docs/operators.md states for each op
+(devkit.backends.cpu.FLOAT32_ULP_BOUNDS: 1 ulp from the float64 reference
+rounded to float32; the sweep over every 7th float32 bit pattern, run when
+the bound was written, found no larger error). Special
+values must match where the reference has them: NaN where it is NaN, the
+same infinities and zeros (sign included).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import devkit
+from devkit.backends.cpu import FLOAT32_ULP_BOUNDS
+# Every 4999th float32 bit pattern: ~860 K inputs spread over every binade,
+# both signs, subnormals, infinities and NaNs.
+SWEEP = np.arange(0, 1 << 32, 4999, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _gelu_tanh(x):
+    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * u))
+
+
+REFERENCES = {
+    ("Exp", None): np.exp,
+    ("Log", None): np.log,
+    ("Tanh", None): np.tanh,
+    ("Sigmoid", None): lambda x: 1 / (1 + np.exp(-x)),
+    ("Erf", None): lambda x: _erf(x).astype(np.float64),
+    ("Gelu", "none"): lambda x: x * 0.5 * _erfc(-x / math.sqrt(2)).astype(np.float64),
+    ("Gelu", "tanh"): _gelu_tanh,
+}
+
+
+def _ordered(x: np.ndarray) -> np.ndarray:
+    """float32 as integers in the order of their values: adjacent floats differ by 1."""
+    bits = x.view(np.int32).astype(np.int64)
+    return np.where(bits < 0, np.int64(-(1 << 31)) - bits, bits)
+
+
+@pytest.mark.parametrize("op,approximate", list(REFERENCES), ids=[f"{o}-{a}" for o, a in REFERENCES])
+def test_float32_ulp_error_is_within_the_stated_bound(op, approximate):
+    attrs = {} if approximate is None else {"approximate": approximate}
+    x = SWEEP
+    got = devkit.run_op(op, [devkit.asarray(x, devkit.device("cpu:0"))], attrs)[0].numpy()
+    with np.errstate(all="ignore"):
+        want = REFERENCES[op, approximate](x.astype(np.float64)).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan, err_msg=f"{op}: NaN where the reference is not")
+    got, want, inputs = got[~nan], want[~nan], x[~nan]
+    # Overflow to inf, and the values at +-0 and +-inf, bit for bit (the ulp
+    # distance below does not tell -0 from +0).
+    exact = ~np.isfinite(want) | (inputs == 0) | ~np.isfinite(inputs)
+    np.testing.assert_array_equal(got[exact].view(np.int32), want[exact].view(np.int32),
+                                  err_msg=f"{op}: infinities and signed zeros")
+    ulp = np.abs(_ordered(got) - _ordered(want))
+    worst = int(np.argmax(ulp))
+    assert ulp[worst] <= FLOAT32_ULP_BOUNDS[op], f"{op}({inputs[worst]!r}) = {got[worst]!r}, want {want[worst]!r}"
