@@ -407,8 +407,8 @@ static DK_Status validate_predicate(const cpu_kernel_args *k) {
   return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, DK_DTYPE_BOOL);
 }
 
-#define UNARY_VALIDATOR(OP, FN, PARAMS) {#OP, validate_unary},
-#define PREDICATE_VALIDATOR(OP, FN, PARAMS) {#OP, validate_predicate},
+#define UNARY_VALIDATOR(OP, ...) {#OP, validate_unary},
+#define PREDICATE_VALIDATOR(OP, ...) {#OP, validate_predicate},
 static const cpu_validator v_unary[] = {
     FLOAT_OPS(UNARY_VALIDATOR)
     INT_OPS(UNARY_VALIDATOR)
