@@ -370,8 +370,9 @@ typedef struct DK_LaunchArg {
 
 /* The launch range: ndim (1 to 3) dimensions of global[] work items,
  * dimension 0 varying fastest, in work groups of local[] items (all 0: the
- * plugin chooses; else each local[d] >= 1 divides global[d]). A global[d]
- * of 0 launches nothing. */
+ * plugin chooses; else each local[d] >= 1 divides global[d], except in
+ * dialect "c", where local[] is the smallest chunk of work items one thread
+ * takes and need not divide). A global[d] of 0 launches nothing. */
 typedef struct DK_LaunchShape {
   size_t struct_size;
   uint32_t ndim;
