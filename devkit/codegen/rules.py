@@ -109,6 +109,8 @@ RULES = {
     "Or": lambda p, a, attrs, d, out: f"(({a[0]}) || ({a[1]}))",
     "Xor": lambda p, a, attrs, d, out: f"((({a[0]}) != 0) != (({a[1]}) != 0))",
     "Identity": lambda p, a, attrs, d, out: a[0],
+    # a scalar constant a decomposition made (fusion.expand): attrs["value"]
+    "Constant": lambda p, a, attrs, d, out: p.literal(attrs["value"], out),
     "LeakyRelu": lambda p, a, attrs, d, out:
         f"(({a[0]}) < 0 ? {p.literal(attrs.get('alpha', 0.01), out)} * ({a[0]}) : ({a[0]}))",
     "Softplus": lambda p, a, attrs, d, out: p.call("log", out, f"{p.literal(1, out)} + {p.call('exp', out, a[0])}"),

@@ -24,6 +24,7 @@ from .. import codegen
 from ..abi import C, ffi
 from ..errors import DeviceError
 from ..ops import dispatch
+from ..ops import spec as _spec
 from .calls import key_dtype_of
 
 # What a fused kernel computes in; other dtypes keep their kernels.
@@ -115,6 +116,8 @@ def _fusable(call) -> tuple[str, tuple] | None:
         if op in _FLOAT_ONLY and out_dtype.kind != "f" or op == "Cast" and np.dtype(attrs["to"]) not in _FUSABLE_DTYPES:
             return None
         return "rule", out_shape
+    if op not in codegen.REDUCTIONS and _decomposed(call) is not None:
+        return "decomposed", out_shape
     if op in codegen.REDUCTIONS and len(infos) == 2:
         in_shape, _, dtype = infos[0]
         axes = [a % len(in_shape) for a in attrs.get("axes", ())] if in_shape else []
@@ -122,6 +125,106 @@ def _fusable(call) -> tuple[str, tuple] | None:
                 and in_shape[-1] > 1):
             return "reduce", in_shape
     return None
+
+
+class _Symbol:
+    """A value of a symbolic decomposition: what rules read of an Array."""
+
+    def __init__(self, ref, shape, dtype):
+        self.ref, self.shape, self.dtype = ref, tuple(shape), np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class _Unfusable(Exception):
+    pass
+
+
+class _SymbolicBuilder:
+    """The Builder a decomposition rule gets (resolution.Builder's
+    interface), recording GroupOps instead of running ops: an op with an
+    expression rule is recorded, one without is expanded through its own
+    decomposition, anything else makes the op unfusable."""
+
+    def __init__(self, ops: list, dtype):
+        self.ops, self.dtype = ops, np.dtype(dtype)
+
+    def __call__(self, op: str, *inputs, **attrs):
+        inputs = tuple(x if isinstance(x, _Symbol) or x is None or np.ndim(x) else
+                       self.const(x, np.asarray(x).dtype if np.asarray(x).dtype == bool else self.dtype)
+                       for x in inputs)
+        if any(not isinstance(x, _Symbol) for x in inputs):
+            raise _Unfusable(f"{op} gets a value that is not elementwise")
+        stand_ins = [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in inputs]
+        inferred = dispatch.infer(op, stand_ins, attrs)
+        if len(inferred) != 1 or inferred[0][1] not in _FUSABLE_DTYPES:
+            raise _Unfusable(f"{op} makes {len(inferred)} outputs or an unfusable dtype")
+        shape, dtype = inferred[0]
+        resolved = {**attrs}
+        if op == "Cast":
+            resolved["to"] = np.dtype(attrs["to"])
+        if op in codegen.RULES:
+            self.ops.append(codegen.GroupOp(op, tuple(x.ref for x in inputs), resolved,
+                                            tuple(x.dtype for x in inputs), dtype, tuple(shape)))
+            return _Symbol(("op", len(self.ops) - 1), shape, dtype)
+        return expand(op, list(inputs), attrs, self.ops)
+
+    def infer(self, op: str, *inputs, **attrs):
+        return dispatch.infer(op, [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in inputs], attrs)
+
+    @staticmethod
+    def spec_attr(op: str, name: str) -> bool:
+        return _spec.get(op).attr(name) is not None
+
+    def const(self, value, dtype=None):
+        value = np.asarray(value)
+        dtype = np.dtype(dtype) if dtype is not None else (np.dtype(bool) if value.dtype == bool else self.dtype)
+        if value.size != 1 or dtype not in _FUSABLE_DTYPES:
+            raise _Unfusable("a constant that is not a scalar")
+        self.ops.append(codegen.GroupOp("Constant", (), {"value": value.reshape(()).astype(dtype).item()}, (),
+                                        dtype, value.shape))
+        return _Symbol(("op", len(self.ops) - 1), value.shape, dtype)
+
+
+def expand(op: str, inputs: list, attrs: dict, ops: list):
+    """The decomposition of ``op`` over symbols ``inputs``, recorded into ``ops``; its one output symbol."""
+    spec = _spec.get(op)
+    rule = spec.decompose
+    if rule is None or len(spec.outputs) != 1 or any(d.host for d in spec.inputs[:len(inputs)]):
+        raise _Unfusable(f"{op} has no elementwise decomposition")
+    dtype = inputs[spec.key].dtype if not isinstance(spec.key, str) else np.dtype(attrs[spec.key])
+    if rule.wider(dtype) is not None:
+        raise _Unfusable(f"{op} computes at a wider dtype")
+    outputs = rule.rule(_SymbolicBuilder(ops, dtype), inputs, dispatch.resolve_attrs(spec, attrs))
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if len(outputs) != 1 or not isinstance(outputs[0], _Symbol):
+        raise _Unfusable(f"{op}'s decomposition does not make one value")
+    return outputs[0]
+
+
+def _decomposed(call) -> list | None:
+    """The GroupOps of a call without an expression rule, from its op's
+    decomposition (operands ("in", k) are the call's inputs), or None."""
+    spec = _spec.get(call.op)
+    if spec.decompose is None:
+        return None
+    symbols = []
+    for k in range(call.cdata.num_inputs):
+        shape, _, dtype = _tensor_info(call.inputs[k])
+        symbols.append(_Symbol(("in", k), shape, dtype))
+    ops: list = []
+    try:
+        out = expand(call.op, symbols, {name: value for name, _, value in call.attributes}, ops)
+    except (_Unfusable, ValueError, TypeError, KeyError, NotImplementedError):
+        return None
+    out_shape, _, out_dtype = _tensor_info(call.outputs[0])
+    if out.shape != out_shape or out.dtype != out_dtype or out.ref[0] != "op":
+        return None
+    if out.ref[1] != len(ops) - 1:
+        ops.append(codegen.GroupOp("Identity", (out.ref,), {}, (out.dtype,), out.dtype, out.shape))
+    return ops
 
 
 def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[list, FusionReport]:
@@ -155,7 +258,7 @@ def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[l
         how, shape = kind
         if run and how == "reduce" and shape == domain:
             rows = True
-        elif run and how == "rule" and (shape == domain or rows and shape == domain[:-1] + (1,)):
+        elif run and how != "reduce" and (shape == domain or rows and shape == domain[:-1] + (1,)):
             pass
         else:
             flush()
@@ -173,6 +276,7 @@ def _fuse(device, dialect: str, run: list, domain: tuple, readers: dict, kept: s
     sources: list = []  # per input: its slot, or the DK_Tensor of a value outside the arena
     input_index: dict = {}
     group_ops = []
+    ends: dict[int, int] = {}  # step -> the group op that makes its output
     reads_in_run: dict[int, int] = {}
     for m, (call, slot_inputs, slot_outputs) in enumerate(run):
         slot_at = dict(slot_inputs)
@@ -195,15 +299,22 @@ def _fuse(device, dialect: str, run: list, domain: tuple, readers: dict, kept: s
                 args.append(("in", input_index[key]))
             in_dtypes.append(dtype)
         out_shape, _, out_dtype = _tensor_info(call.outputs[0])
-        group_ops.append(codegen.GroupOp(call.op, tuple(args), {n: v for n, _, v in call.attributes},
-                                         tuple(in_dtypes), out_dtype, out_shape))
-        produced[id(slot_outputs[0][1])] = m
+        if call.op in codegen.RULES or call.op in codegen.REDUCTIONS:
+            group_ops.append(codegen.GroupOp(call.op, tuple(args), {n: v for n, _, v in call.attributes},
+                                             tuple(in_dtypes), out_dtype, out_shape))
+        else:  # its decomposition's ops, their operands renumbered into the group
+            base = len(group_ops)
+            for op in _decomposed(call):
+                refs = tuple(args[k] if kind == "in" else ("op", base + k) for kind, k in op.args)
+                group_ops.append(dataclasses.replace(op, args=refs))
+        ends[m] = len(group_ops) - 1
+        produced[id(slot_outputs[0][1])] = ends[m]
     outputs, output_slots, internal = [], [], []
     for m, (call, _, slot_outputs) in enumerate(run):
         slot = slot_outputs[0][1]
         if id(slot) in kept or readers.get(id(slot), 0) > reads_in_run.get(id(slot), 0):
             shape, strides, dtype = _tensor_info(call.outputs[0])
-            outputs.append((m, codegen.TensorArg(shape, strides, dtype)))
+            outputs.append((ends[m], codegen.TensorArg(shape, strides, dtype)))
             output_slots.append(slot)
         else:
             internal.append(slot)
@@ -230,11 +341,12 @@ def _fuse(device, dialect: str, run: list, domain: tuple, readers: dict, kept: s
         ffi.memmove(ffi.addressof(arguments[k], "tensor"), ffi.addressof(tensor), tensor_size)
         if not isinstance(source, ffi.CData):
             slot_inputs.append((k, source))
-    for j, ((m, _), slot) in enumerate(zip(outputs, output_slots)):
+    for j, slot in enumerate(output_slots):
         k = len(inputs) + j
         arguments[k].struct_size = codegen.ARG_STRUCT_SIZE
         arguments[k].kind = C.DK_ARG_TENSOR
-        ffi.memmove(ffi.addressof(arguments[k], "tensor"), ffi.addressof(run[m][0].outputs[0]), tensor_size)
+        maker = next(call for call, _, outs in run if outs[0][1] is slot)
+        ffi.memmove(ffi.addressof(arguments[k], "tensor"), ffi.addressof(maker.outputs[0]), tensor_size)
         slot_outputs.append((j, slot))
     call = FusedCall(device, dialect, function, arguments, len(inputs), kernel, ops_of_run, keep)
     # The kernel reads its inputs and writes its outputs over the whole run:
