@@ -95,7 +95,13 @@ class CPrinter(Printer):
     storage_types = {"float32": "float", "float64": "double", "float16": "_Float16", "int8": "int8_t",
                      "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
                      "bool": "uint8_t"}
-    prologue = "#include <math.h>\n#include <stdint.h>\n"
+    # glibc's libmvec (x86-64, since 2.22) has SIMD variants of these; declared so, GCC
+    # vectorises loops that call them (it does by itself only under -ffast-math).
+    prologue = ("#include <math.h>\n#include <stdint.h>\n"
+                "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)\n"
+                + "".join(f'__attribute__((__simd__("notinbranch"))) {t} {f}{s}({t});\n'
+                          for t, s in (("float", "f"), ("double", "")) for f in ("exp", "log", "sin", "cos"))
+                + "#endif\n")
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
