@@ -75,7 +75,8 @@ def _aligned(shape: tuple, strides: tuple, domain: tuple) -> tuple[tuple, tuple]
 
 
 def _offset(var: str, dims: tuple, strides: tuple) -> str:
-    """The element offset of the index ``var`` over row-major ``dims``."""
+    """The element offset of the index ``var`` over row-major ``dims`` (the
+    domain's), for a tensor of ``strides`` (0 along its broadcast axes)."""
     compact = 1
     is_compact = True
     for d in reversed(range(len(dims))):
@@ -148,10 +149,11 @@ class _Body:
         dtype = self._dtype(ref)
         if kind == "in":
             dims, strides = self.aligned[k]
+            domain = self.g.domain
             if row is None:
-                offset = _offset(index, dims, strides)
+                offset = _offset(index, domain, strides)
             else:
-                base = _offset(row, dims[:-1], strides[:-1])
+                base = _offset(row, domain[:-1], strides[:-1])
                 offset = base if not self.full[ref] else (
                     f"{base} + {index}" if strides[-1] == 1 else f"{base} + {index} * {strides[-1]}")
             return f"{p.compute(dtype)} x{k} = {p.load(f'in{k}', offset, dtype)};"
