@@ -147,3 +147,15 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("DEVKIT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert codegen.cache_dir("opencl") == tmp_path / "x" / "devkit" / "codegen" / "opencl"
+
+
+def test_a_fused_chain_keeps_only_its_input_and_output_in_the_arena():
+    from tests.test_engine import relu_chain_model
+
+    dev = _cpu()
+    prepared = devkit.onnx.prepare(relu_chain_model(8, 1 << 12), dev, fuse=True)
+    x = np.random.default_rng(4).standard_normal(1 << 12).astype(np.float32)
+    np.testing.assert_array_equal(prepared.run([x])[0], np.maximum(x, 0))  # Relu is exact
+    (plan,) = prepared.plans.values()
+    assert [call.op for call in plan.calls] == ["Fused"]
+    assert plan.memory.total_bytes == 2 * x.nbytes

@@ -133,7 +133,7 @@ def test_codegen_section_states_its_conventions():
     text = HEADER_PATH.read_text()
     comment = " ".join(text[text.index("--- OPTIONAL: codegen"):text.index("DK_Status (*codegen_dialect)")].split())
     for phrase in ('"c": void NAME(void *const *args, int64_t begin, int64_t end)', '"opencl-c": a __kernel',
-                   '"cuda-c":', "Ownership:", "Graph capture:", "not slots"):
+                   '"cuda-c":', "Ownership:", "Graph capture:", "slots (they keep their memory"):
         assert phrase in comment, phrase
 
 
