@@ -57,6 +57,19 @@ def capture_affine(stream, mode, x, w, b):
     return graph, y
 
 
+def capture_gather(dev, stream, mode):
+    """A captured Gather of data[[0, 3, 7]]: (graph, data, indices, picked). Bad
+    indices written into ``indices`` make its launches fail."""
+    if dev.plugin.kernel_entry("Gather", np.float32) is None:
+        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 Gather, whose bad indices "
+                           f"make the launched graph fail")
+    data = devkit.asarray(values(0, 8), dev)
+    indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
+    with stream.capture(mode) as graph:
+        picked = devkit.run_op("Gather", [data, indices], stream=stream)[0]
+    return graph, data, indices, picked
+
+
 def affine(x, w, b):
     return np.maximum(x + w + b, np.float32(0))
 
@@ -165,6 +178,34 @@ def test_captured_host_copies_read_and_write_host_memory_at_every_launch(dev, st
         graph.launch(stream)
         stream.synchronize()
         np.testing.assert_array_equal(landing, values(seed) + 1)
+    graph.destroy()
+
+
+def test_a_launch_on_the_default_stream_is_complete_when_it_returns(dev, stream, mode):
+    """A plan's run: host copies in, kernels, host copies out, one launch on the default stream."""
+    source = values(1)
+    landing = np.zeros(N, np.float32)
+    device = devkit.empty(N, "float32", dev)
+    half = devkit.asarray(np.full(N, -0.5, np.float32), dev)
+    with stream.capture(mode) as graph:
+        device.buffer.copy_from_host(source, stream=stream)
+        result = op("Relu", op("Add", device, half, stream=stream), stream=stream)
+        result.buffer.copy_to_host(landing.view(np.uint8), stream=stream)
+    for seed in (2, 3, 4):
+        source[:] = values(seed)
+        graph.launch()
+        np.testing.assert_array_equal(landing, np.maximum(values(seed) - 0.5, np.float32(0)))
+    graph.destroy()
+
+
+def test_an_error_inside_a_graph_launched_on_the_default_stream_raises_from_the_launch(dev, stream, mode):
+    graph, data, indices, picked = capture_gather(dev, stream, mode)
+    graph.launch()
+    np.testing.assert_array_equal(picked.numpy(), data.numpy()[[0, 3, 7]])
+    indices.buffer.copy_from_host(np.array([0, 99, 1], np.int64))
+    for _ in range(2):  # each launch reports it: the default stream keeps no error of its own
+        with pytest.raises(devkit.OutOfRangeError, match="99"):
+            graph.launch()
     graph.destroy()
 
 
@@ -280,13 +321,7 @@ def test_raw_calls_refused_while_capturing(plugin, dev, stream, native):
 
 
 def test_error_inside_a_launched_graph_is_sticky_on_its_stream(dev, stream, mode):
-    if dev.plugin.kernel_entry("Gather", np.float32) is None:
-        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 Gather, whose bad indices "
-                           f"make the launched graph fail")
-    data = devkit.asarray(values(0, 8), dev)
-    indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
-    with stream.capture(mode) as graph:
-        picked = devkit.run_op("Gather", [data, indices], stream=stream)[0]
+    graph, data, indices, picked = capture_gather(dev, stream, mode)
     graph.launch(stream)
     stream.synchronize()
     np.testing.assert_array_equal(picked.numpy(), data.numpy()[[0, 3, 7]])

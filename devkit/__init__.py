@@ -1,7 +1,6 @@
 """devkit: one C ABI for device plugins, and the runtime that drives them."""
 
-__version__ = "0.1.0"
-
+from ._version import __version__  # noqa: F401
 from .abi import ABI_MAJOR, ABI_MINOR, ffi  # noqa: E402
 from .errors import (  # noqa: E402
     AbortedError, DeadlineExceededError, DevkitError, DeviceError, DeviceLostError, FailedPreconditionError,

@@ -57,7 +57,7 @@ _REFUSED = {"stream_synchronize": 1, "stream_query": 1, "stream_destroy": 1,
 class _Slot:
     """A captured tensor: where it points now, and the bytes it reaches."""
 
-    allocation: object    # runtime._Allocation of the memory it points into
+    allocation: object    # driver._Allocation of the memory it points into
     byte_offset: int      # of element 0 in the allocation
     low: int              # bytes its elements reach, relative to element 0
     high: int

@@ -29,9 +29,10 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
+from .driver import Device
 from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
 
@@ -166,9 +167,7 @@ class Plugin:
         self.call("get_device_count", count)
         return int(count[0])
 
-    def device(self, index: int = 0):
-        from .runtime import Device
-
+    def device(self, index: int = 0) -> Device:
         with self._devices_lock:
             if index not in self._devices:
                 count = self.device_count
@@ -178,7 +177,7 @@ class Plugin:
                 self._devices[index] = Device(self, index)
             return self._devices[index]
 
-    def devices(self) -> list:
+    def devices(self) -> list[Device]:
         return [self.device(i) for i in range(self.device_count)]
 
     def __repr__(self) -> str:

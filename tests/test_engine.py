@@ -27,19 +27,22 @@ def only_plan(prepared) -> Plan:
 
 
 @pytest.fixture
-def syncs(monkeypatch):
-    """Counts the synchronising calls into the cpu plugin, by function name."""
+def plugin_calls(monkeypatch):
+    """Counts the calls into the cpu plugin's table, by function name."""
     plugin = devkit.load_plugin("cpu")
     counts = collections.Counter()
     call = plugin.call
 
     def counting(function, *args):
-        if "synchronize" in function:
-            counts[function] += 1
+        counts[function] += 1
         return call(function, *args)
 
     monkeypatch.setattr(plugin, "call", counting)
     return counts
+
+
+def synchronising(counts) -> int:
+    return sum(count for function, count in counts.items() if "synchronize" in function)
 
 
 # -- the memory plan -------------------------------------------------------------------------
@@ -149,20 +152,56 @@ def test_a_new_shape_builds_and_caches_its_own_plan():
     assert seen[0] is seen[2] and seen[1] is seen[3] and seen[0] is not seen[1]
 
 
-def test_one_synchronisation_per_run(syncs):
+def test_a_run_is_one_graph_launch(plugin_calls):
+    """Inputs in, the kernels, outputs out: one graph launched on the default
+    stream (complete when it returns), and no other call into the plugin."""
     model, inputs = zoo.resnet()
     planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
-    planned.run(inputs)  # the build
-    syncs.clear()
+    (want,) = interpreted.run(inputs)
+    planned.run(inputs)  # the build and the capture
+    plugin_calls.clear()
     for _ in range(3):
-        planned.run(inputs)
-    assert syncs == {"stream_synchronize": 3}
-    syncs.clear()
+        (got,) = planned.run(inputs)
+        np.testing.assert_array_equal(got, want)
+    assert plugin_calls == {"graph_launch": 3}
+    plugin_calls.clear()
     interpreted.run(inputs)
-    assert sum(syncs.values()) == 0  # every node on the default stream: each complete when it returns
+    assert synchronising(plugin_calls) == 0  # every node on the default stream: each complete when it returns
 
 
-def test_a_run_on_the_callers_stream_waits_for_nothing(syncs):
+def test_profile_times_each_call_on_the_values_a_run_gives_it():
+    """RotaryEmbedding reads its position ids: launched on stale arena bytes it would refuse them."""
+    model, inputs = zoo.llama_decoder()
+    prepared = donnx.prepare(model)
+    (want,) = prepared.run(inputs)
+    (plan,) = prepared.plans.values()
+    profile = plan.profile(inputs, repeat=2)
+    assert [op for op, _ in profile] == [call.op for call in plan.calls] and "RotaryEmbedding" in dict(profile)
+    assert all(seconds > 0 for _, seconds in profile)
+    np.testing.assert_array_equal(prepared.run(inputs)[0], want)  # the calls' streams are restored
+    dev = devkit.device("cpu:0")
+    with dev.create_stream() as stream:
+        (got,) = prepared.run(inputs, stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_run_of_a_new_input_value_reads_it():
+    """The staged graph reads its host input arrays at every launch: each run sees its own feed."""
+    model, _ = zoo.mlp()
+    planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    rng = np.random.default_rng(5)
+    name = planned.feed_names[0]
+    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    for _ in range(3):
+        feed = {name: rng.standard_normal(shape).astype(np.float32)}
+        (got,), (want,) = planned.run(feed), interpreted.run(feed)
+        np.testing.assert_array_equal(got, want)
+    outputs = [planned.run(feed)[0] for _ in range(2)]
+    assert not np.shares_memory(outputs[0], outputs[1])  # fresh arrays, not the plan's staging
+
+
+def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
     model, inputs = zoo.mlp()
     prepared = donnx.prepare(model)
     (want,) = donnx.prepare(model, plan=False).run(inputs)
@@ -170,9 +209,9 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(syncs):
     dev = devkit.device("cpu:0")
     first, second = dev.create_stream(), dev.create_stream()
     for stream in (first, second, first):  # the calls follow the stream they are given
-        syncs.clear()
+        plugin_calls.clear()
         (got,) = prepared.run(inputs, stream)
-        assert sum(syncs.values()) == 0
+        assert synchronising(plugin_calls) == 0
         stream.synchronize()
         np.testing.assert_array_equal(got, want)
     first.destroy()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import devkit
-from devkit import runtime
+from devkit import driver, runtime
 from tests.conftest import run_python
 
 class Gate:
@@ -304,11 +304,11 @@ def caching():
     devkit.set_allocator(previous)
 
 def test_size_classes():
-    assert [runtime._size_class(n) for n in (0, 1, 512, 513, 640, 641, 1024, 1025)] == \
+    assert [driver._size_class(n) for n in (0, 1, 512, 513, 640, 641, 1024, 1025)] == \
         [512, 512, 512, 640, 640, 768, 1024, 1280]
-    assert runtime._size_class((16 << 20) + 1) == 18 << 20
+    assert driver._size_class((16 << 20) + 1) == 18 << 20
     for n in range(513, 1 << 22, 997):
-        assert n <= runtime._size_class(n) <= 1.25 * n
+        assert n <= driver._size_class(n) <= 1.25 * n
 
 
 def test_a_freed_block_is_reused_and_counted(caching):
@@ -371,7 +371,7 @@ def test_empty_cache_returns_memory_to_the_plugin(caching):
 
 def test_memory_stats_of_every_device():
     every = devkit.memory_stats()
-    assert "cpu:0" in every and set(every["cpu:0"]) == set(runtime._STAT_NAMES)
+    assert "cpu:0" in every and set(every["cpu:0"]) == set(driver._STAT_NAMES)
     assert every["cpu:0"].keys() == devkit.memory_stats("cpu:0").keys()
 
 

@@ -12,7 +12,9 @@ torch, NumPy and onnxruntime, measured in the same run.
   plugin the plan's submission alone (a run on a caller's stream, before it
   is synchronized) is the host overhead per node;
 - models: devkit.onnx.zoo's models and its large ones (ResNet-18 at 224x224,
-  a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime.
+  a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime; the plan's
+  time split into kernel time (its calls launched one by one, each timed
+  alone) and host time (the rest), and the launcher its runs use.
 
 Each contender is timed in turn within every repetition (interleaved) and the
 figures are medians over the repetitions; ratios are devkit / peer (below 1:
@@ -168,8 +170,11 @@ def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat
             model, inputs = build()
             row, planned = _model_row(model, inputs, plugin, repeat)
             (plan,) = planned.plans.values()
-            rows.append({"benchmark": f"model {name}", "model": name, **row, "kernel_calls": len(plan.calls),
-                         "arena_bytes": plan.arena_bytes, "intermediate_bytes": plan.memory.total_bytes})
+            kernel_ms = sum(seconds for _, seconds in plan.profile(inputs, repeat)) * 1e3
+            rows.append({"benchmark": f"model {name}", "model": name, **row, "launcher": type(plan.launcher).__name__,
+                         "kernel_ms": kernel_ms, "host_ms": row["plan_ms"] - kernel_ms,
+                         "kernel_calls": len(plan.calls), "arena_bytes": plan.arena_bytes,
+                         "intermediate_bytes": plan.memory.total_bytes})
     return rows
 
 

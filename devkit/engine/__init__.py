@@ -2,13 +2,17 @@
 
 A plan is a sequence of prebuilt kernel calls (calls.KernelCall) over a
 static memory plan (memory.plan_memory: one arena, liveness-based reuse),
-launched by a Launcher (launch.GraphLaunch where the plugin has the graph section, launch.HostReplay elsewhere). ``devkit.onnx.prepare`` compiles
+launched by a Launcher (launch.GraphLaunch where the plugin has the graph
+section, launch.HostReplay elsewhere); a run that waits is one
+launch.StagedGraph, the copies in and out captured with the calls.
+``devkit.onnx.prepare`` compiles
 models into plans (plan.build_plan); an eager op reuses its prebuilt call
 from devkit.ops' call cache. See docs/engine.md.
 """
 
 from .calls import KernelCall, launch
-from .launch import GraphLaunch, HostReplay, make_launcher
+from .launch import GraphLaunch, HostReplay, StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
-__all__ = ["GraphLaunch", "HostReplay", "KernelCall", "Lifetime", "MemoryPlan", "launch", "make_launcher", "plan_memory"]
+__all__ = ["GraphLaunch", "HostReplay", "KernelCall", "Lifetime", "MemoryPlan", "StagedGraph", "launch", "make_launcher",
+           "plan_memory"]

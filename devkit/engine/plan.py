@@ -22,17 +22,20 @@ cannot be planned: build_plan raises NotPlannable saying why.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..abi import ffi
 from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
-from .calls import KernelCall, bind
+from .calls import KernelCall, bind, launch
 from .fusion import fuse_steps
-from .launch import make_launcher
+from .launch import StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
 # Host values are at most this many elements: initializers that small keep a
@@ -106,8 +109,17 @@ class Plan:
         self._arena = arena
         self._resident = resident    # device values the calls read that nothing else holds
         self._launcher = make_launcher(device, calls)
+        # A run that waits, on a plugin with the graph section: made at its first use.
+        self._stages = device.plugin.has_graphs
+        self._staged: StagedGraph | None = None
         self._stream: Stream | None = None
         self._lock = threading.Lock()
+
+    @property
+    def launcher(self):
+        """What a run without a stream launches: the StagedGraph once made (a
+        plugin with the graph section), else the Launcher (GraphLaunch or HostReplay)."""
+        return self._staged if self._staged is not None else self._launcher
 
     @property
     def arena_bytes(self) -> int:
@@ -119,10 +131,15 @@ class Plan:
         Without ``stream`` the work goes to a stream of the plan's own. With
         ``wait`` (the default without a stream) the stream is synchronized
         once before returning; else nothing waits and the outputs are defined
-        once ``stream`` has been synchronized. Runs of one plan take turns."""
+        once ``stream`` has been synchronized. Runs of one plan take turns.
+
+        A run without a stream that waits, on a plugin with the graph
+        section, is one graph launch holding the copies too (StagedGraph)."""
         if wait is None:
             wait = stream is None
         with self._lock:
+            if stream is None and wait and self._stages:
+                return self._run_staged(feed)
             if stream is None:
                 if self._stream is None:
                     self._stream = self.device.create_stream()
@@ -149,6 +166,44 @@ class Plan:
             else:
                 work.retain(self)
             return results
+
+
+    def profile(self, feed: Mapping[str, np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
+        """Per call, in order: (op, median seconds) of the call launched alone
+        on the default stream (complete when it returns), over ``repeat``
+        passes that each copy ``feed`` in and launch every call in order (so
+        every call reads the values a run gives it). The sum is the plan's
+        kernel time; a run's time beyond it is host work."""
+        calls = self.calls
+        times: list[list[float]] = [[] for _ in calls]
+        with self._lock:
+            saved = [call.cdata.stream for call in calls]
+            try:
+                for call in calls:
+                    call.cdata.stream = ffi.NULL
+                for _ in range(repeat):
+                    for name, array in self._inputs:
+                        host = np.ascontiguousarray(feed[name])
+                        if host.size:
+                            array.buffer.copy_from_host(host.reshape(-1).view(np.uint8))
+                    for call, spent in zip(calls, times):
+                        start = time.perf_counter()
+                        launch(call)
+                        spent.append(time.perf_counter() - start)
+            finally:
+                for call, stream in zip(calls, saved):
+                    call.cdata.stream = stream
+        return [(call.op, statistics.median(spent)) for call, spent in zip(calls, times)]
+
+    def _run_staged(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The whole run as one graph launch (engine.launch.StagedGraph); the caller holds the lock."""
+        device_outputs = [value for value in self._outputs if not isinstance(value, np.ndarray)]
+        if self._staged is None:
+            self._staged = StagedGraph(self.device, self.calls, [array for _, array in self._inputs],
+                                       device_outputs)
+        computed = iter(self._staged.run([feed[name] for name, _ in self._inputs]))
+        # Host values are the plan's: the caller gets copies.
+        return [np.array(value) if isinstance(value, np.ndarray) else next(computed) for value in self._outputs]
 
 
 def _alignment(device: Device) -> int:

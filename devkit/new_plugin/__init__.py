@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..abi import HEADER_PATH, struct_fields
 from ..plugin import builtin_names
 

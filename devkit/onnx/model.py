@@ -275,7 +275,6 @@ class PreparedModel:
         self._shape_values: dict[tuple, dict[str, np.ndarray]] = {}
         self.planned = plan
         self.plans: dict[tuple, Plan | str] = {}
-        self._stream: Stream | None = None
         self._static_values: dict[frozenset, dict] = {}
         self._nodes = [Node(step.node.op_type, step.spec, tuple(step.node.input), tuple(step.node.output),
                             step.attrs, step.constant) for step in self._steps]
@@ -356,12 +355,8 @@ class PreparedModel:
             plan = self.plans.get(signature)
             if plan is None:
                 plan = self.plans[signature] = self._build_plan(feed)
-            if isinstance(plan, Plan):  # the plans of all shapes share one stream of the model's
-                if stream is not None:
-                    return plan.run(feed, stream, wait=False)
-                if self._stream is None:
-                    self._stream = self.device.create_stream()
-                return plan.run(feed, self._stream, wait=True)
+            if isinstance(plan, Plan):
+                return plan.run(feed, stream)
         return self._interpret(feed, signature)
 
     def _build_plan(self, feed: dict) -> Plan | str:

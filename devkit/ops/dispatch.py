@@ -16,7 +16,7 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
 from ..engine.calls import KernelCall, launch
-from ..runtime import Array, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
+from ..runtime import Array, Buffer, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
 from . import spec as _spec
 from .spec import OpSpec, TensorInfo, dtype_name
 
@@ -334,7 +334,10 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     capturing = stream is not None and stream.capturing is not None
     key = None if capturing else _call_key(name, inputs, attrs, device)
     cache = _call_cache()
-    cached = cache.get(key) if key is not None else None
+    try:
+        cached = cache.get(key) if key is not None else None
+    except TypeError:  # an attribute value that cannot be hashed: not worth a key
+        key = cached = None
     if cached is not None:
         _cache_counts[0] += 1
         return cached.run(inputs, stream)
@@ -425,12 +428,7 @@ def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, placement) -> 
             if frozen is None:
                 return None
             parts.append((attr_name, frozen))
-    key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return tuple(parts)  # run_op finds out whether it hashes at the lookup
 
 
 class _CachedCall:
@@ -461,8 +459,10 @@ class _CachedCall:
             slot.byte_offset = buffer.offset + value.offset
             arrays.append(value)
         results = []
+        memory = dev._memory
         for slot, shape, dtype, strides, nbytes in self.outputs:
-            buffer = dev.alloc(nbytes, stream)
+            # Buffer.allocate's checks passed when the call was cached; a capturing stream gets no cached call.
+            buffer = Buffer(memory.allocate(nbytes, stream), 0, nbytes)
             slot.data = buffer.handle
             slot.byte_offset = 0
             results.append(Array.trusted(buffer, shape, dtype, strides))

@@ -26,7 +26,7 @@ import pyopencl as cl
 
 from ...abi import C, ffi
 from .errors import PluginError, invalid
-from .runtime import Device, Stream, _new_handle, handle_key
+from .runtime import Device, Stream, _failed, _new_handle, handle_key
 
 
 def refused(what: str) -> PluginError:
@@ -168,6 +168,9 @@ class Graph:
         d = self.device
         with self.lock:
             nodes = [(list(n.steps), list(n.zeroed)) for n in self.nodes]
+        if stream is None:
+            self._run_now(nodes)
+            return
         for _, zeroed in nodes:
             for buffer, nbytes in zeroed:
                 d.submit(stream, lambda q, b=buffer, n=nbytes: cl.enqueue_fill_buffer(
@@ -184,6 +187,39 @@ class Graph:
                     d.record(closure, stream)
                 else:
                     d.wait(stream, closure)
+
+    def _run_now(self, nodes: list) -> None:
+        """A launch on the NULL stream: the commands enqueued on the device's
+        (in-order) queue one after another and waited for once -- before host
+        work, which must see their results, and at the end."""
+        d = self.device
+        queue, pending = d.queue, []
+
+        def drain() -> None:
+            cl.wait_for_events(pending)
+            failed = next((event for event in pending if _failed(event)), None)
+            pending.clear()
+            if failed is not None:
+                raise PluginError(C.DK_INTERNAL, f"OpenCL command failed with status "
+                                                 f"{failed.command_execution_status}")
+
+        for _, zeroed in nodes:
+            pending += [cl.enqueue_fill_buffer(queue, buffer, np.uint8(0), 0, nbytes) for buffer, nbytes in zeroed]
+        for steps, _ in nodes:
+            for kind, closure in steps:
+                if kind == "enqueue":
+                    pending.append(closure(queue))
+                elif kind == "copy_host":  # blocking (the in-order queue runs what precedes it first)
+                    closure(queue)
+                else:
+                    drain()
+                    if kind == "host":
+                        closure()
+                    elif kind == "record":
+                        d.record(closure, None)
+                    else:
+                        d.wait(None, closure)
+        drain()
 
     def close(self) -> None:
         with self.device.lock:

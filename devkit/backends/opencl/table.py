@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pyopencl as cl
 
-from ... import __version__
+from ..._version import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
 from . import codegen, graph as graphs, kernels
 from .errors import PluginError, callback, invalid, last_error_message, set_error
