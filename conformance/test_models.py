@@ -11,8 +11,10 @@ devkit.onnx.prepare, against references devkit did not write.
 - zoo: devkit.onnx.zoo's models, compared with onnxruntime (its CPU execution
   provider) and with onnx.reference at ZOO_TOLERANCE.
 
-Every model runs twice, as a plan (devkit.engine) and node by node
-(``plan=False``), and the two must give identical outputs. Every case
+Every model runs twice, as a plan (devkit.engine, unfused) and node by node
+(``plan=False``), and the two must give identical outputs; the zoo models
+also run fused (docs/fusion.md), within ZOO_TOLERANCE of the unfused plan
+and of onnxruntime. Every case
 records its measured error; zoo cases also record their latency next to
 onnxruntime's. A test listed in model_expectations.py must fail on its
 plugin (it is xfail); one that passes fails the run so the list stays true.
@@ -94,8 +96,9 @@ def _run_expecting(dev, name: str, check) -> None:
 
 
 def _prepared_pair(model, dev):
-    """The model as a plan and as the interpreter."""
-    return donnx.prepare(model, dev), donnx.prepare(model, dev, plan=False)
+    """The model as an unfused plan and as the interpreter (the fused plan
+    rounds differently: test_zoo_model_fused compares it within tolerance)."""
+    return donnx.prepare(model, dev, fuse=False), donnx.prepare(model, dev, plan=False)
 
 
 def _same_outputs(planned: list, interpreted: list) -> None:
@@ -236,5 +239,31 @@ def test_zoo_model(dev, name, record_property):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, **ZOO_TOLERANCE, err_msg=f"{name} vs onnxruntime")
         np.testing.assert_allclose(got, reference, **ZOO_TOLERANCE, err_msg=f"{name} vs onnx.reference")
+
+    _run_expecting(dev, name, check)
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_zoo_model_fused(dev, name, record_property):
+    """The zoo model as a fused plan: within ZOO_TOLERANCE of the unfused plan and of onnxruntime."""
+    if not dev.plugin.has_codegen:
+        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no codegen section: its plans run unfused")
+    ort = pytest.importorskip("onnxruntime", reason="the zoo compares with onnxruntime: "
+                                                    "pip install 'devkit[test]'")
+    model, inputs = zoo.MODELS[name]()
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+    def check():
+        fused = donnx.prepare(model, dev, fuse=True)
+        (got,) = fused.run(inputs)
+        (unfused,) = donnx.prepare(model, dev, fuse=False).run(inputs)
+        report = next(iter(fused.fusion.values()), {})
+        record_property("fused_groups", report.get("groups", 0))
+        record_property("kernels_saved", report.get("kernels_saved", 0))
+        assert not report.get("fallbacks"), report
+        record_property("measured_error", _errors(got, want)[0])
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, unfused, **ZOO_TOLERANCE, err_msg=f"{name}: fused vs unfused plan")
+        np.testing.assert_allclose(got, want, **ZOO_TOLERANCE, err_msg=f"{name} fused vs onnxruntime")
 
     _run_expecting(dev, name, check)

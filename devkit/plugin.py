@@ -54,6 +54,8 @@ REQUIRED_FUNCTIONS = tuple(_API_FUNCTIONS[: _API_FUNCTIONS.index(_FIRST_OPTIONAL
 OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):])
 # The graph section (ABI 1.1): all of it or none of it.
 GRAPH_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("graph_"))
+# The codegen section (ABI 1.2): all of it or none of it.
+CODEGEN_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("codegen_"))
 
 _log = logging.getLogger("devkit.plugin")
 
@@ -142,6 +144,11 @@ class Plugin:
     def has_graphs(self) -> bool:
         """Whether the plugin captures graphs itself (else the host replays them)."""
         return self.has("graph_begin_capture")
+
+    @property
+    def has_codegen(self) -> bool:
+        """Whether the plugin compiles and launches generated code (ABI 1.2)."""
+        return self.has("codegen_compile")
 
     @property
     def name_is_shared(self) -> bool:
@@ -430,14 +437,15 @@ def _check_versions(info, location: str) -> None:
     if null:
         raise PluginLoadError(
             f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
-    graph = [fn for fn in GRAPH_FUNCTIONS
-             if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
-    if graph and len(graph) != len(GRAPH_FUNCTIONS):
-        absent = [fn for fn in GRAPH_FUNCTIONS if fn not in graph]
-        raise PluginLoadError(
-            f"{location}: the graph section is partial: it has {', '.join(graph)} but not "
-            f"{', '.join(absent)} (NULL or past the table's {api.struct_size} bytes); a plugin "
-            f"implements all {len(GRAPH_FUNCTIONS)} graph functions or none")
+    for section, functions in (("graph", GRAPH_FUNCTIONS), ("codegen", CODEGEN_FUNCTIONS)):
+        present = [fn for fn in functions
+                   if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
+        if present and len(present) != len(functions):
+            absent = [fn for fn in functions if fn not in present]
+            raise PluginLoadError(
+                f"{location}: the {section} section is partial: it has {', '.join(present)} but not "
+                f"{', '.join(absent)} (NULL or past the table's {api.struct_size} bytes); a plugin "
+                f"implements all {len(functions)} {section} functions or none")
 
 
 def list_plugins() -> list[PluginDescriptor]:

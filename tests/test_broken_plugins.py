@@ -17,6 +17,8 @@ BROKEN = {
     "NO_ENTRY": r"is not a devkit plugin: it does not export DK_PluginInit",
     "PARTIAL_GRAPHS": r"the graph section is partial: it has graph_begin_capture but not graph_end_capture, "
                       r"graph_launch, graph_rebind, graph_destroy .*all 5 graph functions or none",
+    "PARTIAL_CODEGEN": r"the codegen section is partial: it has codegen_dialect but not codegen_compile, "
+                       r"codegen_get_function, codegen_launch, codegen_unload .*all 5 codegen functions or none",
 }
 
 

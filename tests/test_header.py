@@ -44,7 +44,7 @@ def _enum_constants():
     constants = {}
     for typedef in ("DK_StatusCode", "DK_DeviceType", "DK_DataTypeCode", "DK_DTypeKeys",
                     "DK_LogLevel", "DK_DeviceFlags", "DK_EventFlags", "DK_ReduceOp",
-                    "DK_AttributeType", "DK_KernelFlags"):
+                    "DK_AttributeType", "DK_KernelFlags", "DK_ArgKind"):
         for value, name in ffi.typeof(f"enum {typedef}").elements.items():
             constants[name] = value
     return constants
@@ -107,13 +107,34 @@ def _graph_section_comment() -> str:
     return " ".join(text[start:text.index("DK_Status (*graph_begin_capture)")].split())
 
 
-def test_graph_section_is_appended_last_in_minor_1():
+GRAPH_SECTION = ["graph_begin_capture", "graph_end_capture", "graph_launch", "graph_rebind",
+                 "graph_destroy"]
+CODEGEN_SECTION = ["codegen_dialect", "codegen_compile", "codegen_get_function", "codegen_launch",
+                   "codegen_unload"]
+
+
+def test_graph_section_is_appended_after_1_0_in_minor_1():
     """ABI 1.1 is append-only: the graph functions follow every 1.0 function."""
     fields = [name for name, _ in ffi.typeof("DK_DeviceApi").fields]
-    graph = ["graph_begin_capture", "graph_end_capture", "graph_launch", "graph_rebind",
-             "graph_destroy"]
-    assert ABI_MINOR >= 1 and fields[-len(graph):] == graph
-    assert fields[-len(graph) - 1] == "group_end"  # the last function of 1.0
+    start = fields.index("graph_begin_capture")
+    assert ABI_MINOR >= 1 and fields[start:start + len(GRAPH_SECTION)] == GRAPH_SECTION
+    assert fields[start - 1] == "group_end"  # the last function of 1.0
+
+
+def test_codegen_section_is_appended_last_in_minor_2():
+    """ABI 1.2 is append-only: the codegen functions follow the 1.1 graph section."""
+    fields = [name for name, _ in ffi.typeof("DK_DeviceApi").fields]
+    assert ABI_MINOR >= 2 and fields[-len(CODEGEN_SECTION):] == CODEGEN_SECTION
+    assert fields[-len(CODEGEN_SECTION) - 1] == GRAPH_SECTION[-1]
+
+
+def test_codegen_section_states_its_conventions():
+    """The header names each dialect's signature, ownership and what capture does."""
+    text = HEADER_PATH.read_text()
+    comment = " ".join(text[text.index("--- OPTIONAL: codegen"):text.index("DK_Status (*codegen_dialect)")].split())
+    for phrase in ('"c": void NAME(void *const *args, int64_t begin, int64_t end)', '"opencl-c": a __kernel',
+                   '"cuda-c":', "Ownership:", "Graph capture:", "slots (they keep their memory"):
+        assert phrase in comment, phrase
 
 
 def test_graph_section_names_what_it_records_and_refuses():

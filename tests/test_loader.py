@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 import devkit
-from devkit.plugin import GRAPH_FUNCTIONS, REQUIRED_FUNCTIONS
+from devkit.plugin import CODEGEN_FUNCTIONS, GRAPH_FUNCTIONS, REQUIRED_FUNCTIONS
 from tests.conftest import compile_plugin, run_python
 
 
@@ -139,6 +139,14 @@ def test_abi_1_0_plugin_loads_without_the_graph_section(build_plugin):
     assert plugin.abi_version == (1, 0)
     # graph_begin_capture's bytes are non-NULL in the library but lie past struct_size.
     assert not plugin.has_graphs and not any(plugin.has(fn) for fn in GRAPH_FUNCTIONS)
+    assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
+
+
+def test_abi_1_1_plugin_loads_without_the_codegen_section(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("abi11", "ABI_1_1"))
+    assert plugin.abi_version == (1, 1)
+    # codegen_dialect's bytes are non-NULL in the library but lie past struct_size.
+    assert not plugin.has_codegen and not any(plugin.has(fn) for fn in CODEGEN_FUNCTIONS)
     assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
 
 

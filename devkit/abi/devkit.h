@@ -31,7 +31,9 @@
  *     NULL makes the host refuse the plugin with a message naming it.
  *  6. History: 1.0 is the first version; 1.1 appends the OPTIONAL graph
  *     section to DK_DeviceApi (a 1.0 plugin's table ends before it, and the
- *     host then replays graphs itself).
+ *     host then replays graphs itself); 1.2 appends the OPTIONAL codegen
+ *     section after it (a 1.0 or 1.1 plugin's table ends before it, and the
+ *     host then runs its plans unfused).
  *
  * ========================================================================
  * ERROR MODEL
@@ -112,7 +114,7 @@ extern "C" {
 #endif
 
 #define DK_ABI_MAJOR 1
-#define DK_ABI_MINOR 1
+#define DK_ABI_MINOR 2
 
 #if defined(_WIN32)
 #define DK_EXPORT __declspec(dllexport)
@@ -161,6 +163,8 @@ typedef struct DK_StreamObject *DK_Stream; /* in-order work queue */
 typedef struct DK_EventObject *DK_Event;   /* a position in a stream */
 typedef struct DK_CommObject *DK_Comm;     /* a collective communicator */
 typedef struct DK_GraphObject *DK_Graph;   /* captured stream work (ABI 1.1) */
+typedef struct DK_ModuleObject *DK_Module; /* compiled source (ABI 1.2) */
+typedef struct DK_FunctionObject *DK_Function; /* a function of a module (ABI 1.2) */
 
 /* ------------------------------------------------------------------------
  * DLPack-compatible tensor description (layout identical to DLPack's
@@ -359,6 +363,39 @@ typedef struct DK_KernelEntry {
   uint64_t flags;        /* DK_KernelFlags */
   void *user_data;       /* (owned by the plugin) passed in DK_KernelCall */
 } DK_KernelEntry;
+
+/* ------------------------------------------------------------------------
+ * Codegen (ABI 1.2, optional section of DK_DeviceApi): arguments of a
+ * generated function and the shape of a launch.
+ * ------------------------------------------------------------------------ */
+enum DK_ArgKind {
+  DK_ARG_TENSOR = 0,   /* tensor: data + byte_offset, shape, strides, dtype */
+  DK_ARG_INT64 = 1,    /* i */
+  DK_ARG_FLOAT32 = 2,  /* f, rounded to float */
+  DK_ARG_FLOAT64 = 3   /* f */
+};
+
+typedef struct DK_LaunchArg {
+  size_t struct_size;
+  int32_t kind;            /* DK_ArgKind: says which field below is set */
+  int32_t reserved;
+  DK_Tensor tensor;        /* (borrowed) for the call, as in DK_KernelCall */
+  int64_t i;
+  double f;
+} DK_LaunchArg;
+
+/* The launch range: ndim (1 to 3) dimensions of global[] work items,
+ * dimension 0 varying fastest, in work groups of local[] items (all 0: the
+ * plugin chooses; else each local[d] >= 1 divides global[d], except in
+ * dialect "c", where local[] is the smallest chunk of work items one thread
+ * takes and need not divide). A global[d] of 0 launches nothing. */
+typedef struct DK_LaunchShape {
+  size_t struct_size;
+  uint32_t ndim;
+  uint32_t reserved;
+  uint64_t global[3];
+  uint64_t local[3];
+} DK_LaunchShape;
 
 /* ------------------------------------------------------------------------
  * The device function table. Functions are required unless marked
@@ -586,6 +623,71 @@ typedef struct DK_DeviceApi {
   /* NULL accepted. May be called while launches are pending: resources are
    * released once they complete. */
   DK_Status (*graph_destroy)(int32_t dev, DK_Graph graph);
+
+  /* --- OPTIONAL: codegen (ABI 1.2; all five NULL = "no codegen section") --
+   * Runtime code generation: the host writes a source in the plugin's
+   * dialect, the plugin compiles it into a module, and functions of the
+   * module are launched on streams like kernels. A plugin implements all
+   * five functions or none (the host refuses a partial section), and may
+   * leave them NULL at run time (the cpu plugin does when no C compiler is
+   * found). Without the section the host runs its plans unfused.
+   *
+   * Dialects and the signature a launchable function has in each:
+   *  "c":        void NAME(void *const *args, int64_t begin, int64_t end)
+   *              runs the work items [begin, end) of the launch range,
+   *              numbered with dimension 0 fastest; the plugin calls it on
+   *              disjoint chunks, possibly on several threads at once.
+   *              args[k] is, per declared argument, the host address of a
+   *              tensor's element 0 (data + byte_offset), or a pointer to an
+   *              int64_t, float or double scalar.
+   *  "opencl-c": a __kernel; a tensor argument is two parameters: a
+   *              __global pointer (the buffer) and a ulong byte offset; a
+   *              scalar is a long, float or double parameter.
+   *  "cuda-c":   an extern "C" __global__ function; a tensor argument is a
+   *              pointer to element 0, a scalar a long long, float or double.
+   * Ownership: every string and array passed in is (in), read during the
+   * call only; a module owns its functions, which are valid until it is
+   * unloaded; a launch copies its arguments and shape, so they may change
+   * or be freed once it returns. Tensors are checked at the launch: a NULL
+   * data handle, a handle not live on `dev`, or an extent outside the
+   * allocation is DK_INVALID_ARGUMENT or DK_OUT_OF_RANGE.
+   * Graph capture: a launch on a capturing stream is recorded like a
+   * kernel call and runs at every graph launch, but its tensors are not
+   * slots (they keep their memory, as copies do). Unloading a module that
+   * pending or captured work uses is allowed: it is released once that
+   * work has run and every graph recording it is destroyed. No codegen
+   * function is refused while a stream captures. */
+  /* (out) *dialect: "c", "opencl-c" or "cuda-c" (owned by the plugin). */
+  DK_Status (*codegen_dialect)(int32_t dev, const char **dialect);
+  /* Compiles `source` with `options` (the compiler's flags; may be NULL or
+   * empty) into (out) *module. A source that does not compile is
+   * DK_INVALID_ARGUMENT whose message (last_error_message) carries the
+   * compiler's log. A plugin may cache compiled modules on disk keyed by a
+   * hash of the source, the options and the compiler (devkit's plugins do,
+   * under $DEVKIT_CACHE_DIR, else $XDG_CACHE_HOME/devkit, else
+   * ~/.cache/devkit, in codegen/<plugin>/); (out) *from_cache, when not
+   * NULL, is 1 when the module was loaded from that cache, else 0. */
+  DK_Status (*codegen_compile)(int32_t dev, const char *source,
+                               const char *options, DK_Module *module,
+                               int32_t *from_cache);
+  /* (out) *function: the function `name` of `module`, declared to take
+   * num_args arguments of the kinds arg_kinds[] (DK_ArgKind). A name the
+   * module lacks is DK_NOT_FOUND; declared kinds that do not match what the
+   * plugin can see of the function are DK_INVALID_ARGUMENT. */
+  DK_Status (*codegen_get_function)(int32_t dev, DK_Module module,
+                                    const char *name, const int32_t *arg_kinds,
+                                    size_t num_args, DK_Function *function);
+  /* Enqueues one launch of `function` over `shape` on `stream` (NULL: run
+   * to completion before returning). num_args must equal the declared
+   * count and each args[k].kind the declared kind (else
+   * DK_INVALID_ARGUMENT); a bad shape (ndim outside 1..3, local not
+   * dividing global) is DK_INVALID_ARGUMENT. */
+  DK_Status (*codegen_launch)(int32_t dev, DK_Function function,
+                              const DK_LaunchArg *args, size_t num_args,
+                              const DK_LaunchShape *shape, DK_Stream stream);
+  /* Releases `module` and its functions (see graph capture above for work
+   * still using it). NULL accepted. */
+  DK_Status (*codegen_unload)(int32_t dev, DK_Module module);
 } DK_DeviceApi;
 
 /* ------------------------------------------------------------------------

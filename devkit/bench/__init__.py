@@ -5,6 +5,8 @@
     devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
     devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
                         [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
+    devkit-bench fusion [--plugins cpu,opencl] [--rows 256] [--width 2048]  (devkit.bench.fusion)
+                        [--repeat 15] [--no-models] [--json PATH]
     devkit-bench collectives [-n 2] [--plugin cpu] [--dtype float32]     (devkit.bench.collectives)
                              [--min-bytes 1K] [--max-bytes 64M] [--peer gloo|none] [--json PATH]
 
@@ -67,7 +69,19 @@ def main(argv: list[str] | None = None) -> None:
     engine_bench.add_argument("--repeat", type=int, default=15)
     engine_bench.add_argument("--quick", action="store_true", help="a short run: 20 chain nodes, two small models")
     engine_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    fusion_bench = commands.add_parser("fusion", help="fused plans vs unfused ones and native kernels: RMSNorm, "
+                                                      "LayerNorm, tanh-GELU, SwiGLU, llama_decoder, gpt")
+    fusion_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
+    fusion_bench.add_argument("--rows", type=int, default=256)
+    fusion_bench.add_argument("--width", type=int, default=2048)
+    fusion_bench.add_argument("--repeat", type=int, default=15)
+    fusion_bench.add_argument("--no-models", action="store_true", help="the four patterns only")
+    fusion_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.command == "fusion":
+        from .fusion import fusion_main
+
+        sys.exit(fusion_main(args))
     if args.command == "torch":
         from .torch import torch_main
 

@@ -86,7 +86,7 @@ class KernelCall:
     """One kernel call, built once. ``inputs``/``outputs`` are the DK_Tensor
     slots (an omitted optional input has ndim -1); ``bind`` repoints one."""
 
-    __slots__ = ("plugin", "op", "entry", "fn", "cdata", "inputs", "outputs", "_keep")
+    __slots__ = ("plugin", "op", "entry", "fn", "cdata", "inputs", "outputs", "attributes", "_keep")
 
     def __init__(self, dev, entry, op: str, inputs: list, outputs: list,
                  attributes: list[tuple[str, str, object]], stream_handle=ffi.NULL):
@@ -117,6 +117,7 @@ class KernelCall:
         self.cdata = call
         self.inputs = tensors_in
         self.outputs = tensors_out
+        self.attributes = attributes  # (name, kind, value), as given: what the fusion pass reads
         self._keep = keep
 
     def label(self) -> str:

@@ -34,6 +34,7 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
 from .calls import KernelCall, bind, launch
+from .fusion import fuse_steps
 from .launch import StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
@@ -211,12 +212,14 @@ def _alignment(device: Device) -> int:
 
 def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array | np.ndarray],
                host_twins: Mapping[str, np.ndarray], feed: Mapping[str, tuple[tuple, np.dtype]],
-               output_names: Sequence[str], static_cache: dict) -> Plan:
+               output_names: Sequence[str], static_cache: dict, fuse: bool = False) -> Plan:
     """Compile ``nodes`` for inputs ``feed`` (name -> (shape, dtype)).
 
     ``values`` are the resident values (initializers not fed); ``host_twins``
     host copies of small ones. ``static_cache`` keeps, across plans of the
-    same fed names, the values that depend on no fed input."""
+    same fed names, the values that depend on no fed input. ``fuse``: run
+    the fusion pass (engine.fusion) over the calls; its report is
+    ``plan.fusion``."""
     stand_in_buffer = device.alloc(1)
     env: dict[str, object] = dict(values)
     static = set(values)
@@ -252,6 +255,9 @@ def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array
         if isinstance(value, _Slot):
             value.last = len(nodes)
         outputs.append(value)
+    fusion_report = None
+    if fuse:
+        steps, fusion_report = fuse_steps(device, steps, slots, outputs)
     memory = plan_memory([Lifetime(s.nbytes, s.first, s.last) for s in slots], _alignment(device))
     arena = device.alloc(max(memory.arena_bytes, 1))
     for slot, offset in zip(slots, memory.offsets):
@@ -261,9 +267,11 @@ def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array
             bind(call.inputs[position], slot.array)
         for position, slot in outputs_of_call:
             bind(call.outputs[position], slot.array)
-    return Plan(device, [(name, slot.array) for name, slot in fed_slots], [call for call, _, _ in steps],
+    plan = Plan(device, [(name, slot.array) for name, slot in fed_slots], [call for call, _, _ in steps],
                 [value.array if isinstance(value, _Slot) else value for value in outputs], memory, arena,
                 resident)
+    plan.fusion = fusion_report
+    return plan
 
 
 def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: Device, stand_in_buffer,

@@ -257,10 +257,12 @@ class PreparedModel:
     each signature (fed names and shapes) to its Plan, or to why the
     interpreter runs it instead. ``plan=False`` runs node by node."""
 
-    def __init__(self, model, device: str | Device | None = None, plan: bool = True):
+    def __init__(self, model, device: str | Device | None = None, plan: bool = True, fuse: bool | None = None):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
+        # Fusion (engine.fusion) is on by default where the plugin has the codegen section.
+        self.fuse = self.device.plugin.has_codegen if fuse is None else bool(fuse)
         self.input_names = checked.input_names
         self.feed_names = checked.feed_names
         self.output_names = checked.output_names
@@ -364,9 +366,17 @@ class PreparedModel:
             return build_plan(self._nodes, self.device, values,
                               {name: array for name, array in self._host_twins.items() if name not in feed},
                               {name: (array.shape, _dtypes.normalize(array.dtype)) for name, array in feed.items()},
-                              self.output_names, self._static_values.setdefault(frozenset(feed), {}))
+                              self.output_names, self._static_values.setdefault(frozenset(feed), {}),
+                              fuse=self.fuse)
         except NotPlannable as exc:
             return str(exc)
+
+    @property
+    def fusion(self) -> dict:
+        """What the plans fused, per input signature: FusionReport.as_dict()
+        (groups, ops per group, kernels saved, groups that fell back)."""
+        return {signature: plan.fusion.as_dict() for signature, plan in self.plans.items()
+                if isinstance(plan, Plan) and plan.fusion is not None}
 
     def _interpret(self, feed: dict, signature: tuple) -> list[np.ndarray]:
         """The node-by-node run."""
@@ -427,9 +437,12 @@ class PreparedModel:
 
 
 
-def prepare(model, device: str | Device | None = None, plan: bool = True) -> PreparedModel:
+def prepare(model, device: str | Device | None = None, plan: bool = True,
+            fuse: bool | None = None) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node. ``plan``:
-    compile each set of input shapes into a plan (see PreparedModel)."""
-    return PreparedModel(model, device, plan)
+    compile each set of input shapes into a plan (see PreparedModel).
+    ``fuse``: fuse elementwise chains into generated kernels (docs/fusion.md;
+    default: where the plugin has the codegen section); ``fusion`` reports it."""
+    return PreparedModel(model, device, plan, fuse)

@@ -59,6 +59,7 @@ UNIMPLEMENTED_FN(event_elapsed_ms, int32_t d, DK_Event a, DK_Event b, float *ms)
 UNIMPLEMENTED_FN(copy_p2p, int32_t dd, DK_Mem a, size_t ao, int32_t sd, DK_Mem b, size_t bo,
                  size_t s, DK_Stream st)
 UNIMPLEMENTED_FN(graph_begin_capture, int32_t d, DK_Stream s)
+UNIMPLEMENTED_FN(codegen_dialect, int32_t d, const char **dialect)
 
 static DK_DeviceApi api = {
     .struct_size = sizeof(DK_DeviceApi),
@@ -129,6 +130,16 @@ DK_EXPORT DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
 #ifdef ABI_1_0
   out->abi_minor = 0;
   api.struct_size = offsetof(DK_DeviceApi, graph_begin_capture);
+#endif
+#if defined(ABI_1_1) || defined(PARTIAL_CODEGEN)
+  /* ABI_1_1: built against 1.1, before the codegen section: the bytes past
+   * its table are non-NULL here and must be treated as absent.
+   * PARTIAL_CODEGEN: one codegen function of five, which the host refuses. */
+  api.codegen_dialect = codegen_dialect;
+#endif
+#ifdef ABI_1_1
+  out->abi_minor = 1;
+  api.struct_size = offsetof(DK_DeviceApi, codegen_dialect);
 #endif
 #ifdef OLDER_MINOR
   /* Built before the optional functions existed: they lie past struct_size

@@ -309,4 +309,17 @@ DK_Status cpu_graph_rebind(int32_t dev, DK_Graph graph, size_t slot, DK_Mem mem,
                            size_t offset);
 DK_Status cpu_graph_destroy(int32_t dev, DK_Graph graph);
 
+/* Codegen (codegen.c): present in the table only when a C compiler is found
+ * when the plugin loads (cpu_codegen_available). */
+bool cpu_codegen_available(void);
+DK_Status cpu_codegen_dialect(int32_t dev, const char **dialect);
+DK_Status cpu_codegen_compile(int32_t dev, const char *source, const char *options,
+                              DK_Module *module, int32_t *from_cache);
+DK_Status cpu_codegen_get_function(int32_t dev, DK_Module module, const char *name,
+                                   const int32_t *arg_kinds, size_t num_args,
+                                   DK_Function *function);
+DK_Status cpu_codegen_launch(int32_t dev, DK_Function function, const DK_LaunchArg *args,
+                             size_t num_args, const DK_LaunchShape *shape, DK_Stream stream);
+DK_Status cpu_codegen_unload(int32_t dev, DK_Module module);
+
 #endif /* DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_ */

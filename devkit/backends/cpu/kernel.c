@@ -230,11 +230,9 @@ void cpu_compact_strides(int32_t ndim, const int64_t *shape, int64_t *strides) {
   }
 }
 
-/* Validates tensor `t` (role "input"/"output", position i) and resolves it
- * into *r. */
-static DK_Status resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool strided,
-                                const char *role, size_t i, const DK_Tensor *t,
-                                cpu_tensor *r) {
+DK_Status cpu_resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool strided,
+                             const char *role, size_t i, const DK_Tensor *t,
+                             cpu_tensor *r) {
   memset(r, 0, sizeof *r);
   if (t->ndim == -1 && role[0] == 'i') {
     r->ndim = -1;
@@ -579,9 +577,9 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   bool strided_in = def->flags & DK_KERNEL_STRIDED_INPUTS;
   bool strided_out = def->flags & DK_KERNEL_STRIDED_OUTPUTS;
   for (size_t i = 0; st == DK_OK && i < call->num_inputs; i++)
-    st = resolve_tensor(op, d, call->device, strided_in, "input", i, &call->inputs[i], &tensors[i]);
+    st = cpu_resolve_tensor(op, d, call->device, strided_in, "input", i, &call->inputs[i], &tensors[i]);
   for (size_t i = 0; st == DK_OK && i < call->num_outputs; i++)
-    st = resolve_tensor(op, d, call->device, strided_out, "output", i, &call->outputs[i],
+    st = cpu_resolve_tensor(op, d, call->device, strided_out, "output", i, &call->outputs[i],
                         &tensors[call->num_inputs + i]);
   if (st != DK_OK) {
     cpu_work_discard(l);

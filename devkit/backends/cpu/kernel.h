@@ -60,6 +60,13 @@ typedef struct cpu_tensor {
   int64_t strides[CPU_MAX_DIMS]; /* elements; compact row-major unless CPU_STRIDED */
 } cpu_tensor;
 
+/* Validates tensor `t` of a call made by `op` (role "input"/"output"/...,
+ * position i; an input may be omitted, ndim -1) and resolves it into *r;
+ * `strided`: non-compact strides are accepted. */
+struct cpu_device;
+DK_Status cpu_resolve_tensor(const char *op, struct cpu_device *d, int32_t dev, bool strided,
+                             const char *role, size_t i, const DK_Tensor *t, cpu_tensor *r);
+
 typedef struct cpu_kernel_args {
   const char *op; /* the entry's op name, for messages */
   int32_t device;

@@ -55,6 +55,20 @@ static const DK_DeviceApi k_api = {
     .graph_destroy = cpu_graph_destroy,
 };
 
+/* k_api plus the codegen section where a C compiler was found at load. */
+static DK_DeviceApi g_api;
+static pthread_once_t g_api_once = PTHREAD_ONCE_INIT;
+
+static void build_api(void) {
+  g_api = k_api;
+  if (!cpu_codegen_available()) return;
+  g_api.codegen_dialect = cpu_codegen_dialect;
+  g_api.codegen_compile = cpu_codegen_compile;
+  g_api.codegen_get_function = cpu_codegen_get_function;
+  g_api.codegen_launch = cpu_codegen_launch;
+  g_api.codegen_unload = cpu_codegen_unload;
+}
+
 /* The host's log sink. Each DK_PluginInit call installs its host's sink (the
  * header keeps every host's sink valid while the plugin is loaded). */
 static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -97,6 +111,7 @@ DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
 
   DK_Status st = cpu_runtime_init();
   if (st != DK_OK) return st;
+  pthread_once(&g_api_once, build_api);
   const DK_KernelEntry *const *kernels;
   size_t num_kernels;
   if ((st = cpu_kernel_table(&kernels, &num_kernels)) != DK_OK) return st;
@@ -109,7 +124,7 @@ DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
       .name = CPU_PLUGIN_NAME,
       .version = CPU_PLUGIN_VERSION,
       .device_type = "cpu",
-      .api = &k_api,
+      .api = &g_api,
       .kernels = kernels,
       .num_kernels = num_kernels,
   };

@@ -16,7 +16,7 @@ import pyopencl as cl
 
 from ..._version import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
-from . import graph as graphs, kernels
+from . import codegen, graph as graphs, kernels
 from ..python_plugin import copy_out as _copy_out, not_null as _not_null
 from .errors import PluginError, callback, invalid, last_error_message, set_error
 from .runtime import (
@@ -344,6 +344,14 @@ _FUNCTIONS = {
     "graph_rebind": lambda dev, graph, slot, mem, offset: graphs.rebind(
         _device(dev), graph, slot, mem, offset),
     "graph_destroy": lambda dev, graph: graphs.destroy(_device(dev), graph),
+    "codegen_dialect": lambda dev, dialect: codegen.dialect(_device(dev), dialect),
+    "codegen_compile": lambda dev, source, options, module, from_cache: codegen.compile(
+        _device(dev), source, options, module, from_cache),
+    "codegen_get_function": lambda dev, module, name, kinds, num_args, function: codegen.get_function(
+        _device(dev), module, name, kinds, num_args, function),
+    "codegen_launch": lambda dev, function, args, num_args, shape, stream: codegen.launch(
+        _device(dev), function, args, num_args, shape, stream),
+    "codegen_unload": lambda dev, module: codegen.unload(_device(dev), module),
 }
 # Absent (NULL, the host's documented fallback): host_alloc / host_free, whose
 # page-locked memory OpenCL only offers as mapped buffers, and the collectives.

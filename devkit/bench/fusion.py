@@ -1,0 +1,187 @@
+"""devkit-bench fusion: fused plans (docs/fusion.md) against the unfused
+ones and the native kernels, measured in the same run.
+
+    devkit-bench fusion [--plugins cpu,opencl] [--rows 256] [--width 2048] [--repeat 15] [--json PATH]
+
+- patterns: RMSNorm, LayerNorm, tanh-GELU and SwiGLU written as chains of
+  basic ONNX ops (MODELS: Mul, ReduceMean, Add, Sqrt, Div, Exp, Sub, ...) on
+  rows x width float32, fused and unfused; RMSNorm also against the native
+  RMSNormalization kernel (a one-node model);
+- models: devkit.onnx.zoo's llama_decoder and the GPT-style stack, fused and
+  unfused.
+
+Two times per contender: "calls" is the plan's calls (the inputs copied to
+the device, the calls replayed, one synchronization: the work fusion
+changes), "run" a whole PreparedModel.run (binding and the outputs' copies
+back too). Each
+contender is timed in turn within every repetition (interleaved); figures
+are medians; ratios are unfused / fused (above 1: fusion is faster).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _model(name: str, nodes: list, inputs: list[tuple[str, tuple]], initializers: dict, opset: int = 18):
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _node(op: str, inputs: list[str], output: str, **attrs):
+    return helper.make_node(op, inputs, [output], **attrs)
+
+
+def _feed(rng, *shapes) -> dict:
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes}
+
+
+def rmsnorm(rows: int, width: int):
+    """x / sqrt(mean(x^2) + eps) * w: Mul, ReduceMean, Add, Sqrt, Div, Mul."""
+    rng = np.random.default_rng(0)
+    nodes = [_node("Mul", ["x", "x"], "sq"), _node("ReduceMean", ["sq", "axes"], "ms", keepdims=1),
+             _node("Add", ["ms", "eps"], "mse"), _node("Sqrt", ["mse"], "rms"), _node("Div", ["x", "rms"], "xn"),
+             _node("Mul", ["xn", "w"], "y")]
+    init = {"w": rng.standard_normal(width).astype(np.float32), "eps": np.float32(1e-6),
+            "axes": np.array([-1], np.int64)}
+    return _model("rmsnorm", nodes, [("x", (rows, width))], init), _feed(rng, ("x", (rows, width)))
+
+
+def rmsnorm_native(rows: int, width: int):
+    rng = np.random.default_rng(0)
+    nodes = [_node("RMSNormalization", ["x", "w"], "y", axis=-1, epsilon=1e-6)]
+    init = {"w": rng.standard_normal(width).astype(np.float32)}
+    return _model("rmsnorm_native", nodes, [("x", (rows, width))], init, opset=23), _feed(rng, ("x", (rows, width)))
+
+
+def layernorm(rows: int, width: int):
+    """(x - mean) / sqrt(var + eps) * g + b, as nine ops."""
+    rng = np.random.default_rng(0)
+    nodes = [_node("ReduceMean", ["x", "axes"], "mean", keepdims=1), _node("Sub", ["x", "mean"], "d"),
+             _node("Mul", ["d", "d"], "d2"), _node("ReduceMean", ["d2", "axes"], "var", keepdims=1),
+             _node("Add", ["var", "eps"], "ve"), _node("Sqrt", ["ve"], "sd"), _node("Div", ["d", "sd"], "n"),
+             _node("Mul", ["n", "g"], "ng"), _node("Add", ["ng", "b"], "y")]
+    init = {"g": rng.standard_normal(width).astype(np.float32), "b": rng.standard_normal(width).astype(np.float32),
+            "eps": np.float32(1e-5), "axes": np.array([-1], np.int64)}
+    return _model("layernorm", nodes, [("x", (rows, width))], init), _feed(rng, ("x", (rows, width)))
+
+
+def gelu(rows: int, width: int):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(u) = 1 - 2 / (e^{2u} + 1), in primitives."""
+    rng = np.random.default_rng(0)
+    nodes = [_node("Mul", ["x", "x"], "x2"), _node("Mul", ["x2", "x"], "x3"), _node("Mul", ["x3", "c"], "cx3"),
+             _node("Add", ["x", "cx3"], "inner"), _node("Mul", ["inner", "k2"], "u2"), _node("Exp", ["u2"], "e"),
+             _node("Add", ["e", "one"], "e1"), _node("Div", ["two", "e1"], "q"), _node("Sub", ["one", "q"], "t"),
+             _node("Add", ["t", "one"], "t1"), _node("Mul", ["x", "t1"], "xt"), _node("Mul", ["xt", "half"], "y")]
+    init = {"c": np.float32(0.044715), "k2": np.float32(2 * math.sqrt(2 / math.pi)), "one": np.float32(1),
+            "two": np.float32(2), "half": np.float32(0.5)}
+    return _model("gelu", nodes, [("x", (rows, width))], init), _feed(rng, ("x", (rows, width)))
+
+
+def swiglu(rows: int, width: int):
+    """a * sigmoid(a) * b, sigmoid(a) = 1 / (1 + e^{-a}), in primitives."""
+    rng = np.random.default_rng(0)
+    nodes = [_node("Mul", ["a", "minus"], "na"), _node("Exp", ["na"], "e"), _node("Add", ["e", "one"], "e1"),
+             _node("Div", ["a", "e1"], "silu"), _node("Mul", ["silu", "b"], "y")]
+    init = {"minus": np.float32(-1), "one": np.float32(1)}
+    return (_model("swiglu", nodes, [("a", (rows, width)), ("b", (rows, width))], init),
+            _feed(rng, ("a", (rows, width)), ("b", (rows, width))))
+
+
+MODELS = {"rmsnorm": rmsnorm, "layernorm": layernorm, "gelu": gelu, "swiglu": swiglu}
+
+
+def _contender(model, feed: dict, device: str, fuse: bool):
+    """(calls-only, whole-run) timers of the model's plan, and its fusion report."""
+    import devkit.onnx
+
+    prepared = devkit.onnx.prepare(model, device, fuse=fuse)
+    prepared.run(feed)  # builds the plan
+    (plan,) = prepared.plans.values()
+    stream = prepared._stream
+
+    inputs = [(array, np.ascontiguousarray(feed[name]).reshape(-1).view(np.uint8)) for name, array in plan._inputs]
+
+    def calls():  # the inputs again (the arena may reuse their bytes), the calls, one synchronization
+        for array, host in inputs:
+            array.buffer.copy_from_host(host, stream=stream)
+        plan._launcher.replay(stream)
+        stream.synchronize()
+
+    return calls, lambda: prepared.run(feed), prepared.fusion
+
+
+def _medians(timers: dict, repeat: int) -> dict[str, float]:
+    for fn in timers.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(repeat):
+        for name, fn in timers.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
+    device = f"{plugin}:0"
+    unfused_calls, unfused_run, _ = _contender(model, feed, device, False)
+    fused_calls, fused_run, report = _contender(model, feed, device, True)
+    timers = {"unfused_calls": unfused_calls, "fused_calls": fused_calls, "unfused_run": unfused_run,
+              "fused_run": fused_run}
+    if native is not None:
+        timers["native_calls"], timers["native_run"], _ = _contender(*native, device, False)
+    ms = _medians(timers, repeat)
+    (fusion,) = report.values() if report else ({},)
+    row = {"benchmark": name, "plugin": plugin, **{f"{k}_ms": v for k, v in ms.items()},
+           "speedup_calls": ms["unfused_calls"] / ms["fused_calls"], "speedup_run": ms["unfused_run"] / ms["fused_run"],
+           "groups": fusion.get("groups", 0), "ops_per_group": fusion.get("ops_per_group", []),
+           "kernels_saved": fusion.get("kernels_saved", 0)}
+    if native is not None:
+        row["fused_vs_native_calls"] = ms["fused_calls"] / ms["native_calls"]
+    return row
+
+
+def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = True) -> list[dict]:
+    from ..onnx import zoo
+
+    results = []
+    for plugin in plugins:
+        for name, build in MODELS.items():
+            native = rmsnorm_native(rows, width) if name == "rmsnorm" else None
+            results.append(_row(name, plugin, *build(rows, width), repeat, native))
+        if models:
+            for name, build in (("llama_decoder", zoo.MODELS["llama_decoder"]), ("gpt", zoo.LARGE_MODELS["gpt"])):
+                model, inputs = build()
+                results.append(_row(name, plugin, model, inputs, repeat))
+    return results
+
+
+def print_rows(rows: list[dict]) -> None:
+    print("devkit fusion benchmark (medians of interleaved repetitions, ms; speedup = unfused / fused, above 1: "
+          "fusion is faster; fused_vs_native = fused / native kernel; a shared machine's figures are noisy)")
+    for row in rows:
+        fields = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                           for k, v in row.items() if k not in ("benchmark", "plugin"))
+        print(f"{row['benchmark']} on {row['plugin']}: {fields}")
+
+
+def fusion_main(args) -> int:
+    plugins = args.plugins.split(",")
+    if "opencl" in plugins:
+        os.environ.setdefault("POCL_DEVICES", "pthread pthread")
+    rows = run(plugins, args.rows, args.width, args.repeat, not args.no_models)
+    print_rows(rows)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0

@@ -1,0 +1,182 @@
+"""The dialect printers: everything that differs between C, OpenCL C and
+CUDA C when an expression rule (rules.py) or a generated kernel (render.py)
+is written out — type names, math function names, literals, qualifiers,
+half types and the work-item index. Rules never name a dialect."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as _dtypes
+
+_FLOAT_MATH = ("exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "atan", "floor", "ceil", "pow", "fabs",
+               "fmod", "round", "trunc")
+
+
+class Printer:
+    """One dialect. ``storage`` types are what tensors hold, ``compute``
+    types what expressions compute in (float16 and bfloat16 compute in
+    float)."""
+
+    dialect = ""
+    storage_types: dict[str, str] = {}
+    # the qualifier of a tensor pointer parameter, and of a const one
+    global_qualifier = ""
+    prologue = ""
+
+    def storage(self, dtype) -> str:
+        name = _dtypes.normalize(dtype).name if _dtypes.normalize(dtype) != _dtypes.bfloat16 else "bfloat16"
+        try:
+            return self.storage_types[name]
+        except KeyError:
+            raise NotImplementedError(f"{self.dialect}: no storage type for {name}") from None
+
+    def compute(self, dtype) -> str:
+        dtype = _dtypes.normalize(dtype)
+        if dtype == np.float64:
+            return "double"
+        if dtype.kind == "f" or dtype == _dtypes.bfloat16:
+            return "float"
+        return {"bool": "int", "int32": "int", "int64": self.storage_types["int64"]}.get(dtype.name) or \
+            self.storage(dtype)
+
+    def call(self, name: str, dtype, *args: str) -> str:
+        """A math function at the compute type of ``dtype``."""
+        return f"{self.math_name(name, _dtypes.normalize(dtype))}({', '.join(args)})"
+
+    def math_name(self, name: str, dtype: np.dtype) -> str:
+        return name
+
+    def literal(self, value, dtype) -> str:
+        dtype = _dtypes.normalize(dtype)
+        if dtype.kind == "b":
+            return "1" if value else "0"
+        if dtype.kind in "iu":
+            return f"(({self.compute(dtype)}){int(value)})"
+        value = float(value)
+        if np.isnan(value):
+            return f"(({self.compute(dtype)})NAN)"
+        if np.isinf(value):
+            return f"(({self.compute(dtype)}){'-' if value < 0 else ''}INFINITY)"
+        text = repr(value)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + ("f" if self.compute(dtype) == "float" else "")
+
+    def cast(self, expression: str, dtype) -> str:
+        return f"(({self.compute(dtype)})({expression}))"
+
+    def load(self, pointer: str, offset: str, dtype) -> str:
+        """An element read, converted to the compute type."""
+        return self.cast(f"{pointer}[{offset}]", dtype)
+
+    def store(self, pointer: str, offset: str, value: str, dtype) -> str:
+        dtype = _dtypes.normalize(dtype)
+        if dtype.kind == "b":
+            value = f"(({value}) != 0)"
+        return f"{pointer}[{offset}] = ({self.storage(dtype)})({value});"
+
+    # -- kernels (render.py fills in the body) -----------------------------------
+
+    def signature(self, name: str, params: list[tuple[str, str, bool]]) -> tuple[str, list[str]]:
+        """(the function's first line, the lines that bind each tensor
+        parameter's pointer); params are (name, storage type, is_output)."""
+        raise NotImplementedError
+
+    def item_loop(self, var: str) -> tuple[list[str], list[str]]:
+        """The lines that open and close the loop over this call's work items."""
+        raise NotImplementedError
+
+
+class CPrinter(Printer):
+    """ISO C11 for the cpu plugin: ``void NAME(void *const *args, int64_t begin, int64_t end)``."""
+
+    dialect = "c"
+    storage_types = {"float32": "float", "float64": "double", "float16": "_Float16", "int8": "int8_t",
+                     "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
+                     "bool": "uint8_t"}
+    # glibc's libmvec (x86-64, since 2.22) has SIMD variants of these; declared so, GCC
+    # vectorises loops that call them (it does by itself only under -ffast-math).
+    prologue = ("#include <math.h>\n#include <stdint.h>\n"
+                "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)\n"
+                + "".join(f'__attribute__((__simd__("notinbranch"))) {t} {f}{s}({t});\n'
+                          for t, s in (("float", "f"), ("double", "")) for f in ("exp", "log", "sin", "cos"))
+                + "#endif\n")
+
+    def math_name(self, name: str, dtype: np.dtype) -> str:
+        return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
+
+    def signature(self, name, params):
+        lines = [f"{'const ' if not out else ''}{ctype} *restrict {p} = "
+                 f"({'const ' if not out else ''}{ctype} *)args[{k}];"
+                 for k, (p, ctype, out) in enumerate(params)]
+        return f"void {name}(void *const *args, int64_t begin, int64_t end)", lines
+
+    def item_loop(self, var):
+        return [f"for (int64_t {var} = begin; {var} < end; {var}++) {{"], ["}"]
+
+
+class OpenCLPrinter(Printer):
+    """OpenCL C 1.2: a __kernel whose tensor parameters are (buffer, byte offset) pairs."""
+
+    dialect = "opencl-c"
+    storage_types = {"float32": "float", "float64": "double", "float16": "half", "int8": "char",
+                     "int16": "short", "int32": "int", "int64": "long", "uint8": "uchar", "bool": "uchar"}
+    prologue = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+
+    def load(self, pointer, offset, dtype):
+        if _dtypes.normalize(dtype) == np.float16:  # half is storage-only without cl_khr_fp16
+            return f"vload_half({offset}, {pointer})"
+        return super().load(pointer, offset, dtype)
+
+    def store(self, pointer, offset, value, dtype):
+        if _dtypes.normalize(dtype) == np.float16:
+            return f"vstore_half({value}, {offset}, {pointer});"
+        return super().store(pointer, offset, value, dtype)
+
+    def signature(self, name, params):
+        args = ", ".join(f"__global {'const ' if not out else ''}{ctype} *{p}_buffer, ulong {p}_offset"
+                         for p, ctype, out in params)
+        lines = [f"__global {'const ' if not out else ''}{ctype} *{p} = (__global {'const ' if not out else ''}"
+                 f"{ctype} *)((__global {'const ' if not out else ''}char *){p}_buffer + {p}_offset);"
+                 for p, ctype, out in params]
+        return f"__kernel void {name}({args})", lines
+
+    def item_loop(self, var):
+        return [f"{{ long {var} = get_global_id(0);"], ["}"]
+
+
+class CudaPrinter(Printer):
+    """CUDA C++: an extern "C" __global__ function taking pointers to element 0."""
+
+    dialect = "cuda-c"
+    storage_types = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
+                     "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+                     "uint8": "unsigned char", "bool": "unsigned char"}
+    prologue = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+
+    def math_name(self, name, dtype):
+        return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
+
+    def literal(self, value, dtype):
+        text = super().literal(value, dtype)
+        return text.replace("NAN", "__int_as_float(0x7fffffff)").replace("INFINITY", "__int_as_float(0x7f800000)")
+
+    def signature(self, name, params):
+        args = ", ".join(f"{'const ' if not out else ''}{ctype} *__restrict__ {p}" for p, ctype, out in params)
+        return f'extern "C" __global__ void {name}({args}, long long items)', []
+
+    def item_loop(self, var):
+        return [f"for (long long {var} = blockIdx.x * (long long)blockDim.x + threadIdx.x; {var} < items; "
+                f"{var} += (long long)gridDim.x * blockDim.x) {{"], ["}"]
+
+
+PRINTERS = {p.dialect: p for p in (CPrinter(), OpenCLPrinter(), CudaPrinter())}
+
+
+def printer(dialect: str) -> Printer:
+    try:
+        return PRINTERS[dialect]
+    except KeyError:
+        raise NotImplementedError(f"no printer for dialect {dialect!r} (devkit writes {', '.join(PRINTERS)})") \
+            from None

@@ -1,0 +1,161 @@
+"""devkit.codegen's rules and printers, and the engine's fusion pass, on the cpu plugin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import devkit
+import devkit.onnx
+from devkit import codegen
+from devkit.bench import fusion as patterns
+from devkit.engine import fusion
+from devkit.ops import PRIMITIVES, fallback_report
+
+F32 = np.dtype(np.float32)
+
+
+def _cpu():
+    dev = devkit.device("cpu:0")
+    if not dev.plugin.has_codegen:
+        pytest.skip(reason="no C compiler at run time: the cpu plugin has no codegen section")
+    return dev
+
+
+def _group(op: str, arity: int, attrs=None, shape=(3, 5)) -> codegen.Group:
+    inputs = [codegen.TensorArg(shape, (shape[1], 1), F32) for _ in range(arity)]
+    ops = [codegen.GroupOp(op, tuple(("in", k) for k in range(arity)), attrs or {}, (F32,) * arity, F32, shape)]
+    return codegen.Group(shape, inputs, ops, [(0, codegen.TensorArg(shape, (shape[1], 1), F32))])
+
+
+def test_every_elementwise_primitive_with_a_rule_renders_in_every_dialect():
+    ruled = sorted(PRIMITIVES & set(codegen.RULES) - {"Where", "Equal", "Less", "Cast"})
+    assert {"Add", "Mul", "Div", "Pow", "Exp", "Log", "Sqrt", "Erf"} <= set(ruled)
+    for op in ruled:
+        arity = 2 if op in ("Add", "Mul", "Div", "Pow") else 1
+        sources = {d: codegen.render(_group(op, arity), codegen.printer(d)).source for d in codegen.PRINTERS}
+        assert "get_global_id(0)" in sources["opencl-c"] and "__kernel" in sources["opencl-c"]
+        assert "__global__" in sources["cuda-c"] and "void *const *args" in sources["c"]
+
+
+def test_the_printer_picks_each_dialects_math_names_and_literals():
+    c, cl, cuda = (codegen.printer(d) for d in ("c", "opencl-c", "cuda-c"))
+    assert c.call("exp", F32, "x") == "expf(x)" and c.call("exp", np.float64, "x") == "exp(x)"
+    assert cl.call("exp", F32, "x") == "exp(x)"  # OpenCL C overloads
+    assert cuda.call("tanh", F32, "x") == "tanhf(x)"
+    assert c.literal(0.5, F32) == "0.5f" and c.literal(0.5, np.float64) == "0.5"
+    assert cl.storage(np.float16) == "half" and cuda.storage(np.float16) == "__half" and \
+        c.storage(np.float16) == "_Float16"
+    assert "vload_half" in cl.load("p", "i", np.float16)
+
+
+def test_an_unknown_dialect_is_named():
+    with pytest.raises(NotImplementedError, match="no printer for dialect 'spirv'"):
+        codegen.printer("spirv")
+
+
+@pytest.mark.parametrize("op,arity,reference", [
+    ("Sigmoid", 1, lambda x: 1 / (1 + np.exp(-x))),
+    ("Tanh", 1, np.tanh),
+    ("Relu", 1, lambda x: np.maximum(x, 0)),
+    ("Max", 2, np.maximum),
+    ("Sub", 2, np.subtract),
+    ("Gelu", 1, lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+])
+def test_a_rendered_rule_computes_the_op(op, arity, reference):
+    dev = _cpu()
+    attrs = {"approximate": "tanh"} if op == "Gelu" else {}
+    kernel = codegen.render(_group(op, arity, attrs), codegen.printer("c"))
+    function = codegen.compile_module(dev, kernel.source).function(kernel.name, ["tensor"] * kernel.num_tensors)
+    xs = [np.random.default_rng(k).standard_normal((3, 5)).astype(np.float32) for k in range(arity)]
+    out = devkit.asarray(np.zeros((3, 5), np.float32), dev)
+    function.launch([devkit.asarray(x, dev) for x in xs] + [out], (kernel.items,))
+    np.testing.assert_allclose(out.numpy(), reference(*xs), rtol=2e-6, atol=1e-6)
+
+
+def test_rmsnorm_is_one_kernel_and_matches_the_unfused_plan():
+    dev = _cpu()
+    model, feed = patterns.rmsnorm(4, 64)
+    fused = devkit.onnx.prepare(model, dev)  # fusion is on by default where the section is
+    assert fused.fuse
+    got = fused.run(feed)[0]
+    want = devkit.onnx.prepare(model, dev, fuse=False).run(feed)[0]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    (report,) = fused.fusion.values()
+    assert report["fused_ops"] == [["Mul", "ReduceMean", "Add", "Sqrt", "Div", "Mul"]]
+    assert report["kernels_saved"] == 5 and report["fallbacks"] == []
+    (plan,) = fused.plans.values()
+    assert [call.op for call in plan.calls] == ["Fused"]
+
+
+def test_ops_without_a_rule_fuse_through_their_decompositions():
+    from onnx import TensorProto, helper
+
+    dev = _cpu()
+    assert "Elu" not in codegen.RULES and "Softsign" not in codegen.RULES
+    nodes = [helper.make_node("Elu", ["x"], ["a"], alpha=0.7), helper.make_node("Softsign", ["a"], ["b"]),
+             helper.make_node("Mul", ["b", "x"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    fused = devkit.onnx.prepare(model, dev, fuse=True)
+    got = fused.run([x])[0]
+    a = np.where(x < 0, 0.7 * np.expm1(x), x)
+    np.testing.assert_allclose(got, a / (1 + np.abs(a)) * x, rtol=1e-5, atol=1e-6)
+    assert next(iter(fused.fusion.values()))["fused_ops"] == [["Elu", "Softsign", "Mul"]]
+
+
+def test_a_failed_compile_keeps_the_unfused_plan_and_is_counted(monkeypatch):
+    dev = _cpu()
+    real = codegen.render
+
+    def broken(group, printer):
+        kernel = real(group, printer)
+        return codegen.Kernel(kernel.source + "\nthis is not C;\n", kernel.name, kernel.num_tensors,
+                              kernel.items, kernel.grain)
+
+    monkeypatch.setattr(fusion.codegen, "render", broken)
+    fallback_report(reset=True)
+    model, feed = patterns.swiglu(4, 32)
+    prepared = devkit.onnx.prepare(model, dev, fuse=True)
+    got = prepared.run(feed)[0]
+    a, b = feed["a"], feed["b"]
+    np.testing.assert_allclose(got, a / (1 + np.exp(-a)) * b, rtol=1e-5, atol=1e-6)
+    (report,) = prepared.fusion.values()
+    assert report["groups"] == 0 and len(report["fallbacks"]) == 1
+    assert "does not compile" in report["fallbacks"][0]["reason"]
+    assert {"plugin": "cpu", "op": "Fused(Mul+Exp+Add+Div+Mul)", "dtype": "-", "count": 1} in fallback_report()
+    (plan,) = prepared.plans.values()
+    assert len(plan.calls) == 5
+
+
+def test_fuse_false_plans_are_untouched():
+    dev = _cpu()
+    model, feed = patterns.layernorm(4, 32)
+    prepared = devkit.onnx.prepare(model, dev, fuse=False)
+    prepared.run(feed)
+    assert prepared.fusion == {}
+    (plan,) = prepared.plans.values()
+    assert plan.fusion is None and len(plan.calls) == 9
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DEVKIT_CACHE_DIR", str(tmp_path / "d"))
+    assert codegen.cache_dir("cpu") == tmp_path / "d" / "codegen" / "cpu"
+    monkeypatch.delenv("DEVKIT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert codegen.cache_dir("opencl") == tmp_path / "x" / "devkit" / "codegen" / "opencl"
+
+
+def test_a_fused_chain_keeps_only_its_input_and_output_in_the_arena():
+    from tests.test_engine import relu_chain_model
+
+    dev = _cpu()
+    prepared = devkit.onnx.prepare(relu_chain_model(8, 1 << 12), dev, fuse=True)
+    x = np.random.default_rng(4).standard_normal(1 << 12).astype(np.float32)
+    np.testing.assert_array_equal(prepared.run([x])[0], np.maximum(x, 0))  # Relu is exact
+    (plan,) = prepared.plans.values()
+    assert [call.op for call in plan.calls] == ["Fused"]
+    assert plan.memory.total_bytes == 2 * x.nbytes
