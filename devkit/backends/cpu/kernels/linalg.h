@@ -7,7 +7,6 @@
 #define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
 
 #include "kernel.h"
-#include "vector.h"
 
 /* The compute type of a float kernel: float16/bfloat16 run as float32. */
 typedef enum { LINALG_F32, LINALG_F64 } linalg_real;

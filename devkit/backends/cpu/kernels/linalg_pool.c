@@ -165,7 +165,7 @@ static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
       index[o] = take ? (IDX)(at + o * s) : index[o];                                           \
     }                                                                                           \
   }                                                                                             \
-  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \
@@ -262,7 +262,7 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
     acc += lo;                                                                                  \
     for (int64_t o = 0; o < count; o++) acc[o] += (double)src[o * s];                           \
   }                                                                                             \
-  VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \

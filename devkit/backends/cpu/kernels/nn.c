@@ -146,6 +146,132 @@ static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
                          (long long)bytes);
 }
 
+/* ---- float32 row and plane kernels --------------------------------------- */
+
+/* float32 LayerNormalization, RMSNormalization and BatchNormalization
+ * inference run as float32 element loops the compiler vectorises, split
+ * over rows (planes) with cpu_parallel_for. Double only in the statistics:
+ * a float32 sum of a 4096-element row in 8 lanes could be off by ~512
+ * roundings (3e-5 relative), past the ops' rtol 2e-6, so the sums keep
+ * float64 lanes (exact to ~n * 2^-53). The element loop is float32: its
+ * 4 roundings stay near 2^-22 relative. */
+
+/* Independent accumulators of a sum: vector lanes. */
+#define NN_LANES 8
+/* Elements per cpu_parallel_for chunk, about: tens of microseconds. */
+#define NN_CHUNK_ELEMENTS ((int64_t)1 << 14)
+
+static int64_t nn_grain(int64_t per_item) {
+  return per_item >= NN_CHUNK_ELEMENTS ? 1 : NN_CHUNK_ELEMENTS / (per_item ? per_item : 1);
+}
+
+/* sum of (x[i] - center)^2 over float64 lanes; center 0 and `squares`
+ * false: the plain sum. */
+static inline __attribute__((always_inline)) double nn_lanes_sum_f32(const float *x, int64_t n,
+                                                                     double center, bool squares) {
+  double lane[NN_LANES] = {0};
+  int64_t body = n - n % NN_LANES;
+  for (int64_t i = 0; i < body; i += NN_LANES)
+    for (int j = 0; j < NN_LANES; j++) {
+      double d = (double)x[i + j] - center;
+      lane[j] += squares ? d * d : d;
+    }
+  for (int64_t i = body; i < n; i++) {
+    double d = (double)x[i] - center;
+    lane[i - body] += squares ? d * d : d;
+  }
+  double s = 0.0;
+  for (int j = 0; j < NN_LANES; j++) s += lane[j];
+  return s;
+}
+
+/* A float64 center as float32 hi + lo: (x - hi) - lo is x - center within
+ * about an ulp of the difference (x - hi is exact where x is near hi), where
+ * x - (float)center would be off by half an ulp of the center itself. */
+typedef struct nn_center_f32 {
+  float hi, lo;
+} nn_center_f32;
+
+static nn_center_f32 nn_split_center(double c) {
+  float hi = (float)c;
+  return (nn_center_f32){hi, (float)(c - (double)hi)};
+}
+
+/* LayerNormalization (rms false) or RMSNormalization over rows of `inner`
+ * contiguous elements; scale_at / bias_at: the element offset of each row's
+ * Scale / B run (contiguous over the row), from nn_param_offset. */
+typedef struct nn_rows_f32_job {
+  const cpu_tensor *x, *scale, *bias, *y;
+  float *mean_out, *inv_out;
+  int64_t inner;
+  int32_t ax;
+  double eps;
+  bool rms;
+  const int64_t *scale_strides, *bias_strides;
+} nn_rows_f32_job;
+
+/* The byte offset, into a parameter broadcast to X with `strides`, of row
+ * r's start (row-major digits of r over X's outer dims). */
+static int64_t nn_param_offset(const cpu_tensor *x, int32_t ax, int64_t r, const int64_t *strides) {
+  int64_t rest = r, off = 0;
+  for (int32_t d = ax - 1; d >= 0; d--) {
+    off += rest % x->shape[d] * strides[d];
+    rest /= x->shape[d];
+  }
+  return off;
+}
+
+CPU_VECTOR_CLONES static void nn_rows_f32(void *ctx, int64_t begin, int64_t end) {
+  const nn_rows_f32_job *j = ctx;
+  int64_t n = j->inner;
+  for (int64_t r = begin; r < end; r++) {
+    const float *x = (const float *)j->x->data + r * n;
+    float *y = (float *)j->y->data + r * n;
+    const float *w = (const float *)(j->scale->data + nn_param_offset(j->x, j->ax, r, j->scale_strides));
+    const float *b = j->bias ? (const float *)(j->bias->data + nn_param_offset(j->x, j->ax, r, j->bias_strides))
+                             : NULL;
+    double mean = j->rms ? 0.0 : nn_lanes_sum_f32(x, n, 0.0, false) / (double)n;
+    double inv = 1.0 / sqrt(nn_lanes_sum_f32(x, n, mean, true) / (double)n + j->eps);
+    if (!j->rms) {
+      j->mean_out[r] = (float)mean;
+      j->inv_out[r] = (float)inv;
+    }
+    nn_center_f32 c = nn_split_center(mean);
+    float a = (float)inv;
+    if (b)
+      for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - c.hi) - c.lo) * a * w[i] + b[i];
+    else
+      for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - c.hi) - c.lo) * a * w[i];
+  }
+}
+
+/* BatchNormalization inference over (n, c) planes of `inner` elements:
+ * y = (x - mean[c]) * a[c] + B[c], a = scale / sqrt(var + eps) -- the
+ * per-channel scale with the centering kept apart from the shift, since
+ * x * a + (B - mean * a) would cancel to an error of 2^-24 |mean * a|. */
+typedef struct nn_planes_f32_job {
+  const cpu_tensor *x, *scale, *bias, *mean, *var, *y;
+  int64_t channels, inner;
+  double eps;
+} nn_planes_f32_job;
+
+CPU_VECTOR_CLONES static void nn_planes_f32(void *ctx, int64_t begin, int64_t end) {
+  const nn_planes_f32_job *j = ctx;
+  int64_t n = j->inner;
+  for (int64_t p = begin; p < end; p++) {
+    int64_t ch = p % j->channels;
+    double v = cpu_load_as_double(j->var->data + ch * j->var->itemsize, j->var->dtype);
+    float a = (float)(cpu_load_as_double(j->scale->data + ch * j->scale->itemsize, j->scale->dtype) /
+                      sqrt(v + j->eps));
+    float b = (float)cpu_load_as_double(j->bias->data + ch * j->bias->itemsize, j->bias->dtype);
+    nn_center_f32 c =
+        nn_split_center(cpu_load_as_double(j->mean->data + ch * j->mean->itemsize, j->mean->dtype));
+    const float *x = (const float *)j->x->data + p * n;
+    float *y = (float *)j->y->data + p * n;
+    for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - c.hi) - c.lo) * a + b;
+  }
+}
+
 /* ---- BatchNormalization ----------------------------------------------------- */
 
 /* Inference: normalizes with input_mean/input_var and passes them on as the
@@ -165,6 +291,17 @@ static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
   int64_t channels = batched ? x->shape[1] : 1, batch = batched ? x->shape[0] : 1;
   int64_t inner = batched ? nn_prod(x->shape, 2, x->ndim) : x->size;
   int64_t images = x->size ? batch : 0; /* no pointer into an empty (NULL) tensor */
+  if (!training && x->dtype == DK_DTYPE_FLOAT32) {
+    for (int64_t c = 0; c < channels; c++) {
+      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype,
+                            cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype));
+      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype,
+                            cpu_load_as_double(var->data + c * var->itemsize, var->dtype));
+    }
+    nn_planes_f32_job job = {x, scale, bias, mean, var, y, channels, inner, eps};
+    cpu_parallel_for(images * channels, nn_grain(inner), nn_planes_f32, &job);
+    return DK_OK;
+  }
   for (int64_t c = 0; c < channels; c++) {
     double m = cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype);
     double v = cpu_load_as_double(var->data + c * var->itemsize, var->dtype);
@@ -223,6 +360,17 @@ static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, boo
     for (int32_t d = 0; d < inner_ndim; d++) strides[i][d] = full[i][ax + d];
   cpu_inner_loop loop = bias ? ops->scale_bias : ops->scale_only;
 
+  /* float32 with Scale (and B) running along each row: the row kernel. */
+  bool params_follow_x = true;
+  for (int i = 2; i < nops; i++)
+    for (int32_t d = 0; d < inner_ndim; d++)
+      params_follow_x &= x->shape[ax + d] == 1 || strides[i][d] == strides[1][d];
+  if (x->dtype == DK_DTYPE_FLOAT32 && params_follow_x && inner > 0) {
+    nn_rows_f32_job job = {x, scale, bias, y, mean_out, inv_out, inner, ax, eps, rms, full[2], full[3]};
+    cpu_parallel_for(outer, nn_grain(inner), nn_rows_f32, &job);
+    return DK_OK;
+  }
+
   for (int64_t r = 0; r < outer; r++) {
     const uint8_t *row = x->data ? x->data + r * inner * x->itemsize : NULL;
     nn_row_stats st;
@@ -236,16 +384,9 @@ static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, boo
       inv_out[r] = (float)st.inv;
     }
     if (!inner) continue;
-    /* The parameters' offsets for this row's outer index (row-major digits). */
-    int64_t rest = r, scale_off = 0, bias_off = 0;
-    for (int32_t d = ax - 1; d >= 0; d--) {
-      int64_t digit = rest % x->shape[d];
-      rest /= x->shape[d];
-      scale_off += digit * full[2][d];
-      if (bias) bias_off += digit * full[3][d];
-    }
-    uint8_t *base[4] = {y->data + r * inner * y->itemsize, (uint8_t *)row, scale->data + scale_off,
-                        bias ? bias->data + bias_off : NULL};
+    uint8_t *base[4] = {y->data + r * inner * y->itemsize, (uint8_t *)row,
+                        scale->data + nn_param_offset(x, ax, r, full[2]),
+                        bias ? bias->data + nn_param_offset(x, ax, r, full[3]) : NULL};
     cpu_nd_loop(nops, inner_ndim, x->shape + ax, (const int64_t(*)[CPU_MAX_DIMS])strides, base, loop,
                 &st);
   }

@@ -12,7 +12,7 @@
  * Precision: the operators' tolerance is 1 ulp of float32, so values go
  * through double: x - max is exact there (in float32 it rounds by up to half
  * an ulp of |x - max|, an error exp multiplies by |x - max|), the fast exp
- * (vector.h) is good to a few double ulps, and each output rounds once.
+ * (vmath.h) is good to a few double ulps, and each output rounds once.
  *
  * Stable form: y = exp(x - max) / sum(exp(x - max)) and
  * log y = (x - max) - log(sum(exp(x - max))). As in ONNX's reference (and
@@ -21,7 +21,7 @@
  * (-inf for LogSoftmax).
  */
 #include "reduce.h"
-#include "vector.h"
+#include "vmath.h"
 
 /* The block is processed `width` inner positions at a time, so that
  * Softmax's cache of exp(x - max) (len x width doubles) stays small. */
@@ -37,7 +37,7 @@
 #define EXP_FLOOR_F64 (-746.0)
 
 /* The exponential of the row kernels: one place to swap in another. */
-static inline __attribute__((always_inline)) double softmax_exp(double x, double floor) { return vector_exp_nonpositive(x, floor); }
+static inline __attribute__((always_inline)) double softmax_exp(double x, double floor) { return vm_exp_nonpositive(x, floor); }
 
 typedef struct softmax_job {
   const uint8_t *x;
@@ -74,7 +74,7 @@ typedef struct softmax_job {
       for (int64_t i = 0; i < len; i++) y[i] = STORE(e[i] * inv);                                 \
     }                                                                                             \
   }                                                                                               \
-  VECTOR_CLONES static void softmax_rows_##S(void *ctx, int64_t begin, int64_t end) {             \
+  CPU_VECTOR_CLONES static void softmax_rows_##S(void *ctx, int64_t begin, int64_t end) {             \
     softmax_job *job = ctx;                                                                       \
     double *e = malloc((size_t)job->len * sizeof *e);                                             \
     if (!e) {                                                                                     \
@@ -122,7 +122,7 @@ typedef struct softmax_job {
       }                                                                                           \
     }                                                                                             \
   }                                                                                               \
-  VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
+  CPU_VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
     softmax_job *job = ctx;                                                                       \
     size_t cache = job->log_form ? 0 : (size_t)(job->len * job->width);                           \
     double *m = malloc((2 * (size_t)job->width + cache) * sizeof *m);                             \

@@ -13,6 +13,8 @@
  * is 1 ulp for each function (devkit/backends/cpu/__init__.py), inside every
  * op's tolerance (docs/operators.md).
  *
+ * vm_exp_nonpositive is the double-precision exp of the Softmax rows.
+ *
  * Products are never fused (ISO C mode: -ffp-contract=off), so every
  * CPU_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
  * count gives the same bits.
@@ -41,26 +43,44 @@ static inline double vm_clamp(double x, double lo, double hi) { /* NaN stays NaN
   return x > hi ? hi : x;
 }
 
-/* e^x for |x| <= 200 (NaN gives NaN): x = k ln2 + r, |r| <= ln2 / 2, with
- * k ln2 in two parts (k * LN2_HI is exact); e^r by its Taylor polynomial to
- * r^9 / 9! (truncation below 2^-35); 2^k built in the exponent bits. */
-static inline double vm_exp_core(double x) {
+/* 1 / i!, the Taylor coefficients of e^r. */
+static const double vm_inv_factorial[14] = {
+    1.0,           1.0,           1.0 / 2,        1.0 / 6,         1.0 / 24,
+    1.0 / 120,     1.0 / 720,     1.0 / 5040,     1.0 / 40320,     1.0 / 362880,
+    1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0};
+
+/* e^x for x in [-746, 709] (NaN gives NaN): x = k ln2 + r, |r| <= ln2 / 2,
+ * with k ln2 in two parts (k * LN2_HI is exact, so r is exact to ~1e-19);
+ * e^r by its Taylor polynomial to r^degree / degree! -- degree 9 (truncation
+ * below 2^-35) where the result rounds to float32, 13 (below 1e-17: a few
+ * double ulps) where it stays float64; 2^k as two factors 2^h 2^(k - h),
+ * both normal, so results down to the subnormals are formed without
+ * overflowing the exponent (and where both are normal the product is the
+ * one scaling by 2^k). `degree` is a constant at every call: inlined, the
+ * loop unrolls into the Horner chain. */
+static inline __attribute__((always_inline)) double vm_exp_taylor(double x, int degree) {
   const double shifter = 0x1.8p52; /* adding it rounds to an integer in the low bits */
   double t = x * 0x1.71547652b82fep0 + shifter;
   double k = t - shifter;
-  uint64_t scale = (vm_bits(t) - vm_bits(shifter) + 1023) << 52;
   double r = (x - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
-  double p = 1.0 / 362880;
-  p = p * r + 1.0 / 40320;
-  p = p * r + 1.0 / 5040;
-  p = p * r + 1.0 / 720;
-  p = p * r + 1.0 / 120;
-  p = p * r + 1.0 / 24;
-  p = p * r + 1.0 / 6;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  return p * vm_from_bits(scale);
+  double p = vm_inv_factorial[degree];
+  for (int i = degree - 1; i >= 0; i--) p = p * r + vm_inv_factorial[i];
+  /* k in [-1077, 1023] as an integer, from t's low bits; h = floor((k +
+   * 2048) / 2) - 1024 keeps both exponents in range. */
+  int64_t ki = (int64_t)(vm_bits(t) - vm_bits(shifter));
+  int64_t h = (int64_t)((uint64_t)(ki + 2048) >> 1) - 1024;
+  double s1 = vm_from_bits((uint64_t)(h + 1023) << 52), s2 = vm_from_bits((uint64_t)(ki - h + 1023) << 52);
+  return p * s1 * s2;
+}
+
+/* e^x for |x| <= 200, good for one rounding to float32. */
+static inline double vm_exp_core(double x) { return vm_exp_taylor(x, 9); }
+
+/* e^x in double precision (a few ulps) for x <= 0 and NaN. x below `floor`
+ * (>= -746) is taken as `floor`: a caller whose results round to zero below
+ * some point passes it, keeping subnormal arithmetic out of its loops. */
+static inline __attribute__((always_inline)) double vm_exp_nonpositive(double x, double floor) {
+  return vm_exp_taylor(x < floor ? floor : x, 13); /* NaN stays NaN */
 }
 
 /* e^x: overflow to inf above 88.72..., gradual underflow to 0 below -87.3
