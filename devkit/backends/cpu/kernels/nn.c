@@ -158,8 +158,9 @@ static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
 
 /* Independent accumulators of a sum: vector lanes. */
 #define NN_LANES 8
-/* Elements per cpu_parallel_for chunk, about: tens of microseconds. */
-#define NN_CHUNK_ELEMENTS ((int64_t)1 << 14)
+/* Elements per cpu_parallel_for chunk, about: tens of microseconds (a
+ * plane or row pass streams them from memory). */
+#define NN_CHUNK_ELEMENTS ((int64_t)1 << 16)
 
 static int64_t nn_grain(int64_t per_item) {
   return per_item >= NN_CHUNK_ELEMENTS ? 1 : NN_CHUNK_ELEMENTS / (per_item ? per_item : 1);
