@@ -3,11 +3,14 @@
  * training mode, LayerNormalization, RMSNormalization, GroupNormalization,
  * InstanceNormalization), LRN and Trilu.
  *
- * Every float kernel loads elements as double, computes in double and rounds
- * once on store: statistics are two-pass (mean, then the squared deviations)
- * with pairwise summation, so float32 rows of any length and float64 rows get
- * errors near one rounding of the output. Inputs are compact (no CPU_STRIDED):
- * a normalized row, group or channel is one contiguous run of elements.
+ * Statistics are two-pass (mean, then the squared deviations) and summed in
+ * double. float32 LayerNormalization, RMSNormalization (Scale and B running
+ * along the row) and BatchNormalization inference have float32 element
+ * loops split over rows / planes on the thread pool (the float32 row and
+ * plane kernels below); every other case loads elements as double, sums
+ * pairwise, computes in double and rounds once on store. Inputs are compact
+ * (no CPU_STRIDED): a normalized row, group or channel is one contiguous run
+ * of elements.
  */
 #include <stdlib.h>
 
