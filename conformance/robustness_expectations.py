@@ -14,12 +14,8 @@ _NO_VALIDATOR = ("issue 17: no launch-time validator yet beyond the op schema (c
 KNOWN_GAPS: dict[str, dict[str, str]] = {
     "cpu": {
         "BatchNormalizationGrad": _NO_VALIDATOR,
-        "Cast": _NO_VALIDATOR,
-        "Celu": _NO_VALIDATOR,
         "Clip": _NO_VALIDATOR,
         "ConstantOfShape": _NO_VALIDATOR,
-        "Dropout": _NO_VALIDATOR,
-        "EyeLike": _NO_VALIDATOR,
         "Gemm": _NO_VALIDATOR,
         "LayerNormalizationGrad": _NO_VALIDATOR,
         "MatMul": _NO_VALIDATOR,
@@ -28,7 +24,6 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
         "Range": _NO_VALIDATOR,
         "Reshape": _NO_VALIDATOR,
         "Resize": _NO_VALIDATOR,
-        "Selu": _NO_VALIDATOR,
         "Shape": _NO_VALIDATOR,
         "SoftmaxCrossEntropyLoss": _NO_VALIDATOR,
         "SoftmaxCrossEntropyLossGrad": _NO_VALIDATOR,
