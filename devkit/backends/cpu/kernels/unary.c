@@ -420,6 +420,7 @@ static const cpu_validator v_unary[] = {
     INT_OPS(UNARY_VALIDATOR)
     PREDICATE_OPS(PREDICATE_VALIDATOR)
     {"Not", validate_unary},
-    {"Celu", validate_celu}, /* after FLOAT_OPS' entry: the last registration wins */
+    {"Gelu", validate_unary}, /* the kernels GeluErf and GeluTanh of FLOAT_OPS serve */
+    {"Celu", validate_celu},  /* after FLOAT_OPS' entry: the last registration wins */
 };
 CPU_REGISTER_VALIDATORS(v_unary)
