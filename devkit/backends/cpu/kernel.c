@@ -440,6 +440,12 @@ DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t ran
   return DK_OK;
 }
 
+DK_Status cpu_check_float(const cpu_kernel_args *k, const char *name, double min) {
+  double value = cpu_attr_float(k, name, 0.0);
+  if (!cpu_attr(k, name) || (isfinite(value) && value >= min)) return DK_OK;
+  return cpu_invalid(k, "attribute '%s' is %g; it must be finite and at least %g", name, value, min);
+}
+
 DK_Status cpu_check_output(const cpu_kernel_args *k, size_t j, int32_t ndim, const int64_t *shape) {
   if (j >= k->num_outputs) return cpu_invalid(k, "output %zu is missing", j);
   const cpu_tensor *t = &k->out[j];

@@ -194,6 +194,9 @@ DK_Status cpu_check_int_list(const cpu_kernel_args *k, const char *name);
  * axes[0..*count) get them normalised; absent: *count = -1. */
 DK_Status cpu_check_axes(const cpu_kernel_args *k, const char *name, int32_t rank, int32_t *axes,
                          int64_t *count);
+/* Float attribute `name`, when present, is finite and at least `min`
+ * (-INFINITY: any finite value). */
+DK_Status cpu_check_float(const cpu_kernel_args *k, const char *name, double min);
 /* Output j has rank ndim and the given shape. */
 DK_Status cpu_check_output(const cpu_kernel_args *k, size_t j, int32_t ndim, const int64_t *shape);
 /* Output j has input i's shape. */

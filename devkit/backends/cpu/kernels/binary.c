@@ -446,6 +446,15 @@ static DK_Status validate_binary(const cpu_kernel_args *k) {
   return cpu_check_dtype(k, "output", 0, compares ? DK_DTYPE_BOOL : k->in[0].dtype);
 }
 
+/* Mod: as the other binary ops; float inputs take only fmod=1. */
+static DK_Status validate_mod(const cpu_kernel_args *k) {
+  DK_DTypeKey dt = k->in[0].dtype;
+  bool real = dt == DK_DTYPE_FLOAT32 || dt == DK_DTYPE_FLOAT64 || dt == DK_DTYPE_FLOAT16 || dt == DK_DTYPE_BFLOAT16;
+  if (real && cpu_attr_int(k, "fmod", 0) == 0)
+    return cpu_invalid(k, "fmod=0 (integer modulo) is defined for integers only; float inputs need fmod=1");
+  return validate_binary(k);
+}
+
 /* Where(condition, X, Y): a bool condition; X, Y and the output of one dtype. */
 static DK_Status validate_where(const cpu_kernel_args *k) {
   DK_Status st = cpu_check_broadcast(k, 3);
@@ -457,7 +466,7 @@ static DK_Status validate_where(const cpu_kernel_args *k) {
 
 static const cpu_validator v_binary[] = {
     {"Add", validate_binary},      {"Sub", validate_binary},         {"Mul", validate_binary},
-    {"Div", validate_binary},      {"Mod", validate_binary},         {"Pow", validate_binary},
+    {"Div", validate_binary},      {"Mod", validate_mod}   ,         {"Pow", validate_binary},
     {"PRelu", validate_binary},    {"Max", validate_binary},         {"Min", validate_binary},
     {"Sum", validate_binary},      {"Mean", validate_binary},        {"Equal", validate_binary},
     {"Less", validate_binary},     {"LessOrEqual", validate_binary}, {"Greater", validate_binary},

@@ -667,3 +667,72 @@ static const cpu_kernel_def k_linalg_gemm[] = {
     {"Gemm", DK_DTYPE_BFLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
 };
 CPU_REGISTER_KERNELS(k_linalg_gemm)
+
+/* ---- Validators ------------------------------------------------------------------- */
+
+/* Every present input and the output have input 0's dtype. */
+static DK_Status check_one_dtype(const cpu_kernel_args *k) {
+  DK_Status st = DK_OK;
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
+    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+/* MatMul: A and B of rank >= 1 (1-D: a row of A, a column of B) with one
+ * inner size; their batch dims broadcast; Y batch + (M) + (N). */
+static DK_Status validate_matmul(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
+  if (st == DK_OK) st = cpu_check_rank(k, 1, 1, CPU_MAX_DIMS);
+  if (st == DK_OK) st = check_one_dtype(k);
+  if (st != DK_OK) return st;
+  const cpu_tensor *a = &k->in[0], *b = &k->in[1];
+  int64_t ka = a->shape[a->ndim - 1], kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
+  if (ka != kb) return cpu_invalid(k, "A's last dim %lld does not match B's %lld", (long long)ka, (long long)kb);
+  int32_t na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
+  int32_t nbatch = na > nb ? na : nb, n = 0;
+  int64_t shape[CPU_MAX_DIMS + 2];
+  for (int32_t d = 0; d < nbatch; d++, n++) {
+    int32_t da = d - (nbatch - na), db = d - (nbatch - nb);
+    int64_t x = da < 0 ? 1 : a->shape[da], y = db < 0 ? 1 : b->shape[db];
+    if (x != y && x != 1 && y != 1)
+      return cpu_invalid(k, "the batch dims of A and B do not broadcast (%lld against %lld)", (long long)x,
+                         (long long)y);
+    shape[n] = x == 1 ? y : x;
+  }
+  if (a->ndim >= 2) shape[n++] = a->shape[a->ndim - 2];
+  if (b->ndim >= 2) shape[n++] = b->shape[b->ndim - 1];
+  if (n > CPU_MAX_DIMS) return cpu_invalid(k, "the output's rank exceeds %d", CPU_MAX_DIMS);
+  return cpu_check_output(k, 0, n, shape);
+}
+
+/* Gemm: 2-D A and B whose op()s chain; C broadcasting unidirectionally to
+ * Y (M, N). */
+static DK_Status validate_gemm(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, 2);
+  if (st == DK_OK) st = cpu_check_rank(k, 1, 2, 2);
+  if (st == DK_OK) st = check_one_dtype(k);
+  if (st != DK_OK) return st;
+  const cpu_tensor *a = &k->in[0], *b = &k->in[1];
+  bool ta = cpu_attr_int(k, "transA", 0) != 0, tb = cpu_attr_int(k, "transB", 0) != 0;
+  int64_t m = a->shape[ta ? 1 : 0], ka = a->shape[ta ? 0 : 1], kb = b->shape[tb ? 1 : 0], n = b->shape[tb ? 0 : 1];
+  if (ka != kb)
+    return cpu_invalid(k, "op(A) is %lldx%lld but op(B) is %lldx%lld", (long long)m, (long long)ka, (long long)kb,
+                       (long long)n);
+  const int64_t y[] = {m, n};
+  if (k->num_inputs > 2 && k->in[2].ndim >= 0) {
+    const cpu_tensor *c = &k->in[2];
+    if (c->ndim > 2) return cpu_invalid(k, "C has rank %d; at most 2", c->ndim);
+    for (int32_t d = 0; d < c->ndim; d++) {
+      int64_t cs = c->shape[c->ndim - 1 - d], ys = y[1 - d];
+      if (cs != 1 && cs != ys) return cpu_invalid(k, "C does not broadcast to the output (%lld, %lld)", (long long)m,
+                                                  (long long)n);
+    }
+  }
+  return cpu_check_output(k, 0, 2, y);
+}
+
+static const cpu_validator v_linalg[] = {
+    {"MatMul", validate_matmul},
+    {"Gemm", validate_gemm},
+};
+CPU_REGISTER_VALIDATORS(v_linalg)

@@ -397,15 +397,23 @@ static DK_Status validate_slice(const cpu_kernel_args *k) {
 static DK_Status validate_expand(const cpu_kernel_args *k) {
   DK_Status st = same_dtype_everywhere(k);
   if (st != DK_OK) return st;
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
-  if (in->ndim > out->ndim)
-    return cpu_invalid(k, "the input has rank %d, more than the output's %d", in->ndim, out->ndim);
-  for (int32_t d = 0; d < in->ndim; d++) {
-    int64_t n = in->shape[d], m = out->shape[out->ndim - in->ndim + d];
-    if (n != 1 && n != m)
-      return cpu_invalid(k, "input dimension %d (%lld) does not broadcast to %lld", d, (long long)n, (long long)m);
+  if ((st = cpu_check_int_list(k, "shape")) != DK_OK) return st;
+  const cpu_tensor *in = &k->in[0];
+  int64_t count;
+  const int64_t *given = cpu_attr_ints(k, "shape", &count);
+  if (count > CPU_MAX_DIMS) return cpu_invalid(k, "attribute 'shape' has %lld values, over %d", (long long)count, CPU_MAX_DIMS);
+  int32_t ndim = in->ndim > count ? in->ndim : (int32_t)count;
+  int64_t shape[CPU_MAX_DIMS];
+  for (int32_t d = 0; d < ndim; d++) { /* numpy broadcasting of the input's shape with `shape` */
+    int32_t di = d - (ndim - in->ndim), ds = d - (ndim - (int32_t)count);
+    int64_t n = di < 0 ? 1 : in->shape[di], m = ds < 0 ? 1 : given[ds];
+    if (m < 0) return cpu_invalid(k, "attribute 'shape' value %d is %lld, negative", ds, (long long)m);
+    if (n != m && n != 1 && m != 1)
+      return cpu_invalid(k, "the input's dimension %d (%lld) does not broadcast with %lld", di, (long long)n,
+                         (long long)m);
+    shape[d] = n == 1 ? m : n;
   }
-  return DK_OK;
+  return cpu_check_output(k, 0, ndim, shape);
 }
 
 static DK_Status validate_tile(const cpu_kernel_args *k) {

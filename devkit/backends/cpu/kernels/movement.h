@@ -58,6 +58,15 @@ DK_Status movement_index_error(const cpu_kernel_args *k, int64_t value, int64_t 
 DK_Status movement_check_indices(const cpu_kernel_args *k, const cpu_tensor *indices,
                                  int64_t dim, int32_t axis);
 
+/* Validators' checks of data (input 0) and indices (input 1, int32 or
+ * int64), as the Gather and Scatter ops read them. _elementwise: GatherElements and
+ * ScatterElements -- "axis" inside data's rank (*axis normalised), indices of
+ * data's rank and no larger in any other dim. _nd: GatherND and ScatterND --
+ * the first `batch_dims` dims shared, and *depth = indices.shape[-1] in
+ * 1..rank(data) - batch_dims. */
+DK_Status movement_check_elementwise_indices(const cpu_kernel_args *k, int64_t *axis);
+DK_Status movement_check_nd_indices(const cpu_kernel_args *k, int64_t batch_dims, int32_t *depth);
+
 /* Steps a row-major walk over `shape` to the next index, keeping
  * *offset == sum(index[d] * strides[d]). */
 static inline void movement_advance(int32_t ndim, const int64_t *shape, const int64_t *strides,

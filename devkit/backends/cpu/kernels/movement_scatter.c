@@ -172,3 +172,44 @@ static const cpu_kernel_def k_movement_scatter[] = {
     CPU_ALL_DTYPES("ScatterND", scatter_nd, 0),
 };
 CPU_REGISTER_KERNELS(k_movement_scatter)
+
+/* ---- Validators ------------------------------------------------------------ */
+
+/* updates (input 2) have data's dtype and the given shape; output like data. */
+static DK_Status check_updates(const cpu_kernel_args *k, int32_t ndim, const int64_t *shape) {
+  DK_Status st = cpu_check_rank(k, 2, ndim, ndim);
+  for (int32_t d = 0; st == DK_OK && d < ndim; d++)
+    if (k->in[2].shape[d] != shape[d])
+      st = cpu_invalid(k, "updates dim %d is %lld; data and indices give %lld", d, (long long)k->in[2].shape[d],
+                       (long long)shape[d]);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, k->in[0].dtype);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+/* ScatterElements: updates of indices' shape. */
+static DK_Status validate_scatter_elements(const cpu_kernel_args *k) {
+  int64_t axis;
+  DK_Status st = movement_check_elementwise_indices(k, &axis);
+  return st != DK_OK ? st : check_updates(k, k->in[1].ndim, k->in[1].shape);
+}
+
+/* ScatterND: updates of shape indices.shape[:-1] + data.shape[depth:]. */
+static DK_Status validate_scatter_nd(const cpu_kernel_args *k) {
+  int32_t depth;
+  DK_Status st = movement_check_nd_indices(k, 0, &depth);
+  if (st != DK_OK) return st;
+  const cpu_tensor *data = &k->in[0], *indices = &k->in[1];
+  int64_t shape[2 * CPU_MAX_DIMS];
+  int32_t n = 0;
+  for (int32_t d = 0; d < indices->ndim - 1; d++) shape[n++] = indices->shape[d];
+  for (int32_t d = depth; d < data->ndim; d++) shape[n++] = data->shape[d];
+  if (n > CPU_MAX_DIMS) return cpu_invalid(k, "updates would have rank %d, over %d", n, CPU_MAX_DIMS);
+  return check_updates(k, n, shape);
+}
+
+static const cpu_validator v_movement_scatter[] = {
+    {"ScatterElements", validate_scatter_elements},
+    {"ScatterND", validate_scatter_nd},
+};
+CPU_REGISTER_VALIDATORS(v_movement_scatter)

@@ -542,10 +542,19 @@ static DK_Status check_vector(const cpu_kernel_args *k, size_t i, int64_t n) {
   return DK_OK;
 }
 
+/* The normalisations' attributes: epsilon finite and >= 0; stash_type, when
+ * given, 1 (the statistics' precision the kernels implement). */
+static DK_Status check_norm_attributes(const cpu_kernel_args *k) {
+  int64_t stash = cpu_attr_int(k, "stash_type", 1);
+  if (stash != 1) return cpu_invalid(k, "attribute 'stash_type' is %lld; only 1 is supported", (long long)stash);
+  return cpu_check_float(k, "epsilon", 0.0);
+}
+
 /* BatchNormalization, InstanceNormalization: X (N, C, ...) (BatchNormalization:
  * or (N)), per-channel vectors (of any float dtype); Y like X. */
 static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
   DK_Status st = cpu_check_rank(k, 0, strcmp(k->op, "InstanceNormalization") == 0 ? 3 : 1, CPU_MAX_DIMS);
+  if (st == DK_OK) st = check_norm_attributes(k);
   if (st != DK_OK) return st;
   int64_t c = k->in[0].ndim > 1 ? k->in[0].shape[1] : 1;
   for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
@@ -561,6 +570,7 @@ static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
 static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
   DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
   int64_t axis;
+  if (st == DK_OK) st = check_norm_attributes(k);
   if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
   if (st == DK_OK) st = cpu_validate_like_input(k);
   if (st != DK_OK) return st;
@@ -584,6 +594,7 @@ static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
 /* GroupNormalization: num_groups >= 1 divides C; scale and bias (C); Y like X. */
 static DK_Status validate_group_norm(const cpu_kernel_args *k) {
   DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+  if (st == DK_OK) st = check_norm_attributes(k);
   if (st != DK_OK) return st;
   int64_t groups = cpu_attr_int(k, "num_groups", 1), c = k->in[0].shape[1];
   if (groups < 1 || c % groups)

@@ -445,3 +445,145 @@ static const cpu_kernel_def k_nn_attention[] = {
     {"RotaryEmbedding", DK_DTYPE_BFLOAT16, rotary_embedding, 0},
 };
 CPU_REGISTER_KERNELS(k_nn_attention)
+
+/* ---- Validators ------------------------------------------------------------ */
+
+/* Input i, when present, has dtype `dtype` and the given shape. */
+static DK_Status check_input_shape(const cpu_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape,
+                                   DK_DTypeKey dtype) {
+  const cpu_tensor *t = &k->in[i];
+  bool same = t->ndim == ndim;
+  for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+  if (!same) return cpu_invalid(k, "input %zu's shape disagrees with the other inputs'", i);
+  return cpu_check_dtype(k, "input", i, dtype);
+}
+
+/* Int attribute `name`, when present, is at least 1 (heads). */
+static DK_Status check_heads(const cpu_kernel_args *k, const char *name) {
+  int64_t n = cpu_attr_int(k, name, 1);
+  return n >= 1 ? DK_OK : cpu_invalid(k, "attribute '%s' is %lld; it must be at least 1", name, (long long)n);
+}
+
+/* Attention: Q, K, V all 3-D (heads from the attributes, dividing the hidden
+ * sizes) or all 4-D; one batch, head size and key length; Hkv divides Hq;
+ * past_key/past_value together, (B, Hkv, P, D/Dv); attn_mask bool or Q's
+ * dtype, broadcasting to (B, Hq, Lq, P + Lkv); the four outputs, which the
+ * kernel always writes, with the shapes those give. */
+static DK_Status validate_attention(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 3, 4);
+  const cpu_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+  if (st == DK_OK) st = cpu_check_rank(k, 1, q->ndim, q->ndim);
+  if (st == DK_OK) st = cpu_check_rank(k, 2, q->ndim, q->ndim);
+  if (st == DK_OK) st = check_heads(k, "q_num_heads");
+  if (st == DK_OK) st = check_heads(k, "kv_num_heads");
+  for (size_t i = 1; st == DK_OK && i < 3; i++) st = cpu_check_dtype(k, "input", i, q->dtype);
+  if (st != DK_OK) return st;
+  if (k->num_outputs != 4) return cpu_invalid(k, "the kernel writes all 4 outputs; the call has %zu", k->num_outputs);
+  int64_t batch = q->shape[0], hq, hkv, lq, lkv, d, dk, dv, v_len;
+  if (q->ndim == 3) {
+    if (!cpu_attr(k, "q_num_heads") || !cpu_attr(k, "kv_num_heads"))
+      return cpu_invalid(k, "3-D Q, K and V need the q_num_heads and kv_num_heads attributes");
+    hq = cpu_attr_int(k, "q_num_heads", 1);
+    hkv = cpu_attr_int(k, "kv_num_heads", 1);
+    if (q->shape[2] % hq || kk->shape[2] % hkv || v->shape[2] % hkv)
+      return cpu_invalid(k, "hidden sizes %lld, %lld, %lld are not multiples of the heads %lld, %lld",
+                         (long long)q->shape[2], (long long)kk->shape[2], (long long)v->shape[2],
+                         (long long)hq, (long long)hkv);
+    lq = q->shape[1], lkv = kk->shape[1], v_len = v->shape[1];
+    d = q->shape[2] / hq, dk = kk->shape[2] / hkv, dv = v->shape[2] / hkv;
+  } else {
+    hq = q->shape[1], hkv = kk->shape[1], lq = q->shape[2], lkv = kk->shape[2], v_len = v->shape[2];
+    d = q->shape[3], dk = kk->shape[3], dv = v->shape[3];
+    if (cpu_attr_int(k, "q_num_heads", hq) != hq || cpu_attr_int(k, "kv_num_heads", hkv) != hkv ||
+        v->shape[1] != hkv)
+      return cpu_invalid(k, "the heads of Q (%lld), K (%lld), V (%lld) and the attributes disagree",
+                         (long long)hq, (long long)hkv, (long long)v->shape[1]);
+  }
+  if (kk->shape[0] != batch || v->shape[0] != batch || dk != d || v_len != lkv)
+    return cpu_invalid(k, "Q, K and V disagree on the batch, the head size or the key length");
+  if (hkv ? hq % hkv : hq)
+    return cpu_invalid(k, "q_num_heads %lld is not a multiple of kv_num_heads %lld", (long long)hq, (long long)hkv);
+  bool has_past_key = k->num_inputs > 4 && k->in[4].ndim >= 0;
+  bool has_past_value = k->num_inputs > 5 && k->in[5].ndim >= 0;
+  if (has_past_key != has_past_value) return cpu_invalid(k, "past_key and past_value must be given together");
+  int64_t past = 0;
+  if (has_past_key) {
+    if (k->in[4].ndim != 4) return cpu_invalid(k, "past_key must be 4-D, got rank %d", k->in[4].ndim);
+    past = k->in[4].shape[2];
+    const int64_t past_key[] = {batch, hkv, past, d}, past_value[] = {batch, hkv, past, dv};
+    st = check_input_shape(k, 4, 4, past_key, q->dtype);
+    if (st == DK_OK) st = check_input_shape(k, 5, 4, past_value, q->dtype);
+    if (st != DK_OK) return st;
+  }
+  int64_t total = past + lkv;
+  const int64_t scores[] = {batch, hq, lq, total};
+  if (k->num_inputs > 3 && k->in[3].ndim >= 0) {
+    const cpu_tensor *m = &k->in[3];
+    if (m->dtype != DK_DTYPE_BOOL && m->dtype != q->dtype)
+      return cpu_invalid(k, "attn_mask must be bool or Q's dtype");
+    if (m->ndim > 4) return cpu_invalid(k, "attn_mask has rank %d; at most 4", m->ndim);
+    for (int32_t i = 0; i < m->ndim; i++) {
+      int64_t n = m->shape[m->ndim - 1 - i];
+      if (n != 1 && n != scores[3 - i])
+        return cpu_invalid(k, "attn_mask does not broadcast to (B, Hq, Lq, P + Lkv)");
+    }
+  }
+  if ((st = cpu_check_float(k, "scale", 0.0)) != DK_OK || (st = cpu_check_float(k, "softcap", 0.0)) != DK_OK)
+    return st;
+  const int64_t y3[] = {batch, lq, hq * dv}, y4[] = {batch, hq, lq, dv};
+  const int64_t present_key[] = {batch, hkv, total, d}, present_value[] = {batch, hkv, total, dv};
+  st = cpu_check_output(k, 0, q->ndim, q->ndim == 3 ? y3 : y4);
+  if (st == DK_OK) st = cpu_check_output(k, 1, 4, present_key);
+  if (st == DK_OK) st = cpu_check_output(k, 2, 4, present_value);
+  if (st == DK_OK) st = cpu_check_output(k, 3, 4, scores);
+  for (size_t j = 0; st == DK_OK && j < 4; j++) st = cpu_check_dtype(k, "output", j, q->dtype);
+  return st;
+}
+
+/* RotaryEmbedding: X 4-D, or 3-D with num_heads dividing its hidden size; an
+ * even rotary dim within the head size; the caches (B, S, R/2), or, with
+ * int64 position_ids (B, S), (positions, R/2); Y like X. */
+static DK_Status validate_rotary_embedding(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 3, 4);
+  if (st == DK_OK) st = check_heads(k, "num_heads");
+  if (st != DK_OK) return st;
+  const cpu_tensor *x = &k->in[0], *cos = &k->in[1];
+  int64_t batch = x->shape[0], seq, head_size, heads = cpu_attr_int(k, "num_heads", 1);
+  if (x->ndim == 4) {
+    if (cpu_attr(k, "num_heads") && heads != x->shape[1])
+      return cpu_invalid(k, "num_heads=%lld disagrees with X's %lld heads", (long long)heads,
+                         (long long)x->shape[1]);
+    seq = x->shape[2], head_size = x->shape[3];
+  } else {
+    if (!cpu_attr(k, "num_heads")) return cpu_invalid(k, "3-D X needs the num_heads attribute");
+    if (x->shape[2] % heads)
+      return cpu_invalid(k, "X's hidden size %lld is not a multiple of num_heads %lld", (long long)x->shape[2],
+                         (long long)heads);
+    seq = x->shape[1], head_size = x->shape[2] / heads;
+  }
+  int64_t rotary = cpu_attr_int(k, "rotary_embedding_dim", 0);
+  if (!rotary) rotary = head_size;
+  if (rotary < 0 || rotary % 2 || rotary > head_size)
+    return cpu_invalid(k, "the rotary dim %lld must be even and at most the head size %lld", (long long)rotary,
+                       (long long)head_size);
+  bool ids = k->num_inputs > 3 && k->in[3].ndim >= 0;
+  if (ids) {
+    const int64_t want[] = {batch, seq};
+    st = check_input_shape(k, 3, 2, want, DK_DTYPE_INT64);
+    if (st == DK_OK && (cos->ndim != 2 || cos->shape[1] != rotary / 2))
+      st = cpu_invalid(k, "with position_ids, cos_cache must be (positions, %lld)", (long long)(rotary / 2));
+  } else {
+    const int64_t want[] = {batch, seq, rotary / 2};
+    st = check_input_shape(k, 1, 3, want, x->dtype);
+  }
+  if (st == DK_OK) st = check_input_shape(k, 1, cos->ndim, cos->shape, x->dtype);
+  if (st == DK_OK) st = check_input_shape(k, 2, cos->ndim, cos->shape, x->dtype);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, x->dtype);
+}
+
+static const cpu_validator v_nn_attention[] = {
+    {"Attention", validate_attention},
+    {"RotaryEmbedding", validate_rotary_embedding},
+};
+CPU_REGISTER_VALIDATORS(v_nn_attention)

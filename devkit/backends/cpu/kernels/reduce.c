@@ -340,3 +340,39 @@ static const cpu_kernel_def k_reduce[] = {
     {"ReduceMin", DK_DTYPE_BOOL, reduce_min_bool, 0},
 };
 CPU_REGISTER_KERNELS(k_reduce)
+
+/* ---- Validators ---------------------------------------------------------------- */
+
+DK_Status reduce_check_output(const cpu_kernel_args *k, const bool *reduced, DK_DTypeKey dtype) {
+  const cpu_tensor *x = &k->in[0];
+  bool keep = cpu_attr_int(k, "keepdims", 1) != 0;
+  int64_t shape[CPU_MAX_DIMS];
+  int32_t n = 0;
+  for (int32_t d = 0; d < x->ndim; d++)
+    if (!reduced[d] || keep) shape[n++] = reduced[d] ? 1 : x->shape[d];
+  DK_Status st = cpu_check_output(k, 0, n, shape);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, dtype);
+}
+
+/* Reduce*: distinct axes inside data's rank (the axes input arrives as the
+ * attribute); none: every axis, or none with noop_with_empty_axes. */
+static DK_Status validate_reduce(const cpu_kernel_args *k) {
+  int32_t axes[CPU_MAX_DIMS];
+  int64_t naxes;
+  DK_Status st = cpu_check_axes(k, "axes", k->in[0].ndim, axes, &naxes);
+  if (st != DK_OK) return st;
+  bool reduced[CPU_MAX_DIMS] = {false};
+  bool all = naxes <= 0 && !cpu_attr_int(k, "noop_with_empty_axes", 0);
+  for (int32_t d = 0; all && d < k->in[0].ndim; d++) reduced[d] = true;
+  for (int64_t i = 0; i < naxes; i++) reduced[axes[i]] = true;
+  return reduce_check_output(k, reduced, k->in[0].dtype);
+}
+
+static const cpu_validator v_reduce[] = {
+    {"ReduceSum", validate_reduce},  {"ReduceMean", validate_reduce},
+    {"ReduceSumSquare", validate_reduce}, {"ReduceL1", validate_reduce},
+    {"ReduceL2", validate_reduce},   {"ReduceProd", validate_reduce},
+    {"ReduceMax", validate_reduce},  {"ReduceMin", validate_reduce},
+    {"ReduceLogSumExp", validate_reduce},
+};
+CPU_REGISTER_VALIDATORS(v_reduce)

@@ -75,4 +75,9 @@ static inline DK_Status reduce_split(const cpu_kernel_args *k, const cpu_tensor 
   return DK_OK;
 }
 
+/* A validator's check (reduce.c): output 0 has dtype `dtype` and input 0's
+ * shape with the `reduced` dims dropped, or kept as 1 with attribute
+ * "keepdims" (default 1). */
+DK_Status reduce_check_output(const cpu_kernel_args *k, const bool *reduced, DK_DTypeKey dtype);
+
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_REDUCE_H_ */

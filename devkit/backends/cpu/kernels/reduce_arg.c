@@ -139,3 +139,22 @@ static const cpu_kernel_def k_reduce_arg[] = {
     REDUCE_INT_TYPES(INT_ROWS)
 };
 CPU_REGISTER_KERNELS(k_reduce_arg)
+
+/* ArgMax/ArgMin: "axis" inside data's rank; an int64 output, the axis
+ * dropped or kept as 1. */
+static DK_Status validate_arg(const cpu_kernel_args *k) {
+  int64_t axis;
+  DK_Status st = cpu_check_rank(k, 0, 0, CPU_MAX_DIMS);
+  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  if (st != DK_OK) return st;
+  bool reduced[CPU_MAX_DIMS] = {false};
+  reduced[axis] = true;
+  return reduce_check_output(k, reduced, DK_DTYPE_INT64);
+}
+
+static const cpu_validator v_reduce_arg[] = {
+    {"ArgMax", validate_arg},
+    {"ArgMin", validate_arg},
+    {"Hardmax", cpu_validate_axis_like_input},
+};
+CPU_REGISTER_VALIDATORS(v_reduce_arg)

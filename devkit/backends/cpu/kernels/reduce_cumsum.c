@@ -99,3 +99,20 @@ static const cpu_kernel_def k_reduce_cumsum[] = {
     REDUCE_INT_TYPES(INT_ROWS)
 };
 CPU_REGISTER_KERNELS(k_reduce_cumsum)
+
+/* CumSum: the axis input (sent as the attribute "axis") is one value inside
+ * x's rank; y like x. */
+static DK_Status validate_cumsum(const cpu_kernel_args *k) {
+  int64_t n;
+  const int64_t *axis = cpu_attr_ints(k, "axis", &n);
+  DK_Status st = cpu_check_int_list(k, "axis");
+  if (st != DK_OK) return st;
+  int32_t rank = k->in[0].ndim;
+  if (n != 1) return cpu_invalid(k, "axis must hold one value, got %lld", (long long)n);
+  if (axis[0] < -rank || axis[0] >= rank)
+    return cpu_invalid(k, "axis %lld is out of range for rank %d", (long long)axis[0], rank);
+  return cpu_validate_like_input(k);
+}
+
+static const cpu_validator v_reduce_cumsum[] = {{"CumSum", validate_cumsum}};
+CPU_REGISTER_VALIDATORS(v_reduce_cumsum)

@@ -368,8 +368,27 @@ static DK_Status validate_block_move(const cpu_kernel_args *k) {
   return cpu_check_output(k, 0, 4, shape);
 }
 
+/* EyeLike: a matrix; the output of its shape, in the "dtype" attribute's
+ * dtype (default the input's). */
+static DK_Status validate_eye_like(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_rank(k, 0, 2, 2);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, cpu_attr_dtype(k, "dtype", k->in[0].dtype));
+}
+
+/* Dropout: output like data; the optional mask of data's shape, bool. */
+static DK_Status validate_dropout(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  if (st == DK_OK && k->num_outputs > 1) st = cpu_check_output_like(k, 1, 0);
+  if (st == DK_OK && k->num_outputs > 1) st = cpu_check_dtype(k, "output", 1, DK_DTYPE_BOOL);
+  return st;
+}
+
 static const cpu_validator v_shape[] = {
     {"Identity", cpu_validate_like_input},
+    {"EyeLike", validate_eye_like},
+    {"Dropout", validate_dropout},
     {"Flatten", validate_flatten},
     {"DepthToSpace", validate_block_move},
     {"SpaceToDepth", validate_block_move},

@@ -127,3 +127,12 @@ static const cpu_kernel_def k_cast[] = {
     {"Cast", DK_DTYPE_FLOAT64, cast_f64, CPU_STRIDED},
 };
 CPU_REGISTER_KERNELS(k_cast)
+
+/* Cast: the output has the input's shape and the dtype "to" names. */
+static DK_Status validate_cast(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, cpu_attr_dtype(k, "to", k->in[0].dtype));
+}
+
+static const cpu_validator v_shape_cast[] = {{"Cast", validate_cast}};
+CPU_REGISTER_VALIDATORS(v_shape_cast)

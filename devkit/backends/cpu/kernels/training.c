@@ -331,9 +331,15 @@ static const cpu_kernel_def k_training[] = {
 };
 CPU_REGISTER_KERNELS(k_training)
 
-/* The optimizers: R and T are one value each; then per tensor X the inputs
- * G (and V, H) share X's shape and dtype, and each output its input's. */
+/* The optimizers: every float attribute finite; R and T are one value each;
+ * then per tensor X the inputs G (and V, H) share X's shape and dtype, and
+ * each output its input's. */
 static DK_Status validate_optimizer(const cpu_kernel_args *k) {
+  for (size_t i = 0; i < k->num_attributes; i++) {
+    const DK_Attribute *a = &k->attributes[i];
+    DK_Status st = a->type == DK_ATTR_FLOAT ? cpu_check_float(k, a->name, -INFINITY) : DK_OK;
+    if (st != DK_OK) return st;
+  }
   int64_t nr, nt;
   const DK_Attribute *r = cpu_attr(k, "R"), *t = cpu_attr(k, "T");
   nr = r->count;

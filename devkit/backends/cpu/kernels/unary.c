@@ -407,6 +407,12 @@ static DK_Status validate_predicate(const cpu_kernel_args *k) {
   return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, DK_DTYPE_BOOL);
 }
 
+/* Celu: as the other unary ops; alpha divides x, so it must not be 0. */
+static DK_Status validate_celu(const cpu_kernel_args *k) {
+  if (cpu_attr_float(k, "alpha", 1.0) == 0.0) return cpu_invalid(k, "attribute 'alpha' must not be 0");
+  return validate_unary(k);
+}
+
 #define UNARY_VALIDATOR(OP, ...) {#OP, validate_unary},
 #define PREDICATE_VALIDATOR(OP, ...) {#OP, validate_predicate},
 static const cpu_validator v_unary[] = {
@@ -414,5 +420,7 @@ static const cpu_validator v_unary[] = {
     INT_OPS(UNARY_VALIDATOR)
     PREDICATE_OPS(PREDICATE_VALIDATOR)
     {"Not", validate_unary},
+    {"Gelu", validate_unary}, /* the kernels GeluErf and GeluTanh of FLOAT_OPS serve */
+    {"Celu", validate_celu},  /* after FLOAT_OPS' entry: the last registration wins */
 };
 CPU_REGISTER_VALIDATORS(v_unary)
