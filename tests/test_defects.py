@@ -9,6 +9,10 @@ import pytest
 from devkit.backends.cpu import defects
 
 
+# A variant's selection builds a library and runs its cases crash-isolated: the
+# robustness one restarts a worker after every crash it provokes, minutes on a
+# loaded 2-core machine, past the suite's default 300 s.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("defect", defects.DEFECTS, ids=[d.name for d in defects.DEFECTS])
 def test_conformance_catches_the_defect(defect, tmp_path):
     library = defects.build_variant(defect, tmp_path)

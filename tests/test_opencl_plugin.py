@@ -116,11 +116,13 @@ def test_kernel_with_bad_arguments_reports_a_status():
     bogus = ffi.new("DK_Tensor[2]")
     for tensor in bogus:
         tensor.data = ffi.cast("void *", 0xDEAD0)
+        tensor.device = {"device_type": C.DK_DEVICE_TYPE_OPENCL, "device_id": 0}
         tensor.ndim = 1
         tensor.shape = shape
         tensor.dtype = {"code": C.DK_DTYPE_CODE_FLOAT, "bits": 32, "lanes": 1}
     call = ffi.new("DK_KernelCall *", {"struct_size": ffi.sizeof("DK_KernelCall"), "inputs": bogus,
-                                       "num_inputs": 2, "outputs": bogus, "num_outputs": 1})
+                                       "num_inputs": 2, "outputs": bogus, "num_outputs": 1,
+                                       "user_data": entry.user_data})
     assert entry.fn(call) == C.DK_INVALID_ARGUMENT
     assert "not a live allocation" in plugin.last_error_message()
 

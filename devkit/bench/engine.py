@@ -87,7 +87,9 @@ def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, obj
     """Plan, interpreter and onnxruntime on one model: times in ms and ratios."""
     from .. import onnx as donnx
 
-    planned = donnx.prepare(model, f"{plugin}:0")
+    # Unfused, so the plan runs the interpreter's kernels and must match it
+    # bit for bit; devkit-bench fusion measures the fused plans.
+    planned = donnx.prepare(model, f"{plugin}:0", fuse=False)
     interpreted = donnx.prepare(model, f"{plugin}:0", plan=False)
     contenders = {"plan": lambda: planned.run(inputs), "interpreter": lambda: interpreted.run(inputs)}
     sessions = _ort_sessions(model)

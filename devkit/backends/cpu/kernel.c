@@ -338,6 +338,9 @@ static DK_Status check_attr_rule(const cpu_kernel_args *k, const cpu_attr_rule *
                : rule->type == CPU_ATTR_NUMBER_OR_NUMBERS ? list || a->type == DK_ATTR_INT ||
                                                                 a->type == DK_ATTR_FLOAT
                                                           : a->type == rule->type;
+  /* An empty list carries no element type: hosts encode [] as either. */
+  bool list_rule = rule->type == DK_ATTR_INTS || rule->type == DK_ATTR_FLOATS;
+  if (!typed && list && list_rule && a->count == 0) typed = true;
   if (!typed)
     return cpu_invalid(k, "attribute '%s' is %s; the op takes %s", rule->name, attr_type_name(a->type),
                        attr_type_name(rule->type));
