@@ -206,6 +206,9 @@ def test_an_error_inside_a_graph_launched_on_the_default_stream_raises_from_the_
     for _ in range(2):  # each launch reports it: the default stream keeps no error of its own
         with pytest.raises(devkit.OutOfRangeError, match="99"):
             graph.launch()
+    indices.buffer.copy_from_host(np.array([7, 0, 3], np.int64))
+    graph.launch()  # good indices again: the failed launches leave nothing behind
+    np.testing.assert_array_equal(picked.numpy(), data.numpy()[[7, 0, 3]])
     graph.destroy()
 
 

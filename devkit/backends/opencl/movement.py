@@ -372,6 +372,9 @@ def _check_indices(c: Call, indices: Tensor, bounds: list[int], first_axis: int,
         hits = np.flatnonzero(found != _NO_ERROR)
         if hits.size == 0:
             return None
+        # Re-armed for the next run of a captured graph, which replays the
+        # check on this same buffer: a failure must not outlive its launch.
+        cl.enqueue_copy(queue, first, np.full(chunks, _NO_ERROR, np.uint32))
         position = int(hits[0]) * _CHUNK + int(found[hits[0]])
         at = sum(int(k) * s for k, s in zip(np.unravel_index(position, indices.shape),
                                             indices.strides))
