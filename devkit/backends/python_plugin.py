@@ -5,7 +5,9 @@ caller's struct_size reaches."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 
 from ..abi import C, ffi
 
@@ -52,3 +54,34 @@ def copy_out(dst, src, ctype: str) -> None:
     ffi.memmove(ffi.cast("char *", dst) + size_field, ffi.cast("char *", src) + size_field,
                 n - size_field)
     dst.struct_size = n
+
+
+def entry(name: str, fn, backend_error: Callable[[Exception], tuple[int, str | None]]):
+    """Wraps a table function: every exception becomes a status and a message,
+    so nothing propagates into the C caller. ``backend_error`` maps any other
+    exception than PluginError and MemoryError to (status, message); a None
+    message returns the status without setting one."""
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            status = fn(*args)
+            return C.DK_OK if status is None else status
+        except PluginError as exc:
+            return set_error(exc.status, f"{name}: {exc.message}")
+        except MemoryError as exc:
+            return set_error(C.DK_RESOURCE_EXHAUSTED, f"{name}: host out of memory: {exc}")
+        except Exception as exc:
+            status, message = backend_error(exc)
+            return status if message is None else set_error(status, f"{name}: {message}")
+    return call
+
+
+def callback(ctype: str, name: str, fn, backend_error: Callable[[Exception], tuple[int, str | None]]):
+    """An ffi.callback of ``ctype`` running ``entry(name, fn, backend_error)``;
+    a BaseException escaping even that (KeyboardInterrupt) still yields DK_INTERNAL."""
+
+    def on_error(exc_type, exc, _tb):
+        set_error(C.DK_INTERNAL, f"{name}: interrupted: {exc_type.__name__}: {exc}")
+
+    return ffi.callback(ctype, entry(name, fn, backend_error), error=C.DK_INTERNAL, onerror=on_error)

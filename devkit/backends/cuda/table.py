@@ -14,12 +14,12 @@ compiled by the check, not yet launched).
 
 from __future__ import annotations
 
-import functools
 import threading
 
 from ... import __version__
 from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
-from ..python_plugin import PluginError, copy_out, invalid, last_error_message, not_null, set_error
+from .. import python_plugin
+from ..python_plugin import copy_out, invalid, last_error_message, not_null, set_error
 from . import ccl
 from .runtime import (
     CUDA_EVENT_DISABLE_TIMING,
@@ -40,31 +40,15 @@ _init_result: tuple[int, str] | None = None
 _info = None
 
 
-def _entry(name: str, fn):
-    """Every exception becomes a status and a message: nothing propagates into C."""
-
-    @functools.wraps(fn)
-    def call(*args):
-        try:
-            status = fn(*args)
-            return C.DK_OK if status is None else status
-        except PluginError as exc:
-            return set_error(exc.status, f"{name}: {exc.message}")
-        except MemoryError as exc:
-            return set_error(C.DK_RESOURCE_EXHAUSTED, f"{name}: host out of memory: {exc}")
-        except Exception as exc:
-            status = status_of(exc)
-            if status == C.DK_NOT_READY:
-                return status
-            return set_error(status, f"{name}: {type(exc).__name__}: {exc}")
-    return call
+def _backend_error(exc: Exception) -> tuple[int, str | None]:
+    status = status_of(exc)
+    if status == C.DK_NOT_READY:  # a query's answer, not a failure: no message
+        return status, None
+    return status, f"{type(exc).__name__}: {exc}"
 
 
 def callback(ctype: str, name: str, fn):
-    def on_error(exc_type, exc, _tb):
-        set_error(C.DK_INTERNAL, f"{name}: interrupted: {exc_type.__name__}: {exc}")
-
-    return ffi.callback(ctype, _entry(name, fn), error=C.DK_INTERNAL, onerror=on_error)
+    return python_plugin.callback(ctype, name, fn, _backend_error)
 
 
 def _device(dev: int) -> Device:

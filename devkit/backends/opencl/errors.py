@@ -3,14 +3,13 @@ turned into a DK_Status and a thread-local message at the C boundary."""
 
 from __future__ import annotations
 
-import functools
-
 import pyopencl as cl
 
-from ...abi import C, ffi
+from ...abi import C
+from .. import python_plugin
 from ..python_plugin import PluginError, invalid, last_error_message, set_error
 
-__all__ = ["PluginError", "invalid", "last_error_message", "set_error", "callback", "entry",
+__all__ = ["PluginError", "invalid", "last_error_message", "set_error", "callback",
            "status_of_cl_error"]
 
 # OpenCL codes that mean "the device (or host) has no memory for this".
@@ -25,34 +24,12 @@ def status_of_cl_error(exc: cl.Error) -> int:
     return C.DK_INTERNAL
 
 
-def entry(name: str):
-    """Wraps a table function: every exception becomes a status and a message,
-    so nothing propagates into the C caller."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def call(*args):
-            try:
-                status = fn(*args)
-                return C.DK_OK if status is None else status
-            except PluginError as exc:
-                return set_error(exc.status, f"{name}: {exc.message}")
-            except cl.Error as exc:
-                return set_error(status_of_cl_error(exc), f"{name}: OpenCL error: {exc}")
-            except MemoryError as exc:
-                return set_error(C.DK_RESOURCE_EXHAUSTED, f"{name}: host out of memory: {exc}")
-            except Exception as exc:  # a plugin bug: reported, never raised into C
-                return set_error(C.DK_INTERNAL, f"{name}: internal error: {type(exc).__name__}: {exc}")
-        return call
-
-    return wrap
+def _backend_error(exc: Exception) -> tuple[int, str]:
+    if isinstance(exc, cl.Error):
+        return status_of_cl_error(exc), f"OpenCL error: {exc}"
+    return C.DK_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"  # a plugin bug: reported, never raised
 
 
 def callback(ctype: str, name: str, fn):
-    """An ffi.callback of ``ctype`` running ``entry(name)(fn)``; a BaseException
-    escaping even that (KeyboardInterrupt) still yields DK_INTERNAL."""
-
-    def on_error(exc_type, exc, _tb):
-        set_error(C.DK_INTERNAL, f"{name}: interrupted: {exc_type.__name__}: {exc}")
-
-    return ffi.callback(ctype, entry(name)(fn), error=C.DK_INTERNAL, onerror=on_error)
+    """The shared C-boundary wrapper (python_plugin.callback) with OpenCL's errors mapped."""
+    return python_plugin.callback(ctype, name, fn, _backend_error)
