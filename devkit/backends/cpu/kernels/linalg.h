@@ -72,6 +72,15 @@ typedef struct linalg_window {
   int64_t pad_end[CPU_MAX_DIMS]; /* end padding (AveragePool counts it) */
 } linalg_window;
 
+/* im2col: col[(c, tap)][p] = image[c] (a compact plane per channel) at
+ * kernel tap `tap` of grid position p0 + p, 0 in the padding, for
+ * `channels` channels and `count` positions (col is channels * taps rows of
+ * `count`). col2im, its adjoint: image[c] there += col[(c, tap)][p]. */
+void linalg_im2col(linalg_real real, const linalg_window *w, const void *image, int64_t channels, int64_t p0,
+                   int64_t count, void *col);
+void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, int64_t channels, int64_t p0,
+                   int64_t count, void *image);
+
 /* Conv and the pools: geometry from the attributes (auto_pad, pads, strides,
  * dilations) and the input, output and kernel spatial sizes; SAME_* pads
  * come from the output sizes as the spec derives them. */
