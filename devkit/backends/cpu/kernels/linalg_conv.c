@@ -1,7 +1,9 @@
 /*
- * linalg_conv.c -- Conv (im2col + GEMM) and ConvTranspose (GEMM + col2im),
- * N-D, per image and group; 1x1 kernels with unit strides and no padding
- * multiply the image directly. float16/bfloat16 run as float32.
+ * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
+ * 3x3 kernels with unit strides) and ConvTranspose (GEMM + col2im), N-D,
+ * per image and group, split over the plugin's thread pool; 1x1 kernels
+ * with unit strides and no padding multiply the image directly.
+ * float16/bfloat16 run as float32.
  */
 #include "linalg.h"
 
@@ -234,6 +236,9 @@ static DK_Status split_status(const cpu_kernel_args *k, conv_split *s) {
  * product would pack all the weights again for few positions. */
 #define TILE_BYTES ((int64_t)1 << 19)
 #define TILE_MIN 64
+/* A chunk the OS delays on a busy machine holds up the split: when tiles
+ * are few, they are cut down to this size, for a few chunks per thread. */
+#define TILE_EVEN 128
 
 typedef struct conv_job {
   conv_split s;
@@ -565,7 +570,7 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .b = b ? b->data : NULL, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
-  if (winograd_fits(&w, y, j.cg, j.mg) && !getenv("NO_WINO")) {
+  if (winograd_fits(&w, y, j.cg, j.mg)) {
     bool redo = false;
     DK_Status st = conv_winograd(k, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
@@ -577,10 +582,12 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   int64_t tile = TILE_BYTES / (j.rows * j.s.es);
   if (tile < TILE_MIN) tile = TILE_MIN;
   int64_t tiles = ceil_div(j.out_plane, tile);
-  if (threads > 1 && images * tiles < 8 * threads) {
-    int64_t want = ceil_div(images * tiles, threads) * threads;
-    tiles = ceil_div(want, images);
+  if (threads > 1 && images * tiles < 4 * threads) { /* more tiles, down to TILE_EVEN positions */
+    int64_t most = j.out_plane / TILE_EVEN > tiles ? j.out_plane / TILE_EVEN : tiles;
+    tiles = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
   }
+  if (threads > 1 && images * tiles < 8 * threads) /* a multiple of the threads */
+    tiles = ceil_div(ceil_div(images * tiles, threads) * threads, images);
   j.s.block = ceil_div(j.out_plane, tiles);
   if (threads > 1 && j.s.block < TILE_MIN && images < 2 * threads)
     return conv_whole(k, &j, x->shape[0]);
