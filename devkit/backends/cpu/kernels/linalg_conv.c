@@ -85,8 +85,10 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
  * the padding), for `channels` planes of the image. Runs along the last
  * axis with unit steps are copies. */
 #define IM2COL(NAME, T)                                                                   \
-  static void NAME(const linalg_window *w, const T *image, int64_t channels, int64_t p0,  \
-                   int64_t count, T *col) {                                               \
+  static void NAME(const linalg_window *w, const void *from, int64_t channels, int64_t p0, \
+                   int64_t count, void *to) {                                             \
+    const T *image = from;                                                                \
+    T *col = to;                                                                          \
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       const T *src = image + c * plane;                                                   \
@@ -114,8 +116,10 @@ IM2COL(im2col_f64, double)
 /* image[m] at the target of grid position p0 + p += col[(m, tap)][p]: the
  * adjoint of im2col, for `channels` planes of the image. */
 #define COL2IM(NAME, T)                                                                   \
-  static void NAME(const linalg_window *w, const T *col, int64_t channels, int64_t p0,    \
-                   int64_t count, T *image) {                                             \
+  static void NAME(const linalg_window *w, const void *from, int64_t channels, int64_t p0, \
+                   int64_t count, void *to) {                                             \
+    const T *col = from;                                                                  \
+    T *image = to;                                                                        \
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       T *dst = image + c * plane;                                                         \
@@ -137,18 +141,12 @@ COL2IM(col2im_f64, double)
 
 void linalg_im2col(linalg_real real, const linalg_window *w, const void *image, int64_t channels, int64_t p0,
                    int64_t count, void *col) {
-  if (real == LINALG_F64)
-    im2col_f64(w, image, channels, p0, count, col);
-  else
-    im2col_f32(w, image, channels, p0, count, col);
+  (real == LINALG_F64 ? im2col_f64 : im2col_f32)(w, image, channels, p0, count, col);
 }
 
 void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, int64_t channels, int64_t p0,
                    int64_t count, void *image) {
-  if (real == LINALG_F64)
-    col2im_f64(w, col, channels, p0, count, image);
-  else
-    col2im_f32(w, col, channels, p0, count, image);
+  (real == LINALG_F64 ? col2im_f64 : col2im_f32)(w, col, channels, p0, count, image);
 }
 
 /* y[m][j] += b[m] for `rows` rows of `cols` elements, `ld` apart. */
