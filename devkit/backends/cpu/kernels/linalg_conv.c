@@ -218,6 +218,16 @@ static void *chunk_scratch(conv_split *s, int64_t elements) {
   return p;
 }
 
+/* Scratch the kernel writes in full before reading: no clearing (calloc
+ * clears megabytes for nothing); NULL after reporting failure. */
+static void *uncleared_scratch(const cpu_kernel_args *k, int64_t elements, int64_t es) {
+  void *p = malloc((size_t)(elements ? elements * es : 1));
+  if (!p)
+    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
+                    (long long)elements, (long long)es);
+  return p;
+}
+
 static DK_Status split_status(const cpu_kernel_args *k, conv_split *s) {
   if (!atomic_load(&s->failed)) return DK_OK;
   return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
@@ -286,7 +296,7 @@ static void conv_columns(void *arg, int64_t begin, int64_t end) {
  * then one pool-split product. */
 static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch) {
   int64_t es = j->s.es, band = j->direct ? j->out_plane : band_width(j->rows, j->out_plane);
-  uint8_t *col = j->direct ? NULL : linalg_scratch(k, (size_t)(j->rows * band), (size_t)es);
+  uint8_t *col = j->direct ? NULL : uncleared_scratch(k, j->rows * band, es);
   if (!j->direct && !col) return DK_RESOURCE_EXHAUSTED;
   conv_job part = *j;
   part.col = col;
@@ -545,7 +555,7 @@ static DK_Status conv_winograd(const cpu_kernel_args *k, const linalg_window *w,
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
   j.mblocks = ceil_div(j.mg, j.mblock);
-  j.u = linalg_scratch(k, (size_t)(group * 16 * j.mg * j.cg), sizeof(float));
+  j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
   if (!j.u) return DK_RESOURCE_EXHAUSTED;
   cpu_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
   cpu_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
