@@ -36,7 +36,7 @@ _FLOAT_ONLY = {
                                   "integer dtypes take _arg_source",
 }
 # Modules of the opencl package that hold no kernel sources.
-_NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels"}
+_NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels", "launch", "codegen"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +169,7 @@ def _inline():
 
 def programs() -> list[Program]:
     """Every program, each once (two builders may make the same text)."""
-    from ..opencl.errors import PluginError
+    from ..python_plugin import PluginError
     from ..opencl.kernels import CL_TYPES, prelude
     from ..opencl.training_common import NO_CONTRACT
 
