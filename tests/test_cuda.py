@@ -13,11 +13,8 @@ import sys
 import pytest
 
 import devkit
-from devkit.backends.cuda import ccl, check, dialect
+from devkit.backends.cuda import ccl, check, dialect, sources
 from devkit.backends.cuda.runtime import unavailable_reason
-
-pyopencl = pytest.importorskip("pyopencl", reason="the kernel programs are the opencl backend's")
-from devkit.backends.cuda import sources  # noqa: E402
 
 NVCC = check.find_nvcc()
 REASON = unavailable_reason()

@@ -331,6 +331,11 @@ _FUNCTIONS = {
 }
 
 
+def build_kernel_table(devices: list) -> kernels.KernelTable:
+    """The kernel table on ``devices`` (sources.py enumerates the programs of this one)."""
+    return kernels.build_table(devices, _device, CudaCall, callback)
+
+
 def _initialise_once() -> tuple[int, str]:
     reason = unavailable_reason()
     if reason is not None:
@@ -339,7 +344,7 @@ def _initialise_once() -> tuple[int, str]:
         _devices.extend(create_devices())
     except Exception as exc:
         return C.DK_UNAVAILABLE, f"DK_PluginInit: the CUDA devices cannot be opened: {exc}"
-    table = kernels.build_table(_devices, _device, CudaCall, callback)
+    table = build_kernel_table(_devices)
     functions = dict(_FUNCTIONS)
     functions.update(ccl.functions(_devices))
     _init.publish(functions, table.entries, keep=[table])

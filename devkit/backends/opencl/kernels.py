@@ -451,9 +451,12 @@ class KernelTable:
         self.devices, self.device_of = devices, device_of
         self.call_class, self.callback = call_class, callback
         self.entries: list = []
+        self.runs: list[tuple[str, int, object]] = []  # (op, dtype key, what its entry runs)
         self._keepalive: list = []
 
-    def add(self, op: str, dtype_key: int, fn, flags: int) -> None:
+    def add(self, op: str, dtype_key: int, fn, flags: int, run=None) -> None:
+        """An entry calling ``fn(call)``; ``run`` is what it runs, if not fn itself."""
+        self.runs.append((op, dtype_key, run or fn))
         name = ffi.new("char[]", op.encode())
         token = ffi.new("char[]", 1)  # the entry's user_data: a call carries it back
 
@@ -483,7 +486,7 @@ class KernelTable:
                 check_against_spec(c, key)
                 c.run(call, lambda c: run(c, key))
 
-            self.add(op, key, fn, flags)
+            self.add(op, key, fn, flags, run)
 
 
 def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:

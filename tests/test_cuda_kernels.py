@@ -1,0 +1,357 @@
+"""The cuda plugin's kernel table, checked without a GPU: what it registers
+(against the opencl plugin, whose families it runs), the programs it can
+build (against the nvcc check's), and its pure-Python launch planning --
+OpenCL ND-ranges as CUDA grids (plan_launch, on every launch the families
+make on PoCL) and MatMul/Gemm as cuBLAS calls (blas.plan, on the families'
+own product planning, emulated in NumPy)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from devkit.abi import C
+from devkit.backends.cuda import blas, dialect, sources
+from devkit.backends.cuda.kernels import LaunchPlan, plan_launch
+from devkit.backends.cuda.table import build_kernel_table
+from devkit.backends.opencl import linalg
+from devkit.backends.opencl.kernels import DeviceLimits, Local
+from devkit.backends.opencl.linalg_gemm import _GPU_TILES, tiles
+from devkit.backends.python_plugin import PluginError
+
+# An H200's cudaDeviceProp, as runtime.limits_of reads it.
+H200 = DeviceLimits(max_group_size=1024, max_item_sizes=(1024, 1024, 64), local_mem_size=232448,
+                    compute_units=132, is_cpu=False, exact_divide_sqrt=True)
+
+
+@pytest.fixture(scope="module")
+def cuda_table():
+    return build_kernel_table([sources._CallStandIn()])
+
+
+def _opencl_plugin():
+    pytest.importorskip("pyopencl", reason="pyopencl is not installed (scripts/install-opencl.sh)")
+    import devkit
+
+    try:
+        return devkit.load_plugin("opencl")
+    except devkit.PluginLoadError as exc:
+        pytest.skip(reason=f"no usable OpenCL device: {exc}")
+
+
+# -- what the table registers and builds ---------------------------------------------------
+
+
+def test_cuda_table_registers_every_kernel_the_opencl_plugin_does(cuda_table):
+    plugin = _opencl_plugin()
+    opencl = {(op, code, bits) for op, code, bits, _ in plugin.kernels}
+    cuda = {(op, key & 0xFF, (key >> 8) & 0xFF) for op, key, _ in cuda_table.runs}
+    assert len(cuda) == len(cuda_table.entries) == len(cuda_table.runs)
+    assert len(opencl) == len(plugin.kernels)
+    fp64 = all(d.properties.flags & C.DK_DEVICE_FP64 for d in plugin.devices())
+    float64 = {entry for entry in cuda if entry[1:] == (C.DK_DTYPE_FLOAT64 & 0xFF, 64)}
+    # Every CUDA device has fp64: the cuda table has float64 where the opencl one may not.
+    assert cuda - opencl == (set() if fp64 else float64)
+    assert opencl <= cuda
+
+
+def _reached_builders(run) -> set[str]:
+    reached: set = set()
+    sources._reached(run, reached)
+    return {f"{fn.__module__.rsplit('.', 1)[1]}.{fn.__name__}" for fn in reached}
+
+
+def test_the_check_compiles_every_program_the_table_builds(cuda_table):
+    """The source builders the cuda table's kernels reach are exactly the ones
+    the check renders programs of (for each dtype a kernel reaching them has)."""
+    programs = sources.programs()
+    checked = {p.name.split("[")[0] for p in programs}
+    builders = {f"{name}.{builder}" for name in sources.family_modules()
+                for builder, _ in sources._builders(importlib.import_module(f"{sources.OPENCL}.{name}"))}
+    reached = set().union(*(_reached_builders(run) for _, _, run in cuda_table.runs))
+    assert reached & builders == checked & builders
+    inline = {name for name, _, _ in sources._inline()}
+    assert {"training_conv._conv_grad", "training_rows._softmax_grad"} <= reached
+    assert {n.split("[")[0] for n in inline} <= checked
+    # Each builder's programs cover the dtypes of every kernel that reaches it.
+    from devkit.backends.opencl.kernels import CL_TYPES
+
+    labels = {p.name for p in programs}
+    elementwise = [(op, key) for op, key, run in cuda_table.runs if "elementwise._unary_source" in
+                   _reached_builders(run)]
+    assert elementwise
+    for op, key in elementwise:
+        assert f"elementwise._unary_source[{CL_TYPES[key].name}]" in labels, (op, CL_TYPES[key].name)
+
+
+def test_every_program_opencl_builds_at_run_time_is_one_the_check_compiles(monkeypatch):
+    """Ops of every family run on PoCL; each source the launches build is among
+    the check's programs (the cuda plugin builds the same sources)."""
+    plugin = _opencl_plugin()
+    import devkit
+    from devkit.backends.opencl import launch
+
+    if not all(d.properties.flags & C.DK_DEVICE_FP64 for d in plugin.devices()):
+        pytest.skip(reason="the check's programs are built for fp64 devices; this OpenCL device has none")
+    built = []
+    original = launch.ProgramCache.get
+    monkeypatch.setattr(launch.ProgramCache, "get", lambda self, device, source, options="":
+                        built.append(source) or original(self, device, source, options))
+    monkeypatch.setattr(launch, "programs", launch.ProgramCache())  # every program built afresh
+    dev = plugin.device(0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    a = devkit.asarray(x, dev)
+    ops = devkit.ops
+    results = [
+        (ops.Add(a, a), x + x), (ops.Exp(ops.Cast(a, to=np.float16)), np.exp(x.astype(np.float16))),
+        (ops.ReduceSum(a, axes=[1], keepdims=0), x.sum(1)),
+        (ops.MatMul(a, ops.Transpose(a, perm=[0, 2, 1])), x @ x.transpose(0, 2, 1)),
+        (ops.Softmax(a, axis=-1), np.exp(x) / np.exp(x).sum(-1, keepdims=True)),
+        (ops.Gather(a, devkit.asarray(np.array([2, 0], np.int64), dev), axis=1), x[:, [2, 0]]),
+        (ops.Transpose(a, perm=[2, 0, 1]), x.transpose(2, 0, 1)),
+    ]
+    for got, want in results:
+        np.testing.assert_allclose(got.numpy().astype(np.float64), want.astype(np.float64), rtol=2e-3, atol=1e-5)
+    checked = {p.source for p in sources.programs()}
+    assert built and all(source in checked for source in built), \
+        [dialect.kernel_names(s) for s in built if s not in checked]
+
+
+def test_the_families_import_without_pyopencl():
+    """A GPU machine's image has CuPy but no pyopencl: the cuda table and the check must build there."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pyopencl"] = None
+        from devkit.backends.cuda import sources, table
+        print(len(table.build_kernel_table([sources._CallStandIn()]).entries), len(sources.programs()))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    entries, programs = map(int, result.stdout.split())
+    assert entries > 500 and programs > 100
+
+
+# -- grids and blocks ---------------------------------------------------------------------
+
+
+def test_an_nd_range_becomes_a_grid_of_its_work_groups():
+    plan = plan_launch((1024, 64, 3), (16, 16, 1), [np.int64(7)], H200)
+    assert plan == LaunchPlan((64, 4, 3), (16, 16, 1), 0, (np.int64(7),))
+    assert plan_launch(256 * 5, 256, [], H200).grid == (5, 1, 1)
+
+
+def test_without_a_local_size_blocks_divide_the_range():
+    """OpenCL kernels launched without a local size read no id past the range."""
+    assert plan_launch(1000, None, [], H200).block == (1000, 1, 1)
+    assert plan_launch(2048 * 3, None, [], H200).block == (1024, 1, 1)
+    assert plan_launch(1031, None, [], H200).block == (1, 1, 1)  # a prime past 1024
+    plan = plan_launch((6, 1000), None, [], H200)
+    assert plan.block == (6, 125, 1) and plan.grid == (1, 8, 1)
+
+
+def test_local_arguments_become_aligned_offsets_into_the_shared_memory():
+    plan = plan_launch(256, 256, [np.int32(1), Local(10), Local(8), Local(4)], H200)
+    assert [int(a) for a in plan.args[1:]] == [0, 16, 32]
+    assert plan.shared_bytes == 36
+    assert dialect.SHARED_ALIGNMENT == 16
+
+
+def test_launches_cuda_cannot_make_are_refused_with_the_reason():
+    with pytest.raises(PluginError, match="do not divide the ND-range") as info:
+        plan_launch(1000, 256, [], H200)
+    assert info.value.status == C.DK_INTERNAL
+    with pytest.raises(PluginError, match="at most 65535") as info:
+        plan_launch((1, 70000), (1, 1), [], H200)
+    assert info.value.status == C.DK_OUT_OF_RANGE
+    with pytest.raises(PluginError, match="shared memory") as info:
+        plan_launch(256, 256, [Local(300000)], H200)
+    assert info.value.status == C.DK_RESOURCE_EXHAUSTED
+    with pytest.raises(PluginError, match="at most 1024"):
+        plan_launch(2048, 2048, [], H200)
+
+
+def test_every_launch_the_families_make_on_pocl_plans_as_a_cuda_launch(monkeypatch):
+    """Each ND-range the families launch (for PoCL's limits) becomes a grid
+    whose blocks cover it exactly, with the arguments in order."""
+    plugin = _opencl_plugin()
+    import devkit
+    from devkit.backends.opencl import launch
+
+    plans = []
+    original = launch.OpenCLCall.launch
+
+    def planned(self, source, name, args, global_size, local_size=None, options=""):
+        plan = plan_launch(global_size, local_size, args, self.device.limits)
+        covered = [g * b for g, b in zip(plan.grid, plan.block)]
+        assert covered[:len(np.atleast_1d(global_size))] == [int(n) for n in np.atleast_1d(global_size)]
+        assert len(plan.args) == len(args)
+        assert len(dialect.local_parameters(source, name)) == sum(isinstance(a, Local) for a in args)
+        plans.append(name)
+        return original(self, source, name, args, global_size, local_size, options)
+
+    monkeypatch.setattr(launch.OpenCLCall, "launch", planned)
+    dev = plugin.device(0)
+    x = np.arange(2 * 3 * 8 * 8, dtype=np.float32).reshape(2, 3, 8, 8) / 100
+    a = devkit.asarray(x, dev)
+    ops = devkit.ops
+    # Large enough for the tiled implicit GEMM (k_conv, with local-memory tables).
+    image = np.random.default_rng(3).standard_normal((1, 8, 32, 32)).astype(np.float32)
+    w = np.linspace(-1, 1, 32 * 8 * 3 * 3, dtype=np.float32).reshape(32, 8, 3, 3)
+    conv = ops.Conv(devkit.asarray(image, dev), devkit.asarray(w, dev), pads=[1, 1, 1, 1]).numpy()
+    ref = np.zeros((1, 32, 32, 32), np.float64)
+    padded = np.pad(image, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("bchw,oc->bohw", padded[:, :, i:i + 32, j:j + 32], w[:, :, i, j])
+    np.testing.assert_allclose(conv, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ops.ReduceMax(a, axes=[2, 3], keepdims=0).numpy(), x.max((2, 3)))
+    np.testing.assert_allclose(ops.TopK(a, devkit.asarray(np.array([3], np.int64), dev))[0].numpy(),
+                               -np.sort(-x, -1)[..., :3])
+    np.testing.assert_allclose(ops.CumSum(a, devkit.asarray(np.array(3, np.int64), dev)).numpy(),
+                               np.cumsum(x, 3), rtol=1e-5)
+    np.testing.assert_allclose(ops.MaxPool(a, kernel_shape=[2, 2], strides=[2, 2])[0].numpy(),
+                               x.reshape(2, 3, 4, 2, 4, 2).max((3, 5)))
+    assert {"k_conv", "k_CumSum", "k_TopK_local"} <= set(plans), plans
+
+
+# -- dtype dispatch and build options -------------------------------------------------------
+
+
+def test_a_cuda_device_builds_the_programs_the_check_compiled():
+    """On an H200's limits every linalg dtype takes the first GPU tiles and the
+    reductions work-groups of 256: the -D options the check compiles with."""
+
+    class Device:
+        limits = H200
+
+    for key in (C.DK_DTYPE_FLOAT32, C.DK_DTYPE_FLOAT64, C.DK_DTYPE_FLOAT16, C.DK_DTYPE_BFLOAT16, C.DK_DTYPE_INT64):
+        assert tiles(Device(), key) == _GPU_TILES[0]
+    assert f"-DWG=256 {_GPU_TILES[0].options()}" == sources._options()
+
+
+def test_the_cuda_table_dispatches_every_float_dtype_of_matmul(cuda_table):
+    from devkit.backends.opencl.kernels import CL_TYPES
+
+    matmul = sorted(CL_TYPES[key].name for op, key, _ in cuda_table.runs if op == "MatMul")
+    assert {"float16", "bfloat16", "float32", "float64"} <= set(matmul)
+    assert set(blas.CUDA_TYPES) == {C.DK_DTYPE_FLOAT16, C.DK_DTYPE_BFLOAT16, C.DK_DTYPE_FLOAT32,
+                                    C.DK_DTYPE_FLOAT64}
+
+
+# -- cuBLAS ---------------------------------------------------------------------------------
+
+
+def test_operand_layouts_as_cublas_takes_them():
+    N, T = blas.CUBLAS_OP_N, blas.CUBLAS_OP_T
+    assert blas.operand(4, 6, 6, 1) == (N, 6)       # row-major: its column-major transpose
+    assert blas.operand(4, 6, 8, 1) == (N, 8)       # rows padded to 8
+    assert blas.operand(4, 6, 1, 4) == (T, 4)       # a transposed view: column-major
+    assert blas.operand(1, 6, 0, 1) == (N, 6)       # one row: any row stride
+    assert blas.operand(4, 1, 1, 0) == (N, 1)       # one column
+    assert blas.operand(4, 6, 12, 2) is None        # neither stride 1
+    assert blas.operand(4, 6, 3, 1) is None         # rows overlap
+
+
+class _Flat:
+    """A tensor as the families read it: ``view``'s elements in a flat host
+    array (the view's base, compact) as its buffer, with the view's offset and strides."""
+
+    def __init__(self, view: np.ndarray):
+        base = view if view.base is None else view.base
+        assert base.flags.c_contiguous
+        self.flat = base.reshape(-1)
+        self.buffer = self.flat
+        self.offset = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // view.itemsize
+        self.shape, self.strides = list(view.shape), [s // view.itemsize for s in view.strides]
+        self.ndim, self.size = view.ndim, view.size
+
+
+class _EmulatedCall:
+    """Runs linalg's MatMul/Gemm planning, its products through blas.plan,
+    computed as cublasGemmStridedBatchedEx would (column-major) in NumPy."""
+
+    def __init__(self, inputs, output, attrs=None):
+        self.inputs, self.outputs, self.attrs = inputs, [output], attrs or {}
+        self.calls = 0
+
+    def input(self, j):
+        return self.inputs[j] if j < len(self.inputs) else None
+
+    def expect(self, inputs, outputs):
+        pass
+
+    def library_gemm(self, key, a, b, y, m, n, k, batch, alpha, beta, addend):
+        assert addend is None
+        p = blas.plan(key, a, b, y, m, n, k, batch)
+        assert p is not None, (a, b, y, batch)
+        outer = [range(size) for size, *_ in p.outer]
+        for index in np.ndindex(*[len(r) for r in outer]) if outer else [()]:
+            shift = [sum(i * d[j] for i, d in zip(index, p.outer)) for j in (2, 1, 3)]
+            for batch_index in range(p.count):
+                first = self._matrix(b.buffer, b.offset + shift[0] + batch_index * p.strides[0],
+                                     p.op_first, p.m, p.k, p.ld_first)
+                second = self._matrix(a.buffer, a.offset + shift[1] + batch_index * p.strides[1],
+                                      p.op_second, p.k, p.n, p.ld_second)
+                product = alpha * (first.astype(np.float64) @ second.astype(np.float64))
+                base = y.offset + shift[2] + batch_index * p.strides[2]
+                rows, cols = np.meshgrid(np.arange(p.m), np.arange(p.n), indexing="ij")
+                y.buffer[base + rows + cols * p.ld_out] = product
+        self.calls += 1
+        return True
+
+    @staticmethod
+    def _matrix(flat, offset, op, rows, cols, ld):
+        """op(X) as a rows x cols matrix, X column-major at ``offset`` with ``ld``."""
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        return flat[offset + (r + c * ld if op == blas.CUBLAS_OP_N else c + r * ld)]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, transpose_a", [
+    ((5, 7), (7, 3), False), ((2, 5, 7), (7, 3), False), ((2, 5, 7), (2, 7, 3), True),
+    ((3, 1, 4, 6), (2, 6, 5), False), ((7,), (7, 3), False), ((4, 7), (7,), False), ((1, 7), (2, 7, 1), True)])
+def test_matmul_products_through_the_cublas_plan_match_numpy(a_shape, b_shape, transpose_a):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    if transpose_a:  # a transposed view: unit row stride
+        a = np.swapaxes(np.ascontiguousarray(np.swapaxes(a, -1, -2)), -1, -2)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    y = _Flat(np.zeros(want.shape, np.float32))
+    call = _EmulatedCall([_Flat(a), _Flat(b)], y)
+    linalg._matmul(call, C.DK_DTYPE_FLOAT32)
+    assert call.calls == 1
+    np.testing.assert_allclose(y.flat.reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_gemm_transposes_through_the_cublas_plan_match_numpy(trans_a, trans_b):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((6, 4) if trans_a else (4, 6)).astype(np.float32)
+    b = rng.standard_normal((5, 6) if trans_b else (6, 5)).astype(np.float32)
+    want = 1.5 * ((a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b).astype(np.float64))
+    y = _Flat(np.zeros((4, 5), np.float32))
+    call = _EmulatedCall([_Flat(a), _Flat(b)], y, {"transA": trans_a, "transB": trans_b, "alpha": 1.5, "beta": 1.0})
+    linalg._gemm(call, C.DK_DTYPE_FLOAT32)
+    np.testing.assert_allclose(y.flat.reshape(4, 5), want, rtol=1e-5)
+    assert call.calls == 1
+
+
+def test_layouts_and_dtypes_cublas_cannot_take_stay_on_the_kernels():
+    from devkit.backends.opencl.linalg_gemm import Matrix
+
+    contiguous = Matrix(None, 0, 8, 1)
+    assert blas.plan(C.DK_DTYPE_INT32, contiguous, contiguous, contiguous, 8, 8, 8, []) is None
+    assert blas.plan(C.DK_DTYPE_FLOAT32, Matrix(None, 0, 16, 2), contiguous, contiguous, 8, 8, 8, []) is None
+    transposed_y = Matrix(None, 0, 1, 8)
+    assert blas.plan(C.DK_DTYPE_FLOAT32, contiguous, contiguous, transposed_y, 8, 8, 8, []) is None
+    assert blas.plan(C.DK_DTYPE_FLOAT32, contiguous, contiguous, contiguous, 8, 8, 0, []) is None  # an empty sum
+    assert blas.plan(C.DK_DTYPE_FLOAT32, contiguous, contiguous, contiguous, 8, 8, 8,
+                     [(70000, 64, 64, 64)]) is None
+    assert inspect.signature(blas.gemm).parameters.keys() >= {"alpha", "beta", "addend"}
