@@ -114,16 +114,11 @@ def nvrtc_options(options: str, include_dirs: list[str]) -> tuple[str, ...]:
 
 
 def _include_dirs() -> list[str]:
-    """Where cuda_fp16.h is: the toolkit CuPy found, else the headers CuPy ships."""
-    cupy = cuda()
-    found = []
-    root = cupy.cuda.get_cuda_path()
-    if root and os.path.isdir(os.path.join(root, "include")):
-        found.append(os.path.join(root, "include"))
-    bundled = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
-    if os.path.isdir(bundled):
-        found.append(bundled)
-    return found
+    """The toolkit's headers (cuda_fp16.h) where CuPy finds a toolkit; without
+    one CuPy adds the headers of its wheels itself."""
+    root = cuda().cuda.get_cuda_path()
+    include = os.path.join(root, "include") if root else None
+    return [include] if include and os.path.isdir(include) else []
 
 
 class ModuleCache:
