@@ -355,3 +355,176 @@ def test_layouts_and_dtypes_cublas_cannot_take_stay_on_the_kernels():
     assert blas.plan(C.DK_DTYPE_FLOAT32, contiguous, contiguous, contiguous, 8, 8, 8,
                      [(70000, 64, 64, 64)]) is None
     assert inspect.signature(blas.gemm).parameters.keys() >= {"alpha", "beta", "addend"}
+
+
+# -- the table's entries on a stand-in CuPy -------------------------------------------------
+
+
+class _FakeCuPy:
+    """What the cuda plugin calls of CuPy, recording instead of running: one
+    device with an H200's limits, allocations that are numbers, kernels and
+    cuBLAS calls as records."""
+
+    def __init__(self):
+        fake = self
+        self.launches, self.gemms, self.freed, self.synced, self.uploads = [], [], [], [], []
+        self.current_stream, self.next_pointer = None, 1 << 32
+
+        def allocate(size, stream=None):
+            fake.next_pointer += 1 << 20
+            return fake.next_pointer
+
+        def upload(dst, src, size, kind, stream):
+            fake.uploads.append((dst, bytes(ffi.buffer(ffi.cast("char *", src), size)), stream))
+
+        runtime = types.SimpleNamespace(
+            getDeviceProperties=lambda index: {
+                "name": b"Fake H200", "major": 9, "minor": 0, "maxThreadsPerBlock": 1024,
+                "maxThreadsDim": (1024, 1024, 64), "sharedMemPerBlock": 49152, "sharedMemPerBlockOptin": 232448,
+                "multiProcessorCount": 132, "totalGlobalMem": 1 << 37},
+            streamCreateWithFlags=lambda flags: 0xABC, malloc=allocate, mallocAsync=allocate,
+            freeAsync=lambda pointer, stream: fake.freed.append((pointer, stream)),
+            memcpyAsync=upload, streamSynchronize=lambda stream: fake.synced.append(stream),
+            getDeviceCount=lambda: 1)
+
+        class Context:
+            def __init__(self, index=0):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class ExternalStream:
+            def __init__(self, pointer):
+                self.pointer = pointer
+
+            def __enter__(self):
+                fake.current_stream = self.pointer
+
+            def __exit__(self, *exc):
+                fake.current_stream = None
+
+        class Kernel:
+            max_dynamic_shared_size_bytes = 0
+
+            def __init__(self, module, name):
+                assert name in module.code, name
+                self.module, self.name = module, name
+
+            def __call__(self, grid, block, args, shared_mem=0):
+                fake.launches.append(types.SimpleNamespace(
+                    name=self.name, code=self.module.code, options=self.module.options, grid=grid, block=block,
+                    args=args, shared_mem=shared_mem, stream=fake.current_stream))
+
+        class RawModule:
+            def __init__(self, code, options):
+                self.code, self.options = code, options
+
+            def get_function(self, name):
+                return Kernel(self, name)
+
+        cublas = types.SimpleNamespace(setStream=lambda handle, stream: setattr(fake, "cublas_stream", stream),
+                                       gemmStridedBatchedEx=lambda *args: fake.gemms.append(args))
+        self.RawModule = RawModule
+        self.cuda = types.SimpleNamespace(
+            runtime=runtime, Device=Context, ExternalStream=ExternalStream, get_cuda_path=lambda: None,
+            cublas=cublas, device=types.SimpleNamespace(get_cublas_handle=lambda: 7))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    from devkit.backends.cuda import runtime, table
+
+    fake = _FakeCuPy()
+    monkeypatch.setattr(runtime, "_cupy", fake)
+    monkeypatch.setattr(kernels_module, "modules", kernels_module.ModuleCache())
+    device = runtime.Device(0)
+    monkeypatch.setattr(table, "_devices", [device])
+    return fake, device, build_kernel_table([device])
+
+
+import types  # noqa: E402
+
+from devkit.abi import ffi  # noqa: E402
+from devkit.backends.cuda import kernels as kernels_module  # noqa: E402
+
+
+def _tensor(device, shape, dtype_key, keep):
+    handle = device.alloc(int(np.prod(shape)) * 8)
+    shape_array = ffi.new("int64_t[]", list(shape) or [0])
+    keep += [shape_array]
+    return {"data": handle, "device": {"device_type": C.DK_DEVICE_TYPE_CUDA, "device_id": 0},
+            "ndim": len(shape), "shape": shape_array, "strides": ffi.NULL,
+            "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1}, "byte_offset": 0}
+
+
+def _call(table, device, op, key, inputs, outputs, stream):
+    """Runs the table's (op, key) entry on tensors of those shapes; (status, input pointers, output pointers)."""
+    index = next(i for i, (o, k, _) in enumerate(table.runs) if (o, k) == (op, key))
+    entry, keep = table.entries[index], []
+    ins = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in inputs])
+    outs = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in outputs])
+    call = ffi.new("DK_KernelCall *", {
+        "struct_size": ffi.sizeof("DK_KernelCall"), "device": 0, "stream": ffi.cast("DK_Stream", stream),
+        "inputs": ins, "num_inputs": len(inputs), "outputs": outs, "num_outputs": len(outputs),
+        "attributes": ffi.NULL, "num_attributes": 0, "user_data": entry.user_data})
+    pointers = [[int(ffi.cast("uintptr_t", t.data)) for t in (array[i] for i in range(n))]
+                for array, n in ((ins, len(inputs)), (outs, len(outputs)))]
+    return entry.fn(call), *pointers
+
+
+def test_an_add_entry_launches_its_rendered_kernel_on_the_calls_stream(fake_cuda):
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    status, (x, y), (out,) = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (4,)], [(3, 4)], 0x5EED)
+    assert status == C.DK_OK
+    (launch,) = fake.launches
+    assert launch.name == "k_Add" and launch.stream == 0x5EED
+    assert launch.grid[0] * launch.block[0] >= 12 and launch.block == (256, 1, 1)
+    assert {"--fmad=false", "--prec-div=true"} <= set(launch.options)
+    # x, its offset, y (broadcast), its offset, the output, its offset, ndim, the shape/stride table, n.
+    assert [int(a) for a in launch.args[:6]] == [x, 0, y, 0, out, 0]
+    meta = int(launch.args[7])
+    uploaded = {dst: np.frombuffer(data, np.int64) for dst, data, _ in fake.uploads}
+    assert list(uploaded[meta]) == [3, 4, 4, 1, 0, 1, 4, 1]  # shape, then the strides of x, y and out
+    assert int(launch.args[8]) == 12
+    # The table is a temporary of the call, freed in stream order; a stream call does not wait.
+    assert (meta, 0x5EED) in fake.freed and fake.synced == []
+
+
+def test_a_null_stream_call_waits_for_its_private_stream(fake_cuda):
+    fake, device, table = fake_cuda
+    status, _, _ = _call(table, device, "Neg", C.DK_DTYPE_FLOAT16, [(5,)], [(5,)], 0)
+    assert status == C.DK_OK
+    (launch,) = fake.launches
+    assert launch.stream == device.null_stream and fake.synced == [device.null_stream]
+    assert "vload_half" in launch.code and "__float2half_rn" in launch.code
+
+
+def test_a_float_matmul_entry_runs_cublas_and_an_integer_one_the_kernel(fake_cuda):
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    status, (a, b), (y,) = _call(table, device, "MatMul", C.DK_DTYPE_BFLOAT16, [(4, 6), (6, 5)], [(4, 5)], 0x5EED)
+    assert status == C.DK_OK and fake.launches == []
+    (args,) = fake.gemms
+    handle, op_first, op_second, m, n, k = args[:6]
+    assert (handle, op_first, op_second, m, n, k) == (7, blas.CUBLAS_OP_N, blas.CUBLAS_OP_N, 5, 4, 6)
+    assert args[7:9] == (b, 14) and args[11:13] == (a, 14) and args[16] == y  # CUDA_R_16BF
+    assert args[-2:] == (blas.CUBLAS_COMPUTE_32F, blas.CUBLAS_GEMM_DEFAULT) and fake.cublas_stream == 0x5EED
+    status, _, _ = _call(table, device, "MatMul", C.DK_DTYPE_INT32, [(4, 6), (6, 5)], [(4, 5)], 0x5EED)
+    assert status == C.DK_OK and [launch.name for launch in fake.launches] == ["k_gemm_direct"]
+
+
+def test_a_bad_call_is_refused_before_anything_is_launched(fake_cuda):
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (5,)], [(3, 4)], 0x5EED)
+    assert status == C.DK_INVALID_ARGUMENT and fake.launches == []
+    from devkit.backends.python_plugin import last_error_message
+
+    assert "Add" in ffi.string(last_error_message()).decode()
+    status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (4,)], [(3, 4)], 0xDEAD)
+    assert status == C.DK_INVALID_ARGUMENT and "not a live stream" in ffi.string(last_error_message()).decode()
