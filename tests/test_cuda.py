@@ -5,7 +5,6 @@ the load refusal's reason. The GPU-side cases run where a CUDA device is
 
 from __future__ import annotations
 
-import inspect
 import re
 import subprocess
 import sys

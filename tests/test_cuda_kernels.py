@@ -12,12 +12,14 @@ import inspect
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
 
-from devkit.abi import C
+from devkit.abi import C, ffi
 from devkit.backends.cuda import blas, dialect, sources
+from devkit.backends.cuda import kernels as kernels_module
 from devkit.backends.cuda.kernels import LaunchPlan, plan_launch
 from devkit.backends.cuda.table import build_kernel_table
 from devkit.backends.opencl import linalg
@@ -444,12 +446,6 @@ def fake_cuda(monkeypatch):
     device = runtime.Device(0)
     monkeypatch.setattr(table, "_devices", [device])
     return fake, device, build_kernel_table([device])
-
-
-import types  # noqa: E402
-
-from devkit.abi import ffi  # noqa: E402
-from devkit.backends.cuda import kernels as kernels_module  # noqa: E402
 
 
 def _tensor(device, shape, dtype_key, keep):

@@ -26,10 +26,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import os
-import threading
 from collections.abc import Mapping
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np

@@ -20,6 +20,7 @@ from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,
     Call,
+    Local,
     Tensor,
     cl_type,
     copy,
