@@ -524,3 +524,25 @@ def test_a_bad_call_is_refused_before_anything_is_launched(fake_cuda):
     assert "Add" in ffi.string(last_error_message()).decode()
     status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (4,)], [(3, 4)], 0xDEAD)
     assert status == C.DK_INVALID_ARGUMENT and "not a live stream" in ffi.string(last_error_message()).decode()
+
+
+def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
+    """DK_PluginInit on the stand-in CuPy (in a process of its own: a loaded
+    plugin stays loaded): the opencl plugin's kernel count, the collectives,
+    and no graph section, so the host replays graphs through the table."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, "tests")
+        import test_cuda_kernels
+        sys.modules["cupy"] = test_cuda_kernels._FakeCuPy()
+        import devkit
+        from devkit.backends.cuda import sources, table
+        plugin = devkit.load_plugin("cuda")
+        print(len(plugin.kernels), len(table.build_kernel_table([sources._CallStandIn()]).entries),
+              plugin.has_graphs, plugin.has_collectives, plugin.device_type)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    published, built, graphs, collectives, device_type = result.stdout.split()
+    assert published == built and int(published) > 500
+    assert (graphs, collectives, device_type) == ("False", "True", "cuda")
