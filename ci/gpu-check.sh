@@ -42,9 +42,9 @@ step runtime 60 devkit-conformance cuda --suite runtime --workers 8 \
 # Ops the plugin has no kernel for are skipped by the op suite (and reported).
 step suites 150 devkit-conformance cuda --profile quick --workers 8 --suite ops --suite onnx-node \
     --suite models --report "$results/conformance.md" --junit "$results/conformance.xml"
-step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py \
+step cuda-tests 40 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py \
     tests/test_cuda_kernels.py --junitxml="$results/test_cuda.xml"
 # Add 256 Mi float32 vs the D2D copy bandwidth, MatMul 8192^2 f32/bf16 vs cupy.matmul.
-step bench 60 devkit-bench cuda --repeat 10 --json "$results/bench-cuda.json"
+step bench 50 devkit-bench cuda --repeat 10 --json "$results/bench-cuda.json"
 echo "results in $results (exit $status)"
 exit $status

@@ -105,7 +105,7 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
     cublas = cupy.cuda.cublas
     with c.device.context():
         handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, c._stream())
+        cublas.setStream(handle, c.cuda_stream())
         for index in itertools.product(*(range(size) for size, *_ in p.outer)):
             ao = a.offset + sum(i * d[1] for i, d in zip(index, p.outer))
             bo = b.offset + sum(i * d[2] for i, d in zip(index, p.outer))

@@ -37,7 +37,7 @@ import numpy as np
 from ...abi import C
 from ..opencl.kernels import Call, DeviceLimits, Local, Tensor
 from ..python_plugin import PluginError
-from . import dialect
+from . import blas, dialect
 from .runtime import cuda
 
 CUDA_MEMCPY_HOST_TO_DEVICE = 1
@@ -172,19 +172,20 @@ class CudaCall(Call):
         try:
             run(self)
         finally:  # in stream order after the kernels that use them
-            stream = self._stream()
+            stream = self.cuda_stream()
             with self.device.context():
                 for pointer in self._temporaries:
                     self.device.runtime.freeAsync(pointer, stream)
             if self.stream is None:
                 self.device.runtime.streamSynchronize(stream)
 
-    def _stream(self) -> int:
+    def cuda_stream(self) -> int:
+        """The cudaStream_t the call's work goes on (the NULL stream's private one)."""
         return self.stream if self.stream is not None else self.device.null_stream
 
     def scratch(self, nbytes: int) -> np.uint64:
         with self.device.context():
-            pointer = self.device.runtime.mallocAsync(max(int(nbytes), 1), self._stream())
+            pointer = self.device.runtime.mallocAsync(max(int(nbytes), 1), self.cuda_stream())
         self._temporaries.append(pointer)
         return np.uint64(pointer)
 
@@ -195,7 +196,7 @@ class CudaCall(Call):
         pointer = self.scratch(array.nbytes)
         with self.device.context():  # from pageable memory: staged before the call returns
             self.device.runtime.memcpyAsync(int(pointer), array.ctypes.data, array.nbytes,
-                                            CUDA_MEMCPY_HOST_TO_DEVICE, self._stream())
+                                            CUDA_MEMCPY_HOST_TO_DEVICE, self.cuda_stream())
         return pointer
 
     def zeros(self, count: int, dtype=np.int32) -> np.uint64:
@@ -205,7 +206,7 @@ class CudaCall(Call):
         """Waits for the call's stream (CUDA's host functions may not call CUDA)
         and raises the check's error from the call itself."""
         with self.device.context():
-            self.device.runtime.streamSynchronize(self._stream())
+            self.device.runtime.streamSynchronize(self.cuda_stream())
             error = check(_SyncReader())
         if error is not None:
             raise error
@@ -220,10 +221,8 @@ class CudaCall(Call):
             kernel = modules.function(self.device.index, source, options, name)
             if plan.shared_bytes > DEFAULT_SHARED_BYTES:
                 kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
-            with cupy.cuda.ExternalStream(self._stream()):
+            with cupy.cuda.ExternalStream(self.cuda_stream()):
                 kernel(plan.grid, plan.block, plan.args, shared_mem=plan.shared_bytes)
 
     def library_gemm(self, key, a, b, y, m, n, k, batch, alpha, beta, addend) -> bool:
-        from . import blas
-
         return blas.gemm(self, key, a, b, y, m, n, k, batch, alpha, beta, addend)
