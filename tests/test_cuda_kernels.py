@@ -21,12 +21,14 @@ from devkit.abi import C, ffi
 from devkit.backends.cuda import blas, dialect, sources
 from devkit.backends.cuda import kernels as kernels_module
 from devkit.backends.cuda.kernels import LaunchPlan, plan_launch
+from devkit.backends.cuda.runtime import unavailable_reason
 from devkit.backends.cuda.table import build_kernel_table
 from devkit.backends.opencl import linalg
 from devkit.backends.opencl.kernels import DeviceLimits, Local
 from devkit.backends.opencl.linalg_gemm import _GPU_TILES, tiles
 from devkit.backends.python_plugin import PluginError
 
+REASON = unavailable_reason()
 # An H200's cudaDeviceProp, as runtime.limits_of reads it.
 H200 = DeviceLimits(max_group_size=1024, max_item_sizes=(1024, 1024, 64), local_mem_size=232448,
                     compute_units=132, is_cpu=False, exact_divide_sqrt=True)
@@ -546,3 +548,27 @@ def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
     published, built, graphs, collectives, device_type = result.stdout.split()
     assert published == built and int(published) > 500
     assert (graphs, collectives, device_type) == ("False", "True", "cuda")
+
+
+# -- on a GPU (ci/gpu-check.sh); elsewhere skipped with the plugin's reason -----------------
+
+@pytest.mark.skipif(REASON is not None, reason=f"cuda plugin unavailable: {REASON}")
+def test_kernels_cublas_and_the_index_check_on_the_gpu():
+    import devkit
+    from devkit import dtypes
+
+    dev = devkit.device("cuda:0")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    w = rng.standard_normal((96, 48)).astype(np.float32)
+    a, b = devkit.asarray(x, dev), devkit.asarray(w, dev)
+    ops = devkit.ops
+    np.testing.assert_array_equal(ops.Add(a, a).numpy(), x + x)  # exact in float32
+    np.testing.assert_allclose(ops.MatMul(a, b).numpy(), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    if dtypes.bfloat16 is not None:
+        xb, wb = x.astype(dtypes.bfloat16), w.astype(dtypes.bfloat16)
+        got = ops.MatMul(devkit.asarray(xb, dev), devkit.asarray(wb, dev)).numpy().astype(np.float64)
+        np.testing.assert_allclose(got, xb.astype(np.float64) @ wb.astype(np.float64), rtol=2e-2, atol=2e-1)
+    np.testing.assert_allclose(ops.ReduceSum(a, axes=[1], keepdims=0).numpy(), x.sum(1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(devkit.errors.OutOfRangeError, match="index 64"):
+        ops.Gather(a, devkit.asarray(np.array([1, 64], np.int64), dev), axis=0).numpy()
