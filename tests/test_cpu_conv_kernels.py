@@ -1,6 +1,7 @@
 """The cpu plugin's convolution paths on shapes the conformance cases do not
 reach: Winograd F(2x2, 3x3) on odd planes, asymmetric pads, groups, bias and
-batches, and its fallback when a value is not finite; the tiled im2col path
+batches, and its fallback when a value is not finite (Conv, and ConvGrad's
+dX, the Conv of dY with the flipped kernels); the tiled im2col path
 and the whole-plane path for small planes; ConvTranspose and ConvGrad split
 by runs of channels that do not divide evenly. References are the op specs'
 float64 ones; tolerances the ops' own dot-product bound (K products summing
@@ -108,14 +109,21 @@ def test_conv_transpose_channel_runs_match_the_reference(dev, x_shape, w_shape, 
     ((3, 13, 10, 9), (6, 13, 3, 3), {"pads": [1, 1, 1, 1]}),  # 13 channels in uneven runs
     ((2, 10, 8, 8), (8, 5, 3, 2), {"group": 2, "strides": [2, 1]}),
     ((1, 7, 12, 12), (4, 7, 1, 1), {}),
+    ((2, 16, 17, 15), (12, 16, 3, 3), {"pads": [1, 0, 2, 1]}),  # dX by Winograd
+    ((1, 16, 20, 20), (8, 16, 3, 3), {"pads": [3, 1, 0, 1]}),  # a begin pad beyond 2: dX by col2im
+    ((1, 16, 20, 20), (8, 16, 3, 3), {"pads": [1, 1, 1, 1], "dy_special": np.inf}),  # Winograd falls back
 ])
 def test_conv_grad_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs):
     rng = np.random.default_rng(4)
+    attrs = dict(attrs)
+    special = attrs.pop("dy_special", None)
     x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
     full = {**CONV_DEFAULTS, **attrs}
     (y_shape, _), = ops.get("Conv").infer([ops.spec.TensorInfo(x.shape, x.dtype),
                                            ops.spec.TensorInfo(w.shape, w.dtype), None], full)
     dy = testing.random(rng, y_shape, np.float32)
+    if special is not None:
+        dy[0, 2, 5, 6] = special
     reference = ops.get("ConvGrad").reference
     refs = reference([dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64)], full)
     bounds = reference([magnitude(dy), magnitude(x), magnitude(w)], full)

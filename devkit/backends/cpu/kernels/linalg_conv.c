@@ -355,8 +355,8 @@ typedef struct wino_job {
   atomic_bool non_finite;
 } wino_job;
 
-static bool winograd_fits(const linalg_window *w, const cpu_tensor *y, int64_t cg, int64_t mg) {
-  if (w->n != 2 || y->dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
+bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
   return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_MIN_TILES;
@@ -522,16 +522,15 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
   free(v);
 }
 
-/* Runs the convolution by Winograd; *redo is set when a non-finite output
- * asks for the direct computation. */
-static DK_Status conv_winograd(const cpu_kernel_args *k, const linalg_window *w, int64_t group, bool *redo) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0], *b = bias_of(k);
+DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                               const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
+                               bool *redo) {
   wino_job j = {.s = {.real = LINALG_F32, .w = w, .es = sizeof(float), .group = group},
                 .batch = x->shape[0], .cg = x->shape[1] / group, .mg = y->shape[1] / group,
                 .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
                 .oh = w->grid[0], .ow = w->grid[1], .pad_h = w->pad[0], .pad_w = w->pad[1],
                 .x = (const float *)x->data, .b = b ? (const float *)b->data : NULL,
-                .wt = (const float *)k->in[1].data, .y = (float *)y->data};
+                .wt = (const float *)wt->data, .y = (float *)y->data};
   atomic_init(&j.s.failed, false);
   atomic_init(&j.non_finite, false);
   j.tiles_w = ceil_div(j.ow, 2);
@@ -578,9 +577,9 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .b = b ? b->data : NULL, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
-  if (winograd_fits(&w, y, j.cg, j.mg)) {
+  if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
     bool redo = false;
-    DK_Status st = conv_winograd(k, &w, group, &redo);
+    DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
   }
   atomic_init(&j.s.failed, false);

@@ -5,9 +5,10 @@
  * Per image and group, over bands of output positions: the im2col columns
  * of X give dW += dY col^T (one GEMM), and dcol = W^T dY (another) is
  * scattered back into dX by col2im, the adjoint of im2col (both shared with
- * Conv, linalg.h). The work is split over the pool by group and run of
- * input channels. dB sums dY over
- * the batch and the output positions. The geometry is Conv's
+ * Conv, linalg.h); for float32 3x3 kernels with unit strides dX is a Conv of
+ * dY by Winograd instead. The work is split over the pool by group and run
+ * of input channels. dB sums dY over the batch and the output positions.
+ * The geometry is Conv's
  * (linalg_window_forward, with dY's spatial sizes as the grid); float16 and
  * bfloat16 run as float32 (linalg_run_as_f32).
  */
@@ -47,6 +48,7 @@ typedef struct conv_grad_job {
   int64_t es, group, cg, mg, taps, rows, in_plane, out_plane, batch, block, band;
   const uint8_t *dy, *x, *wt;
   uint8_t *dx, *dw;
+  bool with_dx; /* false: dX is computed already */
   atomic_bool failed;
 } conv_grad_job;
 
@@ -75,6 +77,7 @@ static void conv_grad_part(void *arg, int64_t begin, int64_t end) {
         /* dW_g[:, run] (mg x width) += dY_g[:, band] (mg x count) @ col^T (count x width) */
         linalg_gemm(j->real, false, true, j->mg, width, count, 1.0, dyg + p0 * es, j->out_plane, col, count, 1.0,
                     dwg, j->rows);
+        if (!j->with_dx) continue;
         /* dcol (width x count) = W_g[:, run]^T (width x mg) @ dY_g[:, band] (mg x count) */
         linalg_gemm(j->real, true, false, width, count, j->mg, 1.0, wg, j->rows, dyg + p0 * es, j->out_plane, 0.0,
                     dcol, count);
@@ -85,23 +88,65 @@ static void conv_grad_part(void *arg, int64_t begin, int64_t end) {
   free(col);
 }
 
+/* dX of a 3x3 Conv with unit strides and dilations is the Conv of dY with
+ * the kernels flipped and their channel axes swapped, begin pads 2 - pad
+ * (W' (group * cg, mg, 3, 3)): by Winograd where that fits. *done is false
+ * when it does not, or when a non-finite value asks for the direct way. */
+static DK_Status grad_input_winograd(const cpu_kernel_args *k, const linalg_window *w, int64_t group,
+                                     bool *done) {
+  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2], *dx = &k->out[0];
+  int64_t cg = x->shape[1] / group, mg = dy->shape[1] / group;
+  linalg_window flipped = *w;
+  for (int32_t d = 0; d < w->n; d++) {
+    flipped.grid[d] = w->target[d];
+    flipped.target[d] = w->grid[d];
+    flipped.pad[d] = 2 - w->pad[d];
+  }
+  *done = false;
+  if (w->n != 2 || flipped.pad[0] < 0 || flipped.pad[1] < 0 || !linalg_winograd_fits(&flipped, dx->dtype, mg, cg))
+    return DK_OK;
+  cpu_tensor turned = *wt;
+  turned.shape[0] = group * cg;
+  turned.shape[1] = mg;
+  float *kernels = malloc((size_t)wt->size * sizeof(float));
+  if (!kernels) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the flipped kernels");
+  const float *from = (const float *)wt->data;
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t m = 0; m < mg; m++)
+      for (int64_t c = 0; c < cg; c++)
+        for (int t = 0; t < 9; t++)
+          kernels[((g * cg + c) * mg + m) * 9 + t] = from[((g * mg + m) * cg + c) * 9 + 8 - t];
+  turned.data = (uint8_t *)kernels;
+  bool redo = false;
+  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, dx, &flipped, group, &redo);
+  free(kernels);
+  *done = st == DK_OK && !redo;
+  return st;
+}
+
 static DK_Status conv_grad_float(const cpu_kernel_args *k) {
   const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2];
   const cpu_tensor *dx = &k->out[0], *dw = &k->out[1], *db = &k->out[2];
-  if (dx->size) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize));
   if (dw->size) memset(dw->data, 0, (size_t)(dw->size * dw->itemsize));
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, dy->shape + 2, wt->shape + 2, &w);
   int64_t in_plane = linalg_prod(w.target, w.n), out_plane = linalg_prod(w.grid, w.n);
   DK_Status st = bias_grad(k, dy, db, out_plane);
   /* Without products (no images, channels, filters or positions) dX and dW stay 0. */
-  if (st != DK_OK || dy->size == 0 || x->size == 0) return st;
+  if (st != DK_OK || dy->size == 0 || x->size == 0) {
+    if (dx->size) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize));
+    return st;
+  }
   int64_t group = cpu_attr_int(k, "group", 1), taps = linalg_prod(w.kernel, w.n);
   conv_grad_job j = {.real = linalg_real_of(dx), .w = &w, .es = dx->itemsize, .group = group,
                      .cg = x->shape[1] / group, .mg = dy->shape[1] / group, .taps = taps,
                      .in_plane = in_plane, .out_plane = out_plane, .batch = x->shape[0],
                      .dy = dy->data, .x = x->data, .wt = wt->data, .dx = dx->data, .dw = dw->data};
   j.rows = j.cg * taps;
+  bool dx_done = false;
+  if ((st = grad_input_winograd(k, &w, group, &dx_done)) != DK_OK) return st;
+  j.with_dx = !dx_done;
+  if (j.with_dx) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize)); /* col2im adds into dX */
   atomic_init(&j.failed, false);
   /* Runs of channels: a few chunks per thread. */
   int64_t threads = cpu_thread_count(), blocks = threads > 1 ? (4 * threads + group - 1) / group : 1;
