@@ -14,6 +14,7 @@ from ..._version import __version__
 from ...abi import C, ffi, field_end
 from . import codegen, graph as graphs, kernels
 from .launch import OpenCLCall
+from ..graph_capture import capture_refused
 from ..python_plugin import PluginInit, copy_out as _copy_out, not_null as _not_null
 from .errors import PluginError, callback, invalid
 from .runtime import (
@@ -88,12 +89,12 @@ def device_synchronize(dev):
 
 def _refuse_if_device_captures(d: Device) -> None:
     if d.capturing():
-        raise graphs.refused(f"a stream of {d.name}")
+        raise capture_refused(f"a stream of {d.name}")
 
 
 def _refuse_if_capturing(s: Stream | None, stream) -> None:
     if s is not None and s.capture is not None:
-        raise graphs.refused(f"stream {handle_key(stream):#x}")
+        raise capture_refused(f"stream {handle_key(stream):#x}")
 
 
 # -- memory --------------------------------------------------------------------------
