@@ -380,6 +380,7 @@ class _FakeCuPy:
         self.capturing: dict[int, list] = {}   # stream -> the work captured so far
         self.graphs: dict[int, list] = {}      # cudaGraph_t / cudaGraphExec_t -> that work
         self.graph_launches, self.instantiated = [], 0
+        self.uncapturable = False  # set: work queued on a capturing stream fails, as CUDA's refusals do
         self.current_stream, self.next_pointer = None, 1 << 32
 
         class CUDARuntimeError(RuntimeError):
@@ -408,6 +409,8 @@ class _FakeCuPy:
         def on_stream(stream, work):
             """Runs ``work(stream)``, or records it on a capturing stream."""
             if stream in fake.capturing:
+                if fake.uncapturable:
+                    raise CUDARuntimeError(900, "cudaErrorStreamCaptureUnsupported")
                 fake.capturing[stream].append(work)
             else:
                 work(stream)
@@ -467,6 +470,7 @@ class _FakeCuPy:
             freeAsync=lambda pointer, stream: fake.freed.append((pointer, stream)),
             memcpyAsync=memcpy_async, memcpy=lambda dst, src, size, kind: copy(dst, src, size),
             memsetAsync=memset_async, streamSynchronize=synchronize, getDeviceCount=lambda: 1,
+            deviceSynchronize=lambda: fake.synced.append("device"),
             eventRecord=lambda event, stream: on_stream(stream, lambda s: fake.launches.append(
                 types.SimpleNamespace(name="eventRecord", event=event, stream=s))),
             streamBeginCapture=begin_capture, streamEndCapture=end_capture, graphInstantiate=instantiate,
@@ -560,16 +564,25 @@ def _tensor(device, shape, dtype_key, keep):
             "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1}, "byte_offset": 0}
 
 
-def _call(table, device, op, key, inputs, outputs, stream):
-    """Runs the table's (op, key) entry on tensors of those shapes; (status, input pointers, output pointers)."""
+def _call(table, device, op, key, inputs, outputs, stream, input_keys=None, ints=None):
+    """Runs the table's (op, key) entry on tensors of those shapes (of dtype
+    ``key``, or ``input_keys`` per input) with int attributes ``ints``;
+    (status, input pointers, output pointers)."""
     index = next(i for i, (o, k, _) in enumerate(table.runs) if (o, k) == (op, key))
     entry, keep = table.entries[index], []
-    ins = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in inputs])
+    input_keys = input_keys or [key] * len(inputs)
+    ins = ffi.new("DK_Tensor[]", [_tensor(device, s, k, keep) for s, k in zip(inputs, input_keys)])
     outs = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in outputs])
+    names = [ffi.new("char[]", name.encode()) for name in ints or {}]
+    attributes = [ffi.new("DK_Attribute *", {"struct_size": ffi.sizeof("DK_Attribute"), "name": name,
+                                             "type": C.DK_ATTR_INT, "i": value})
+                  for name, value in zip(names, (ints or {}).values())]
+    array = ffi.new("DK_Attribute *[]", attributes) if attributes else ffi.NULL
+    keep += [names, attributes, array]
     call = ffi.new("DK_KernelCall *", {
         "struct_size": ffi.sizeof("DK_KernelCall"), "device": 0, "stream": ffi.cast("DK_Stream", stream),
         "inputs": ins, "num_inputs": len(inputs), "outputs": outs, "num_outputs": len(outputs),
-        "attributes": ffi.NULL, "num_attributes": 0, "user_data": entry.user_data})
+        "attributes": array, "num_attributes": len(attributes), "user_data": entry.user_data})
     pointers = [[int(ffi.cast("uintptr_t", t.data)) for t in (array[i] for i in range(n))]
                 for array, n in ((ins, len(inputs)), (outs, len(outputs)))]
     return entry.fn(call), *pointers

@@ -44,14 +44,8 @@ import numpy as np
 from ...abi import C, ffi
 from ..graph_capture import capture_refused, copy_kernel_call, no_such_slot
 from ..python_plugin import PluginError, invalid
-from .kernels import (
-    CUDA_MEMCPY_HOST_TO_DEVICE,
-    DEFAULT_SHARED_BYTES,
-    CudaCall,
-    SyncReader,
-    modules,
-    plan_launch,
-)
+from . import kernels
+from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
 from .runtime import CUDA_MEMCPY_DEFAULT, Device, cuda, key_of
 
 CUDA_STREAM_CAPTURE_MODE_RELAXED = 2  # other threads may call CUDA (compile, cudaMalloc) meanwhile
@@ -130,7 +124,7 @@ class RecordingCall(CudaCall):
         if 0 in plan.grid:
             return
         with self.device.context():
-            kernel = modules.function(self.device.index, source, options, name)
+            kernel = kernels.modules.function(self.device.index, source, options, name)
             if plan.shared_bytes > DEFAULT_SHARED_BYTES:
                 kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
         cupy = cuda()
