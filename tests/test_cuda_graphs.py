@@ -105,6 +105,9 @@ def test_the_binding_cache_is_bounded_and_frees_what_it_evicts(streams):
     assert len(executables) == cuda_graph.CACHED_BINDINGS and all(e in fake.graphs for e in executables)
     # The new inputs, and one shape table per kept set (the first set's was evicted with the others').
     assert len(fake.memory) == tables - 1 + 3 * cuda_graph.CACHED_BINDINGS + cuda_graph.CACHED_BINDINGS
+    for _ in range(5):  # rebinds without launches keep the kept sets' tables and the current one's
+        cuda_table.graph_rebind(0, graph, 0, device.alloc(12 * 4), 0)
+    assert len(g.nodes[0].variants) == cuda_graph.CACHED_BINDINGS + 1
     cuda_table.graph_destroy(0, graph)
     assert not any(e in fake.graphs for e in executables)
 

@@ -129,7 +129,7 @@ class RecordingCall(CudaCall):
                 kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
         cupy = cuda()
 
-        def enqueue(s, held=args):
+        def enqueue(s):
             with cupy.cuda.ExternalStream(s):
                 kernel(plan.grid, plan.block, plan.args, shared_mem=plan.shared_bytes)
 
@@ -230,6 +230,7 @@ class Graph:
             except BaseException:
                 tensor.data, tensor.byte_offset = captured
                 raise
+            self._drop_unused_variants([self.nodes.index(node)])
 
     def _instance(self) -> _Instance:
         """The launch plan of the current binding set, captured on first use."""
@@ -289,23 +290,27 @@ class Graph:
     def _release(self, instance: _Instance) -> None:
         """An evicted binding set: its CUDA graphs, and the tables no kept set uses."""
         self._release_execs(instance)
-        for index, node in enumerate(self.nodes):
+        self._drop_unused_variants(range(len(self.nodes)))
+
+    def _drop_unused_variants(self, indices) -> None:
+        """Frees the prepared tables of nodes ``indices`` that neither a kept binding set nor the current one uses."""
+        for index in indices:
+            node = self.nodes[index]
             wanted = {i.node_keys[index] for i in self.instances.values()} | {node.binding()}
             for key in [k for k in node.variants if k not in wanted]:
                 _free(self.device, node.variants.pop(key).owned)
 
     def launch(self, stream: int | None) -> None:
         d = self.device
-        with self.lock:
+        target = stream if stream is not None else d.null_stream
+        failure = None
+        # Held while submitting: a launch elsewhere may evict (and destroy) a binding set's graphs.
+        with self.lock, d.context():
             for node in self.nodes:
                 for handle in node.handles + [t.data for t in node.tensors()]:
                     if key_of(handle) not in d.mems:
                         raise invalid(f"the graph uses memory {key_of(handle):#x}, which has been freed")
-            pieces = self._instance().pieces
-        target = stream if stream is not None else d.null_stream
-        failure = None
-        with d.context():
-            for kind, value in pieces:
+            for kind, value in self._instance().pieces:
                 if kind == "graph":
                     d.runtime.graphLaunch(value[0], target)
                     stats.native_steps += value[1]
