@@ -1,11 +1,16 @@
 """What the graph sections (ABI 1.1) of the plugins written in Python (opencl,
 cuda) share: the refusal of a call a capturing stream forbids, a deep copy of
-a captured DK_KernelCall, and the slot-range error of graph_rebind."""
+a captured DK_KernelCall, the slot-range error of graph_rebind, and the
+table functions that only handle graphs (end_capture, rebind, destroy).
+
+A plugin's Device has ``lock``, ``name``, ``stream(handle)`` and ``graphs``
+(DK_Graph key -> (graph, handle)); its graphs have ``slots``,
+``rebind(slot, mem, offset)`` and ``close()``."""
 
 from __future__ import annotations
 
 from ..abi import C, ffi
-from .python_plugin import PluginError
+from .python_plugin import PluginError, invalid
 
 
 def capture_refused(what: str) -> PluginError:
@@ -65,3 +70,53 @@ def owned(keep: list, ctype: str, init):
 
 def no_such_slot(slot: int, count: int) -> PluginError:
     return PluginError(C.DK_OUT_OF_RANGE, f"slot {slot} does not exist: the graph has {count} slot(s)")
+
+
+def _key(handle) -> int:
+    return int(ffi.cast("uintptr_t", handle))
+
+
+def capturing_stream(d, stream):
+    """The device's stream ``stream``, which is not the NULL stream."""
+    if stream == ffi.NULL:
+        raise invalid("stream is NULL; the default stream cannot capture")
+    return d.stream(stream)
+
+
+def end_capture(d, stream, graph, num_slots, take_capture) -> None:
+    """graph_end_capture; ``take_capture(s)`` ends the capture on the plugin's
+    stream ``s`` and returns its graph (None when it was not capturing)."""
+    s = capturing_stream(d, stream)
+    if graph == ffi.NULL or num_slots == ffi.NULL:
+        raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
+    g = take_capture(s)
+    if g is None:
+        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {_key(stream):#x} is not capturing")
+    handle = ffi.new_handle(g)
+    with d.lock:
+        d.graphs[_key(handle)] = (g, handle)
+    graph[0], num_slots[0] = ffi.cast("DK_Graph", handle), len(g.slots)
+
+
+def lookup(d, graph):
+    if graph == ffi.NULL:
+        raise invalid("graph is NULL")
+    with d.lock:
+        found = d.graphs.get(_key(graph))
+    if found is None:
+        raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
+    return found[0]
+
+
+def rebind(d, graph, slot: int, mem, offset: int) -> None:
+    lookup(d, graph).rebind(slot, mem, offset)
+
+
+def destroy(d, graph) -> None:
+    if graph == ffi.NULL:
+        return
+    with d.lock:
+        found = d.graphs.pop(_key(graph), None)
+    if found is None:
+        raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
+    found[0].close()  # work already submitted holds its own references

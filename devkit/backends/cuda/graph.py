@@ -41,9 +41,10 @@ import threading
 
 import numpy as np
 
-from ...abi import C, ffi
-from ..graph_capture import capture_refused, copy_kernel_call, no_such_slot
-from ..python_plugin import PluginError, invalid
+from ...abi import ffi
+from .. import graph_capture
+from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, no_such_slot
+from ..python_plugin import invalid
 from . import kernels
 from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
 from .runtime import CUDA_MEMCPY_DEFAULT, Device, cuda, key_of
@@ -346,17 +347,11 @@ class Graph:
                     self.device.runtime.graphExecDestroy(value[0])
 
 
-# -- the table functions ----------------------------------------------------------------
-
-
-def _capturing_stream(d: Device, stream) -> int:
-    if stream == ffi.NULL:
-        raise invalid("stream is NULL; the default stream cannot capture")
-    return d.stream(stream)
+# -- the table functions (graph_capture has the rest) ----------------------------------
 
 
 def begin_capture(d: Device, device_of, stream) -> None:
-    s = _capturing_stream(d, stream)
+    s = capturing_stream(d, stream)
     with d.lock:
         if s in d.captures:
             raise capture_refused(f"stream {s:#x}")
@@ -364,26 +359,7 @@ def begin_capture(d: Device, device_of, stream) -> None:
 
 
 def end_capture(d: Device, stream, graph, num_slots) -> None:
-    s = _capturing_stream(d, stream)
-    if graph == ffi.NULL or num_slots == ffi.NULL:
-        raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
-    with d.lock:
-        g = d.captures.pop(s, None)
-        if g is None:
-            raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {s:#x} is not capturing")
-        handle = ffi.new_handle(g)
-        d.graphs[key_of(handle)] = (g, handle)
-    graph[0], num_slots[0] = ffi.cast("DK_Graph", handle), len(g.slots)
-
-
-def lookup(d: Device, graph) -> Graph:
-    if graph == ffi.NULL:
-        raise invalid("graph is NULL")
-    with d.lock:
-        found = d.graphs.get(key_of(graph))
-    if found is None:
-        raise invalid(f"graph {key_of(graph):#x} is not a live graph on {d.name}")
-    return found[0]
+    graph_capture.end_capture(d, stream, graph, num_slots, lambda s: d.captures.pop(s, None))
 
 
 def launch(d: Device, graph, stream) -> None:
@@ -391,17 +367,3 @@ def launch(d: Device, graph, stream) -> None:
     s = d.stream(stream)
     d.refuse_if_capturing(s)
     g.launch(s)
-
-
-def rebind(d: Device, graph, slot: int, mem, offset: int) -> None:
-    lookup(d, graph).rebind(slot, mem, offset)
-
-
-def destroy(d: Device, graph) -> None:
-    if graph == ffi.NULL:
-        return
-    with d.lock:
-        found = d.graphs.pop(key_of(graph), None)
-    if found is None:
-        raise invalid(f"graph {key_of(graph):#x} is not a live graph on {d.name}")
-    found[0].close()

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from ... import __version__
 from ...abi import C, ffi
-from .. import python_plugin
 from ..opencl import kernels
+from .. import graph_capture, python_plugin
 from ..python_plugin import PluginInit, copy_out, invalid, not_null
 from . import ccl, graph as graphs
 from .kernels import CudaCall
@@ -353,11 +353,11 @@ def graph_launch(dev, graph, stream):
 
 
 def graph_rebind(dev, graph, slot, mem, offset):
-    graphs.rebind(_device(dev), graph, slot, mem, offset)
+    graph_capture.rebind(_device(dev), graph, slot, mem, offset)
 
 
 def graph_destroy(dev, graph):
-    graphs.destroy(_device(dev), graph)
+    graph_capture.destroy(_device(dev), graph)
 
 
 # -- the table and DK_PluginInit -------------------------------------------------------

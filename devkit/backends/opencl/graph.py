@@ -24,9 +24,10 @@ import threading
 import numpy as np
 import pyopencl as cl
 
-from ...abi import C, ffi
-from ..graph_capture import capture_refused, copy_kernel_call, no_such_slot
-from .errors import PluginError, invalid
+from ...abi import C
+from .. import graph_capture
+from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, no_such_slot
+from .errors import PluginError
 from .runtime import Device, Stream, _failed, _new_handle, handle_key
 
 
@@ -173,43 +174,23 @@ class Graph:
         self.nodes, self.slots = [], []
 
 
-# -- the table functions ----------------------------------------------------------------
-
-
-def _capturing_stream(d: Device, stream) -> Stream:
-    if stream == ffi.NULL:
-        raise invalid("stream is NULL; the default stream cannot capture")
-    return d.stream(stream)
+# -- the table functions (graph_capture has the rest) ----------------------------------
 
 
 def begin_capture(d: Device, stream) -> None:
-    s = _capturing_stream(d, stream)
+    s = capturing_stream(d, stream)
     if s.capture is not None:
         raise capture_refused(f"stream {handle_key(stream):#x}")
     s.capture = Graph(d)
 
 
-def end_capture(d: Device, stream, graph, num_slots) -> None:
-    s = _capturing_stream(d, stream)
-    if graph == ffi.NULL or num_slots == ffi.NULL:
-        raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
+def _take_capture(s: Stream) -> Graph | None:
     g, s.capture = s.capture, None
-    if g is None:
-        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {handle_key(stream):#x} is not capturing")
-    key, handle = _new_handle("DK_Graph")
-    with d.lock:
-        d.graphs[key] = g
-    graph[0], num_slots[0] = handle, len(g.slots)
-
-
-def lookup(d: Device, graph) -> Graph:
-    if graph == ffi.NULL:
-        raise invalid("graph is NULL")
-    with d.lock:
-        g = d.graphs.get(handle_key(graph))
-    if g is None:
-        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
     return g
+
+
+def end_capture(d: Device, stream, graph, num_slots) -> None:
+    graph_capture.end_capture(d, stream, graph, num_slots, _take_capture)
 
 
 def launch(d: Device, graph, stream) -> None:
@@ -218,17 +199,3 @@ def launch(d: Device, graph, stream) -> None:
     if s is not None and s.capture is not None:
         raise capture_refused(f"stream {handle_key(stream):#x}")
     g.launch(s)
-
-
-def rebind(d: Device, graph, slot: int, mem, offset: int) -> None:
-    lookup(d, graph).rebind(slot, mem, offset)
-
-
-def destroy(d: Device, graph) -> None:
-    if graph == ffi.NULL:
-        return
-    with d.lock:
-        g = d.graphs.pop(handle_key(graph), None)
-    if g is None:
-        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
-    g.close()  # commands already enqueued hold their own references
