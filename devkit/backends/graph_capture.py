@@ -1,6 +1,6 @@
 """What the graph sections (ABI 1.1) of the plugins written in Python (opencl,
 cuda) share: the refusal of a call a capturing stream forbids, a deep copy of
-a captured DK_KernelCall, the slot-range error of graph_rebind, and the
+a captured DK_KernelCall, the patching of a slot by graph_rebind, and the
 table functions that only handle graphs (end_capture, rebind, destroy).
 
 A plugin's Device has ``lock``, ``name``, ``stream(handle)`` and ``graphs``
@@ -68,8 +68,21 @@ def owned(keep: list, ctype: str, init):
     return cdata
 
 
-def no_such_slot(slot: int, count: int) -> PluginError:
-    return PluginError(C.DK_OUT_OF_RANGE, f"slot {slot} does not exist: the graph has {count} slot(s)")
+def rebind_slot(slots: list, slot: int, mem, offset: int, prepare):
+    """Points slot ``slot`` -- (node, its DK_Tensor in the kept call) -- at
+    (mem, offset) and runs ``prepare(node)``, which checks the tensor against
+    its new memory; if that raises, the slot is left as it was. Returns the node."""
+    if not 0 <= slot < len(slots):
+        raise PluginError(C.DK_OUT_OF_RANGE, f"slot {slot} does not exist: the graph has {len(slots)} slot(s)")
+    node, tensor = slots[slot]
+    captured = tensor.data, tensor.byte_offset
+    tensor.data, tensor.byte_offset = mem, offset
+    try:
+        prepare(node)
+    except BaseException:
+        tensor.data, tensor.byte_offset = captured
+        raise
+    return node
 
 
 def _key(handle) -> int:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ...abi import ffi
 from .. import graph_capture
-from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, no_such_slot
+from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
 from ..python_plugin import invalid
 from . import kernels
 from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
@@ -221,16 +221,7 @@ class Graph:
 
     def rebind(self, slot: int, mem, offset: int) -> None:
         with self.lock:
-            if not 0 <= slot < len(self.slots):
-                raise no_such_slot(slot, len(self.slots))
-            node, tensor = self.slots[slot]
-            captured = tensor.data, tensor.byte_offset
-            tensor.data, tensor.byte_offset = mem, offset
-            try:
-                node.steps(self.device_of)  # checks the tensor against its new memory
-            except BaseException:
-                tensor.data, tensor.byte_offset = captured
-                raise
+            node = rebind_slot(self.slots, slot, mem, offset, lambda n: n.steps(self.device_of))
             self._drop_unused_variants([self.nodes.index(node)])
 
     def _instance(self) -> _Instance:

@@ -26,7 +26,7 @@ import pyopencl as cl
 
 from ...abi import C
 from .. import graph_capture
-from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, no_such_slot
+from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
 from .errors import PluginError
 from .runtime import Device, Stream, _failed, _new_handle, handle_key
 
@@ -99,16 +99,7 @@ class Graph:
 
     def rebind(self, slot: int, mem, offset: int) -> None:
         with self.lock:
-            if not 0 <= slot < len(self.slots):
-                raise no_such_slot(slot, len(self.slots))
-            node, tensor = self.slots[slot]
-            captured = tensor.data, tensor.byte_offset
-            tensor.data, tensor.byte_offset = mem, offset
-            try:
-                self._prepare(node)  # checks the tensor against its new memory
-            except BaseException:
-                tensor.data, tensor.byte_offset = captured
-                raise
+            rebind_slot(self.slots, slot, mem, offset, self._prepare)
 
     def launch(self, stream: Stream | None) -> None:
         d = self.device
