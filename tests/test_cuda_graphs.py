@@ -6,6 +6,10 @@ and the calls a capturing stream refuses."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -244,3 +248,46 @@ def test_a_run_cuda_refuses_to_capture_is_replayed_step_by_step(streams):
     assert not fake.capturing and not fake.graphs  # the broken capture was ended and its graph destroyed
     assert [(launch.name, launch.stream) for launch in fake.launches] == [("k_Add", S)] * 2
     cuda_table.graph_destroy(0, graph)
+
+
+def test_the_host_captures_natively_through_the_plugins_table():
+    """devkit's Stream.capture on the cuda plugin loaded on the stand-in CuPy (a
+    process of its own: a loaded plugin stays loaded): the plugin's graph section
+    records, a launch runs one CUDA graph, refusals arrive as the host's errors."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, "tests")
+        import numpy as np
+        import test_cuda_kernels
+        fake = sys.modules["cupy"] = test_cuda_kernels._FakeCuPy()
+        import devkit
+        dev = devkit.device("cuda:0")
+        x = devkit.asarray(np.arange(8, dtype=np.float32), dev)
+        marker = devkit.zeros(16, "uint8", dev)
+        with dev.create_stream() as stream:
+            with stream.capture() as graph:
+                marker.buffer.fill(7, stream=stream)
+                y = devkit.run_op("Add", [x, x], stream=stream)[0]
+                try:
+                    stream.synchronize()
+                except devkit.errors.FailedPreconditionError as exc:
+                    print("refused:", "is capturing a graph" in str(exc))
+            print("native:", graph.native, "slots:", graph.num_slots, "ran:", marker.numpy().max())
+            graph.launch(stream)
+            graph.launch(stream)
+            stream.synchronize()
+            print("marker:", marker.numpy().min(), "graphs:", fake.instantiated, len(fake.graph_launches),
+                  "adds:", sum(launch.name == "k_Add" for launch in fake.launches))
+            other = devkit.asarray(np.ones(8, np.float32), dev)
+            print("moved:", graph.rebind(x, other))
+            graph.launch(stream)
+            stream.synchronize()
+            print("rebound:", int(fake.launches[-1].args[0]) == int(devkit.abi.ffi.cast("uintptr_t",
+                  other.buffer._allocation.handle)), "graphs:", fake.instantiated)
+            graph.destroy()
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == [
+        "refused: True", "native: True slots: 3 ran: 0", "marker: 7 graphs: 1 2 adds: 2", "moved: 2",
+        "rebound: True graphs: 2"]

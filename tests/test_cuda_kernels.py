@@ -471,6 +471,7 @@ class _FakeCuPy:
             memcpyAsync=memcpy_async, memcpy=lambda dst, src, size, kind: copy(dst, src, size),
             memsetAsync=memset_async, streamSynchronize=synchronize, getDeviceCount=lambda: 1,
             deviceSynchronize=lambda: fake.synced.append("device"),
+            driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000, streamDestroy=lambda stream: None,
             eventRecord=lambda event, stream: on_stream(stream, lambda s: fake.launches.append(
                 types.SimpleNamespace(name="eventRecord", event=event, stream=s))),
             streamBeginCapture=begin_capture, streamEndCapture=end_capture, graphInstantiate=instantiate,
