@@ -17,7 +17,7 @@ from devkit.abi import C, ffi
 from devkit.backends.cuda import graph as cuda_graph, table as cuda_table
 from devkit.backends.python_plugin import PluginError
 
-from .test_cuda_kernels import _call, fake_cuda  # noqa: F401 (fake_cuda: the fixture streams uses)
+from .test_cuda_kernels import _call, on_a_fake_cuda
 
 S, T = 0x5EED, 0x7EED
 F32, I64 = C.DK_DTYPE_FLOAT32, C.DK_DTYPE_INT64
@@ -38,8 +38,8 @@ def _end(stream=S):
 
 
 @pytest.fixture
-def streams(fake_cuda):  # noqa: F811 (the imported fixture)
-    fake, device, table = fake_cuda
+def streams(monkeypatch):
+    fake, device, table = on_a_fake_cuda(monkeypatch)
     device.streams.update({S, T})
     return fake, device, table
 

@@ -546,6 +546,11 @@ class _FakeCuPy:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    return on_a_fake_cuda(monkeypatch)
+
+
+def on_a_fake_cuda(monkeypatch):
+    """(the stand-in CuPy, the plugin's device on it, its kernel table), for one test."""
     from devkit.backends.cuda import runtime, table
 
     fake = _FakeCuPy()
