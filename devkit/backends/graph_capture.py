@@ -4,10 +4,12 @@ a captured DK_KernelCall, the patching of a slot by graph_rebind, and the
 table functions that only handle graphs (end_capture, rebind, destroy).
 
 A plugin's Device has ``lock``, ``name``, ``stream(handle)`` and ``graphs``
-(DK_Graph key -> (graph, handle)); its graphs have ``slots``,
+(DK_Graph key -> graph); its graphs have ``slots``,
 ``rebind(slot, mem, offset)`` and ``close()``."""
 
 from __future__ import annotations
+
+import itertools
 
 from ..abi import C, ffi
 from .python_plugin import PluginError, invalid
@@ -85,6 +87,10 @@ def rebind_slot(slots: list, slot: int, mem, offset: int, prepare):
     return node
 
 
+# DK_Graph values: numbers never reused, so a destroyed graph's handle names no other graph.
+_graph_numbers = itertools.count(0x6A000001)
+
+
 def _key(handle) -> int:
     return int(ffi.cast("uintptr_t", handle))
 
@@ -105,10 +111,10 @@ def end_capture(d, stream, graph, num_slots, take_capture) -> None:
     g = take_capture(s)
     if g is None:
         raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {_key(stream):#x} is not capturing")
-    handle = ffi.new_handle(g)
+    key = next(_graph_numbers)
     with d.lock:
-        d.graphs[_key(handle)] = (g, handle)
-    graph[0], num_slots[0] = ffi.cast("DK_Graph", handle), len(g.slots)
+        d.graphs[key] = g
+    graph[0], num_slots[0] = ffi.cast("DK_Graph", key), len(g.slots)
 
 
 def lookup(d, graph):
@@ -118,7 +124,7 @@ def lookup(d, graph):
         found = d.graphs.get(_key(graph))
     if found is None:
         raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
-    return found[0]
+    return found
 
 
 def rebind(d, graph, slot: int, mem, offset: int) -> None:
@@ -132,4 +138,4 @@ def destroy(d, graph) -> None:
         found = d.graphs.pop(_key(graph), None)
     if found is None:
         raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
-    found[0].close()  # work already submitted holds its own references
+    found.close()  # work already submitted holds its own references

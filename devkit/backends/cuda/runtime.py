@@ -124,7 +124,7 @@ class Device:
         self.hosts: set[int] = set()         # pinned host pointers
         self.peers: set[int] = set()         # devices whose memory this one accesses directly
         self.captures: dict = {}             # capturing cudaStream_t -> graph.Graph recording its work
-        self.graphs: dict = {}               # DK_Graph key -> (graph.Graph, its handle)
+        self.graphs: dict = {}               # DK_Graph key -> graph.Graph
         self.failures: dict[int, PluginError] = {}  # sticky: a stream's first failure inside a graph
         self._capture_stream: int | None = None
         # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.
