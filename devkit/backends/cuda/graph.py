@@ -172,6 +172,14 @@ class _Node:
         return prepared.steps
 
 
+def _abandon_capture(runtime, stream: int) -> None:
+    """Ends a capture that failed, dropping what it captured (CUDA may refuse to end it at all)."""
+    try:
+        runtime.graphDestroy(runtime.streamEndCapture(stream))
+    except runtime.CUDARuntimeError:
+        pass
+
+
 def _free(d: Device, pointers) -> None:
     with d.context():  # cudaFree waits for the work that may still use them
         for pointer in pointers:
@@ -256,26 +264,30 @@ class Graph:
         return pieces
 
     def _capture_run(self, run: list) -> list:
+        """One CUDA graph of the steps ``run``; the steps themselves where CUDA refuses."""
         d = self.device
         runtime = d.runtime
-        with d.context():
+        with d.capture_lock, d.context():  # one capture at a time on the device's capture stream
             stream = d.capture_stream()
             runtime.streamBeginCapture(stream, CUDA_STREAM_CAPTURE_MODE_RELAXED)
             try:
                 for fn in run:
                     fn(stream)
-            except runtime.CUDARuntimeError:
-                runtime.graphDestroy(runtime.streamEndCapture(stream))
+            except BaseException as exc:
+                _abandon_capture(runtime, stream)
+                if not isinstance(exc, runtime.CUDARuntimeError):
+                    raise
                 stats.capture_failures += 1
                 return [(DIRECT, fn) for fn in run]
-            except BaseException:
-                runtime.graphDestroy(runtime.streamEndCapture(stream))
-                raise
-            graph = runtime.streamEndCapture(stream)
             try:
-                executable = runtime.graphInstantiate(graph)
-            finally:
-                runtime.graphDestroy(graph)
+                graph = runtime.streamEndCapture(stream)  # raises when the capture was invalidated
+                try:
+                    executable = runtime.graphInstantiate(graph)
+                finally:
+                    runtime.graphDestroy(graph)
+            except runtime.CUDARuntimeError:
+                stats.capture_failures += 1
+                return [(DIRECT, fn) for fn in run]
         stats.cuda_graphs_instantiated += 1
         return [("graph", (executable, len(run)))]
 

@@ -127,6 +127,7 @@ class Device:
         self.graphs: dict = {}               # DK_Graph key -> graph.Graph
         self.failures: dict[int, PluginError] = {}  # sticky: a stream's first failure inside a graph
         self._capture_stream: int | None = None
+        self.capture_lock = threading.Lock()  # CUDA graphs are captured one at a time (graph.py)
         # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.
         self.plugin, self.device_type, self.fp64 = "cuda", C.DK_DEVICE_TYPE_CUDA, True
         self.limits = limits_of(self.properties)
