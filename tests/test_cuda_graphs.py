@@ -6,6 +6,7 @@ and the calls a capturing stream refuses."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -15,10 +16,12 @@ import pytest
 
 from devkit.abi import C, ffi
 from devkit.backends.cuda import graph as cuda_graph, table as cuda_table
+from devkit.backends.cuda.runtime import unavailable_reason
 from devkit.backends.python_plugin import PluginError
 
 from .test_cuda_kernels import _call, on_a_fake_cuda
 
+REASON = unavailable_reason()
 S, T = 0x5EED, 0x7EED
 F32, I64 = C.DK_DTYPE_FLOAT32, C.DK_DTYPE_INT64
 
@@ -291,3 +294,35 @@ def test_the_host_captures_natively_through_the_plugins_table():
     assert result.stdout.split("\n")[:-1] == [
         "refused: True", "native: True slots: 3 ran: 0", "marker: 7 graphs: 1 2 adds: 2", "moved: 2",
         "rebound: True graphs: 2"]
+
+
+# -- on a GPU (ci/gpu-check.sh); elsewhere skipped with the plugin's reason -----------------
+
+@pytest.mark.skipif(REASON is not None, reason=f"cuda plugin unavailable: {REASON}")
+def test_captured_kernels_run_as_cuda_graphs_on_the_gpu():
+    import devkit
+
+    dev = devkit.device("cuda:0")
+    host = np.arange(6, dtype=np.float32)
+    x, data = devkit.asarray(host, dev), devkit.asarray(np.arange(8, dtype=np.float32) * 2, dev)
+    indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
+    before = dataclasses.replace(cuda_graph.stats)
+    with dev.create_stream() as stream:
+        with stream.capture("native") as graph:
+            y = devkit.run_op("Add", [x, x], stream=stream)[0]
+            picked = devkit.run_op("Gather", [data, indices], stream=stream)[0]
+        graph.launch(stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(y.numpy(), host + host)
+        np.testing.assert_array_equal(picked.numpy(), [0, 6, 14])
+        assert graph.rebind(x, devkit.asarray(np.full(6, 5, np.float32), dev)) == 2
+        graph.launch(stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(y.numpy(), np.full(6, 10, np.float32))
+        graph.rebind(indices, devkit.asarray(np.array([0, 3, 8], np.int64), dev))
+        graph.launch(stream)
+        with pytest.raises(devkit.errors.OutOfRangeError, match="index 8"):
+            stream.synchronize()
+        graph.destroy()
+    assert cuda_graph.stats.cuda_graphs_instantiated - before.cuda_graphs_instantiated >= 3
+    assert cuda_graph.stats.checks - before.checks == 3 and cuda_graph.stats.capture_failures == before.capture_failures
