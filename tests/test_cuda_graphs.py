@@ -156,6 +156,16 @@ def test_an_index_check_runs_between_cuda_graphs_at_each_launch(streams):
         assert info.value.status == C.DK_OUT_OF_RANGE
     with pytest.raises(PluginError, match="index 4"):
         cuda_table.device_synchronize(0)
+    events = ffi.new("DK_Event[2]")
+    for i, stream in enumerate((S, T)):  # an event recorded after the failure reports it; elsewhere not
+        cuda_table.event_create(0, 0, events + i)
+        cuda_table.event_record(0, events[i], _stream(stream))
+    for report in (cuda_table.event_query, cuda_table.event_synchronize):
+        with pytest.raises(PluginError, match="index 4"):
+            report(0, events[0])
+        assert report(0, events[1]) in (None, C.DK_OK)
+    cuda_table.stream_destroy(0, _stream(S))  # the sticky error goes with its stream
+    assert S not in device.failures
     _write(fake, indices, np.array([0, 0], np.int64))  # the check re-arms: a good launch elsewhere passes
     cuda_table.graph_launch(0, graph, _stream(T))
     cuda_table.stream_synchronize(0, _stream(T))
@@ -167,8 +177,8 @@ def test_host_copies_and_events_run_at_each_launch_and_device_copies_are_capture
     a, b = device.alloc(16), device.alloc(16)
     host = np.arange(4, dtype=np.int32)
     event = ffi.new("DK_Event *")
-    fake.cuda.runtime.eventCreateWithFlags = lambda flags: 0xE7
     cuda_table.event_create(0, 0, event)
+    e = int(ffi.cast("uintptr_t", event[0]))
     cuda_table.graph_begin_capture(0, _stream(S))
     cuda_table.copy_h2d(0, a, 0, ffi.cast("void *", host.ctypes.data), 16, _stream(S))
     cuda_table.copy_d2d(0, b, 0, a, 0, 16, _stream(S))
@@ -176,13 +186,13 @@ def test_host_copies_and_events_run_at_each_launch_and_device_copies_are_capture
     cuda_table.copy_d2d(0, b, 4, b, 0, 8, _stream(S))  # overlapping: through a staging buffer the graph owns
     cuda_table.event_record(0, event[0], _stream(S))
     graph, slots = _end()
-    assert slots == 0 and fake.uploads == [] and 0xE7 not in device.recorded
+    assert slots == 0 and fake.uploads == [] and e not in device.recorded
     before = cuda_graph.stats.direct_steps
     host[:] = [5, 6, 7, 8]  # read at the launch
     cuda_table.graph_launch(0, graph, _stream(T))
     g = cuda_graph.lookup(device, graph)
     assert [kind for kind, _ in g._instance().pieces] == [cuda_graph.DIRECT, "graph", cuda_graph.DIRECT]
-    assert cuda_graph.stats.direct_steps - before == 2 and 0xE7 in device.recorded
+    assert cuda_graph.stats.direct_steps - before == 2 and e in device.recorded
     assert list(np.frombuffer(bytes(fake.memory[int(ffi.cast("uintptr_t", b))]), np.int32)) == [5, 5, 6, 8]
     assert not any(fake.memory[int(ffi.cast("uintptr_t", a))])
     assert fake.launches[-1].name == "eventRecord" and fake.launches[-1].stream == T

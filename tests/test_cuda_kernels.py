@@ -471,6 +471,8 @@ class _FakeCuPy:
             memcpyAsync=memcpy_async, memcpy=lambda dst, src, size, kind: copy(dst, src, size),
             memsetAsync=memset_async, streamSynchronize=synchronize, getDeviceCount=lambda: 1,
             deviceSynchronize=lambda: fake.synced.append("device"),
+            eventCreateWithFlags=lambda flags: new_handle(), eventQuery=lambda event: 0,
+            eventSynchronize=lambda event: None, eventDestroy=lambda event: None,
             driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000, streamDestroy=lambda stream: None,
             eventRecord=lambda event, stream: on_stream(stream, lambda s: fake.launches.append(
                 types.SimpleNamespace(name="eventRecord", event=event, stream=s))),

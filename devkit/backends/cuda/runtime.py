@@ -126,6 +126,7 @@ class Device:
         self.captures: dict = {}             # capturing cudaStream_t -> graph.Graph recording its work
         self.graphs: dict = {}               # DK_Graph key -> graph.Graph
         self.failures: dict[int, PluginError] = {}  # sticky: a stream's first failure inside a graph
+        self.event_failures: dict[int, PluginError] = {}  # events recorded on a stream after its failure
         self._capture_stream: int | None = None
         self.capture_lock = threading.Lock()  # CUDA graphs are captured one at a time (graph.py)
         # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.

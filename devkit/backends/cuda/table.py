@@ -294,6 +294,7 @@ def event_destroy(dev, event):
     with d.lock:
         d.events.pop(e, None)
         d.recorded.discard(e)
+        d.event_failures.pop(e, None)
     d.runtime.eventDestroy(e)
 
 
@@ -306,6 +307,11 @@ def event_record(dev, event, stream):
         d.runtime.eventRecord(e, cs)
         with d.lock:
             d.recorded.add(e)
+            failure = d.failures.get(cs)  # an event recorded after a stream's failure reports it
+            if failure is None:
+                d.event_failures.pop(e, None)
+            else:
+                d.event_failures[e] = failure
 
     d.submit(s, record, native=False)
 
@@ -315,6 +321,7 @@ def event_query(dev, event):
     e = d.event("event", event)
     if e not in d.recorded:
         return C.DK_OK
+    _report_event(d, e)
     return C.DK_OK if d.runtime.eventQuery(e) == 0 else C.DK_NOT_READY
 
 
@@ -323,6 +330,14 @@ def event_synchronize(dev, event):
     e = d.event("event", event)
     if e in d.recorded:
         d.runtime.eventSynchronize(e)
+        _report_event(d, e)
+
+
+def _report_event(d, e: int) -> None:
+    with d.lock:
+        failure = d.event_failures.get(e)
+    if failure is not None:
+        raise failure
 
 
 def event_elapsed_ms(dev, start, end, ms):
