@@ -263,6 +263,24 @@ def test_a_run_cuda_refuses_to_capture_is_replayed_step_by_step(streams):
     cuda_table.graph_destroy(0, graph)
 
 
+
+def test_a_capture_cuda_invalidates_at_its_end_is_replayed_too(streams, monkeypatch):
+    fake, device, table = streams
+    _, graph, _ = _captured_add(fake, device, table)
+    runtime = fake.cuda.runtime
+    original = runtime.streamEndCapture
+
+    def invalidated(stream):
+        original(stream)
+        raise runtime.CUDARuntimeError(901, "cudaErrorStreamCaptureInvalidated")
+
+    monkeypatch.setattr(runtime, "streamEndCapture", invalidated)
+    failures = cuda_graph.stats.capture_failures
+    cuda_table.graph_launch(0, graph, _stream(S))
+    assert cuda_graph.stats.capture_failures - failures == 1 and fake.instantiated == 0
+    assert not fake.capturing and [(launch.name, launch.stream) for launch in fake.launches] == [("k_Add", S)]
+    cuda_table.graph_destroy(0, graph)
+
 def test_the_host_captures_natively_through_the_plugins_table():
     """devkit's Stream.capture on the cuda plugin loaded on the stand-in CuPy (a
     process of its own: a loaded plugin stays loaded): the plugin's graph section
