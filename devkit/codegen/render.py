@@ -129,6 +129,13 @@ class _Body:
             self.full[("in", k)] = rows and dims[-1] > 1
         for m, op in enumerate(group.ops):
             self.full[("op", m)] = op.op not in REDUCTIONS and any(self.full[a] for a in op.args)
+        # Divisions of a row's values by a row scalar multiply by its
+        # reciprocal, computed once per row: a multiply is several times
+        # cheaper than a divide, and no compiler hoists it without
+        # -freciprocal-math (the result moves by an ulp at most).
+        self.reciprocals = {m: op.args[1] for m, op in enumerate(group.ops)
+                            if op.op == "Div" and np.dtype(op.dtype).kind == "f" and self.full[op.args[0]]
+                            and not self.full[op.args[1]]}
 
     def _name(self, ref) -> str:
         kind, k = ref
@@ -140,7 +147,15 @@ class _Body:
 
     def _expression(self, m: int) -> str:
         op = self.g.ops[m]
+        if m in self.reciprocals:
+            return f"(({self._name(op.args[0])}) * r{m})"
         return RULES[op.op](self.p, [self._name(a) for a in op.args], op.attrs, op.in_dtypes, op.dtype)
+
+    def _reciprocal_lines(self, divisor) -> list[str]:
+        """The row scalars 1 / ``divisor`` of the divisions in self.reciprocals."""
+        p = self.p
+        return [f"{p.compute(self.g.ops[m].dtype)} r{m} = {p.literal(1, self.g.ops[m].dtype)} / ({self._name(d)});"
+                for m, d in self.reciprocals.items() if d == divisor]
 
     def _define(self, ref, index: str, row: str | None) -> str:
         """The line that defines value ``ref`` (an input load or an op)."""
@@ -214,6 +229,7 @@ class _Body:
                     continue
                 defined.add(ref)
                 lines.append("    " + self._define(ref, "j", "r"))
+                lines.extend("    " + line for line in self._reciprocal_lines(ref))
 
         defined_reductions: set = set()
         for m, op in enumerate(self.g.ops):
@@ -230,6 +246,7 @@ class _Body:
             lines.append(f"      acc{m} = {combine(p, f'acc{m}', self._name(source))};")
             lines.append("    }")
             lines.append(f"    {ctype} v{m} = {finish(p, f'acc{m}', self.n, op.dtype)};")
+            lines.extend("    " + line for line in self._reciprocal_lines(("op", m)))
             defined.add(("op", m))
             defined_reductions.add(("op", m))
         define_row_values(len(self.g.ops))

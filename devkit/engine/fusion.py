@@ -33,8 +33,11 @@ _FUSABLE_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), np.dtype(bool), n
 _FLOAT_ONLY = {"Div", "Pow", "Exp", "Log", "Sqrt", "Sin", "Cos", "Atan", "Erf", "Floor", "Ceil", "Tanh",
                "Sigmoid", "Gelu", "Reciprocal", "Softplus", "LeakyRelu"}
 # Compiler flags per dialect: float sums may be reassociated (vectorised) and
-# math functions set no errno; the ops' tolerances cover the reordering.
-OPTIONS = {"c": "-fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math", "opencl-c": ""}
+# math functions set no errno; the ops' tolerances cover the reordering. In
+# C, unrolling with variable expansion gives a row's reduction several
+# accumulators, so it is not bound by one add's latency (about 20% off RMSNorm).
+OPTIONS = {"c": "-fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math -funroll-loops "
+                "-fvariable-expansion-in-unroller", "opencl-c": ""}
 
 
 @dataclasses.dataclass
