@@ -304,3 +304,15 @@ def test_captured_graphs_keep_every_kernel_because_every_captured_array_can_be_r
     assert [call.op for call in plan.calls] == ["Fused"]
     assert type(plan.launcher).__name__ == "StagedGraph"  # the run is one native graph launch
     np.testing.assert_allclose(got, devkit.onnx.prepare(model, dev, fuse=False).run(feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_fusion_bench_times_every_pattern_three_ways():
+    _cpu()
+    rows = patterns.run(["cpu"], rows=4, width=16, repeat=1, models=False)
+    assert [row["benchmark"] for row in rows] == list(patterns.MODELS)
+    for row in rows:
+        assert row["groups"] == 1 and row["kernels_saved"] == row["ops_per_group"][0] - 1
+        for what in patterns.TIMES:
+            assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
+            assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
+    assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
