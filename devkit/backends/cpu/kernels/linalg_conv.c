@@ -245,7 +245,9 @@ static DK_Status split_status(const cpu_kernel_args *k, conv_split *s) {
 #define TILE_BYTES ((int64_t)1 << 19)
 #define TILE_MIN 64
 /* A chunk the OS delays on a busy machine holds up the split: when tiles
- * are few, they are cut down to this size, for a few chunks per thread. */
+ * are few, they are cut down to this size, for a few chunks per thread
+ * (not pointwise ones: their product is short, and one part per thread
+ * measured faster). */
 #define TILE_EVEN 128
 
 typedef struct conv_job {
@@ -589,7 +591,7 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   int64_t tile = TILE_BYTES / (j.rows * j.s.es);
   if (tile < TILE_MIN) tile = TILE_MIN;
   int64_t tiles = ceil_div(j.out_plane, tile);
-  if (threads > 1 && images * tiles < 4 * threads) { /* more tiles, down to TILE_EVEN positions */
+  if (threads > 1 && !j.direct && images * tiles < 4 * threads) { /* more tiles, down to TILE_EVEN positions */
     int64_t most = j.out_plane / TILE_EVEN > tiles ? j.out_plane / TILE_EVEN : tiles;
     tiles = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
   }
