@@ -12,22 +12,6 @@ _NO_VALIDATOR = ("issue 17: no launch-time validator yet beyond the op schema (c
                  "attribute presence, types and choices): the kernel trusts shapes and attribute ranges")
 
 KNOWN_GAPS: dict[str, dict[str, str]] = {
-    "cpu": {
-        "BatchNormalizationGrad": _NO_VALIDATOR,
-        "Clip": _NO_VALIDATOR,
-        "ConstantOfShape": _NO_VALIDATOR,
-        "LayerNormalizationGrad": _NO_VALIDATOR,
-        "OneHot": _NO_VALIDATOR,
-        "RMSNormalizationGrad": _NO_VALIDATOR,
-        "Range": _NO_VALIDATOR,
-        "Reshape": _NO_VALIDATOR,
-        "Resize": _NO_VALIDATOR,
-        "Shape": _NO_VALIDATOR,
-        "SoftmaxCrossEntropyLoss": _NO_VALIDATOR,
-        "SoftmaxCrossEntropyLossGrad": _NO_VALIDATOR,
-        "Squeeze": _NO_VALIDATOR,
-        "Unsqueeze": _NO_VALIDATOR,
-    },
 }
 
 

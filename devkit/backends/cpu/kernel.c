@@ -578,7 +578,7 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   uint8_t *arena = (uint8_t *)(attrs + call->num_attributes);
   l->def = def;
   l->args = (cpu_kernel_args){
-      .op = op, .device = call->device,
+      .op = op, .dtype = def->dtype, .device = call->device,
       .num_inputs = call->num_inputs, .num_outputs = call->num_outputs,
       .num_attributes = call->num_attributes,
       .in = tensors, .out = tensors + call->num_inputs, .attributes = attrs,
