@@ -213,6 +213,8 @@ DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k);
 DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k);
 /* Tensor t (an input, role "input", or output) has dtype `dtype`. */
 DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype);
+/* Tensor t (as for cpu_check_dtype) has one of the four float dtypes. */
+DK_Status cpu_check_float_dtype(const cpu_kernel_args *k, const char *role, size_t i);
 
 /* ---- Attributes (present, after host-side defaults) ----------------------- */
 

@@ -584,7 +584,25 @@ static DK_Status validate_one_hot(const cpu_kernel_args *k) {
   return cpu_check_output(k, 0, indices->ndim + 1, shape);
 }
 
+/* Size: an int64 scalar. */
+static DK_Status validate_size(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_dtype(k, "output", 0, DK_DTYPE_INT64);
+  return st != DK_OK ? st : cpu_check_output(k, 0, 0, NULL);
+}
+
+/* NonZero: int64 (rank, count); the count is the data's, which the kernel
+ * checks as it reads it. */
+static DK_Status validate_nonzero(const cpu_kernel_args *k) {
+  const cpu_tensor *out = &k->out[0];
+  DK_Status st = cpu_check_dtype(k, "output", 0, DK_DTYPE_INT64);
+  if (st != DK_OK) return st;
+  int64_t shape[2] = {k->in[0].ndim, out->ndim == 2 ? out->shape[1] : 0};
+  return cpu_check_output(k, 0, 2, shape);
+}
+
 static const cpu_validator v_shape[] = {
+    {"Size", validate_size},
+    {"NonZero", validate_nonzero},
     {"Reshape", validate_reshape},
     {"Squeeze", validate_squeeze},
     {"Unsqueeze", validate_unsqueeze},

@@ -137,21 +137,13 @@ CPU_REGISTER_KERNELS(k_training_norm)
 
 /* ---- Validators ------------------------------------------------------------- */
 
-/* Input i has one of the float storage dtypes. */
-static DK_Status check_float_input(const cpu_kernel_args *k, size_t i) {
-  DK_DTypeKey t = k->in[i].dtype;
-  if (t == DK_DTYPE_FLOAT16 || t == DK_DTYPE_BFLOAT16 || t == DK_DTYPE_FLOAT32 || t == DK_DTYPE_FLOAT64)
-    return DK_OK;
-  return cpu_invalid(k, "input %zu has dtype key 0x%x; it must be a float tensor", i, (unsigned)t);
-}
-
 /* Input i is a float tensor of rank ndim and the given shape. */
 static DK_Status check_float_shape(const cpu_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape) {
   const cpu_tensor *t = &k->in[i];
   bool same = t->ndim == ndim;
   for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
   if (!same) return cpu_invalid(k, "input %zu has rank %d and not the shape X gives it", i, t->ndim);
-  return check_float_input(k, i);
+  return cpu_check_float_dtype(k, "input", i);
 }
 
 /* dY (input 0) has X's (input 1) shape and dtype; the call has the op's
