@@ -523,8 +523,8 @@ static DK_Status validate_range(const cpu_kernel_args *k) {
   } else { /* ceil((limit - start) / delta) in 128 bits: the difference may pass int64 */
     __int128 span = (__int128)iv[1] - iv[0], step = iv[2];
     __int128 n = span / step + (span % step != 0 && (span < 0) == (step < 0));
-    count = n > 0 ? (int64_t)n : 0; /* at most 2^64 / 1: past any output, which the check refuses */
     if (n > INT64_MAX) return cpu_invalid(k, "start, limit and delta give more elements than int64 counts");
+    count = n > 0 ? (int64_t)n : 0;
   }
   return cpu_check_output(k, 0, 1, &count);
 }
