@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
-from .errors import PluginError, invalid
+from ..python_plugin import PluginError, invalid
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,
     Call,
+    Local,
     Tensor,
     cl_type,
     copy,
@@ -111,7 +111,7 @@ def _width_source(itemsize: int) -> str:
 
 
 def _copy(c: Call, x, x_offset: int, view, y: Tensor) -> None:
-    """y = the elements of x (a Tensor or a cl.Buffer) read through ``view``
+    """y = the elements of x (a Tensor or a device buffer) read through ``view``
     ((shape, strides) from x_offset) in row-major order."""
     copy(c, x, (x_offset, *view), y, (y.offset, y.shape, y.strides))
 
@@ -201,8 +201,8 @@ def _nonzero(c: Call, key: int) -> None:
     source = _width_source(t.itemsize)
     size = group_size(c)
     groups = -(-x.size // (size * _NONZERO_PER_ITEM))
-    counts = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * (groups + 1))
-    scratch = cl.LocalMemory(8 * size)
+    counts = c.scratch(8 * (groups + 1))
+    scratch = Local(8 * size)
     read = [x, np.int64(x.offset), *walk(c, (x.shape, x.strides)), np.int64(x.size),
             np.uint64(_NONZERO_MASK.get(t.name, 2 ** (8 * t.itemsize) - 1)),
             np.int64(_NONZERO_PER_ITEM)]
@@ -213,9 +213,9 @@ def _nonzero(c: Call, key: int) -> None:
                  read + [counts, scratch, y, np.int64(y.offset), np.int64(count),
                          np.int32(x.ndim), c.buffer(x.shape)], groups * size, size)
 
-    def report(queue):
+    def report(reader) -> PluginError | None:
         found = np.empty(1, np.int64)
-        cl.enqueue_copy(queue, found, counts, src_offset=8 * groups)
+        reader.read(found, counts, 8 * groups)
         if int(found[0]) == count:
             return None
         return PluginError(C.DK_FAILED_PRECONDITION,
