@@ -90,19 +90,16 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 def _describe(value, parts: list, tensors: list) -> bool:
     """Adds a hashable stand-in for one argument to ``parts`` and its devkit tensors to
     ``tensors``; False where the argument's values matter (a CPU tensor) or cannot be keyed."""
-    cls = type(value)
-    if cls in _SCALARS:
-        parts.append(cls)
-        parts.append(value)
-        return True
     if isinstance(value, torch.Tensor):
-        if value.is_cpu:
+        device = value.get_device()  # -1: a CPU (or meta) tensor
+        if device < 0:
             return False
         tensors.append(value)
-        parts.append(value.get_device())
-        parts.append(value.dtype)
-        parts.append(value.shape)
-        parts.append(value.stride())
+        parts += (device, value.dtype, value.shape, value.stride())
+        return True
+    cls = type(value)
+    if cls in _SCALARS:
+        parts += (cls, value)
         return True
     if cls is list or cls is tuple:
         parts.append(len(value))
@@ -344,7 +341,7 @@ class _Template:
         self.result_type = result_type
 
     def run(self, tensors: list):
-        live = _memory.live
+        live, new_buffer = _memory.live, _memory.new_buffer
         # Per source, where it starts: (handle, byte offset); the arguments, then every call's outputs.
         places = [(live[tensor.untyped_storage().data_ptr()][0].handle, tensor.storage_offset() * itemsize)
                   for tensor, itemsize in zip(tensors, self.itemsizes)]
@@ -361,7 +358,7 @@ class _Template:
                 slot.data = handle
                 slot.byte_offset = offset + delta
             for slot, nbytes, device in step.outputs:  # their byte offsets stay 0
-                buffer = device.alloc(nbytes)
+                buffer = new_buffer(device, nbytes)
                 buffers.append(buffer)
                 slot.data = handle = buffer.handle
                 places.append((handle, 0))
