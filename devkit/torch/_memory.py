@@ -103,24 +103,23 @@ def _reap() -> int:
     if tokens is None:
         return 0
     dropped = 0
-    with _lock:
-        for token in tokens:
-            entry = live.pop(token, None)
-            if entry is None:
+    for token in tokens:  # no lock: each thread takes in tokens no other thread has
+        entry = live.pop(token, None)
+        if entry is None:
+            continue
+        whole = entry[0]
+        del entry
+        allocation = whole._allocation
+        # Only these two names hold the Buffer and it alone the allocation: no Array, view,
+        # DLPack export or stream work can reach the memory a new tensor would overwrite.
+        if (allocation.nbytes <= _POOL_NBYTES and sys.getrefcount(whole) == 2
+                and sys.getrefcount(allocation) == 3 and not allocation.used_on_streams
+                and not allocation._holds and allocation.handle is not None):
+            pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
+            if len(pool) < _POOL_DEPTH:
+                pool.append(whole)
                 continue
-            whole = entry[0]
-            del entry
-            allocation = whole._allocation
-            # Only these two names hold the Buffer and it alone the allocation: no Array, view,
-            # DLPack export or stream work can reach the memory a new tensor would overwrite.
-            if (allocation.nbytes <= _POOL_NBYTES and sys.getrefcount(whole) == 2
-                    and sys.getrefcount(allocation) == 3 and not allocation.used_on_streams
-                    and not allocation._holds and allocation.handle is not None):
-                pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
-                if len(pool) < _POOL_DEPTH:
-                    pool.append(whole)
-                    continue
-            dropped += 1
+        dropped += 1
     return dropped
 
 
@@ -134,6 +133,15 @@ def new_buffer(dev: Device, nbytes: int) -> Buffer:
         except IndexError:  # another thread took the last one
             pass
     return dev.alloc(nbytes)
+
+
+def give_back(whole: Buffer) -> None:
+    """Pool a whole allocation only the caller held (a replay's scratch output)."""
+    allocation = whole._allocation
+    if _native is not None and allocation.nbytes <= _POOL_NBYTES and not allocation.used_on_streams:
+        pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
+        if len(pool) < _POOL_DEPTH:
+            pool.append(whole)
 
 
 def live_allocations() -> int:
