@@ -157,25 +157,28 @@ def _storage_for(buffer: Buffer) -> torch.UntypedStorage:
     return _new_storage(Buffer(allocation, 0, allocation.nbytes))
 
 
+def _new_token(nbytes: int) -> int:
+    global _next_token
+    with _lock:
+        token = _next_token
+        _next_token += (nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
+    return token
+
+
 def _new_storage(whole: Buffer) -> torch.UntypedStorage:
     """A torch storage for ``whole``, an allocation no storage has yet."""
-    global _next_token
     allocation = whole._allocation
     nbytes = allocation.nbytes
     if _native is not None:
         _reap()
         token = getattr(allocation, "torch_token", None)
         if token is None or token in live:  # a pooled allocation keeps its token
-            with _lock:
-                token = _next_token
-                _next_token += (nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
+            token = _new_token(nbytes)
         storage = _native.storage(token, nbytes, allocation.device.index)
     else:
         if len(live) > 2 * _live_after_collect + 256:
             collect()
-        with _lock:
-            token = _next_token
-            _next_token += (nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
+        token = _new_token(nbytes)
         storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
     live[token] = (whole, _WeakStorage(storage))
     allocation.torch_token = token

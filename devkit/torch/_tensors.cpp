@@ -31,9 +31,11 @@ TORCH_PYTHON_API at::Storage createStorage(PyObject* obj);
 namespace {
 
 // Tokens of the storages made by storage() that have died since the last take_dead().
-// A storage dies in whichever thread drops it last, with or without the GIL.
-std::mutex dead_lock;
-std::vector<int64_t> dead;
+// A storage dies in whichever thread drops it last, with or without the GIL, and
+// may die during the process's exit, after static objects are destroyed: these
+// two are never destroyed.
+std::mutex& dead_lock = *new std::mutex;
+std::vector<int64_t>& dead = *new std::vector<int64_t>;
 
 void storage_died(void* token) {
   std::lock_guard<std::mutex> guard(dead_lock);
