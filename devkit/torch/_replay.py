@@ -121,7 +121,13 @@ def key_of(op, args, kwargs) -> tuple[tuple | None, list]:
     tensors: list = []
     parts = [id(op), len(args)]  # an OpOverload lives as long as torch; its own hash is Python code
     for value in args:
-        if not _describe(value, parts, tensors):
+        if isinstance(value, torch.Tensor):  # _describe's first case, inline: the common argument
+            device = value.get_device()
+            if device < 0:
+                return None, tensors
+            tensors.append(value)
+            parts += (device, value.dtype, value.shape, value.stride())
+        elif not _describe(value, parts, tensors):
             return None, tensors
     for name, value in kwargs.items():
         parts.append(name)
@@ -352,8 +358,9 @@ class _Template:
     def run(self, tensors: list):
         live, new_buffer = _memory.live, _memory.new_buffer
         # Per source, where it starts: (handle, byte offset); the arguments, then every call's outputs.
-        places = [(live[tensor.untyped_storage().data_ptr()][0].handle, tensor.storage_offset() * itemsize)
-                  for tensor, itemsize in zip(tensors, self.itemsizes)]
+        places = []
+        for tensor, itemsize in zip(tensors, self.itemsizes):
+            places.append((live[tensor.untyped_storage().data_ptr()][0].handle, tensor.storage_offset() * itemsize))
         buffers = []  # the calls' outputs
         for step in self.steps:
             if type(step) is _Copy:  # places hold whole allocations' handles: the byte offsets are absolute
