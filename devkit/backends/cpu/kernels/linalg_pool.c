@@ -174,34 +174,18 @@ static bool interior_row(const linalg_window *w, int64_t row, int64_t *top) {
   return first >= 0 && first + w->kernel[0] <= w->target[0];
 }
 
-/* Calls BLOCK(at, lo, count, s, k, ...), which writes output columns [lo,
- * lo + count) from their own taps only, with the square window's size k and
- * stride s as constants, over spans of POOL_SPAN columns (a constant count:
- * whole vectors, no scalar remainder); a last partial span is redone as the
- * span that ends at lo + count, recomputing a few columns. */
-#define POOL_SPAN 8
-#define POOL_SQUARE_SPANS(BLOCK, at, lo, count, s, k, ...)                            \
-  do {                                                                                \
-    if ((count) < POOL_SPAN) {                                                        \
-      BLOCK(at, lo, count, s, k, __VA_ARGS__);                                        \
-      break;                                                                          \
-    }                                                                                 \
-    for (int64_t c_ = 0;; c_ += POOL_SPAN) {                                          \
-      if (c_ + POOL_SPAN > (count)) c_ = (count) - POOL_SPAN;                         \
-      BLOCK((at) + c_ * (s), (lo) + c_, POOL_SPAN, s, k, __VA_ARGS__);                \
-      if (c_ + POOL_SPAN == (count)) break;                                           \
-    }                                                                                 \
-  } while (0)
+/* Calls BLOCK(at, lo, count, s, k, ...) with the square window's size k and
+ * stride s as constants. */
 #define POOL_SQUARE(BLOCK, at, lo, count, s, k, ...)                                  \
   do {                                                                                \
     if (s == 1 && k == 2)                                                             \
-      POOL_SQUARE_SPANS(BLOCK, at, lo, count, 1, 2, __VA_ARGS__);                     \
+      BLOCK(at, lo, count, 1, 2, __VA_ARGS__);                     \
     else if (s == 1)                                                                  \
-      POOL_SQUARE_SPANS(BLOCK, at, lo, count, 1, 3, __VA_ARGS__);                     \
+      BLOCK(at, lo, count, 1, 3, __VA_ARGS__);                     \
     else if (k == 2)                                                                  \
-      POOL_SQUARE_SPANS(BLOCK, at, lo, count, 2, 2, __VA_ARGS__);                     \
+      BLOCK(at, lo, count, 2, 2, __VA_ARGS__);                     \
     else                                                                              \
-      POOL_SQUARE_SPANS(BLOCK, at, lo, count, 2, 3, __VA_ARGS__);                     \
+      BLOCK(at, lo, count, 2, 3, __VA_ARGS__);                     \
   } while (0)
 
 /* A chunk's row buffer; NULL after flagging the job's failure. */
