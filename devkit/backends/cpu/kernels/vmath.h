@@ -4,14 +4,15 @@
  * (special values are blended in), only float/double arithmetic and bit
  * operations GCC turns into SIMD.
  *
- * Each function takes float32 and computes in float64 -- range reduction
- * and a polynomial whose truncation error is below 2^-31 relative -- then
- * rounds once to float32. So a result is the correctly rounded one, or its
- * neighbour where the exact value lies within that error of a rounding
- * boundary: measured over every 7th float32 bit pattern (613 M inputs;
- * tests/test_cpu_vmath.py repeats the sweep on a sample), the largest error
- * is 1 ulp for each function (devkit/backends/cpu/__init__.py), inside every
- * op's tolerance (docs/operators.md).
+ * vm_expf, vm_tanhf and vm_sigmoidf compute in float32 (8 lanes per AVX2
+ * vector): range reduction and a polynomial, at most 1, 1 and 2 ulp from
+ * the float64 result rounded to float32 over every float32 input
+ * (scripts/vmath_exhaustive.c). The others take float32 and compute in
+ * float64 -- range reduction and a polynomial whose truncation error is
+ * below 2^-31 relative -- then round once to float32: measured over every
+ * 7th float32 bit pattern, at most 1 ulp. tests/test_cpu_vmath.py repeats
+ * the sweep on a sample against the bounds docs/operators.md states
+ * (devkit/backends/cpu/__init__.py), inside every op's tolerance.
  *
  * vm_exp_nonpositive is the double-precision exp of the Softmax rows.
  *
@@ -83,10 +84,44 @@ static inline __attribute__((always_inline)) double vm_exp_nonpositive(double x,
   return vm_exp_taylor(x < floor ? floor : x, 13); /* NaN stays NaN */
 }
 
-/* e^x: overflow to inf above 88.72..., gradual underflow to 0 below -87.3
- * (the one rounding to float32 makes the subnormals). */
+static inline uint32_t vm_bits32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static inline float vm_from_bits32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* e^x in float32 arithmetic (8 lanes per AVX2 vector, 16 per AVX-512):
+ * x clamped to [-104, 89] (NaN stays NaN; e^-104 rounds to 0 and e^89 to
+ * inf), x = k ln2 + r with |r| <= ln2 / 2 and ln2 in two parts (the first
+ * has 13 bits, so k times it is exact for |k| <= 150, and x minus that is
+ * exact by Sterbenz); e^r = 1 + (r + r^2 P(r)), P the Taylor terms to
+ * r^7 / 7! (truncation below 2^-30), the 1 added last so its rounding is the
+ * only one at full weight; 2^k as two normal factors 2^h 2^(k - h), so
+ * results down to the subnormals round once and inf comes from the product. */
 static inline float vm_expf(float x) {
-  return (float)vm_exp_core(vm_clamp(x, -200.0, 200.0));
+  const float shifter = 0x1.8p23f; /* adding it rounds to an integer in the low bits */
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  float t = xc * 0x1.715476p0f + shifter;
+  float k = t - shifter;
+  float r = (xc - k * 0x1.62ep-1f) - k * 0x1.0bfbe8p-15f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  float er = 1.0f + (r + (r * r) * p);
+  int32_t ki = (int32_t)(vm_bits32(t) - vm_bits32(shifter)); /* k in [-150, 128] */
+  int32_t h = ki >> 1;
+  float s1 = vm_from_bits32((uint32_t)(h + 127) << 23), s2 = vm_from_bits32((uint32_t)(ki - h + 127) << 23);
+  return er * s1 * s2;
 }
 
 /* ln x: x = 2^k m with m in [sqrt(1/2), sqrt(2)) (subnormals scaled up
@@ -116,25 +151,31 @@ static inline float vm_logf(float x) {
   return x == INFINITY || x != x ? x : y;
 }
 
-/* tanh x: x (1 + x^2 P(x^2)) (Taylor to x^9) below |x| = 1/16, where
- * 1 - 2 / (e^2|x| + 1) would lose the small values; that form above (it
- * cancels at most 4 bits there, of float64's 53). */
-static inline float vm_tanhf(float xf) {
-  double x = xf, a = fabs(x), z = x * x;
-  double p = 62.0 / 2835;
-  p = p * z - 17.0 / 315;
-  p = p * z + 2.0 / 15;
-  p = p * z - 1.0 / 3;
-  double small = x * (1.0 + z * p);
-  double e = vm_exp_core(vm_clamp(2.0 * a, 0.0, 40.0));
-  double large = copysign(1.0 - 2.0 / (e + 1.0), x);
-  return (float)(a < 0.0625 ? small : large);
+/* tanh x in float32: x + x^3 P(x^2) below |x| = 1 (P a least-squares fit
+ * over x^2 in [0, 1], relative error below 2^-27), where 1 - 2 / (e^2|x| + 1)
+ * would cancel; that form above (2 / (e^2|x| + 1) < 0.24 there, so its
+ * error weighs at most a third of an ulp of the result; |x| clamped to 10,
+ * where tanh rounds to 1). */
+static inline float vm_tanhf(float x) {
+  float a = fabsf(x), z = x * x;
+  float p = -0.00035522019875458555f;
+  p = p * z + 0.002289963020574326f;
+  p = p * z - 0.007930298395173153f;
+  p = p * z + 0.021475796312188766f;
+  p = p * z - 0.05387598690461318f;
+  p = p * z + 0.13332281753433664f;
+  p = p * z - 0.3333329185869473f;
+  float small = copysignf(a + a * (z * p), x); /* -0 stays -0 */
+  float e = vm_expf(2.0f * (a > 10.0f ? 10.0f : a));
+  float large = copysignf(1.0f - 2.0f / (e + 1.0f), x);
+  return a < 1.0f ? small : large;
 }
 
-/* 1 / (1 + e^-x) through e^-|x|, so neither tail overflows. */
-static inline float vm_sigmoidf(float xf) {
-  double x = xf, e = vm_exp_core(-vm_clamp(fabs(x), 0.0, 200.0));
-  return (float)((x >= 0 ? 1.0 : e) / (1.0 + e));
+/* 1 / (1 + e^-x) through e^-|x|, so neither tail overflows (e^-|x| is 0
+ * below x = -104, where the sigmoid rounds to 0). */
+static inline float vm_sigmoidf(float x) {
+  float e = vm_expf(-fabsf(x));
+  return (x >= 0 ? 1.0f : e) / (1.0f + e);
 }
 
 /* erf x for |x| < 3/4 by its Taylor series (to x^21: truncation below
