@@ -21,7 +21,7 @@ from devkit.backends.cpu import FLOAT32_ULP_BOUNDS
 # both signs, subnormals, infinities and NaNs), and every float32 in a window
 # around each point where a polynomial changes form or the result overflows,
 # underflows to the subnormals or to 0.
-_BOUNDARIES = np.array([0.0, 0.75, 1.0, 88.72, 87.33, 103.97, 0x1.194f4ep+0], dtype=np.float32)
+_BOUNDARIES = np.array([0.0, 0.75, 1.0, 88.72, 87.33, 103.97, float.fromhex("0x1.194f4ep+0")], dtype=np.float32)
 _WINDOWS = [np.arange(b - 4096, b + 4096, dtype=np.int64)
             for b in np.concatenate([_BOUNDARIES, -_BOUNDARIES]).view(np.int32).astype(np.int64)]
 SWEEP = np.concatenate([np.arange(0, 1 << 32, 4999, dtype=np.uint64).astype(np.uint32),
