@@ -297,10 +297,14 @@ class BoundCall:
 
 
 def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=None,
-              stream: Stream | None = None) -> BoundCall:
-    """Bind, check and shape-infer a call and find its kernel."""
+              stream: Stream | None = None, outputs_wanted: int | None = None) -> BoundCall:
+    """Bind, check and shape-infer a call and find its kernel. ``outputs_wanted``:
+    how many leading outputs the caller uses (None: all); the spec's optional
+    trailing outputs past them are left out of the call."""
     dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, placement, stream)
     outputs = _infer(spec, infos, attrs)
+    if outputs_wanted is not None and spec.optional_outputs:
+        del outputs[max(outputs_wanted, len(outputs) - spec.optional_outputs):]
     entry = dev.plugin.kernel_entry(spec.name, key_dtype)
     # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
     call_inputs: list[int | None] = []
@@ -318,8 +322,15 @@ def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=N
                      _attribute_list(spec, attrs, host_values), reads_values, host_values)
 
 
+def outputs_named(names: Sequence[str]) -> int:
+    """How many leading outputs a node uses: up to its last named one (ONNX
+    leaves an unused optional output out or gives it an empty name)."""
+    return max((position + 1 for position, name in enumerate(names) if name), default=0)
+
+
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
-           stream: Stream | None = None, device: str | Device | None = None) -> list[Array]:
+           stream: Stream | None = None, device: str | Device | None = None,
+           outputs: int | None = None) -> list[Array]:
     """Run op ``name`` (its ONNX name) and return its outputs as new Arrays.
 
     ``inputs`` are Arrays on one device (NumPy arrays are copied there; host
@@ -329,10 +340,14 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
 
     A call like an earlier one (same op, device, input dtypes, shapes and
     strides, host-input values and attributes) skips the checks: it reuses
-    the earlier call's resolution and prebuilt kernel call (see call_cache_info)."""
+    the earlier call's resolution and prebuilt kernel call (see call_cache_info).
+
+    ``outputs``: how many leading outputs the caller wants (None: all). Optional
+    trailing outputs past them (MaxPool's Indices) are neither computed nor
+    returned; required ones always are."""
     # A capturing stream records each call it is given, so it gets calls of its own.
     capturing = stream is not None and stream.capturing is not None
-    key = None if capturing else _call_key(name, inputs, attrs, device)
+    key = None if capturing else _call_key(name, inputs, attrs, (device, outputs))
     cache = _call_cache()
     try:
         cached = cache.get(key) if key is not None else None
@@ -343,11 +358,11 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
         return cached.run(inputs, stream)
     _cache_counts[1] += 1
     spec = _spec.get(name)
-    bound = bind_call(spec, inputs, attrs, device, stream)
+    bound = bind_call(spec, inputs, attrs, device, stream, outputs)
     dev, entry = bound.device, bound.entry
     if entry is None:
         return resolution.run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
-                                             stream)
+                                             stream)[:len(bound.outputs)]
     compacted = False
     call_inputs: list[Array | None] = []
     for position in bound.call_inputs:
