@@ -27,6 +27,7 @@ import pyopencl as cl
 from ...abi import C, ffi
 from ...ops.spec import dtype_name
 from .errors import callback, invalid
+from .graph import KernelStep
 from .runtime import Device, Mem
 
 
@@ -397,11 +398,10 @@ class Call:
         buffers = [a.buffer if isinstance(a, Tensor) else a for a in args]
         if self.stream is not None and self.stream.capture is not None:
             # A graph enqueues this at every launch (graph.py): it gets a kernel of its
-            # own, whose arguments stay as set now, and the closure keeps them alive.
+            # own, whose arguments stay as set now, and the step keeps them alive.
             kernel = cl.Kernel(programs.get(self.device, source, options), name)
             kernel.set_args(*buffers)
-            self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
-                q, kernel, global_size, local))
+            self.stream.capture.record("kernel", KernelStep(kernel, global_size, local, args))
             return
         kernel, lock = programs.kernel(self.device, source, options, name)
         with lock:  # submit enqueues before it returns, and an enqueue takes the arguments as set
