@@ -459,7 +459,7 @@ class _CachedCall:
         # engine.calls.bind, inlined: this is most of an eager op's host cost.
         dev = self.device
         held = self._held
-        arrays = [] if stream is not None else None  # what the stream's work reads
+        arrays = []  # the inputs, alive until the launch (a converted one is held nowhere else)
         index = 0
         for slot, position in self.inputs:
             value = inputs[position]
@@ -474,8 +474,7 @@ class _CachedCall:
             if handle is not was_handle or offset != was_offset:
                 slot.data, slot.byte_offset = handle, offset
                 held[index] = (handle, offset)
-            if arrays is not None:
-                arrays.append(value)
+            arrays.append(value)
             index += 1
         results = []
         memory = dev._memory

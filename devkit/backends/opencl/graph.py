@@ -2,9 +2,10 @@
 
 While a stream captures, everything that would be enqueued on it -- OpenCL
 commands (kernels with their arguments already set, copies, fills), host
-copies, the stream-order checks some kernels queue -- is recorded as the
-closure that would have been enqueued, and a launch enqueues those closures
-on the launch stream. No kernel argument is prepared again at launch.
+copies, the stream-order checks some kernels queue -- is recorded: a kernel
+as a KernelStep (the kernel and its launch shape), the rest as the closure
+that would have been enqueued; a launch enqueues them on the launch stream.
+No kernel argument is prepared again at launch.
 
 A kernel call is kept as a deep copy of its DK_KernelCall whose stream is the
 graph's recorder, a stream that is never run and always records; a rebind
@@ -12,9 +13,8 @@ patches one tensor of that copy and prepares that kernel again, through the
 recorder, into new closures. Buffers a kernel zero-fills for its checks
 (error flags) are zero-filled again at the start of every launch.
 
-Kernels are recorded as KernelSteps (kernel, launch shape), and each run of
-consecutive ones -- with the zero-fills, which lead the first -- becomes one
-Batch when a launch first needs it: enqueued in one tight loop under one
+Each run of consecutive kernels -- with the zero-fills, which lead the
+first -- becomes one Batch when a launch first needs it: enqueued in one tight loop under one
 stream lock and one flush, so the Python cost of a kernel at launch is the
 pyopencl enqueue alone. Other steps (copies, host copies and checks, event
 records and waits) are enqueued one by one between the batches. A rebind or
