@@ -342,11 +342,12 @@ def _load_builtin_module(key: str) -> Plugin:
     module_name = _BUILTIN_MODULES[key]
     try:
         module = importlib.import_module(module_name)
+        init = module.dk_plugin_init  # the opencl package imports its table (pyopencl) here
     except ImportError as exc:
         raise PluginLoadError(
             f"built-in plugin {key!r} cannot be imported ({exc}); it needs pyopencl and an "
             f"OpenCL driver (see docs/opencl.md)") from exc
-    return _initialise(module.dk_plugin_init, keepalive=module, source="built-in",
+    return _initialise(init, keepalive=module, source="built-in",
                        location=module_name)
 
 

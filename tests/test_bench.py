@@ -102,6 +102,18 @@ def test_opencl_bench_without_pyopencl_says_what_to_install():
                              "OpenCL driver (scripts/install-opencl.sh installs PoCL and pyopencl)\n")
 
 
+def test_cuda_bench_without_a_gpu_skips_with_the_plugins_reason(tmp_path):
+    (cuda,) = [d for d in devkit.list_plugins() if d.name == "cuda"]
+    if cuda.loads:
+        pytest.skip("this machine has a usable CUDA device: the bench runs (ci/gpu-check.sh)")
+    out = tmp_path / "cuda.json"
+    result = subprocess.run([sys.executable, "-m", "devkit.bench", "cuda", "--json", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == ""
+    assert result.stderr == f"devkit-bench cuda: skipped: {cuda.error}\n"
+    assert json.loads(out.read_text()) == {"skipped": cuda.error}
+
+
 def test_opencl_bench_names_the_missing_piece_of_a_peer():
     pytest.importorskip("pyopencl", reason="pyopencl is not installed (scripts/install-opencl.sh)")
     probe = ("import sys; sys.modules['mako'] = None; sys.modules['pyclblast'] = None\n"

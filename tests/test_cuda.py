@@ -5,7 +5,6 @@ the load refusal's reason. The GPU-side cases run where a CUDA device is
 
 from __future__ import annotations
 
-import inspect
 import re
 import subprocess
 import sys
@@ -13,11 +12,8 @@ import sys
 import pytest
 
 import devkit
-from devkit.backends.cuda import ccl, check, dialect
+from devkit.backends.cuda import ccl, check, dialect, sources
 from devkit.backends.cuda.runtime import unavailable_reason
-
-pyopencl = pytest.importorskip("pyopencl", reason="the kernel programs are the opencl backend's")
-from devkit.backends.cuda import sources  # noqa: E402
 
 NVCC = check.find_nvcc()
 REASON = unavailable_reason()

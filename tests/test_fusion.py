@@ -159,3 +159,160 @@ def test_a_fused_chain_keeps_only_its_input_and_output_in_the_arena():
     (plan,) = prepared.plans.values()
     assert [call.op for call in plan.calls] == ["Fused"]
     assert plan.memory.total_bytes == 2 * x.nbytes
+
+
+def _model(nodes, inputs: dict, initializers: dict | None = None, opset: int = 23):
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _fused_and_unfused(model, feed):
+    dev = _cpu()
+    fused = devkit.onnx.prepare(model, dev, fuse=True)
+    got = fused.run(feed)[0]
+    want = devkit.onnx.prepare(model, dev, fuse=False).run(feed)[0]
+    (report,) = fused.fusion.values()
+    (plan,) = fused.plans.values()
+    return got, want, report, [call.op for call in plan.calls]
+
+
+def test_a_run_goes_on_past_a_step_that_reads_nothing_it_makes():
+    """SwiGLU's gate and up projections: Sigmoid and Mul of the gate, the up
+    MatMul, then the product: the MatMul moves ahead and one kernel does the rest."""
+    from onnx import helper
+
+    rng = np.random.default_rng(5)
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]), helper.make_node("Sigmoid", ["g"], ["s"]),
+             helper.make_node("Mul", ["g", "s"], ["silu"]), helper.make_node("MatMul", ["x", "wu"], ["u"]),
+             helper.make_node("Mul", ["silu", "u"], ["y"])]
+    weights = {"wg": rng.standard_normal((16, 24)).astype(np.float32),
+               "wu": rng.standard_normal((16, 24)).astype(np.float32)}
+    x = rng.standard_normal((6, 16)).astype(np.float32)
+    got, want, report, ops = _fused_and_unfused(_model(nodes, {"x": (6, 16)}, weights), {"x": x})
+    assert report["fused_ops"] == [["Sigmoid", "Mul", "Mul"]]
+    assert ops == ["MatMul", "MatMul", "Fused"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    g, u = x @ weights["wg"], x @ weights["wu"]
+    np.testing.assert_allclose(got, g / (1 + np.exp(-g)) * u, rtol=1e-4, atol=1e-4)
+
+
+def test_a_decomposition_with_a_last_axis_reduction_joins_a_row_group():
+    """The residual Add and RMSNormalization (a native op whose decomposition
+    reduces over the last axis) become one row kernel."""
+    from onnx import helper
+
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Add", ["x", "r"], ["h"]),
+             helper.make_node("RMSNormalization", ["h", "w"], ["y"], axis=-1, epsilon=1e-5)]
+    w = rng.standard_normal(48).astype(np.float32)
+    feed = {"x": rng.standard_normal((5, 48)).astype(np.float32), "r": rng.standard_normal((5, 48)).astype(np.float32)}
+    got, want, report, ops = _fused_and_unfused(_model(nodes, {"x": (5, 48), "r": (5, 48)}, {"w": w}), feed)
+    assert report["fused_ops"] == [["Add", "RMSNormalization"]] and ops == ["Fused"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    h = feed["x"] + feed["r"]
+    np.testing.assert_allclose(got, h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5) * w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_c_dialect_keeps_the_native_softmax():
+    from onnx import helper
+
+    nodes = [helper.make_node("Mul", ["x", "k"], ["s"]), helper.make_node("Add", ["s", "m"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["y"], axis=-1)]
+    mask = np.triu(np.full((8, 8), -1e9, np.float32), k=1)
+    x = np.random.default_rng(7).standard_normal((2, 8, 8)).astype(np.float32)
+    got, want, report, ops = _fused_and_unfused(_model(nodes, {"x": (2, 8, 8)}, {"k": np.float32(0.5), "m": mask}),
+                                                {"x": x})
+    assert report["fused_ops"] == [["Mul", "Add"]] and ops == ["Fused", "Softmax"]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_broadcast_elementwise_kernel_loops_rows_and_columns_from_any_chunk_start():
+    """In C an input broadcast along the rows makes the kernel loop rows then
+    columns (vectorisable); chunks that start and end inside rows still cover
+    every element once."""
+    dev = _cpu()
+    shape = (4, 7)
+    ops = [codegen.GroupOp("Add", (("in", 0), ("in", 1)), {}, (F32, F32), F32, shape),
+           codegen.GroupOp("Gelu", (("op", 0),), {}, (F32,), F32, shape)]
+    group = codegen.Group(shape, [codegen.TensorArg(shape, (7, 1), F32), codegen.TensorArg((7,), (1,), F32)], ops,
+                          [(1, codegen.TensorArg(shape, (7, 1), F32))])
+    kernel = codegen.render(group, codegen.printer("c"))
+    assert "for (int64_t j = first; j < stop; j++)" in kernel.source and "in1[0 + j]" in kernel.source
+    function = codegen.compile_module(dev, kernel.source).function(kernel.name, ["tensor"] * 3)
+    rng = np.random.default_rng(8)
+    x, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(7).astype(np.float32)
+    out = devkit.asarray(np.full(shape, np.nan, np.float32), dev)
+    function.launch([devkit.asarray(x, dev), devkit.asarray(b, dev), out], (kernel.items,), (3,))  # chunks of 3
+    from math import erf
+
+    want = np.vectorize(lambda v: 0.5 * v * (1 + erf(v / np.sqrt(2))))(x.astype(np.float64) + b)
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-6, atol=1e-6)
+
+
+def test_a_row_kernel_divides_by_a_row_scalar_through_its_reciprocal():
+    model, feed = patterns.rmsnorm(3, 40)
+    sources = []
+    real = codegen.compile_module
+
+    def spy(device, source, options=""):
+        sources.append(source)
+        return real(device, source, options)
+
+    dev = _cpu()
+    import unittest.mock
+
+    with unittest.mock.patch.object(fusion.codegen, "compile_module", spy):
+        got = devkit.onnx.prepare(model, dev, fuse=True).run(feed)[0]
+    (source,) = sources
+    assert "r4 = 1.0f / (v3);" in source and "((x0) * r4)" in source and "/ (v3))" not in source
+    x, w = feed["x"], patterns.rmsnorm(3, 40)[0].graph.initializer[0]
+    from onnx import numpy_helper
+
+    w = numpy_helper.to_array(w)
+    np.testing.assert_allclose(got, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w, rtol=2e-6, atol=1e-6)
+
+
+def test_captured_graphs_keep_every_kernel_because_every_captured_array_can_be_read():
+    """Stream.capture() records devkit.ops calls as they are made: each op's
+    output is an Array the caller holds and may read after any launch, and
+    the graph's slots are the calls' tensors in capture order, so the graph
+    cannot drop an intermediate or renumber its slots (docs/fusion.md). A
+    captured prepared plan is fused: its graph holds the generated kernel."""
+    dev = _cpu()
+    stream = dev.create_stream()
+    x = devkit.asarray(np.linspace(-2, 2, 12, dtype=np.float32), dev)
+    b = devkit.asarray(np.full(12, 0.5, np.float32), dev)
+    with stream.capture(mode="host") as graph:
+        t = devkit.ops.Add(x, b, stream=stream)
+        y = devkit.ops.Relu(t, stream=stream)
+    graph.launch(stream)
+    stream.synchronize()
+    assert graph.num_slots == 5  # Add: x, b, t; Relu: t, y
+    np.testing.assert_array_equal(t.numpy(), x.numpy() + 0.5)
+    np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy() + 0.5, 0))
+    graph.destroy()
+
+    model, feed = patterns.gelu(2, 16)
+    prepared = devkit.onnx.prepare(model, dev, fuse=True)
+    got = prepared.run(feed)[0]
+    (plan,) = prepared.plans.values()
+    assert [call.op for call in plan.calls] == ["Fused"]
+    assert type(plan.launcher).__name__ == "StagedGraph"  # the run is one native graph launch
+    np.testing.assert_allclose(got, devkit.onnx.prepare(model, dev, fuse=False).run(feed)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_fusion_bench_times_every_pattern_three_ways():
+    _cpu()
+    rows = patterns.run(["cpu"], rows=4, width=16, repeat=1, models=False)
+    assert [row["benchmark"] for row in rows] == list(patterns.MODELS)
+    for row in rows:
+        assert row["groups"] == 1 and row["kernels_saved"] == row["ops_per_group"][0] - 1
+        for what in patterns.TIMES:
+            assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
+            assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
+    assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}

@@ -61,7 +61,7 @@ def test_second_process_compiles_nothing_with_a_warm_cache(tmp_path):
     _plugin()
     code = """
         import numpy as np, devkit
-        from devkit.backends.opencl.kernels import programs
+        from devkit.backends.opencl.launch import programs
         dev = devkit.load_plugin("opencl").device(0)
         x = devkit.asarray(np.arange(6, dtype=np.float32).reshape(2, 3), dev)
         assert np.array_equal(devkit.ops.ReduceSum(devkit.ops.Neg(x), keepdims=0).numpy(), np.float32(-15))

@@ -2,6 +2,7 @@
 
     devkit-bench ops [--plugin cpu] [--only Add,MatMul] [--json PATH]   (devkit.bench.ops)
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
+    devkit-bench cuda [--repeat 10] [--json PATH]                        (devkit.bench.cuda)
     devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
     devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
                         [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
                                                       "and its start-up time")
     opencl_bench.add_argument("--repeat", type=int, default=10)
     opencl_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    cuda_bench = commands.add_parser("cuda", help="the cuda plugin: Add vs copy bandwidth, MatMul 8192^2 vs "
+                                                  "cupy.matmul (skipped, with the reason, without a GPU)")
+    cuda_bench.add_argument("--repeat", type=int, default=10)
+    cuda_bench.add_argument("--json", type=Path, help="also write the results to this file")
     torch_bench = commands.add_parser("torch", help="devkit.torch eager overhead per aten op and the "
                                                     "torch.compile path vs torch's CPU")
     torch_bench.add_argument("--plugin", default="cpu")
@@ -94,6 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         from .opencl import opencl_main
 
         sys.exit(opencl_main(args))
+    if args.command == "cuda":
+        from .cuda import cuda_main
+
+        sys.exit(cuda_main(args))
     if args.command == "ops":
         from .ops import ops_main
 

@@ -10,9 +10,12 @@ ones and the native kernels, measured in the same run.
 - models: devkit.onnx.zoo's llama_decoder and the GPT-style stack, fused and
   unfused.
 
-Two times per contender: "calls" is the plan's calls (the inputs copied to
-the device, the calls replayed, one synchronization: the work fusion
-changes), "run" a whole PreparedModel.run (binding and the outputs' copies
+Three times per contender: "kernels" is the sum of the plan's calls each
+launched alone and complete when it returns (Plan.profile: the kernels'
+own time, the work fusion changes); "calls" the calls replayed on a stream
+and one synchronization (a launch's hand-over to the stream's worker
+too; the inputs are copied in before it, untimed); "run" a whole
+PreparedModel.run (the inputs' copies in, binding and the outputs' copies
 back too). Each
 contender is timed in turn within every repetition (interleaved); figures
 are medians; ratios are unfused / fused (above 1: fusion is faster).
@@ -99,26 +102,41 @@ def swiglu(rows: int, width: int):
 
 
 MODELS = {"rmsnorm": rmsnorm, "layernorm": layernorm, "gelu": gelu, "swiglu": swiglu}
+TIMES = ("kernels", "calls", "run")  # each contender's timers (see the module doc)
 
 
 def _contender(model, feed: dict, device: str, fuse: bool):
-    """(calls-only, whole-run) timers of the model's plan, and its fusion report."""
+    """The model's plan's timers (kernels, calls, run; see the module doc),
+    and its fusion report. A timer runs its work and returns the seconds
+    that count."""
     import devkit.onnx
 
     prepared = devkit.onnx.prepare(model, device, fuse=fuse)
     prepared.run(feed)  # builds the plan
     (plan,) = prepared.plans.values()
-    stream = prepared._stream
-
+    stream = plan.device.create_stream()
     inputs = [(array, np.ascontiguousarray(feed[name]).reshape(-1).view(np.uint8)) for name, array in plan._inputs]
 
-    def calls():  # the inputs again (the arena may reuse their bytes), the calls, one synchronization
+    def calls() -> float:
+        # The inputs again, untimed (the arena may reuse their bytes), then
+        # the calls replayed and one synchronization: the work fusion changes.
         for array, host in inputs:
             array.buffer.copy_from_host(host, stream=stream)
+        stream.synchronize()
+        start = time.perf_counter()
         plan._launcher.replay(stream)
         stream.synchronize()
+        return time.perf_counter() - start
 
-    return calls, lambda: prepared.run(feed), prepared.fusion
+    def whole_run() -> float:
+        start = time.perf_counter()
+        prepared.run(feed)
+        return time.perf_counter() - start
+
+    def kernels() -> float:  # each call launched alone, complete when it returns (Plan.profile)
+        return sum(seconds for _, seconds in plan.profile(feed, repeat=1))
+
+    return {"kernels": kernels, "calls": calls, "run": whole_run}, prepared.fusion
 
 
 def _medians(timers: dict, repeat: int) -> dict[str, float]:
@@ -127,28 +145,25 @@ def _medians(timers: dict, repeat: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(repeat):
         for name, fn in timers.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(fn())
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
     device = f"{plugin}:0"
-    unfused_calls, unfused_run, _ = _contender(model, feed, device, False)
-    fused_calls, fused_run, report = _contender(model, feed, device, True)
-    timers = {"unfused_calls": unfused_calls, "fused_calls": fused_calls, "unfused_run": unfused_run,
-              "fused_run": fused_run}
+    contenders = {"unfused": _contender(model, feed, device, False), "fused": _contender(model, feed, device, True)}
     if native is not None:
-        timers["native_calls"], timers["native_run"], _ = _contender(*native, device, False)
+        contenders["native"] = _contender(*native, device, False)
+    report = contenders["fused"][1]
+    timers = {f"{who}_{what}": fn for who, (fns, _) in contenders.items() for what, fn in fns.items()}
     ms = _medians(timers, repeat)
     (fusion,) = report.values() if report else ({},)
     row = {"benchmark": name, "plugin": plugin, **{f"{k}_ms": v for k, v in ms.items()},
-           "speedup_calls": ms["unfused_calls"] / ms["fused_calls"], "speedup_run": ms["unfused_run"] / ms["fused_run"],
+           **{f"speedup_{what}": ms[f"unfused_{what}"] / ms[f"fused_{what}"] for what in TIMES},
            "groups": fusion.get("groups", 0), "ops_per_group": fusion.get("ops_per_group", []),
            "kernels_saved": fusion.get("kernels_saved", 0)}
     if native is not None:
-        row["fused_vs_native_calls"] = ms["fused_calls"] / ms["native_calls"]
+        row.update({f"fused_vs_native_{what}": ms[f"fused_{what}"] / ms[f"native_{what}"] for what in TIMES})
     return row
 
 

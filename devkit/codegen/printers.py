@@ -13,6 +13,13 @@ _FLOAT_MATH = ("exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "atan", "floor
                "fmod", "round", "trunc")
 
 
+def _simd_declarations(unary: tuple, binary: tuple) -> str:
+    """C declarations of the float and double math functions named, marked as having SIMD variants."""
+    return "".join(f'__attribute__((__simd__("notinbranch"))) {t} {f}{s}({", ".join([t] * arity)});\n'
+                   for t, s in (("float", "f"), ("double", "")) for names, arity in ((unary, 1), (binary, 2))
+                   for f in names)
+
+
 class Printer:
     """One dialect. ``storage`` types are what tensors hold, ``compute``
     types what expressions compute in (float16 and bfloat16 compute in
@@ -87,6 +94,14 @@ class Printer:
         """The lines that open and close the loop over this call's work items."""
         raise NotImplementedError
 
+    def row_chunk_loop(self, row: str, column: str, width: int) -> tuple[list[str], list[str]] | None:
+        """For a dialect whose call runs a chunk of elements in a loop: the
+        lines that open and close that loop as rows of ``width`` (``row``)
+        and an inner loop over their columns (``column``), so a tensor
+        broadcast along the rows is read at a plain offset the compiler can
+        vectorise; None where a work item is one element."""
+        return None
+
 
 class CPrinter(Printer):
     """ISO C11 for the cpu plugin: ``void NAME(void *const *args, int64_t begin, int64_t end)``."""
@@ -95,12 +110,13 @@ class CPrinter(Printer):
     storage_types = {"float32": "float", "float64": "double", "float16": "_Float16", "int8": "int8_t",
                      "int16": "int16_t", "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t",
                      "bool": "uint8_t"}
-    # glibc's libmvec (x86-64, since 2.22) has SIMD variants of these; declared so, GCC
+    # glibc's libmvec (x86-64) has SIMD variants of these (exp, log, sin, cos
+    # and pow since 2.22; tanh, erf and atan since 2.35); declared so, GCC
     # vectorises loops that call them (it does by itself only under -ffast-math).
     prologue = ("#include <math.h>\n#include <stdint.h>\n"
                 "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)\n"
-                + "".join(f'__attribute__((__simd__("notinbranch"))) {t} {f}{s}({t});\n'
-                          for t, s in (("float", "f"), ("double", "")) for f in ("exp", "log", "sin", "cos"))
+                + _simd_declarations(("exp", "log", "sin", "cos"), ("pow",))
+                + "#if __GLIBC_PREREQ(2, 35)\n" + _simd_declarations(("tanh", "erf", "atan"), ()) + "#endif\n"
                 + "#endif\n")
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
@@ -114,6 +130,13 @@ class CPrinter(Printer):
 
     def item_loop(self, var):
         return [f"for (int64_t {var} = begin; {var} < end; {var}++) {{"], ["}"]
+
+    def row_chunk_loop(self, row, column, width):
+        return ([f"for (int64_t item = begin; item < end;) {{",
+                 f"  int64_t {row} = item / {width}, first = item - {row} * {width};",
+                 f"  int64_t stop = end - item < {width} - first ? first + (end - item) : {width};",
+                 f"  for (int64_t {column} = first; {column} < stop; {column}++) {{"],
+                ["  }", f"  item = {row} * {width} + stop;", "}"])
 
 
 class OpenCLPrinter(Printer):

@@ -124,11 +124,23 @@ class _Body:
         self.n = domain[-1] if rows else 1
         # per input: aligned dims and strides over the domain
         self.aligned = [_aligned(t.shape, t.strides, domain) for t in group.inputs]
-        self.full = {}  # ("in"|"op", k) -> whether it varies along the row (row kernels)
+        # An elementwise kernel loops over rows and columns where the dialect
+        # can and an input's offset needs more than the flat index.
+        self.split = (not rows and len(domain) >= 2 and domain[-1] > 1
+                      and p.row_chunk_loop("r", "j", domain[-1]) is not None
+                      and any(_offset("i", domain, strides) not in ("i", "0") for _, strides in self.aligned))
+        self.full = {}  # ("in"|"op", k) -> whether it varies along the row (row kernels, split kernels)
         for k, (dims, _) in enumerate(self.aligned):
-            self.full[("in", k)] = rows and dims[-1] > 1
+            self.full[("in", k)] = (rows or self.split) and dims[-1] > 1
         for m, op in enumerate(group.ops):
             self.full[("op", m)] = op.op not in REDUCTIONS and any(self.full[a] for a in op.args)
+        # Divisions of a row's values by a row scalar multiply by its
+        # reciprocal, computed once per row: a multiply is several times
+        # cheaper than a divide, and no compiler hoists it without
+        # -freciprocal-math (the result moves by an ulp at most).
+        self.reciprocals = {m: op.args[1] for m, op in enumerate(group.ops)
+                            if rows and op.op == "Div" and np.dtype(op.dtype).kind == "f" and self.full[op.args[0]]
+                            and not self.full[op.args[1]]}
 
     def _name(self, ref) -> str:
         kind, k = ref
@@ -140,7 +152,15 @@ class _Body:
 
     def _expression(self, m: int) -> str:
         op = self.g.ops[m]
+        if m in self.reciprocals:
+            return f"(({self._name(op.args[0])}) * r{m})"
         return RULES[op.op](self.p, [self._name(a) for a in op.args], op.attrs, op.in_dtypes, op.dtype)
+
+    def _reciprocal_lines(self, divisor) -> list[str]:
+        """The row scalars 1 / ``divisor`` of the divisions in self.reciprocals."""
+        p = self.p
+        return [f"{p.compute(self.g.ops[m].dtype)} r{m} = {p.literal(1, self.g.ops[m].dtype)} / ({self._name(d)});"
+                for m, d in self.reciprocals.items() if d == divisor]
 
     def _define(self, ref, index: str, row: str | None) -> str:
         """The line that defines value ``ref`` (an input load or an op)."""
@@ -191,8 +211,15 @@ class _Body:
         return lines
 
     def elementwise_kernel(self) -> list[str]:
-        opened, closed = self.p.item_loop("i")
         refs = self._needed([("op", m) for m, _ in self.g.outputs], full_only=False)
+        if self.split:
+            width = self.g.domain[-1]
+            opened, closed = self.p.row_chunk_loop("r", "j", width)
+            return [*("  " + line for line in opened), *("      " + self._define(r, "j", "r") for r in refs),
+                    *("      " + self.p.store(f"out{k}", f"r * {width} + j", f"v{m}", tensor.dtype)
+                      for k, (m, tensor) in enumerate(self.g.outputs)),
+                    *("  " + line for line in closed)]
+        opened, closed = self.p.item_loop("i")
         return ["  " + opened[0], *("    " + self._define(r, "i", None) for r in refs),
                 *("    " + s for s in self._stores("i", None, True)), "  " + closed[0]]
 
@@ -214,6 +241,7 @@ class _Body:
                     continue
                 defined.add(ref)
                 lines.append("    " + self._define(ref, "j", "r"))
+                lines.extend("    " + line for line in self._reciprocal_lines(ref))
 
         defined_reductions: set = set()
         for m, op in enumerate(self.g.ops):
@@ -230,6 +258,7 @@ class _Body:
             lines.append(f"      acc{m} = {combine(p, f'acc{m}', self._name(source))};")
             lines.append("    }")
             lines.append(f"    {ctype} v{m} = {finish(p, f'acc{m}', self.n, op.dtype)};")
+            lines.extend("    " + line for line in self._reciprocal_lines(("op", m)))
             defined.add(("op", m))
             defined_reductions.add(("op", m))
         define_row_values(len(self.g.ops))

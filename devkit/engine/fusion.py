@@ -32,9 +32,20 @@ _FUSABLE_DTYPES = {np.dtype(np.float32), np.dtype(np.float64), np.dtype(bool), n
                    np.dtype(np.int64)}
 _FLOAT_ONLY = {"Div", "Pow", "Exp", "Log", "Sqrt", "Sin", "Cos", "Atan", "Erf", "Floor", "Ceil", "Tanh",
                "Sigmoid", "Gelu", "Reciprocal", "Softplus", "LeakyRelu"}
+# How many steps a run may move ahead of itself (fuse_steps): a few, so the
+# values the run reads do not stay live for long.
+_MAX_HOISTED = 4
+# Ops whose native kernels a dialect keeps: in C, Softmax's exp of x - max(x)
+# meets an attention mask's -1e9, for which glibc's vector exp (libmvec)
+# takes its scalar path (below -708): the fused kernel runs 2-5x slower than
+# the native Softmax, which it would replace.
+_KEEP_NATIVE = {"c": {"Softmax", "LogSoftmax"}}
 # Compiler flags per dialect: float sums may be reassociated (vectorised) and
-# math functions set no errno; the ops' tolerances cover the reordering.
-OPTIONS = {"c": "-fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math", "opencl-c": ""}
+# math functions set no errno; the ops' tolerances cover the reordering. In
+# C, unrolling with variable expansion gives a row's reduction several
+# accumulators, so it is not bound by one add's latency (about 20% off RMSNorm).
+OPTIONS = {"c": "-fno-math-errno -fassociative-math -fno-signed-zeros -fno-trapping-math -funroll-loops "
+                "-fvariable-expansion-in-unroller", "opencl-c": ""}
 
 
 @dataclasses.dataclass
@@ -97,8 +108,10 @@ def _tensor_info(t) -> tuple[tuple, tuple, np.dtype]:
     return shape, strides, key_dtype_of(t)  # a DK_Tensor has the dtype field a DK_KernelEntry has
 
 
-def _fusable(call) -> tuple[str, tuple] | None:
-    """("rule" | "reduce", the call's domain shape) for a call the pass can fuse, else None."""
+def _fusable(call, dialect: str) -> tuple[str, tuple] | None:
+    """(how: "rule", "reduce", "decomposed" or "decomposed-rows" (a
+    decomposition with reductions), the call's domain shape) for a call the
+    pass can fuse in ``dialect``, else None."""
     op = call.op
     if call.cdata.num_outputs != 1:
         return None
@@ -116,8 +129,14 @@ def _fusable(call) -> tuple[str, tuple] | None:
         if op in _FLOAT_ONLY and out_dtype.kind != "f" or op == "Cast" and np.dtype(attrs["to"]) not in _FUSABLE_DTYPES:
             return None
         return "rule", out_shape
-    if op not in codegen.REDUCTIONS and _decomposed(call) is not None:
-        return "decomposed", out_shape
+    if op in _KEEP_NATIVE.get(dialect, ()):
+        return None
+    if op not in codegen.REDUCTIONS and (ops := _decomposed(call)) is not None:
+        # reductions inside make a row group over the op's own shape
+        rows = [o.attrs["row"] for o in ops if o.op in codegen.REDUCTIONS]
+        if any(row != out_shape for row in rows):
+            return None
+        return ("decomposed-rows" if rows else "decomposed"), out_shape
     if op in codegen.REDUCTIONS and len(infos) == 2:
         in_shape, _, dtype = infos[0]
         axes = [a % len(in_shape) for a in attrs.get("axes", ())] if in_shape else []
@@ -152,6 +171,8 @@ class _SymbolicBuilder:
         self.ops, self.dtype = ops, np.dtype(dtype)
 
     def __call__(self, op: str, *inputs, **attrs):
+        if op in codegen.REDUCTIONS:
+            return self._reduction(op, *inputs, **attrs)
         inputs = tuple(x if isinstance(x, _Symbol) or x is None or np.ndim(x) else
                        self.const(x, np.asarray(x).dtype if np.asarray(x).dtype == bool else self.dtype)
                        for x in inputs)
@@ -170,6 +191,17 @@ class _SymbolicBuilder:
                                             tuple(x.dtype for x in inputs), dtype, tuple(shape)))
             return _Symbol(("op", len(self.ops) - 1), shape, dtype)
         return expand(op, list(inputs), attrs, self.ops)
+
+    def _reduction(self, op: str, x, axes=None, keepdims: int = 1, **attrs):
+        """A reduction a row kernel holds: over the last axis of a row of more than one value, kept."""
+        if not isinstance(x, _Symbol) or x.dtype.kind != "f" or not x.ndim or x.shape[-1] < 2:
+            raise _Unfusable(f"{op} of a value that is not a float row")
+        if [int(a) % x.ndim for a in np.ravel(axes if axes is not None else [])] != [x.ndim - 1] or keepdims != 1:
+            raise _Unfusable(f"{op} over axes other than the last, or not kept")
+        shape = x.shape[:-1] + (1,)
+        self.ops.append(codegen.GroupOp(op, (x.ref,), {"axes": (-1,), "keepdims": 1, "row": x.shape}, (x.dtype,),
+                                        x.dtype, shape))
+        return _Symbol(("op", len(self.ops) - 1), shape, x.dtype)
 
     def infer(self, op: str, *inputs, **attrs):
         return dispatch.infer(op, [np.broadcast_to(np.zeros((), x.dtype), x.shape) for x in inputs], attrs)
@@ -195,9 +227,16 @@ def expand(op: str, inputs: list, attrs: dict, ops: list):
     if rule is None or len(spec.outputs) != 1 or any(d.host for d in spec.inputs[:len(inputs)]):
         raise _Unfusable(f"{op} has no elementwise decomposition")
     dtype = inputs[spec.key].dtype if not isinstance(spec.key, str) else np.dtype(attrs[spec.key])
-    if rule.wider(dtype) is not None:
-        raise _Unfusable(f"{op} computes at a wider dtype")
-    outputs = rule.rule(_SymbolicBuilder(ops, dtype), inputs, dispatch.resolve_attrs(spec, attrs))
+    builder = _SymbolicBuilder(ops, dtype)
+    if (wide := rule.wider(dtype)) is not None:  # between Casts, as resolution._widened runs it
+        if wide not in _FUSABLE_DTYPES:
+            raise _Unfusable(f"{op} computes at {wide}")
+        (wanted,) = [d for _, d in builder.infer(op, *inputs, **attrs)]
+        widened = [builder("Cast", x, to=wide) if isinstance(x, _Symbol) and x.dtype == dtype else x for x in inputs]
+        own = {**attrs, **({spec.key: wide} if isinstance(spec.key, str) else {})}
+        out = expand(op, widened, own, ops)
+        return builder("Cast", out, to=wanted) if out.dtype != wanted else out
+    outputs = rule.rule(builder, inputs, dispatch.resolve_attrs(spec, attrs))
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     if len(outputs) != 1 or not isinstance(outputs[0], _Symbol):
         raise _Unfusable(f"{op}'s decomposition does not make one value")
@@ -240,30 +279,47 @@ def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[l
             readers[id(slot)] = readers.get(id(slot), 0) + 1
     kept = {id(value) for value in graph_outputs}
     result, run, domain, rows = [], [], None, False
+    # Steps that read nothing the open run makes, moved ahead of it so that
+    # the run can go on past them (a gate's SiLU, the up projection's
+    # MatMul, then their product); ``pending`` is the original order.
+    hoisted, pending, made_by_run = [], [], set()
 
     def flush():
-        if len(run) >= 2:
-            fused = _fuse(device, dialect, run, domain, readers, kept, slots, report)
-            result.extend(fused)
+        fused = _fuse(device, dialect, run, domain, readers, kept, slots, report) if len(run) >= 2 else run
+        if fused is run:
+            result.extend(pending)
         else:
-            result.extend(run)
-        run.clear()
+            first = min(slot.first for _, _, outs in run for _, slot in outs)
+            for _, _, outs in hoisted:  # now written before the run's first step
+                for _, slot in outs:
+                    slot.first = min(slot.first, first)
+            result.extend(hoisted + fused)
+        for pieces in (run, hoisted, pending):
+            pieces.clear()
+        made_by_run.clear()
 
     for step in steps:
-        kind = _fusable(step[0])
+        kind = _fusable(step[0], dialect)
         if kind is None:
+            if run and len(hoisted) < _MAX_HOISTED and not any(id(slot) in made_by_run for _, slot in step[1]):
+                hoisted.append(step)
+                pending.append(step)
+                continue
             flush()
             result.append(step)
             continue
         how, shape = kind
-        if run and how == "reduce" and shape == domain:
+        reduces = how in ("reduce", "decomposed-rows")
+        if run and reduces and shape == domain:
             rows = True
-        elif run and how != "reduce" and (shape == domain or rows and shape == domain[:-1] + (1,)):
+        elif run and not reduces and (shape == domain or rows and shape == domain[:-1] + (1,)):
             pass
         else:
             flush()
-            domain, rows = shape, how == "reduce"
+            domain, rows = shape, reduces
         run.append(step)
+        pending.append(step)
+        made_by_run.update(id(slot) for _, slot in step[2])
     flush()
     return result, report
 

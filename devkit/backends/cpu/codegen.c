@@ -49,6 +49,7 @@ struct cpu_function {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static cpu_table g_modules, g_functions;
 static char g_compiler[4096];
+static char g_cpu_features[8192]; /* /proc/cpuinfo's first flags (x86) or Features (Arm) line */
 static atomic_ulong g_counter;
 
 static void module_put(cpu_module *m) {
@@ -80,7 +81,22 @@ static bool executable_on_path(const char *name, char *out, size_t size) {
   return false;
 }
 
+static void read_cpu_features(void) {
+  g_cpu_features[0] = '\0';
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[sizeof g_cpu_features];
+  while (fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "flags", 5) || !strncmp(line, "Features", 8)) {
+      memcpy(g_cpu_features, line, sizeof line);
+      break;
+    }
+  }
+  fclose(f);
+}
+
 bool cpu_codegen_available(void) {
+  read_cpu_features();
   const char *cc = getenv("CC");
   if (cc && *cc) return executable_on_path(cc, g_compiler, sizeof g_compiler);
   return executable_on_path("cc", g_compiler, sizeof g_compiler) ||
@@ -135,6 +151,7 @@ static DK_Status run_compiler(const char *fn, const char *src, const char *so,
   int argc = 0;
   argv[argc++] = g_compiler;
   argv[argc++] = "-O3";
+  argv[argc++] = "-march=native";
   argv[argc++] = "-fPIC";
   argv[argc++] = "-shared";
   for (char *save = NULL, *tok = strtok_r(opts, " \t\n", &save); tok && argc < 248;
@@ -192,7 +209,8 @@ DK_Status cpu_codegen_compile(int32_t dev, const char *source, const char *optio
       return cpu_set_error(DK_UNAVAILABLE, "%s: no cache directory and no temporary one: %s", fn,
                            strerror(errno));
   }
-  uint64_t h = fnv1a(fnv1a(fnv1a(0xcbf29ce484222325ULL, source), options ? options : ""), g_compiler);
+  uint64_t h = fnv1a(fnv1a(fnv1a(fnv1a(0xcbf29ce484222325ULL, source), options ? options : ""), g_compiler),
+                     g_cpu_features);
   snprintf(so, sizeof so, "%s/%016llx.so", dir, (unsigned long long)h);
   bool hit = cached_dir && access(so, R_OK) == 0;
   if (!hit) {

@@ -6,12 +6,18 @@ in a kernel fails CI on a machine without a GPU.
 Prints "N sources compiled" and exits 0; on an error, the compiler's log of
 each failing source and exit status 1. Without nvcc it says so and exits 0
 (nothing can be checked); ``--require-nvcc`` makes that an error instead.
+
+``--nvrtc`` (on a GPU machine, with CuPy) compiles them instead the way the
+plugin does at run time -- NVRTC through CuPy for device 0's architecture,
+kernels.ModuleCache, with the plugin's options -- which also fills CuPy's
+on-disk kernel cache, so that the conformance runs after it compile nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import multiprocessing
 import os
 import re
 import shutil
@@ -62,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="write the rendered .cu files to this directory")
     parser.add_argument("-k", "--only", help="only the programs whose name contains this")
     parser.add_argument("--require-nvcc", action="store_true", help="fail when nvcc is absent")
+    parser.add_argument("--nvrtc", action="store_true",
+                        help="compile through the plugin's own NVRTC path (CuPy, device 0) instead of nvcc")
     args = parser.parse_args(argv)
+    if args.nvrtc:
+        return _check_nvrtc(args)
     nvcc = find_nvcc()
     if nvcc is None:
         print("cuda kernel check skipped: nvcc not found (on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin)",
@@ -91,6 +101,40 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(architectures)})", file=sys.stderr)
         return 1
     print(f"{len(programs)} sources compiled ({len(jobs)} compilations: {', '.join(architectures)}; {nvcc})")
+    return 0
+
+
+def compile_nvrtc(source: str, options: str, kernels: list[str]) -> str | None:
+    """Builds ``source`` as the plugin does (one process per job: a CUDA
+    context each); the error, or None."""
+    from . import kernels as launcher
+
+    try:
+        for name in kernels:
+            launcher.modules.function(0, source, options, name)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _check_nvrtc(args) -> int:
+    from .runtime import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"cuda kernel check (--nvrtc) cannot run: {reason}", file=sys.stderr)
+        return 1
+    programs = [p for p in sources.programs() if not args.only or args.only in p.name]
+    spawn = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=spawn) as pool:
+        errors = list(pool.map(compile_nvrtc, [p.source for p in programs], [p.options for p in programs],
+                               [dialect.kernel_names(p.source) for p in programs]))
+    failures = [f"--- {p.name}: {e}" for p, e in zip(programs, errors) if e is not None]
+    if failures:
+        print("\n".join(failures), file=sys.stderr)
+        print(f"{len(failures)} of {len(programs)} sources failed (NVRTC)", file=sys.stderr)
+        return 1
+    print(f"{len(programs)} sources compiled (NVRTC through CuPy, device 0; cached in CuPy's kernel cache)")
     return 0
 
 

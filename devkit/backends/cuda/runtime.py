@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from ...abi import C, ffi
+from ..opencl.kernels import DeviceLimits
 from ..python_plugin import PluginError, invalid
 
 # cudaError values the plugin tells apart.
@@ -94,6 +97,17 @@ def run_callback(fn, user_data) -> None:
         _in_callback.active = False
 
 
+def limits_of(properties: dict) -> DeviceLimits:
+    """A CUDA device's cudaDeviceProp as the limits the families plan with."""
+    return DeviceLimits(
+        max_group_size=int(properties["maxThreadsPerBlock"]),
+        max_item_sizes=tuple(int(n) for n in properties["maxThreadsDim"]),
+        local_mem_size=int(properties.get("sharedMemPerBlockOptin") or properties["sharedMemPerBlock"]),
+        compute_units=int(properties["multiProcessorCount"]),
+        is_cpu=False,
+        exact_divide_sqrt=True)  # dialect.COMPILE_OPTIONS: --prec-div=true --prec-sqrt=true
+
+
 class Device:
     def __init__(self, index: int):
         cupy = cuda()
@@ -108,6 +122,9 @@ class Device:
         self.recorded: set[int] = set()      # events recorded at least once
         self.hosts: set[int] = set()         # pinned host pointers
         self.peers: set[int] = set()         # devices whose memory this one accesses directly
+        # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.
+        self.plugin, self.device_type, self.fp64 = "cuda", C.DK_DEVICE_TYPE_CUDA, True
+        self.limits = limits_of(self.properties)
         with self.context():
             # The NULL stream's work runs on a private stream and completes before the call returns.
             self.null_stream = runtime.streamCreateWithFlags(CUDA_STREAM_NON_BLOCKING)
@@ -134,6 +151,12 @@ class Device:
             raise PluginError(C.DK_OUT_OF_RANGE, f"{what} range [offset {offset}, +{size}) exceeds the "
                                                  f"{alloc_size}-byte allocation")
         return pointer + offset
+
+    def kernel_buffer(self, what: str, handle, offset: int, size: int):
+        """A kernel's pointer argument for [offset, +size) of allocation
+        ``handle``: the allocation's start (kernels add element offsets)."""
+        self.mem(what, handle, offset, size)
+        return np.uint64(key_of(handle))
 
     def stream(self, handle) -> int | None:
         """The cudaStream_t; None for the NULL stream."""

@@ -36,7 +36,7 @@ _FLOAT_ONLY = {
                                   "integer dtypes take _arg_source",
 }
 # Modules of the opencl package that hold no kernel sources.
-_NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels"}
+_NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels", "launch", "codegen"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Program:
 
 
 class _CallStandIn:
-    """What the source builders that take a Call read of it."""
+    """What the source builders that take a Call read of it, and the kernel
+    table of a device (which claims float64: every CUDA device has it)."""
 
     fp64 = True
 
@@ -71,33 +72,15 @@ def _reached(fn, seen: set) -> None:
 
 def _claims() -> dict[object, set[int]]:
     """The dtype keys each function of the families serves: those of every
-    kernel whose run reaches it."""
-    from ... import ops
-    from ...ops.spec import dtype_name
-    from ..opencl import kernels
+    entry of the cuda plugin's kernel table whose run reaches it."""
+    from .table import build_kernel_table
 
-    names = {t.name: key for key, t in kernels.CL_TYPES.items()}
     served: dict[object, set[int]] = {}
-
-    def serve(run, keys) -> None:
+    for _op, key, run in build_kernel_table([_CallStandIn()]).runs:
         reached: set = set()
         _reached(run, reached)
         for fn in reached:
-            served.setdefault(fn, set()).update(keys)
-
-    class Recorder:
-        devices = [_CallStandIn()]
-
-        def claim(self, op, run, flags=0, unclaimed={}):
-            keys = {names[n] for n in (dtype_name(d) for d in ops.get(op).dtypes) if n in names}
-            serve(run, keys - {names[dt] for (o, dt) in unclaimed if o == op and dt in names})
-
-        def add(self, op, key, fn, flags):
-            serve(fn, {key})
-
-    recorder = Recorder()
-    for module in kernels.family_modules():
-        module.register(recorder)
+            served.setdefault(fn, set()).add(key)
     return served
 
 
@@ -169,7 +152,7 @@ def _inline():
 
 def programs() -> list[Program]:
     """Every program, each once (two builders may make the same text)."""
-    from ..opencl.errors import PluginError
+    from ..python_plugin import PluginError
     from ..opencl.kernels import CL_TYPES, prelude
     from ..opencl.training_common import NO_CONTRACT
 

@@ -6,21 +6,23 @@ pointer type, so the host drives this plugin exactly as it drives a C one
 device, DK_PluginInit answers DK_UNAVAILABLE with that reason, which
 devkit.list_plugins() shows.
 
-Absent (NULL, the host's documented fallbacks): the graph section, which
-the host then captures itself and replays through this table; the kernel
-table is empty for now (see docs/cuda.md: the kernels are rendered and
-compiled by the check, not yet launched).
+The kernel table is the opencl plugin's families (the dialect-neutral layer,
+devkit/backends/opencl/kernels.py) launched through kernels.CudaCall.
+
+Absent (NULL, the host's documented fallback): the graph section, which the
+host then captures itself and replays through this table (see docs/cuda.md:
+CUDA graphs cannot rebind a slot cheaply through CuPy).
 """
 
 from __future__ import annotations
 
-import threading
-
 from ... import __version__
-from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from ...abi import C, ffi
 from .. import python_plugin
-from ..python_plugin import copy_out, invalid, last_error_message, not_null, set_error
+from ..opencl import kernels
+from ..python_plugin import PluginInit, copy_out, invalid, not_null
 from . import ccl
+from .kernels import CudaCall
 from .runtime import (
     CUDA_EVENT_DISABLE_TIMING,
     CUDA_STREAM_NON_BLOCKING,
@@ -34,10 +36,6 @@ from .runtime import (
 )
 
 _devices: list[Device] = []
-_keepalive: list = []
-_init_lock = threading.Lock()
-_init_result: tuple[int, str] | None = None
-_info = None
 
 
 def _backend_error(exc: Exception) -> tuple[int, str | None]:
@@ -333,25 +331,12 @@ _FUNCTIONS = {
 }
 
 
-def _build_api():
-    api = ffi.new("DK_DeviceApi *", {"struct_size": ffi.sizeof("DK_DeviceApi")})
-    api_type = dict(ffi.typeof("DK_DeviceApi").fields)
-    functions = dict(_FUNCTIONS)
-    functions.update(ccl.functions(_devices))
-    for name, fn in functions.items():
-        pointer = callback(api_type[name].type, name, fn)
-        _keepalive.append(pointer)
-        setattr(api, name, pointer)
-    return api
-
-
-_last_error_fn = ffi.callback("DK_LastErrorFn", last_error_message)
-_strings = {key: ffi.new("char[]", value.encode())
-            for key, value in (("name", "cuda"), ("version", __version__), ("device_type", "cuda"))}
+def build_kernel_table(devices: list) -> kernels.KernelTable:
+    """The kernel table on ``devices`` (sources.py enumerates the programs of this one)."""
+    return kernels.build_table(devices, _device, CudaCall, callback)
 
 
 def _initialise_once() -> tuple[int, str]:
-    global _info
     reason = unavailable_reason()
     if reason is not None:
         return C.DK_UNAVAILABLE, f"DK_PluginInit: {reason}"
@@ -359,36 +344,12 @@ def _initialise_once() -> tuple[int, str]:
         _devices.extend(create_devices())
     except Exception as exc:
         return C.DK_UNAVAILABLE, f"DK_PluginInit: the CUDA devices cannot be opened: {exc}"
-    api = _build_api()
-    entries = ffi.new("DK_KernelEntry *[]", 1)
-    _info = ffi.new("DK_PluginInfo *", {
-        "struct_size": ffi.sizeof("DK_PluginInfo"), "abi_major": ABI_MAJOR, "abi_minor": ABI_MINOR,
-        "last_error_message": _last_error_fn, "name": _strings["name"],
-        "version": _strings["version"], "device_type": _strings["device_type"], "api": api,
-        "kernels": entries, "num_kernels": 0,
-    })
-    _keepalive.extend([api, entries])
+    table = build_kernel_table(_devices)
+    functions = dict(_FUNCTIONS)
+    functions.update(ccl.functions(_devices))
+    _init.publish(functions, table.entries, keep=[table])
     return C.DK_OK, ""
 
 
-def _plugin_init(host, out):
-    global _init_result
-    if out == ffi.NULL:
-        return set_error(C.DK_INVALID_ARGUMENT, "DK_PluginInit: out is NULL")
-    if out.struct_size >= field_end("DK_PluginInfo", "last_error_message"):
-        out.last_error_message = _last_error_fn
-    if out.struct_size < field_end("DK_PluginInfo", "api"):
-        return set_error(C.DK_INVALID_ARGUMENT,
-                         f"DK_PluginInit: out->struct_size {out.struct_size} cannot hold 'api' "
-                         f"(needs {field_end('DK_PluginInfo', 'api')})")
-    with _init_lock:
-        if _init_result is None:
-            _init_result = _initialise_once()
-    status, message = _init_result
-    if status != C.DK_OK:
-        return set_error(status, message)
-    copy_out(out, _info, "DK_PluginInfo")
-    return C.DK_OK
-
-
-dk_plugin_init = callback("DK_PluginInitFn", "DK_PluginInit", _plugin_init)
+_init = PluginInit("cuda", __version__, "cuda", callback, _initialise_once)
+dk_plugin_init = _init.entry

@@ -25,14 +25,14 @@ import dataclasses
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from ... import ops
 from ...abi import C
 from ...ops.spec import dtype_name
+from ..python_plugin import invalid
 from .elementwise_tan import TAN_F64
-from .errors import invalid
 from .kernels import (
+    DeviceLimits,
     STRIDED,
     Call,
     ClType,
@@ -433,12 +433,11 @@ def _merge_dims(shape: list[int], strides: list[list[int]]) -> tuple[list[int], 
 
 
 @functools.cache
-def _build_options(device: cl.Device) -> str:
+def _build_options(limits: DeviceLimits) -> str:
     """The build options of every elementwise program: float16/bfloat16 compute
     in float, and their Div, Sqrt and Reciprocal are exact only with a correctly
     rounded float division and square root."""
-    exact = device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
-    return "-cl-fp32-correctly-rounded-divide-sqrt" if exact else ""
+    return "-cl-fp32-correctly-rounded-divide-sqrt" if limits.exact_divide_sqrt else ""
 
 
 def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: list = ()) -> None:
@@ -452,7 +451,7 @@ def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: 
     meta = c.buffer(shape + [s for tensor_strides in strides for s in tensor_strides])
     args = [a for t in operands for a in (t, np.int64(t.offset))]
     args += [out, np.int64(out.offset), np.int32(len(shape)), meta, np.int64(n), *scalars]
-    launch_items(c, source, f"k_{kernel}", args, n, _build_options(c.device.cl_device))
+    launch_items(c, source, f"k_{kernel}", args, n, _build_options(c.device.limits))
 
 
 def _scalar(t: ClType, fp64: bool):

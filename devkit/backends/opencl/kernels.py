@@ -1,13 +1,24 @@
-"""Kernel infrastructure: the program cache, dtypes in OpenCL C, tensor
-arguments, calls and the kernel table.
+"""The dialect-neutral kernel layer: dtypes in OpenCL C, tensor arguments,
+the validation of a kernel call, the launch helpers and the kernel table.
 
-Programs are built once per (device, source, options) and kept in memory. On
-disk, a second process finds them in one of two caches, both keyed by source,
-options and device: where the driver caches source builds itself (PoCL, under
-$XDG_CACHE_HOME/pocl; NVIDIA), in the driver's; elsewhere in pyopencl's binary
-cache, kept under $XDG_CACHE_HOME/devkit/opencl (default ~/.cache/devkit/opencl).
-Asking PoCL for a program's binary would compile every kernel in it, which its
-own cache makes needless (pyopencl.characterize.has_src_build_cache).
+The kernel families (elementwise.py, reduce.py, ...) are written against this
+module only, never against pyopencl: the opencl plugin runs them through
+``launch.OpenCLCall`` (programs built by pyopencl), the cuda plugin through
+``devkit.backends.cuda.kernels.CudaCall`` (the same OpenCL C rendered as CUDA
+C and built by NVRTC). A Call subclass provides what reaches the device:
+
+- ``launch(source, name, args, global_size, local_size=None, options="")``:
+  an ND-range of work-items, global_size a multiple of local_size per dim;
+  ``args`` are Tensors (their allocation), buffers the Call made, NumPy
+  scalars and ``Local(bytes)`` (work-group local memory);
+- ``buffer(values, dtype, writable=False)``: a device copy of small host data;
+  ``zeros(count, dtype)``: a zeroed flag or counter (zeroed again before each
+  launch of a graph that recorded it); ``scratch(nbytes)``: uninitialised;
+- ``check_in_stream_order(check)``: ``check(reader)`` runs after the work
+  queued so far; ``reader.read(host, buffer, byte_offset=0)`` and
+  ``reader.write(buffer, host)`` copy, and it returns a PluginError or None.
+
+Nothing here imports pyopencl or CuPy: machines without either import it.
 """
 
 from __future__ import annotations
@@ -15,61 +26,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import os
-import threading
 from collections.abc import Mapping
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C, ffi
 from ...ops.spec import dtype_name
-from .errors import callback, invalid
-from .graph import KernelStep
-from .runtime import Device, Mem
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "devkit" / "opencl"
-
-
-class ProgramCache:
-    """Built programs by (device, source, options), each built once per process."""
-
-    def __init__(self):
-        self._programs: dict[tuple[int, str, str], cl.Program] = {}
-        self._kernels: dict[tuple[int, str, str, str], tuple[cl.Kernel, threading.Lock]] = {}
-        self._lock = threading.Lock()
-        self.builds = 0
-
-    def kernel(self, device: Device, source: str, options: str, name: str) -> tuple[cl.Kernel, threading.Lock]:
-        """Kernel ``name`` of the program, made once: a new cl.Kernel costs
-        pyopencl an argument-setter generation (~1 ms) at its first set_args.
-        Its arguments are state, so launches hold the lock from set_args to enqueue."""
-        memo_key = (device.index, source, options, name)
-        found = self._kernels.get(memo_key)
-        if found is None:
-            found = (cl.Kernel(self.get(device, source, options), name), threading.Lock())
-            with self._lock:
-                found = self._kernels.setdefault(memo_key, found)
-        return found
-
-    def get(self, device: Device, source: str, options: str = "") -> cl.Program:
-        memo_key = (device.index, source, options)
-        with self._lock:
-            program = self._programs.get(memo_key)
-            if program is None:
-                program = cl.Program(device.context, source).build(
-                    options, devices=[device.cl_device], cache_dir=str(cache_dir()))
-                self._programs[memo_key] = program
-                self.builds += 1
-            return program
-
-
-programs = ProgramCache()
+from ..python_plugin import invalid
 
 
 # ---- dtypes in OpenCL C -----------------------------------------------------------
@@ -187,17 +151,20 @@ def prelude(prefix: str, key: int, fp64: bool) -> str:
 class Tensor:
     """A DK_Tensor resolved on a device: buffer, element offset, shape, strides."""
 
-    __slots__ = ("mem", "offset", "shape", "strides", "dtype", "buffer")
+    __slots__ = ("offset", "shape", "strides", "dtype", "buffer")
 
-    def __init__(self, device: Device, what: str, tensor, itemsize: int | None = None):
+    def __init__(self, device, what: str, tensor, itemsize: int | None = None):
+        """``device`` names its plugin (``plugin``, ``device_type``, ``index``) and
+        gives ``kernel_buffer(what, handle, offset, size)``: the kernel argument of
+        the allocation, once the byte range is checked to lie inside it."""
         ndim = tensor.ndim
         if not 0 <= ndim <= MAX_DIMS:
-            raise invalid(f"{what} has rank {ndim}; the opencl plugin takes 0 to {MAX_DIMS}")
+            raise invalid(f"{what} has rank {ndim}; the {device.plugin} plugin takes 0 to {MAX_DIMS}")
         if ndim and tensor.shape == ffi.NULL:
             raise invalid(f"{what} has a NULL shape")
-        if tensor.device.device_type != C.DK_DEVICE_TYPE_OPENCL or tensor.device.device_id != device.index:
+        if tensor.device.device_type != device.device_type or tensor.device.device_id != device.index:
             raise invalid(f"{what} is on device (type {tensor.device.device_type}, id {tensor.device.device_id}), "
-                          f"not on opencl device {device.index}")
+                          f"not on {device.plugin} device {device.index}")
         if tensor.dtype.lanes != 1 or not tensor.dtype.bits or tensor.dtype.bits % 8 or tensor.dtype.bits > 64:
             raise invalid(f"{what} has dtype (code {tensor.dtype.code}, bits {tensor.dtype.bits}, lanes "
                           f"{tensor.dtype.lanes}), which no kernel takes")
@@ -226,10 +193,8 @@ class Tensor:
         high = sum(max(0, s) * (n - 1) for s, n in zip(strides, self.shape)) + 1 if not empty else 0
         if self.offset + low < 0:
             raise invalid(f"{what}: strides reach before the start of the allocation")
-        self.mem: Mem = device.mem(what, tensor.data, (self.offset + low) * itemsize,
-                                   (high - low) * itemsize)
-        # OpenCL has no empty buffers: an empty tensor's kernel argument is a stand-in never read.
-        self.buffer: cl.Buffer = self.mem.buffer if self.mem.buffer is not None else _stand_in(device)
+        self.buffer = device.kernel_buffer(what, tensor.data, (self.offset + low) * itemsize,
+                                           (high - low) * itemsize)
 
     @property
     def size(self) -> int:
@@ -239,12 +204,6 @@ class Tensor:
     def ndim(self) -> int:
         return len(self.shape)
 
-
-
-def _stand_in(device: Device) -> cl.Buffer:
-    if device.stand_in is None:  # a benign race: two threads may each make one
-        device.stand_in = cl.Buffer(device.context, cl.mem_flags.READ_WRITE, 8)
-    return device.stand_in
 
 
 def broadcast_strides(tensor: Tensor, shape: list[int]) -> list[int]:
@@ -317,12 +276,12 @@ class Call:
 
     ``inputs`` holds a Tensor per input (None for an omitted optional one),
     ``attrs`` the attributes by name (host inputs arrive here too), and
-    ``launch`` enqueues an OpenCL kernel on the call's stream.
+    ``launch`` enqueues a kernel on the call's stream (a dialect's subclass).
     """
 
     def __init__(self, op: str, call, device_of):
-        self.op = op
-        self.device: Device = device_of(call.device)
+        self.op, self.device_of = op, device_of
+        self.device = device_of(call.device)
         self.stream = self.device.stream(call.stream)
         self.inputs = [None if call.inputs[j].ndim < 0 else Tensor(self.device, f"input {j}", call.inputs[j])
                        for j in range(call.num_inputs)]
@@ -348,65 +307,55 @@ class Call:
         if len(self.outputs) != outputs:
             raise invalid(f"{self.op} has {outputs} output(s), got {len(self.outputs)}")
 
-    def buffer(self, values, dtype=np.int64) -> cl.Buffer:
-        """A read-only device copy of small host data (shapes, strides, indices); never empty."""
-        array = np.ascontiguousarray(values, dtype=dtype)
-        if array.size == 0:
-            array = np.zeros(1, dtype)
-        return cl.Buffer(self.device.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
-                         hostbuf=array)
+    def run(self, call, run) -> None:
+        """Runs ``run(self)``; a dialect whose streams capture graphs records the
+        DK_KernelCall instead, to run ``run`` on a Call of its copy at each launch."""
+        run(self)
 
-    def zeros(self, count: int, dtype=np.int32) -> cl.Buffer:
-        """A small zeroed device buffer: a flag or counter kernels write (zeroed
-        again before every launch of a graph that recorded it)."""
-        host = np.zeros(count, dtype)
-        buffer = cl.Buffer(self.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                           hostbuf=host)
-        if self.stream is not None and self.stream.capture is not None:
-            self.stream.capture.zero_before_launch(buffer, host.nbytes)
-        return buffer
+    # -- what reaches the device: each dialect's Call subclass (see the module doc) --
+
+    def buffer(self, values, dtype=np.int64, writable: bool = False):
+        raise NotImplementedError
+
+    def zeros(self, count: int, dtype=np.int32):
+        raise NotImplementedError
+
+    def scratch(self, nbytes: int):
+        raise NotImplementedError
 
     def check_in_stream_order(self, check) -> None:
-        """Queues ``check(queue)`` behind the work enqueued so far: it reads back
-        what the kernels recorded (blocking copies on ``queue``) and returns a
-        PluginError for a failure, or None. The call itself never waits: a
-        stream keeps the error for its next synchronization; on the NULL
-        stream, where the kernels have already run, it is raised here."""
-        stream = self.stream
-        # A graph's check fails whichever stream replays it: raised there.
-        recorded = stream is not None and stream.capture is not None
-
-        def run(queue: cl.CommandQueue) -> None:
-            error = check(queue)
-            if error is None:
-                return
-            if stream is None or recorded:
-                raise error
-            stream.fail(error)
-
-        self.device.copy_host(stream, run)
+        raise NotImplementedError
 
     def launch(self, source: str, name: str, args: list, global_size, local_size=None,
                options: str = "") -> None:
-        """Builds (cached) and enqueues kernel ``name`` of ``source`` in stream order.
+        raise NotImplementedError
 
-        ``args`` are pyopencl kernel arguments: Tensors (passed as their buffer),
-        cl.Buffers, numpy scalars (np.int64(...), ...) or cl.LocalMemory.
-        """
-        global_size = tuple(int(n) for n in np.atleast_1d(global_size))
-        local = None if local_size is None else tuple(int(n) for n in np.atleast_1d(local_size))
-        buffers = [a.buffer if isinstance(a, Tensor) else a for a in args]
-        if self.stream is not None and self.stream.capture is not None:
-            # A graph enqueues this at every launch (graph.py): it gets a kernel of its
-            # own, whose arguments stay as set now, and the step keeps them alive.
-            kernel = cl.Kernel(programs.get(self.device, source, options), name)
-            kernel.set_args(*buffers)
-            self.stream.capture.record("kernel", KernelStep(kernel, global_size, local, args))
-            return
-        kernel, lock = programs.kernel(self.device, source, options, name)
-        with lock:  # submit enqueues before it returns, and an enqueue takes the arguments as set
-            kernel.set_args(*buffers)
-            self.device.submit(self.stream, lambda q: cl.enqueue_nd_range_kernel(q, kernel, global_size, local))
+    def library_gemm(self, key: int, a, b, y, m: int, n: int, k: int, batch: list, alpha: float,
+                     beta: float, addend) -> bool:
+        """Runs linalg_gemm.gemm's product (its arguments, batch dims folded)
+        through the dialect's BLAS and says so; False leaves it to the kernels."""
+        return False
+
+
+class Local:
+    """A kernel argument ``local T *``: ``nbytes`` of work-group local memory."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceLimits:
+    """What the kernel families plan launches from (work-group sizes, tiles)."""
+
+    max_group_size: int                 # work-items of a work-group
+    max_item_sizes: tuple[int, ...]     # work-items per dim of a work-group
+    local_mem_size: int                 # bytes of local memory per work-group
+    compute_units: int
+    is_cpu: bool                        # CPU devices prefer other tiles (linalg_gemm)
+    exact_divide_sqrt: bool             # float division and sqrt correctly rounded on request
 
 
 # ---- strided copies ------------------------------------------------------------------
@@ -450,15 +399,16 @@ def whole(t: Tensor) -> View:
     return t.offset, t.shape, t.strides
 
 
-def copy(c: Call, x, src: View, y: Tensor, dst: View) -> None:
-    """Copies the elements of view ``src`` of x (a Tensor or a cl.Buffer of
-    y's dtype) to view ``dst`` of y, both walked in row-major order (their
-    shapes hold the same count). Bit-exact."""
+def copy(c: Call, x, src: View, y, dst: View, key: int | None = None) -> None:
+    """Copies the elements of view ``src`` of x to view ``dst`` of y, both walked
+    in row-major order (their shapes hold the same count). Bit-exact. y is a
+    Tensor, or a device buffer of dtype ``key``; x a Tensor or a device buffer
+    of y's dtype."""
     n = int(np.prod(dst[1], dtype=np.int64))
     if n == 0:
         return
     (s_shape, s_strides), (d_shape, d_strides) = collapse(*src[1:]), collapse(*dst[1:])
-    source = prelude("X", STORAGE_OF_WIDTH[cl_type(y.dtype).itemsize], False) + _COPY
+    source = prelude("X", STORAGE_OF_WIDTH[cl_type(y.dtype if key is None else key).itemsize], False) + _COPY
     launch_items(c, source, "k_copy", [x, np.int64(src[0]), y, np.int64(dst[0]), np.int32(len(s_shape)),
                                        np.int32(len(d_shape)),
                                        c.buffer(s_shape + s_strides + d_shape + d_strides), np.int64(n)], n)
@@ -470,7 +420,7 @@ def group_size(c: Call, preferred: int = 256) -> int:
     shapes, since PoCL compiles a kernel anew for each local size it is
     enqueued with; a power of two, which tree reductions halve."""
     size = preferred
-    while size > c.device.cl_device.max_work_group_size:
+    while size > c.device.limits.max_group_size:
         size //= 2
     return size
 
@@ -489,14 +439,21 @@ def round_up(n: int, multiple: int) -> int:
 
 
 class KernelTable:
-    """The DK_KernelEntry structs and the callbacks and strings they point to."""
+    """The DK_KernelEntry structs and the callbacks and strings they point to.
 
-    def __init__(self, devices: list[Device], device_of):
+    ``call_class`` is the dialect's Call subclass; ``callback(ctype, name, fn)``
+    the plugin's C-boundary wrapper (python_plugin.callback with its errors)."""
+
+    def __init__(self, devices: list, device_of, call_class: type[Call], callback):
         self.devices, self.device_of = devices, device_of
+        self.call_class, self.callback = call_class, callback
         self.entries: list = []
+        self.runs: list[tuple[str, int, object]] = []  # (op, dtype key, what its entry runs)
         self._keepalive: list = []
 
-    def add(self, op: str, dtype_key: int, fn, flags: int) -> None:
+    def add(self, op: str, dtype_key: int, fn, flags: int, run=None) -> None:
+        """An entry calling ``fn(call)``; ``run`` is what it runs, if not fn itself."""
+        self.runs.append((op, dtype_key, run or fn))
         name = ffi.new("char[]", op.encode())
         token = ffi.new("char[]", 1)  # the entry's user_data: a call carries it back
 
@@ -504,7 +461,7 @@ class KernelTable:
             check_raw_call(op, call, token, len(self.devices))
             return fn(call)
 
-        pointer = callback("DK_KernelFn", f"{op} kernel", checked)
+        pointer = self.callback("DK_KernelFn", f"{op} kernel", checked)
         entry = ffi.new("DK_KernelEntry *", {
             "struct_size": ffi.sizeof("DK_KernelEntry"), "op": name,
             "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1},
@@ -521,15 +478,12 @@ class KernelTable:
             if (op, CL_TYPES[key].name) in unclaimed:
                 continue
 
-            def fn(call, key=key, device_of=self.device_of):
-                c = Call(op, call, device_of)
+            def fn(call, key=key):
+                c = self.call_class(op, call, self.device_of)
                 check_against_spec(c, key)
-                if c.stream is not None and c.stream.capture is not None:  # graph.py
-                    c.stream.capture.add_kernel(call, lambda copy: run(Call(op, copy, device_of), key))
-                else:
-                    run(c, key)
+                c.run(call, lambda c: run(c, key))
 
-            self.add(op, key, fn, flags)
+            self.add(op, key, fn, flags, run)
 
 
 def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:
@@ -628,7 +582,7 @@ def check_against_spec(c: Call, key: int) -> None:
                           f"{dtype_name(dtype)} {tuple(shape)}")
 
 
-def supported_dtypes(op: str, devices: list[Device]) -> list[int]:
+def supported_dtypes(op: str, devices: list) -> list[int]:
     """The DK keys of the op's key dtypes; float64 only where every device has fp64."""
     from ... import ops
     from ...ops.spec import dtype_name
@@ -646,8 +600,8 @@ def family_modules():
     return [importlib.import_module(f"{__package__}.{name}") for name in FAMILY_MODULES]
 
 
-def build_table(devices: list[Device], device_of) -> KernelTable:
-    table = KernelTable(devices, device_of)
+def build_table(devices: list, device_of, call_class: type[Call], callback) -> KernelTable:
+    table = KernelTable(devices, device_of, call_class, callback)
     for module in family_modules():
         module.register(table)
     return table

@@ -23,10 +23,9 @@ import functools
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from ...ops.linalg import conv_transpose_geometry, window_geometry
-from .kernels import Call, cl_type, prelude, round_up
+from .kernels import Call, Local, cl_type, prelude, round_up
 from .linalg_gemm import (
     SKELETON,
     Matrix,
@@ -176,14 +175,14 @@ def _conv(c: Call, key: int) -> None:
     t = tiles(c.device, key)
     source = _conv_source(key, c.fp64)
     tables = [t.tn * (nsp + 1) * 8, t.tk * (nsp + 1) * 8]  # bytes of cols and rows
-    fits = t.local_bytes(compute_itemsize(key)) + sum(tables) <= c.device.cl_device.local_mem_size
+    fits = t.local_bytes(compute_itemsize(key)) + sum(tables) <= c.device.limits.local_mem_size
     if fits and use_tiles(t, m, n):
-        c.launch(source, "k_conv", args + [cl.LocalMemory(size) for size in tables],
+        c.launch(source, "k_conv", args + [Local(size) for size in tables],
                  (round_up(n, t.tn) // t.rn, round_up(m, t.tm) // t.rm, group), (t.wn, t.wm, 1),
                  options=t.options())
     else:
         total = group * m * n
-        size = min(64, c.device.cl_device.max_work_group_size)
+        size = min(64, c.device.limits.max_group_size)
         c.launch(source, "k_conv_direct", args + [np.int64(total)], round_up(total, size), size,
                  options=t.options())
 
@@ -254,7 +253,7 @@ def _conv_transpose(c: Call, key: int) -> None:
     col = scratch(c, work, band * per_image)
     geo = c.buffer(list(x.shape[2:]) + list(out) + list(w.shape[2:]) + list(strides) + list(dilations)
                    + list(begin))
-    size = min(64, c.device.cl_device.max_work_group_size)
+    size = min(64, c.device.limits.max_group_size)
     for first in range(0, images, band):
         count = min(band, images - first)
         if in_plane:

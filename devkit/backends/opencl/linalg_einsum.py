@@ -23,10 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pyopencl as cl
 
 from ...ops.linalg import parse_einsum
-from .errors import invalid
+from ..python_plugin import invalid
 from .kernels import STRIDED, Call
 from .linalg_gemm import Matrix, gemm, scratch, sum_view, work_dtype
 
@@ -38,7 +37,7 @@ class _View:
     labels: list
     sizes: list[int]
     strides: list[int]
-    buffer: cl.Buffer
+    buffer: object  # a device buffer
     offset: int
     key: int
 

@@ -27,11 +27,9 @@ import dataclasses
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
-from .kernels import Call, cl_type, launch_items, prelude, round_up
-from .runtime import Device
+from .kernels import Call, DeviceLimits, cl_type, launch_items, prelude, round_up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +77,12 @@ _SCALAR = {"float": np.float32, "double": np.float64, "uint": np.uint32, "ulong"
 
 
 @functools.cache
-def _tiles_for(cl_device: cl.Device, itemsize: int) -> Tiles:
-    sizes = cl_device.max_work_item_sizes
-    prefer = _CPU_TILES if cl_device.type & cl.device_type.CPU else _GPU_TILES
+def _tiles_for(limits: DeviceLimits, itemsize: int) -> Tiles:
+    sizes = limits.max_item_sizes
+    prefer = _CPU_TILES if limits.is_cpu else _GPU_TILES
     for t in prefer:
-        if (t.group <= cl_device.max_work_group_size and t.wn <= sizes[0] and t.wm <= sizes[1]
-                and t.local_bytes(itemsize) <= cl_device.local_mem_size and t.group <= t.tk * t.tn):
+        if (t.group <= limits.max_group_size and t.wn <= sizes[0] and t.wm <= sizes[1]
+                and t.local_bytes(itemsize) <= limits.local_mem_size and t.group <= t.tk * t.tn):
             return t
     raise AssertionError("a 1 x 1 work-group always fits")
 
@@ -97,9 +95,9 @@ def compute_itemsize(key: int) -> int:
     return 8 if compute_type(key) in ("double", "ulong") else 4
 
 
-def tiles(device: Device, key: int) -> Tiles:
+def tiles(device, key: int) -> Tiles:
     """The tile sizes of dtype ``key``'s kernels on ``device`` (fixed per device)."""
-    return _tiles_for(device.cl_device, compute_itemsize(key))
+    return _tiles_for(device.limits, compute_itemsize(key))
 
 
 def scalar(key: int, value: float):
@@ -252,7 +250,7 @@ class Matrix:
     """An operand or result: a buffer, an element offset and the element
     strides of its rows and columns."""
 
-    buffer: cl.Buffer
+    buffer: object  # a device buffer: a Tensor's, or one the Call made
     offset: int
     rs: int
     cs: int
@@ -277,6 +275,8 @@ def gemm(c: Call, key: int, a: Matrix, b: Matrix, y: Matrix, m: int, n: int, k: 
             break
         m *= size
         batch.pop()
+    if c.library_gemm(key, a, b, y, m, n, k, batch, alpha, beta, addend):
+        return
     count = int(np.prod([dim[0] for dim in batch], dtype=np.int64))
     meta = c.buffer([dim[0] for dim in batch] + [dim[j] for j in (1, 2, 3) for dim in batch])
     has_c = addend is not None
@@ -338,8 +338,8 @@ def _sum_source(src_key: int, dst_key: int, fp64: bool) -> str:
     return prelude("X", src_key, fp64) + prelude("Y", dst_key, fp64) + _SUM_VIEW
 
 
-def sum_view(c: Call, src_key: int, src: cl.Buffer, src_offset: int, kept: list[tuple[int, int, int]],
-             summed: list[tuple[int, int]], dst_key: int, dst: cl.Buffer, dst_offset: int) -> None:
+def sum_view(c: Call, src_key: int, src, src_offset: int, kept: list[tuple[int, int, int]],
+             summed: list[tuple[int, int]], dst_key: int, dst, dst_offset: int) -> None:
     """Enqueues dst = src summed over ``summed`` ((size, src stride) per dim),
     one element per index of ``kept`` ((size, src stride, dst stride) per dim);
     dtypes convert (rounding once). An empty sum gives 0."""
@@ -360,12 +360,12 @@ def work_dtype(key: int) -> int:
     return C.DK_DTYPE_FLOAT64 if key == C.DK_DTYPE_FLOAT64 else C.DK_DTYPE_FLOAT32
 
 
-def scratch(c: Call, key: int, count: int) -> cl.Buffer:
+def scratch(c: Call, key: int, count: int):
     """A device buffer for ``count`` elements of dtype ``key`` (at least one)."""
-    return cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, max(count, 1) * cl_type(key).itemsize)
+    return c.scratch(max(count, 1) * cl_type(key).itemsize)
 
 
-def compact_copy(c: Call, tensor, key: int) -> cl.Buffer:
+def compact_copy(c: Call, tensor, key: int):
     """A compact copy of ``tensor`` converted to dtype ``key``."""
     buffer = scratch(c, key, tensor.size)
     step, kept = 1, []

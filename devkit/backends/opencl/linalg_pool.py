@@ -18,11 +18,10 @@ import functools
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
 from ...ops.linalg import window_geometry
-from .kernels import STRIDED, Call, cl_type, group_size, launch_items, prelude
+from .kernels import STRIDED, Call, Local, cl_type, group_size, launch_items, prelude
 
 _WINDOW = """
 /* meta: per spatial axis the input sizes, output sizes, kernel sizes,
@@ -182,7 +181,7 @@ def _source(key: int, fp64: bool) -> str:
     return prelude("X", key, fp64) + macros + _WINDOW + _MAX_POOL + (_FLOAT_POOLS if is_float else "")
 
 
-def _window(c: Call, outputs: list) -> tuple[cl.Buffer, int, int]:
+def _window(c: Call, outputs: list) -> tuple[object, int, int]:
     """The window pools' metadata buffer, spatial rank and taps per window."""
     x = c.inputs[0]
     kernel = c.attrs["kernel_shape"]
@@ -229,7 +228,7 @@ def _global_pool(c: Call, key: int) -> None:
     size = group_size(c)  # a power of two, which the tree halves
     c.launch(_source(key, c.fp64), f"k_{c.op}",
              [x, np.int64(x.offset), y, np.int64(y.offset), np.int64(math.prod(x.shape[2:])),
-              cl.LocalMemory(size * 8)], y.size * size, size)
+              Local(size * 8)], y.size * size, size)
 
 
 def register(table, unclaimed) -> None:

@@ -22,11 +22,10 @@ import functools
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from ... import dtypes
 from ...abi import C
-from .errors import PluginError
+from ..python_plugin import PluginError
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,
@@ -355,8 +354,7 @@ def _check_indices(c: Call, indices: Tensor, bounds: list[int], first_axis: int,
         return
     depth = len(bounds)
     chunks = -(-n // _CHUNK)
-    first = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                      hostbuf=np.full(chunks, _NO_ERROR, np.uint32))
+    first = c.buffer(np.full(chunks, _NO_ERROR, np.uint32), np.uint32, writable=True)
     meta = c.buffer(indices.shape + indices.strides)
     bounds_buffer = c.buffer(bounds)
     for slot, base in enumerate(range(0, n, _CHUNK)):
@@ -366,21 +364,20 @@ def _check_indices(c: Call, indices: Tensor, bounds: list[int], first_axis: int,
                       np.int32(depth), bounds_buffer, np.int64(base), np.int64(count), first,
                       np.int32(slot)], count)
 
-    def report(queue) -> None:
+    def report(reader) -> PluginError | None:
         found = np.empty(chunks, np.uint32)
-        cl.enqueue_copy(queue, found, first)
+        reader.read(found, first)
         hits = np.flatnonzero(found != _NO_ERROR)
         if hits.size == 0:
             return None
         # Re-armed for the next run of a captured graph, which replays the
         # check on this same buffer: a failure must not outlive its launch.
-        cl.enqueue_copy(queue, first, np.full(chunks, _NO_ERROR, np.uint32))
+        reader.write(first, np.full(chunks, _NO_ERROR, np.uint32))
         position = int(hits[0]) * _CHUNK + int(found[hits[0]])
         at = sum(int(k) * s for k, s in zip(np.unravel_index(position, indices.shape),
                                             indices.strides))
         value = np.empty(1, np.int64 if _wide(indices) else np.int32)
-        cl.enqueue_copy(queue, value, indices.buffer,
-                        src_offset=(indices.offset + at) * value.itemsize)
+        reader.read(value, indices.buffer, (indices.offset + at) * value.itemsize)
         dim = bounds[position % depth]
         return PluginError(C.DK_OUT_OF_RANGE,
                            f"{c.op}: index {int(value[0])} (element {position} of indices) is out "

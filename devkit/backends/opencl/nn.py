@@ -17,8 +17,8 @@ import functools
 import numpy as np
 
 from ...abi import C
+from ..python_plugin import invalid
 from . import nn_attention
-from .errors import invalid
 from .kernels import STRIDED, broadcast_strides, cl_type, launch_items, prelude
 from .nn_common import (
     GROUP_REDUCE,

@@ -18,10 +18,9 @@ import functools
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
-from .errors import PluginError, invalid
+from ..python_plugin import PluginError, invalid
 from .kernels import STRIDED, broadcast_strides, launch_items, prelude
 from .nn_common import GROUP_REDUCE, acc, launch_groups, tensor_args
 
@@ -192,7 +191,7 @@ def _attention(c, key: int) -> None:
     mask_strides = [0] * 4 if mask is None else broadcast_strides(mask, [batch, hq, lq, total])
     meta = c.buffer([hq, hkv, lq, total, past, d, dv, *_layout(hq, lq, d, three_d),
                      *_layout(hq, lq, dv, three_d), *mask_strides])
-    scores = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, max(1, rows * total) * (8 if c.fp64 else 4))
+    scores = c.scratch(max(1, rows * total) * (8 if c.fp64 else 4))
     scale = c.attrs.get("scale", 1 / math.sqrt(d) if d else 1.0)
     launch_groups(c, source, "k_Attention",
                   tensor_args(q, present_key, present_value, mask or q)  # Q stands in for no mask
@@ -234,9 +233,9 @@ def _rotary_embedding(c, key: int) -> None:
                  + [meta, np.int64(pairs), np.int32(c.attrs["interleaved"]), bad, np.int64(y.size)],
                  y.size)
     if ids is not None:
-        def check(queue: cl.CommandQueue) -> PluginError | None:
+        def check(reader) -> PluginError | None:
             flag = np.zeros(1, np.int32)
-            cl.enqueue_copy(queue, flag, bad)
+            reader.read(flag, bad)
             if not flag[0]:
                 return None
             return PluginError(C.DK_OUT_OF_RANGE,

@@ -4,9 +4,8 @@ local memory, work-group launches, and the work-group reductions in OpenCL C."""
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 
-from .kernels import group_size
+from .kernels import Local, group_size
 
 # Work-group reductions over X_acc: each returns the combination of every
 # work-item's v to each of them. scratch holds get_local_size(0) values, a
@@ -39,9 +38,9 @@ def acc(c, value: float):
     return np.float64(value) if c.fp64 else np.float32(value)
 
 
-def local_acc(c, size: int) -> cl.LocalMemory:
+def local_acc(c, size: int) -> Local:
     """Local memory for ``size`` X_acc values."""
-    return cl.LocalMemory(size * (8 if c.fp64 else 4))
+    return Local(size * (8 if c.fp64 else 4))
 
 
 def tensor_args(*tensors) -> list:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from . import reduce_arg, reduce_scan, reduce_topk
 from .kernels import STRIDED, Call, Tensor, cl_type, group_size, round_up
@@ -234,7 +233,7 @@ def _reduce(c: Call, key: int, op: str, x: Tensor, y: Tensor, meta, nk: int, nr:
     groups = -(-count // chunk)
     part = None
     if groups > 1:  # every accumulator fits in 8 bytes
-        part = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * n_out * groups)
+        part = c.scratch(8 * n_out * groups)
     launch(_GROUPS, groups, chunk, part, n_out * groups * wg)
     if groups > 1:
         launch(_PARTS, groups, chunk, part, n_out * wg)
@@ -261,7 +260,7 @@ def _run_reduce(c: Call, key: int) -> None:
     if c.op != "ReduceLogSumExp":
         _reduce(c, key, c.op, x, y, meta, nk, nr, count, None)
         return
-    shift = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * y.size)
+    shift = c.scratch(8 * y.size)
     _reduce(c, key, _SHIFT_OP, x, y, meta, nk, nr, count, shift)
     _reduce(c, key, c.op, x, y, meta, nk, nr, count, shift)
 

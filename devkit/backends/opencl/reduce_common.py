@@ -26,7 +26,7 @@ def item_per_slice(c: Call, slices: int, length: int) -> bool:
     a work-group per slice: for short slices, and for slices enough to give
     every compute unit a full work-group of them."""
     wg = group_size(c)
-    return length <= wg or slices >= wg * int(c.device.cl_device.max_compute_units)
+    return length <= wg or slices >= wg * c.device.limits.compute_units
 
 
 def coalesce(shape: list[int], *strides: list[int]) -> tuple[list[int], list[list[int]]]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from .kernels import Call, cl_type, group_size, round_up
 from .reduce_common import along_axis, build_options, header
@@ -145,8 +144,8 @@ def _run_topk(c: Call, key: int) -> None:
     sorted_in_local = padded <= block
     keys = index = None
     if not sorted_in_local:
-        keys = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * total)
-        index = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * total)
+        keys = c.scratch(8 * total)
+        index = c.scratch(8 * total)
 
     def local_sort(sort: bool, last: bool, span: int) -> None:
         c.launch(source, "k_TopK_local",

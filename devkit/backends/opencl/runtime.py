@@ -23,6 +23,7 @@ import pyopencl as cl
 
 from ...abi import C, ffi
 from .errors import PluginError, invalid, status_of_cl_error
+from .kernels import DeviceLimits
 
 DEVICES_ENV = "DEVKIT_OPENCL_DEVICES"
 _COMPLETE = cl.command_execution_status.COMPLETE
@@ -199,6 +200,16 @@ class Event:
         self.mark: Mark | None = None
 
 
+def limits_of(cl_device: cl.Device) -> DeviceLimits:
+    return DeviceLimits(
+        max_group_size=int(cl_device.max_work_group_size),
+        max_item_sizes=tuple(int(n) for n in cl_device.max_work_item_sizes),
+        local_mem_size=int(cl_device.local_mem_size),
+        compute_units=int(cl_device.max_compute_units),
+        is_cpu=bool(cl_device.type & cl.device_type.CPU),
+        exact_divide_sqrt=bool(cl_device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT))
+
+
 class Device:
     def __init__(self, index: int, cl_device: cl.Device, context: cl.Context):
         self.index = index
@@ -217,7 +228,9 @@ class Device:
         self.alignment = max(1, int(cl_device.mem_base_addr_align) // 8)  # reported in bits
         self.fp64 = "cl_khr_fp64" in cl_device.extensions.split()
         self.name = f"opencl device {index} ({cl_device.name.strip()})"
-        self.stand_in: cl.Buffer | None = None  # an empty tensor's kernel argument (kernels.py)
+        self.stand_in: cl.Buffer | None = None  # an empty tensor's kernel argument (kernel_buffer)
+        self.plugin, self.device_type = "opencl", C.DK_DEVICE_TYPE_OPENCL
+        self.limits = limits_of(cl_device)
 
     # -- registries -------------------------------------------------------------
 
@@ -230,6 +243,16 @@ class Device:
             raise invalid(f"{what} handle {handle_key(handle):#x} is not a live allocation on {self.name}")
         _check_range(what, offset, size, mem.size)
         return mem
+
+    def kernel_buffer(self, what: str, handle, offset: int, size: int) -> cl.Buffer:
+        """The buffer a kernel takes for byte range [offset, +size) of allocation
+        ``handle``. OpenCL has no empty buffers: an empty tensor's is a stand-in never read."""
+        buffer = self.mem(what, handle, offset, size).buffer
+        if buffer is not None:
+            return buffer
+        if self.stand_in is None:  # a benign race: two threads may each make one
+            self.stand_in = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, 8)
+        return self.stand_in
 
     def stream(self, handle) -> Stream | None:
         """The live stream ``handle`` names; None for the NULL (default) stream."""

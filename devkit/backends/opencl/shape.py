@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,
     Call,
+    Local,
     Tensor,
     cl_type,
     copy,
@@ -108,7 +108,7 @@ def _width_source(itemsize: int) -> str:
 
 
 def _copy(c: Call, x, x_offset: int, view, y: Tensor) -> None:
-    """y = the elements of x (a Tensor or a cl.Buffer) read through ``view``
+    """y = the elements of x (a Tensor or a device buffer) read through ``view``
     ((shape, strides) from x_offset) in row-major order."""
     copy(c, x, (x_offset, *view), y, (y.offset, y.shape, y.strides))
 
@@ -190,8 +190,8 @@ def _nonzero(c: Call, key: int) -> None:
     source = _width_source(t.itemsize)
     size = group_size(c)
     groups = -(-x.size // (size * _NONZERO_PER_ITEM))
-    counts = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, 8 * groups)
-    scratch = cl.LocalMemory(8 * size)
+    counts = c.scratch(8 * groups)
+    scratch = Local(8 * size)
     read = [x, np.int64(x.offset), *walk(c, (x.shape, x.strides)), np.int64(x.size),
             np.uint64(_NONZERO_MASK.get(t.name, 2 ** (8 * t.itemsize) - 1)),
             np.int64(_NONZERO_PER_ITEM)]

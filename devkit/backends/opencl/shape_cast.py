@@ -110,7 +110,7 @@ def _real(c: Call, value: float):
 
 def generate(c: Call, name: str, key: int, y, y_offset: int, n: int, *args) -> None:
     """Runs generator k_<name>_<dtype key's name> over the n elements of y (a
-    compact Tensor or cl.Buffer) from y_offset: args between y_off and n."""
+    compact Tensor or device buffer) from y_offset: args between y_off and n."""
     launch_items(c, _source(_real_key(c.fp64), c.fp64), f"k_{name}_{cl_type(key).name}",
                  [y, np.int64(y_offset), *args, np.int64(n)], n)
 

@@ -23,10 +23,9 @@ import functools
 import math
 
 import numpy as np
-import pyopencl as cl
 
 from ...ops.shape import _COORDINATE_MODES, _resize_geometry
-from .errors import invalid
+from ..python_plugin import invalid
 from .kernels import STORAGE_OF_WIDTH, Call, cl_type, launch_items, prelude
 from .shape_cast import fill
 from .shape_kit import (
@@ -237,7 +236,7 @@ def _nearest(c: Call, key: int, source: str, real, axes, scale, starts, ends, mo
         value = c.attrs["extrapolation_value"]
         if not cl_type(key).is_float:
             value = float(np.rint(value))  # integers take it rounded half to even
-        fill_element = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, cl_type(key).itemsize)
+        fill_element = c.scratch(cl_type(key).itemsize)
         fill(c, key, fill_element, 0, 1, value)
     else:
         fill_element = x.buffer  # never read: no position falls outside
@@ -271,8 +270,7 @@ def _interpolate(c: Call, source: str, real, axes, scale, starts, ends, mode: in
         if last:
             dst, dst_offset = y, y.offset
         else:
-            dst, dst_offset = cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE,
-                                        n * np.dtype(real).itemsize), 0
+            dst, dst_offset = c.scratch(n * np.dtype(real).itemsize), 0
         name = ("k_from_x" if src is x else "k_from_real") + ("_last" if last else "")
         launch_items(c, source, name,
                      [src, np.int64(src_offset), dst, np.int64(dst_offset), np.int32(len(shape)),

@@ -2,23 +2,20 @@
 
 Every table function is an ffi.callback with the header's exact function
 pointer type, so the host drives this plugin exactly as it drives a C one.
-The callbacks, the structs they fill and the strings they point to live in
-module globals: they must outlive every host reference (plugins are never
-unloaded).
+DK_PluginInit and the structs it hands out are python_plugin.PluginInit's.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pyopencl as cl
 
 from ..._version import __version__
-from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from ...abi import C, ffi, field_end
 from . import codegen, graph as graphs, kernels
-from ..python_plugin import copy_out as _copy_out, not_null as _not_null
-from .errors import PluginError, callback, invalid, last_error_message, set_error
+from .launch import OpenCLCall
+from ..python_plugin import PluginInit, copy_out as _copy_out, not_null as _not_null
+from .errors import PluginError, callback, invalid
 from .runtime import (
     Device,
     Event,
@@ -31,10 +28,6 @@ from .runtime import (
 )
 
 _devices: list[Device] = []
-_keepalive: list = []
-_init_lock = threading.Lock()
-_init_result: tuple[int, str] | None = None  # (status, message) of the one initialisation
-_info = None  # the DK_PluginInfo every DK_PluginInit copies out
 _log = {"fn": ffi.NULL, "user_data": ffi.NULL}
 
 
@@ -357,24 +350,7 @@ _FUNCTIONS = {
 # page-locked memory OpenCL only offers as mapped buffers, and the collectives.
 
 
-def _build_api():
-    api = ffi.new("DK_DeviceApi *", {"struct_size": ffi.sizeof("DK_DeviceApi")})
-    api_type = dict(ffi.typeof("DK_DeviceApi").fields)
-    for name, fn in _FUNCTIONS.items():
-        pointer = callback(api_type[name].type, name, fn)
-        _keepalive.append(pointer)
-        setattr(api, name, pointer)
-    return api
-
-
-_last_error_fn = ffi.callback("DK_LastErrorFn", last_error_message)
-_strings = {key: ffi.new("char[]", value.encode())
-            for key, value in (("name", "opencl"), ("version", __version__),
-                               ("device_type", "opencl"))}
-
-
 def _initialise_once() -> tuple[int, str]:
-    global _info
     try:
         cl_devices = select_devices()
         if not cl_devices:
@@ -382,48 +358,24 @@ def _initialise_once() -> tuple[int, str]:
                                       "with devices (install one, e.g. 'apt-get install "
                                       "pocl-opencl-icd')")
         _devices.extend(create_devices(cl_devices))
-        table = kernels.build_table(_devices, _device)
+        table = kernels.build_table(_devices, _device, OpenCLCall, callback)
     except PluginError as exc:
         return exc.status, f"DK_PluginInit: {exc.message}"
     except cl.Error as exc:
         return C.DK_UNAVAILABLE, f"DK_PluginInit: OpenCL error while opening the devices: {exc}"
-    api = _build_api()
-    entries = ffi.new("DK_KernelEntry *[]", [ffi.addressof(e) for e in table.entries])
-    _info = ffi.new("DK_PluginInfo *", {
-        "struct_size": ffi.sizeof("DK_PluginInfo"), "abi_major": ABI_MAJOR, "abi_minor": ABI_MINOR,
-        "last_error_message": _last_error_fn, "name": _strings["name"],
-        "version": _strings["version"], "device_type": _strings["device_type"], "api": api,
-        "kernels": entries, "num_kernels": len(table.entries),
-    })
-    _keepalive.extend([api, table, entries])
+    _init.publish(_FUNCTIONS, table.entries, keep=[table])
     return C.DK_OK, ""
 
 
-def _plugin_init(host, out):
-    global _init_result
-    if out == ffi.NULL:
-        return set_error(C.DK_INVALID_ARGUMENT, "DK_PluginInit: out is NULL")
-    if out.struct_size >= field_end("DK_PluginInfo", "last_error_message"):
-        out.last_error_message = _last_error_fn
-    if out.struct_size < field_end("DK_PluginInfo", "api"):
-        return set_error(C.DK_INVALID_ARGUMENT,
-                         f"DK_PluginInit: out->struct_size {out.struct_size} cannot hold 'api' "
-                         f"(needs {field_end('DK_PluginInfo', 'api')})")
+def _read_host(host) -> None:
     if host != ffi.NULL and host.struct_size >= field_end("DK_HostInfo", "log_user_data"):
         _log["fn"], _log["user_data"] = host.log, host.log_user_data
-    with _init_lock:
-        first = _init_result is None
-        if first:
-            _init_result = _initialise_once()
-    status, message = _init_result
-    if status != C.DK_OK:
-        return set_error(status, message)
-    if first:
-        log(C.DK_LOG_INFO, "devkit opencl plugin: " + "; ".join(
-            f"{d.index}: {d.cl_device.name.strip()} ({d.cl_device.platform.name.strip()})"
-            for d in _devices))
-    _copy_out(out, _info, "DK_PluginInfo")
-    return C.DK_OK
 
 
-dk_plugin_init = callback("DK_PluginInitFn", "DK_PluginInit", _plugin_init)
+def _log_devices() -> None:
+    log(C.DK_LOG_INFO, "devkit opencl plugin: " + "; ".join(
+        f"{d.index}: {d.cl_device.name.strip()} ({d.cl_device.platform.name.strip()})" for d in _devices))
+
+
+_init = PluginInit("opencl", __version__, "opencl", callback, _initialise_once, _read_host, _log_devices)
+dk_plugin_init = _init.entry

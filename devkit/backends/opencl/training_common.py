@@ -10,11 +10,10 @@ that followed the rows would cost a compile per new shape.
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 
 from ...abi import C
-from .errors import PluginError
-from .kernels import Call, Tensor, group_size, round_up
+from ..python_plugin import PluginError
+from .kernels import Call, Local, Tensor, group_size, round_up
 
 ROW_GROUP = 64           # work-items of a row kernel's work-group (a power of two)
 SHORT_ROW = 64           # rows up to this long take one work-item each
@@ -29,7 +28,7 @@ def launch_rows(c: Call, source: str, name: str, args: list, rows: int, length: 
     group = group_size(c, ROW_GROUP)
     lanes = 1 if length <= SHORT_ROW else group
     per_group = group // lanes
-    c.launch(source, name, args + [np.int64(rows), cl.LocalMemory(group * acc_itemsize(c))],
+    c.launch(source, name, args + [np.int64(rows), Local(group * acc_itemsize(c))],
              (lanes, round_up(rows, per_group)), (lanes, per_group))
 
 
@@ -42,9 +41,9 @@ def acc_scalar(c: Call, value: float):
     return np.float64(value) if c.fp64 else np.float32(value)
 
 
-def scratch(c: Call, count: int, itemsize: int) -> cl.Buffer:
+def scratch(c: Call, count: int, itemsize: int):
     """A device buffer of ``count`` elements for a kernel's intermediate results."""
-    return cl.Buffer(c.device.context, cl.mem_flags.READ_WRITE, max(count, 1) * itemsize)
+    return c.scratch(max(count, 1) * itemsize)
 
 
 def is_compact(t: Tensor) -> bool:
@@ -56,7 +55,7 @@ def is_compact(t: Tensor) -> bool:
     return True
 
 
-def offsets_meta(c: Call, tensors: list[Tensor]) -> tuple[np.int32, cl.Buffer]:
+def offsets_meta(c: Call, tensors: list[Tensor]) -> tuple[np.int32, object]:
     """(strided, meta) for kernels over tensors of one shape: strided is 0
     where every tensor is compact (the kernels then index them linearly);
     meta holds the shape, then each tensor's strides (see OFFSETS)."""
@@ -164,12 +163,12 @@ class RangeCheck:
         dtype = np.int64 if tensor.dtype == C.DK_DTYPE_INT64 else np.int32
         seen = np.zeros(1, np.int32)
 
-        def check(queue: cl.CommandQueue) -> PluginError | None:
-            cl.enqueue_copy(queue, seen, flag)
+        def check(reader) -> PluginError | None:
+            reader.read(seen, flag)
             if not seen[0]:
                 return None
             values = np.empty(tensor.size, dtype)
-            cl.enqueue_copy(queue, values, tensor.buffer, src_offset=tensor.offset * values.itemsize)
+            reader.read(values, tensor.buffer, tensor.offset * values.itemsize)
             i = int(np.argmin(valid(values)))
             return PluginError(C.DK_OUT_OF_RANGE, f"{op}: {describe(values[i], i)}")
 

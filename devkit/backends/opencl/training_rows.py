@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ...abi import C
-from .errors import invalid
+from ..python_plugin import invalid
 from .kernels import Call, prelude
 from .training_common import (
     NO_CONTRACT,
