@@ -3,9 +3,9 @@
 # python3 (cupy-cuda13x, onnx, onnxruntime and pytest preinstalled; nothing
 # is installed from a network), compiles every kernel program through the
 # plugin's own NVRTC path (which fills CuPy's kernel cache, so nothing after
-# it compiles), then runs the runtime, ops (quick), onnx-node and models
-# conformance on cuda, the cuda tests and devkit-bench cuda, and writes every
-# result under RESULTS_DIR. Budget: under 8 minutes on one H200; the step
+# it compiles), then runs the runtime, graphs, ops (quick), onnx-node and
+# models conformance on cuda, the cuda tests and devkit-bench cuda, and
+# writes every result under RESULTS_DIR. Budget: under 8 minutes on one H200; the step
 # timeouts add up to 470 s, so the whole run ends within it even when a step
 # hangs.
 #   ci/gpu-check.sh [RESULTS_DIR]     (default: results/gpu-check)
@@ -37,13 +37,13 @@ step plugins 20 python3 -c "import devkit; [print(d) for d in devkit.list_plugin
 # NVRTC through CuPy for this GPU's architecture, 16 processes; nvcc need not be installed.
 step kernel-nvrtc 50 python3 -m devkit.backends.cuda.check --nvrtc --jobs 16
 export DEVKIT_TEST_PLUGINS=cuda
-step runtime 60 devkit-conformance cuda --suite runtime --workers 8 \
+step runtime 60 devkit-conformance cuda --suite runtime --suite graphs --workers 8 \
     --report "$results/runtime.md" --junit "$results/runtime.xml"
 # Ops the plugin has no kernel for are skipped by the op suite (and reported).
 step suites 150 devkit-conformance cuda --profile quick --workers 8 --suite ops --suite onnx-node \
     --suite models --report "$results/conformance.md" --junit "$results/conformance.xml"
 step cuda-tests 40 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py \
-    tests/test_cuda_kernels.py --junitxml="$results/test_cuda.xml"
+    tests/test_cuda_kernels.py tests/test_cuda_graphs.py --junitxml="$results/test_cuda.xml"
 # Add 256 Mi float32 vs the D2D copy bandwidth, MatMul 8192^2 f32/bf16 vs cupy.matmul.
 step bench 50 devkit-bench cuda --repeat 10 --json "$results/bench-cuda.json"
 echo "results in $results (exit $status)"

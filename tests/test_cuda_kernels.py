@@ -366,30 +366,119 @@ def test_layouts_and_dtypes_cublas_cannot_take_stay_on_the_kernels():
 
 class _FakeCuPy:
     """What the cuda plugin calls of CuPy, recording instead of running: one
-    device with an H200's limits, allocations that are numbers, kernels and
-    cuBLAS calls as records."""
+    device with an H200's limits; allocations are bytes in ``memory`` that
+    copies and memsets change; kernels and cuBLAS calls are records (the
+    index check, k_check_indices, is also emulated). Stream capture records
+    the work queued on a capturing stream, which a graph launch replays on
+    its stream; capture refuses what CUDA refuses (a synchronization of the
+    stream, its pool, a copy from or to host memory)."""
 
     def __init__(self):
         fake = self
         self.launches, self.gemms, self.freed, self.synced, self.uploads = [], [], [], [], []
+        self.memory: dict[int, bytearray] = {}
+        self.capturing: dict[int, list] = {}   # stream -> the work captured so far
+        self.graphs: dict[int, list] = {}      # cudaGraph_t / cudaGraphExec_t -> that work
+        self.graph_launches, self.instantiated = [], 0
+        self.uncapturable = False  # set: work queued on a capturing stream fails, as CUDA's refusals do
         self.current_stream, self.next_pointer = None, 1 << 32
 
+        class CUDARuntimeError(RuntimeError):
+            def __init__(self, status, message):
+                super().__init__(message)
+                self.status = status
+
+        def refuse_in_capture(stream, what):
+            if stream in fake.capturing:
+                raise CUDARuntimeError(900, f"{what}: cudaErrorStreamCaptureUnsupported")
+
         def allocate(size, stream=None):
+            refuse_in_capture(stream, "cudaMallocAsync")
+            fake.next_pointer += 1 << 20
+            fake.memory[fake.next_pointer] = bytearray(size)
+            return fake.next_pointer
+
+        def view(address, size):
+            """Device bytes (a memoryview into ``memory``), or None for host memory."""
+            for base, data in fake.memory.items():
+                if base <= address < base + len(data):
+                    assert address + size <= base + len(data), "a copy past the allocation's end"
+                    return memoryview(data)[address - base:address - base + size]
+            return None
+
+        def on_stream(stream, work):
+            """Runs ``work(stream)``, or records it on a capturing stream."""
+            if stream in fake.capturing:
+                if fake.uncapturable:
+                    raise CUDARuntimeError(900, "cudaErrorStreamCaptureUnsupported")
+                fake.capturing[stream].append(work)
+            else:
+                work(stream)
+
+        def copy(dst, src, size):
+            to, source = view(dst, size), view(src, size)
+            data = bytes(source) if source is not None else bytes(ffi.buffer(ffi.cast("char *", src), size))
+            if to is not None:
+                to[:] = data
+            else:
+                ffi.memmove(ffi.cast("char *", dst), data, size)
+            return data
+
+        def memcpy_async(dst, src, size, kind, stream):
+            if stream in fake.capturing and (view(dst, size) is None or view(src, size) is None):
+                raise CUDARuntimeError(900, "cudaMemcpyAsync from or to pageable host memory in a capture")
+            on_stream(stream, lambda s: fake.uploads.append((dst, copy(dst, src, size), s)))
+
+        def memset_async(address, value, size, stream):
+            on_stream(stream, lambda s: view(address, size).__setitem__(slice(None), bytes([value]) * size))
+
+        def synchronize(stream):
+            refuse_in_capture(stream, "cudaStreamSynchronize")
+            fake.synced.append(stream)
+
+        def new_handle():
             fake.next_pointer += 1 << 20
             return fake.next_pointer
 
-        def upload(dst, src, size, kind, stream):
-            fake.uploads.append((dst, bytes(ffi.buffer(ffi.cast("char *", src), size)), stream))
+        def begin_capture(stream, mode):
+            assert stream not in fake.capturing and mode == 2  # relaxed
+            fake.capturing[stream] = []
+
+        def end_capture(stream):
+            graph = new_handle()
+            fake.graphs[graph] = fake.capturing.pop(stream)
+            return graph
+
+        def instantiate(graph):
+            fake.instantiated += 1
+            executable = new_handle()
+            fake.graphs[executable] = list(fake.graphs[graph])
+            return executable
+
+        def graph_launch(executable, stream):
+            fake.graph_launches.append((executable, stream))
+            for work in fake.graphs[executable]:
+                work(stream)
 
         runtime = types.SimpleNamespace(
             getDeviceProperties=lambda index: {
                 "name": b"Fake H200", "major": 9, "minor": 0, "maxThreadsPerBlock": 1024,
                 "maxThreadsDim": (1024, 1024, 64), "sharedMemPerBlock": 49152, "sharedMemPerBlockOptin": 232448,
                 "multiProcessorCount": 132, "totalGlobalMem": 1 << 37},
-            streamCreateWithFlags=lambda flags: 0xABC, malloc=allocate, mallocAsync=allocate,
+            streamCreateWithFlags=lambda flags: new_handle(), malloc=allocate, mallocAsync=allocate,
+            free=lambda pointer: fake.memory.pop(pointer),
             freeAsync=lambda pointer, stream: fake.freed.append((pointer, stream)),
-            memcpyAsync=upload, streamSynchronize=lambda stream: fake.synced.append(stream),
-            getDeviceCount=lambda: 1)
+            memcpyAsync=memcpy_async, memcpy=lambda dst, src, size, kind: copy(dst, src, size),
+            memsetAsync=memset_async, streamSynchronize=synchronize, getDeviceCount=lambda: 1,
+            deviceSynchronize=lambda: fake.synced.append("device"),
+            eventCreateWithFlags=lambda flags: new_handle(), eventQuery=lambda event: 0,
+            eventSynchronize=lambda event: None, eventDestroy=lambda event: None,
+            driverGetVersion=lambda: 13000, runtimeGetVersion=lambda: 13000, streamDestroy=lambda stream: None,
+            eventRecord=lambda event, stream: on_stream(stream, lambda s: fake.launches.append(
+                types.SimpleNamespace(name="eventRecord", event=event, stream=s))),
+            streamBeginCapture=begin_capture, streamEndCapture=end_capture, graphInstantiate=instantiate,
+            graphLaunch=graph_launch, graphDestroy=lambda graph: fake.graphs.pop(graph),
+            graphExecDestroy=lambda executable: fake.graphs.pop(executable), CUDARuntimeError=CUDARuntimeError)
 
         class Context:
             def __init__(self, index=0):
@@ -419,9 +508,25 @@ class _FakeCuPy:
                 self.module, self.name = module, name
 
             def __call__(self, grid, block, args, shared_mem=0):
-                fake.launches.append(types.SimpleNamespace(
-                    name=self.name, code=self.module.code, options=self.module.options, grid=grid, block=block,
-                    args=args, shared_mem=shared_mem, stream=fake.current_stream))
+                def run(stream):
+                    fake.launches.append(types.SimpleNamespace(
+                        name=self.name, code=self.module.code, options=self.module.options, grid=grid,
+                        block=block, args=args, shared_mem=shared_mem, stream=stream))
+                    if self.name == "k_check_indices":
+                        check_indices(*args)
+
+                on_stream(fake.current_stream, run)
+
+        def check_indices(indices, offset, wide, ndim, meta, depth, bounds, base, count, first, slot):
+            """k_check_indices on contiguous indices: the first bad one's place in its chunk."""
+            dtype = np.int64 if wide else np.int32
+            values = np.frombuffer(bytes(fake.memory[int(indices)]), dtype)[int(offset):]
+            limits = np.frombuffer(bytes(view(int(bounds), 8 * int(depth))), np.int64)
+            for e in range(int(base), int(base) + int(count)):
+                bound = limits[e % int(depth)]
+                if not -bound <= values[e] < bound:
+                    view(int(first) + 4 * int(slot), 4)[:] = np.uint32(e - int(base)).tobytes()
+                    return
 
         class RawModule:
             def __init__(self, code, options):
@@ -430,8 +535,11 @@ class _FakeCuPy:
             def get_function(self, name):
                 return Kernel(self, name)
 
+        def gemm(*args):
+            on_stream(fake.cublas_stream, lambda s: fake.gemms.append(args))
+
         cublas = types.SimpleNamespace(setStream=lambda handle, stream: setattr(fake, "cublas_stream", stream),
-                                       gemmStridedBatchedEx=lambda *args: fake.gemms.append(args))
+                                       gemmStridedBatchedEx=gemm)
         self.RawModule = RawModule
         self.cuda = types.SimpleNamespace(
             runtime=runtime, Device=Context, ExternalStream=ExternalStream, get_cuda_path=lambda: None,
@@ -440,6 +548,11 @@ class _FakeCuPy:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    return on_a_fake_cuda(monkeypatch)
+
+
+def on_a_fake_cuda(monkeypatch):
+    """(the stand-in CuPy, the plugin's device on it, its kernel table), for one test."""
     from devkit.backends.cuda import runtime, table
 
     fake = _FakeCuPy()
@@ -459,16 +572,25 @@ def _tensor(device, shape, dtype_key, keep):
             "dtype": {"code": dtype_key & 0xFF, "bits": (dtype_key >> 8) & 0xFF, "lanes": 1}, "byte_offset": 0}
 
 
-def _call(table, device, op, key, inputs, outputs, stream):
-    """Runs the table's (op, key) entry on tensors of those shapes; (status, input pointers, output pointers)."""
+def _call(table, device, op, key, inputs, outputs, stream, input_keys=None, ints=None):
+    """Runs the table's (op, key) entry on tensors of those shapes (of dtype
+    ``key``, or ``input_keys`` per input) with int attributes ``ints``;
+    (status, input pointers, output pointers)."""
     index = next(i for i, (o, k, _) in enumerate(table.runs) if (o, k) == (op, key))
     entry, keep = table.entries[index], []
-    ins = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in inputs])
+    input_keys = input_keys or [key] * len(inputs)
+    ins = ffi.new("DK_Tensor[]", [_tensor(device, s, k, keep) for s, k in zip(inputs, input_keys)])
     outs = ffi.new("DK_Tensor[]", [_tensor(device, s, key, keep) for s in outputs])
+    names = [ffi.new("char[]", name.encode()) for name in ints or {}]
+    attributes = [ffi.new("DK_Attribute *", {"struct_size": ffi.sizeof("DK_Attribute"), "name": name,
+                                             "type": C.DK_ATTR_INT, "i": value})
+                  for name, value in zip(names, (ints or {}).values())]
+    array = ffi.new("DK_Attribute *[]", attributes) if attributes else ffi.NULL
+    keep += [names, attributes, array]
     call = ffi.new("DK_KernelCall *", {
         "struct_size": ffi.sizeof("DK_KernelCall"), "device": 0, "stream": ffi.cast("DK_Stream", stream),
         "inputs": ins, "num_inputs": len(inputs), "outputs": outs, "num_outputs": len(outputs),
-        "attributes": ffi.NULL, "num_attributes": 0, "user_data": entry.user_data})
+        "attributes": array, "num_attributes": len(attributes), "user_data": entry.user_data})
     pointers = [[int(ffi.cast("uintptr_t", t.data)) for t in (array[i] for i in range(n))]
                 for array, n in ((ins, len(inputs)), (outs, len(outputs)))]
     return entry.fn(call), *pointers
@@ -530,8 +652,8 @@ def test_a_bad_call_is_refused_before_anything_is_launched(fake_cuda):
 
 def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
     """DK_PluginInit on the stand-in CuPy (in a process of its own: a loaded
-    plugin stays loaded): the opencl plugin's kernel count, the collectives,
-    and no graph section, so the host replays graphs through the table."""
+    plugin stays loaded): the opencl plugin's kernel count, the collectives
+    and the graph section (graph.py)."""
     code = textwrap.dedent("""
         import sys
         sys.path.insert(0, "tests")
@@ -547,7 +669,7 @@ def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
     assert result.returncode == 0, result.stderr
     published, built, graphs, collectives, device_type = result.stdout.split()
     assert published == built and int(published) > 500
-    assert (graphs, collectives, device_type) == ("False", "True", "cuda")
+    assert (graphs, collectives, device_type) == ("True", "True", "cuda")
 
 
 # -- on a GPU (ci/gpu-check.sh); elsewhere skipped with the plugin's reason -----------------

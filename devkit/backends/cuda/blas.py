@@ -103,9 +103,10 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
     alpha_host, beta_host = np.array([alpha], scalar), np.array([beta], scalar)
     cupy = cuda()
     cublas = cupy.cuda.cublas
-    with c.device.context():
+
+    def enqueue(stream) -> None:  # alpha and beta are read when the call is queued (host pointer mode)
         handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, c.cuda_stream())
+        cublas.setStream(handle, stream)
         for index in itertools.product(*(range(size) for size, *_ in p.outer)):
             ao = a.offset + sum(i * d[1] for i, d in zip(index, p.outer))
             bo = b.offset + sum(i * d[2] for i, d in zip(index, p.outer))
@@ -118,4 +119,6 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
                 pointers[1], data_type, p.ld_second, p.strides[1],
                 beta_host.ctypes.data, pointers[2], data_type, p.ld_out, p.strides[2],
                 p.count, compute, CUBLAS_GEMM_DEFAULT)
+
+    c.enqueue(enqueue)
     return True

@@ -149,7 +149,7 @@ class ModuleCache:
 modules = ModuleCache()
 
 
-class _SyncReader:
+class SyncReader:
     """A stream-order check's copies, once the call's stream has drained."""
 
     def read(self, host: np.ndarray, buffer, byte_offset: int = 0) -> None:
@@ -169,6 +169,10 @@ class CudaCall(Call):
         self._temporaries: list[int] = []
 
     def run(self, call, run) -> None:
+        capture = self.device.captures.get(self.stream) if self.stream is not None else None
+        if capture is not None:  # recorded for a graph (graph.py), run at its launches
+            capture.add_kernel(self.op, call, run)
+            return
         try:
             run(self)
         finally:  # in stream order after the kernels that use them
@@ -202,12 +206,17 @@ class CudaCall(Call):
     def zeros(self, count: int, dtype=np.int32) -> np.uint64:
         return self.buffer(np.zeros(count, dtype), dtype, writable=True)
 
+    def enqueue(self, fn) -> None:
+        """Runs ``fn(cuda_stream)``, which queues library work (cuBLAS) on the call's stream."""
+        with self.device.context():
+            fn(self.cuda_stream())
+
     def check_in_stream_order(self, check) -> None:
         """Waits for the call's stream (CUDA's host functions may not call CUDA)
         and raises the check's error from the call itself."""
         with self.device.context():
             self.device.runtime.streamSynchronize(self.cuda_stream())
-            error = check(_SyncReader())
+            error = check(SyncReader())
         if error is not None:
             raise error
 

@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from ...abi import C, ffi
+from ..graph_capture import capture_refused
 from ..opencl.kernels import DeviceLimits
 from ..python_plugin import PluginError, invalid
 
@@ -122,6 +123,12 @@ class Device:
         self.recorded: set[int] = set()      # events recorded at least once
         self.hosts: set[int] = set()         # pinned host pointers
         self.peers: set[int] = set()         # devices whose memory this one accesses directly
+        self.captures: dict = {}             # capturing cudaStream_t -> graph.Graph recording its work
+        self.graphs: dict = {}               # DK_Graph key -> graph.Graph
+        self.failures: dict[int, PluginError] = {}  # sticky: a stream's first failure inside a graph
+        self.event_failures: dict[int, PluginError] = {}  # events recorded on a stream after its failure
+        self._capture_stream: int | None = None
+        self.capture_lock = threading.Lock()  # CUDA graphs are captured one at a time (graph.py)
         # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.
         self.plugin, self.device_type, self.fp64 = "cuda", C.DK_DEVICE_TYPE_CUDA, True
         self.limits = limits_of(self.properties)
@@ -179,11 +186,46 @@ class Device:
             raise invalid(f"{what} {event:#x} is not a live event on {self.name}")
         return event
 
+    # -- graphs and failures ---------------------------------------------------
+
+    def refuse_if_capturing(self, stream: int | None) -> None:
+        if stream is not None and stream in self.captures:
+            raise capture_refused(f"stream {stream:#x}")
+
+    def refuse_if_device_captures(self) -> None:
+        if self.captures:
+            raise capture_refused(f"a stream of {self.name}")
+
+    def capture_stream(self) -> int:
+        """The private stream CUDA graphs are captured on (graph.py)."""
+        with self.lock:
+            if self._capture_stream is None:
+                with self.context():
+                    self._capture_stream = self.runtime.streamCreateWithFlags(CUDA_STREAM_NON_BLOCKING)
+            return self._capture_stream
+
+    def fail(self, stream: int, error: PluginError) -> None:
+        with self.lock:
+            self.failures.setdefault(stream, error)
+
+    def report(self, stream: int) -> None:
+        """Raises ``stream``'s sticky error, if it has one."""
+        with self.lock:
+            error = self.failures.get(stream)
+        if error is not None:
+            raise error
+
     # -- work -------------------------------------------------------------------
 
-    def submit(self, stream: int | None, enqueue) -> None:
+    def submit(self, stream: int | None, enqueue, native: bool = True, handles=()) -> None:
         """Runs ``enqueue(cuda_stream)`` on ``stream``, or on the NULL stream
-        and waits for it."""
+        and waits for it. On a capturing stream it is recorded instead, as
+        work a CUDA graph can hold (``native``) or not; ``handles`` are the
+        allocations it uses."""
+        capture = self.captures.get(stream) if stream is not None else None
+        if capture is not None:
+            capture.record(native, enqueue, handles)
+            return
         with self.context():
             if stream is not None:
                 enqueue(stream)
@@ -194,6 +236,10 @@ class Device:
     def synchronize(self) -> None:
         with self.context():
             self.runtime.deviceSynchronize()
+        with self.lock:
+            failed = next(iter(self.failures.values()), None)
+        if failed is not None:
+            raise failed
 
     # -- memory -----------------------------------------------------------------
 
@@ -248,13 +294,14 @@ class Device:
             self.hosts.discard(pointer)
         self.runtime.freeHost(pointer)
 
-    def copy(self, dst: int, src: int, size: int, stream: int | None) -> None:
+    def copy(self, dst: int, src: int, size: int, stream: int | None, native: bool = True, handles=()) -> None:
         """Any direction (unified addressing tells them apart); from or to
         pageable host memory CUDA stages the copy, which keeps the ABI's rule
         that the host buffer may be reused once the call (NULL stream) or the
         stream's work has completed."""
         if size:
-            self.submit(stream, lambda s: self.runtime.memcpyAsync(dst, src, size, CUDA_MEMCPY_DEFAULT, s))
+            self.submit(stream, lambda s: self.runtime.memcpyAsync(dst, src, size, CUDA_MEMCPY_DEFAULT, s),
+                        native, handles)
 
     def enable_peer(self, src: Device) -> None:
         """Direct access to ``src``'s memory where the devices allow it; copies

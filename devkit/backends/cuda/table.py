@@ -9,19 +9,18 @@ devkit.list_plugins() shows.
 The kernel table is the opencl plugin's families (the dialect-neutral layer,
 devkit/backends/opencl/kernels.py) launched through kernels.CudaCall.
 
-Absent (NULL, the host's documented fallback): the graph section, which the
-host then captures itself and replays through this table (see docs/cuda.md:
-CUDA graphs cannot rebind a slot cheaply through CuPy).
+The graph section records a capturing stream's work and launches it as
+CUDA graphs (graph.py; docs/cuda.md, "Graphs").
 """
 
 from __future__ import annotations
 
 from ... import __version__
 from ...abi import C, ffi
-from .. import python_plugin
 from ..opencl import kernels
+from .. import graph_capture, python_plugin
 from ..python_plugin import PluginInit, copy_out, invalid, not_null
-from . import ccl
+from . import ccl, graph as graphs
 from .kernels import CudaCall
 from .runtime import (
     CUDA_EVENT_DISABLE_TIMING,
@@ -87,7 +86,9 @@ def get_device_properties(dev, props):
 
 
 def device_synchronize(dev):
-    _device(dev).synchronize()
+    d = _device(dev)
+    d.refuse_if_device_captures()
+    d.synchronize()
 
 
 def mem_alloc(dev, size, mem):
@@ -99,6 +100,7 @@ def mem_alloc(dev, size, mem):
 def mem_free(dev, mem):
     d = _device(dev)
     if mem != ffi.NULL:
+        d.refuse_if_device_captures()  # captured work may use it
         d.free(mem)
 
 
@@ -112,6 +114,7 @@ def mem_get_info(dev, free_bytes, total_bytes):
 def mem_alloc_async(dev, size, stream, mem):
     d = _device(dev)
     s = d.stream(stream)
+    d.refuse_if_capturing(s)
     not_null(mem, "mem")
     mem[0] = d.alloc(size) if s is None else d.alloc(size, s)
 
@@ -119,6 +122,7 @@ def mem_alloc_async(dev, size, stream, mem):
 def mem_free_async(dev, mem, stream):
     d = _device(dev)
     s = d.stream(stream)
+    d.refuse_if_capturing(s)
     if mem == ffi.NULL:
         return
     if s is None:
@@ -144,7 +148,7 @@ def memset(dev, mem, offset, value, size, stream):
     address = d.mem("mem", mem, offset, size)
     s = d.stream(stream)
     if size:
-        d.submit(s, lambda cs: d.runtime.memsetAsync(address, value & 0xFF, size, cs))
+        d.submit(s, lambda cs: d.runtime.memsetAsync(address, value & 0xFF, size, cs), handles=(mem,))
 
 
 def copy_h2d(dev, dst, dst_offset, src, size, stream):
@@ -152,7 +156,8 @@ def copy_h2d(dev, dst, dst_offset, src, size, stream):
     if size:
         not_null(src, "src")
     to = d.mem("dst", dst, dst_offset, size)
-    d.copy(to, key_of(src), size, d.stream(stream))
+    # Pageable host memory: a CUDA graph cannot hold the copy (run at each launch).
+    d.copy(to, key_of(src), size, d.stream(stream), native=False, handles=(dst,))
 
 
 def copy_d2h(dev, dst, src, src_offset, size, stream):
@@ -160,22 +165,29 @@ def copy_d2h(dev, dst, src, src_offset, size, stream):
     if size:
         not_null(dst, "dst")
     source = d.mem("src", src, src_offset, size)
-    d.copy(key_of(dst), source, size, d.stream(stream))
+    d.copy(key_of(dst), source, size, d.stream(stream), native=False, handles=(src,))
 
 
 def copy_d2d(dev, dst, dst_offset, src, src_offset, size, stream):
     d = _device(dev)
     to = d.mem("dst", dst, dst_offset, size)
     source = d.mem("src", src, src_offset, size)
+    s, handles = d.stream(stream), (dst, src)
     if src == dst and abs(dst_offset - src_offset) < size:
         # cudaMemcpy leaves overlapping ranges undefined: through a temporary.
-        staging = d.alloc(size, d.stream(stream) or d.null_stream)
+        capture = d.captures.get(s) if s is not None else None
+        if capture is not None:  # the graph owns one
+            temporary = capture.persistent(size)
+            d.copy(temporary, source, size, s, handles=handles)
+            d.copy(to, temporary, size, s, handles=handles)
+            return
+        staging = d.alloc(size, s or d.null_stream)
         temporary = key_of(staging)
-        d.copy(temporary, source, size, d.stream(stream))
-        d.copy(to, temporary, size, d.stream(stream))
+        d.copy(temporary, source, size, s)
+        d.copy(to, temporary, size, s)
         mem_free_async(dev, staging, stream)
         return
-    d.copy(to, source, size, d.stream(stream))
+    d.copy(to, source, size, s, handles=handles)
 
 
 def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
@@ -206,8 +218,10 @@ def stream_destroy(dev, stream):
     if stream == ffi.NULL:
         return
     s = d.stream(stream)
+    d.refuse_if_capturing(s)
     with d.lock:
         d.streams.discard(s)
+        d.failures.pop(s, None)
     with d.context():
         d.runtime.streamSynchronize(s)  # destroying returns at once; the ABI's destroy drains
         d.runtime.streamDestroy(s)
@@ -216,16 +230,20 @@ def stream_destroy(dev, stream):
 def stream_synchronize(dev, stream):
     d = _device(dev)
     s = d.stream(stream)
+    d.refuse_if_capturing(s)
     if s is not None:
         with d.context():
             d.runtime.streamSynchronize(s)
+        d.report(s)
 
 
 def stream_query(dev, stream):
     d = _device(dev)
     s = d.stream(stream)
+    d.refuse_if_capturing(s)
     if s is None:
         return C.DK_OK
+    d.report(s)
     with d.context():
         return C.DK_OK if d.runtime.streamQuery(s) == 0 else C.DK_NOT_READY
 
@@ -234,19 +252,19 @@ def stream_wait_event(dev, stream, event):
     d = _device(dev)
     e = d.event("event", event)
     s = d.stream(stream)
-    if e not in d.recorded:
-        return  # an event never recorded is complete
-    with d.context():
-        if s is None:
+    if s is None:
+        if e in d.recorded:  # an event never recorded is complete
             d.runtime.eventSynchronize(e)
-        else:
-            d.runtime.streamWaitEvent(s, e, 0)
+        return
+    # A graph waits for the record that is the latest at its launch: run then, never captured.
+    d.submit(s, lambda cs: e in d.recorded and d.runtime.streamWaitEvent(cs, e, 0), native=False)
 
 
 def stream_add_callback(dev, stream, fn, user_data):
     d = _device(dev)
     not_null(fn, "fn")
     s = d.stream(stream)
+    d.refuse_if_capturing(s)  # a host function would have to outlive every launch
     if s is None:
         fn(user_data)  # the NULL stream has nothing pending to order after
         return
@@ -276,6 +294,7 @@ def event_destroy(dev, event):
     with d.lock:
         d.events.pop(e, None)
         d.recorded.discard(e)
+        d.event_failures.pop(e, None)
     d.runtime.eventDestroy(e)
 
 
@@ -283,9 +302,18 @@ def event_record(dev, event, stream):
     d = _device(dev)
     e = d.event("event", event)
     s = d.stream(stream)
-    d.submit(s, lambda cs: d.runtime.eventRecord(e, cs))
-    with d.lock:
-        d.recorded.add(e)
+
+    def record(cs) -> None:  # a graph re-records it at every launch (never captured)
+        d.runtime.eventRecord(e, cs)
+        with d.lock:
+            d.recorded.add(e)
+            failure = d.failures.get(cs)  # an event recorded after a stream's failure reports it
+            if failure is None:
+                d.event_failures.pop(e, None)
+            else:
+                d.event_failures[e] = failure
+
+    d.submit(s, record, native=False)
 
 
 def event_query(dev, event):
@@ -293,6 +321,7 @@ def event_query(dev, event):
     e = d.event("event", event)
     if e not in d.recorded:
         return C.DK_OK
+    _report_event(d, e)
     return C.DK_OK if d.runtime.eventQuery(e) == 0 else C.DK_NOT_READY
 
 
@@ -301,6 +330,14 @@ def event_synchronize(dev, event):
     e = d.event("event", event)
     if e in d.recorded:
         d.runtime.eventSynchronize(e)
+        _report_event(d, e)
+
+
+def _report_event(d, e: int) -> None:
+    with d.lock:
+        failure = d.event_failures.get(e)
+    if failure is not None:
+        raise failure
 
 
 def event_elapsed_ms(dev, start, end, ms):
@@ -313,6 +350,29 @@ def event_elapsed_ms(dev, start, end, ms):
         if not d.events[e]:
             raise invalid(f"{what} event was created with DK_EVENT_DISABLE_TIMING")
     ms[0] = d.runtime.eventElapsedTime(events["start"], events["end"])
+
+
+# -- graphs (graph.py) ------------------------------------------------------------------
+
+
+def graph_begin_capture(dev, stream):
+    graphs.begin_capture(_device(dev), _device, stream)
+
+
+def graph_end_capture(dev, stream, graph, num_slots):
+    graphs.end_capture(_device(dev), stream, graph, num_slots)
+
+
+def graph_launch(dev, graph, stream):
+    graphs.launch(_device(dev), graph, stream)
+
+
+def graph_rebind(dev, graph, slot, mem, offset):
+    graph_capture.rebind(_device(dev), graph, slot, mem, offset)
+
+
+def graph_destroy(dev, graph):
+    graph_capture.destroy(_device(dev), graph)
 
 
 # -- the table and DK_PluginInit -------------------------------------------------------
@@ -328,6 +388,8 @@ _FUNCTIONS = {
     "event_query": event_query, "event_synchronize": event_synchronize,
     "event_elapsed_ms": event_elapsed_ms, "copy_p2p": copy_p2p, "host_alloc": host_alloc,
     "host_free": host_free, "mem_alloc_async": mem_alloc_async, "mem_free_async": mem_free_async,
+    "graph_begin_capture": graph_begin_capture, "graph_end_capture": graph_end_capture,
+    "graph_launch": graph_launch, "graph_rebind": graph_rebind, "graph_destroy": graph_destroy,
 }
 
 

@@ -14,9 +14,9 @@ recorder, into new closures. Buffers a kernel zero-fills for its checks
 (error flags) are zero-filled again at the start of every launch.
 
 Each run of consecutive kernels -- with the zero-fills, which lead the
-first -- becomes one Batch when a launch first needs it: enqueued in one tight loop under one
-stream lock and one flush, so the Python cost of a kernel at launch is the
-pyopencl enqueue alone. Other steps (copies, host copies and checks, event
+first -- becomes one Batch when a launch first needs it: enqueued in one
+tight loop under one stream lock and one flush, so the Python cost of a
+kernel at launch is the pyopencl enqueue alone. Other steps (copies, host copies and checks, event
 records and waits) are enqueued one by one between the batches. A rebind or
 a new node drops the batches; the next launch makes them again.
 
@@ -33,64 +33,11 @@ import threading
 import numpy as np
 import pyopencl as cl
 
-from ...abi import C, ffi
-from .errors import PluginError, invalid
+from ...abi import C
+from .. import graph_capture
+from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
+from .errors import PluginError
 from .runtime import Device, Stream, _failed, _new_handle, handle_key
-
-
-def refused(what: str) -> PluginError:
-    return PluginError(C.DK_FAILED_PRECONDITION,
-                       f"{what} is capturing a graph; this call is refused until graph_end_capture")
-
-
-def _copy_call(call, stream_handle):
-    """A deep copy of a DK_KernelCall on ``stream_handle`` and what keeps it alive."""
-    keep = []
-
-    def tensors(source, count):
-        array = ffi.new("DK_Tensor[]", max(count, 1))
-        for i in range(count):
-            t, original = array[i], source[i]
-            ffi.memmove(ffi.addressof(t), ffi.addressof(original), ffi.sizeof("DK_Tensor"))
-            if original.ndim > 0:
-                shape = ffi.new("int64_t[]", [original.shape[k] for k in range(original.ndim)])
-                keep.append(shape)
-                t.shape = shape
-                if original.strides != ffi.NULL:
-                    strides = ffi.new("int64_t[]", [original.strides[k] for k in range(original.ndim)])
-                    keep.append(strides)
-                    t.strides = strides
-        keep.append(array)
-        return array
-
-    def attribute(a):
-        copy = ffi.new("DK_Attribute *")
-        ffi.memmove(copy, a, ffi.sizeof("DK_Attribute"))
-        keep.append(copy)
-        copy.name = _owned(keep, "char[]", ffi.string(a.name))
-        if a.type == C.DK_ATTR_INTS:
-            copy.ints = _owned(keep, "int64_t[]", [a.ints[k] for k in range(a.count)] or [0])
-        elif a.type == C.DK_ATTR_FLOATS:
-            copy.floats = _owned(keep, "double[]", [a.floats[k] for k in range(a.count)] or [0.0])
-        elif a.type == C.DK_ATTR_STRING:
-            copy.s = _owned(keep, "char[]", ffi.string(a.s))
-        return copy
-
-    copy = ffi.new("DK_KernelCall *")
-    ffi.memmove(copy, call, ffi.sizeof("DK_KernelCall"))
-    copy.stream = stream_handle
-    copy.inputs = tensors(call.inputs, call.num_inputs)
-    copy.outputs = tensors(call.outputs, call.num_outputs)
-    attributes = [attribute(call.attributes[i]) for i in range(call.num_attributes)]
-    copy.attributes = _owned(keep, "DK_Attribute *[]", attributes or [ffi.NULL])
-    keep.append(copy)
-    return copy, keep
-
-
-def _owned(keep: list, ctype: str, init):
-    cdata = ffi.new(ctype, init)
-    keep.append(cdata)
-    return cdata
 
 
 class KernelStep:
@@ -170,7 +117,7 @@ class Graph:
 
     def add_kernel(self, call, prepare) -> None:
         """A kernel call on the capturing stream: kept, prepared now (its errors raised now)."""
-        copy, keep = _copy_call(call, self.recorder_handle)
+        copy, keep = copy_kernel_call(call, self.recorder_handle)
         node = _Node(prepare, copy, keep)
         self._prepare(node)
         with self.lock:
@@ -199,17 +146,7 @@ class Graph:
 
     def rebind(self, slot: int, mem, offset: int) -> None:
         with self.lock:
-            if not 0 <= slot < len(self.slots):
-                raise PluginError(C.DK_OUT_OF_RANGE, f"slot {slot} does not exist: the graph has "
-                                                     f"{len(self.slots)} slot(s)")
-            node, tensor = self.slots[slot]
-            captured = tensor.data, tensor.byte_offset
-            tensor.data, tensor.byte_offset = mem, offset
-            try:
-                self._prepare(node)  # checks the tensor against its new memory
-            except BaseException:
-                tensor.data, tensor.byte_offset = captured
-                raise
+            rebind_slot(self.slots, slot, mem, offset, self._prepare)
 
     def _launch_steps(self) -> list:
         """What a launch enqueues, in order: ("batch", Batch) for each run of
@@ -291,62 +228,28 @@ class Graph:
             self._launchable, self.nodes, self.slots = None, [], []
 
 
-# -- the table functions ----------------------------------------------------------------
-
-
-def _capturing_stream(d: Device, stream) -> Stream:
-    if stream == ffi.NULL:
-        raise invalid("stream is NULL; the default stream cannot capture")
-    return d.stream(stream)
+# -- the table functions (graph_capture has the rest) ----------------------------------
 
 
 def begin_capture(d: Device, stream) -> None:
-    s = _capturing_stream(d, stream)
+    s = capturing_stream(d, stream)
     if s.capture is not None:
-        raise refused(f"stream {handle_key(stream):#x}")
+        raise capture_refused(f"stream {handle_key(stream):#x}")
     s.capture = Graph(d)
 
 
-def end_capture(d: Device, stream, graph, num_slots) -> None:
-    s = _capturing_stream(d, stream)
-    if graph == ffi.NULL or num_slots == ffi.NULL:
-        raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
+def _take_capture(s: Stream) -> Graph | None:
     g, s.capture = s.capture, None
-    if g is None:
-        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {handle_key(stream):#x} is not capturing")
-    key, handle = _new_handle("DK_Graph")
-    with d.lock:
-        d.graphs[key] = g
-    graph[0], num_slots[0] = handle, len(g.slots)
-
-
-def lookup(d: Device, graph) -> Graph:
-    if graph == ffi.NULL:
-        raise invalid("graph is NULL")
-    with d.lock:
-        g = d.graphs.get(handle_key(graph))
-    if g is None:
-        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
     return g
+
+
+def end_capture(d: Device, stream, graph, num_slots) -> None:
+    graph_capture.end_capture(d, stream, graph, num_slots, _take_capture)
 
 
 def launch(d: Device, graph, stream) -> None:
     g = lookup(d, graph)
     s = d.stream(stream)
     if s is not None and s.capture is not None:
-        raise refused(f"stream {handle_key(stream):#x}")
+        raise capture_refused(f"stream {handle_key(stream):#x}")
     g.launch(s)
-
-
-def rebind(d: Device, graph, slot: int, mem, offset: int) -> None:
-    lookup(d, graph).rebind(slot, mem, offset)
-
-
-def destroy(d: Device, graph) -> None:
-    if graph == ffi.NULL:
-        return
-    with d.lock:
-        g = d.graphs.pop(handle_key(graph), None)
-    if g is None:
-        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
-    g.close()  # commands already enqueued hold their own references

@@ -14,6 +14,8 @@ from ..._version import __version__
 from ...abi import C, ffi, field_end
 from . import codegen, graph as graphs, kernels
 from .launch import OpenCLCall
+from .. import graph_capture
+from ..graph_capture import capture_refused
 from ..python_plugin import PluginInit, copy_out as _copy_out, not_null as _not_null
 from .errors import PluginError, callback, invalid
 from .runtime import (
@@ -88,12 +90,12 @@ def device_synchronize(dev):
 
 def _refuse_if_device_captures(d: Device) -> None:
     if d.capturing():
-        raise graphs.refused(f"a stream of {d.name}")
+        raise capture_refused(f"a stream of {d.name}")
 
 
 def _refuse_if_capturing(s: Stream | None, stream) -> None:
     if s is not None and s.capture is not None:
-        raise graphs.refused(f"stream {handle_key(stream):#x}")
+        raise capture_refused(f"stream {handle_key(stream):#x}")
 
 
 # -- memory --------------------------------------------------------------------------
@@ -334,9 +336,9 @@ _FUNCTIONS = {
     "graph_end_capture": lambda dev, stream, graph, num_slots: graphs.end_capture(
         _device(dev), stream, graph, num_slots),
     "graph_launch": lambda dev, graph, stream: graphs.launch(_device(dev), graph, stream),
-    "graph_rebind": lambda dev, graph, slot, mem, offset: graphs.rebind(
+    "graph_rebind": lambda dev, graph, slot, mem, offset: graph_capture.rebind(
         _device(dev), graph, slot, mem, offset),
-    "graph_destroy": lambda dev, graph: graphs.destroy(_device(dev), graph),
+    "graph_destroy": lambda dev, graph: graph_capture.destroy(_device(dev), graph),
     "codegen_dialect": lambda dev, dialect: codegen.dialect(_device(dev), dialect),
     "codegen_compile": lambda dev, source, options, module, from_cache: codegen.compile(
         _device(dev), source, options, module, from_cache),
