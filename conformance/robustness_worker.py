@@ -579,8 +579,6 @@ def valid_call(op: str, dtype: str) -> Valid | None:
             outputs = _outputs(spec, inputs, attrs)
         except Exception:  # noqa: BLE001 - a case that needs more than this catalogue builds
             continue
-        if any(decl.read_by_infer for decl, _ in bound):
-            continue
         device = [v for (decl, v) in zip([d for d, _ in bound], inputs) if v is not None and not decl.host]
         if any(np.asarray(v).size == 0 for v in device) or any(math.prod(s) == 0 for s, _ in outputs):
             continue  # empty tensors let a kernel skip what the mutations probe
@@ -759,14 +757,17 @@ def mutations(op: str, dtype: str) -> list[Mutation]:
             if not _is_invalid(v, v.attrs, inputs):
                 continue
             add(f"input-{label}-{how}", inputs=_device_tensors(v, inputs))
-        if position == key or (key is None and position == device_positions[0]):
-            other = np.int8 if array.dtype != np.int8 else np.float32
-            inputs = list(v.inputs)
-            inputs[position] = np.zeros(array.shape, other)
+        other = np.int8 if array.dtype != np.int8 else np.float32
+        inputs = list(v.inputs)
+        inputs[position] = np.zeros(array.shape, other)
+        # The key input's dtype selects the kernel; another input's is checked where the spec refuses it.
+        if position == key or (key is None and position == device_positions[0]) or _is_invalid(v, v.attrs, inputs):
             add(f"input-{label}-other-dtype", inputs=_device_tensors(v, inputs))
     for j, (shape, dtype) in enumerate(v.outputs):
+        wrong = list(v.outputs)
+        wrong[j] = (shape, np.int8 if dtype != np.int8 else np.float32)
+        add(f"output-{j}-other-dtype", outputs=_output_tensors(wrong))
         if shape:
-            wrong = list(v.outputs)
             wrong[j] = (shape[:-1] + (shape[-1] + 1,), dtype)
             add(f"output-{j}-shape-lies", outputs=_output_tensors(wrong))
     return found

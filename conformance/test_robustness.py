@@ -14,8 +14,7 @@ plain pytest too. One test drives one kernel: its mutations go to the worker
 as a batch, answered one by one; a mutation that kills the worker fails
 naming the signal, and a new worker takes the rest of the batch. A kernel
 that accepted a malformed call may have corrupted the worker's memory, so the
-next test gets a new worker; ops with known gaps (robustness_expectations.py)
-share a worker of their own, so what they corrupt never fails another op's case.
+next test gets a new worker.
 
 The profile (DEVKIT_CONFORMANCE_PROFILE, which devkit-conformance --profile
 sets; plain pytest runs quick): quick checks each op's kernel for one dtype
@@ -40,7 +39,6 @@ from devkit.abi import C
 from devkit.conformance_cli.suites import PROFILE_VARIABLE
 from devkit.ops.spec import dtype_name
 
-from . import robustness_expectations as expectations
 from . import robustness_worker as worker
 
 WORKER = Path(worker.__file__)
@@ -139,7 +137,7 @@ class Worker:
 
 @pytest.fixture(scope="session")
 def workers():
-    pool: dict[tuple[str, bool], Worker] = {}
+    pool: dict[str, Worker] = {}
     yield pool
     for w in pool.values():
         w.close()
@@ -167,18 +165,17 @@ def _verdict(reply: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _run(request, workers, case_ids: list[str], known_gaps: bool = False) -> None:
+def _run(request, workers, case_ids: list[str]) -> None:
     """Runs the cases as one batch; fails listing every case that failed."""
-    key = (_plugin_spec(request), known_gaps)
-    w = workers.setdefault(key, Worker(key[0]))
+    spec = _plugin_spec(request)
+    w = workers.setdefault(spec, Worker(spec))
     failures, skips = [], []
     for reply in w.ask(case_ids):
         failure, skip = _verdict(reply)
         failures += [failure] if failure else []
         skips += [skip] if skip else []
     if failures:
-        if not known_gaps:  # the known gaps' worker is theirs alone: what they corrupt fails only them
-            w.restart()
+        w.restart()
         pytest.fail("\n".join(failures), pytrace=False)
     if skips:
         pytest.skip(reason=skips[0])
@@ -208,10 +205,4 @@ def test_kernel_call(plugin, request, workers, op, dtype):
     case_ids = worker.kernel_case_ids(op, dtype)
     if not case_ids:
         pytest.skip(reason=f"{op} has no {dtype} case this suite can mutate")
-    reason = expectations.reason_for(plugin.name, op)
-    try:
-        _run(request, workers, case_ids, known_gaps=reason is not None)
-    except pytest.fail.Exception:
-        if reason:
-            pytest.xfail(reason=reason)
-        raise
+    _run(request, workers, case_ids)

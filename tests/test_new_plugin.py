@@ -1,6 +1,6 @@
 """``devkit new-plugin``: the project it writes builds warning-free, loads, and
-passes the runtime conformance suite; bad names and occupied directories are
-refused."""
+passes the runtime and robustness conformance suites (its launcher and example
+kernel refuse malformed calls); bad names and occupied directories are refused."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def workflow_command(project: Path) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_built_project_loads_and_passes_the_runtime_suite(project):
+def test_built_project_loads_and_passes_the_runtime_and_robustness_suites(project):
     """Built with the project's own setup.py (not installed: the test must not touch
     the interpreter's packages), found by name through DEVKIT_PLUGIN_PATH."""
     build = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=project,
@@ -173,8 +173,9 @@ print(plugin.name, plugin.device_type, plugin.abi_version, plugin.kernels)
     assert loaded.stdout.split(" ", 2)[:2] == [NAME, NAME]
     assert "('Relu', 2, 32, 3)" in loaded.stdout  # float32, strided inputs and outputs
 
+    # The robustness suite: the template's Relu kernel and the launcher refuse every malformed call.
     command = workflow_command(project)
-    assert command[:4] == ["devkit-conformance", NAME, "--suite", "runtime"]
+    assert command[:6] == ["devkit-conformance", NAME, "--suite", "runtime", "--suite", "robustness"]
     (project / "reports").mkdir()
     result = subprocess.run([sys.executable, "-m", "devkit.conformance_cli", *command[1:]], cwd=project,
                             capture_output=True, text=True, timeout=540,
@@ -184,7 +185,10 @@ print(plugin.name, plugin.device_type, plugin.abi_version, plugin.kernels)
     suites = list(junit.iter("testsuite"))
     assert sum(int(s.get("tests")) for s in suites) > 50
     assert sum(int(s.get("failures")) + int(s.get("errors")) for s in suites) == 0
-    assert "runtime" in (project / "reports" / "conformance.md").read_text()
+    report = (project / "reports" / "conformance.md").read_text()
+    assert "runtime" in report and "robustness" in report
+    relu = [case for case in junit.iter("testcase") if case.get("name") == f"test_kernel_call[{NAME}-Relu/float32]"]
+    assert len(relu) == 1 and not list(relu[0]), "the Relu kernel must refuse each of its malformed calls"
 
 
 # -- the transformation of the cpu sources ----------------------------------------------

@@ -217,6 +217,67 @@ def test_inplace_replay_writes_the_destination_and_keeps_views():
     assert torch.equal(x.cpu(), torch.full((2, 3), 6.0))
 
 
+def test_native_tensors_are_built_and_check_their_arguments():
+    from devkit.torch import _memory, _native
+
+    if _native.module() is None:  # the Python path is tested on its own below
+        pytest.skip(f"devkit.torch's native module was not built here: {_native.reason()}")
+    x = torch.arange(12.0).to("devkit")
+    storage = x.untyped_storage()
+    view = _memory.view(x, (3, 2), (1, 3), 4)
+    assert view.untyped_storage().data_ptr() == storage.data_ptr()  # the same storage: a view
+    assert (view.shape, view.stride(), view.storage_offset(), view.device) == ((3, 2), (1, 3), 4, x.device)
+    assert torch.equal(view.cpu(), torch.arange(12.0).as_strided((3, 2), (1, 3), 4))
+    tensor = _native.module().tensor
+    with pytest.raises(TypeError, match=r"tensor\(storage: torch.UntypedStorage, dtype: torch.dtype"):
+        tensor(storage, "float32", (2,), (1,), 0)
+    with pytest.raises(ValueError, match="shape has 2 dimensions, strides 1"):
+        tensor(storage, torch.float32, (2, 1), (1,), 0)
+    with pytest.raises(ValueError, match="storage is not on a devkit device"):
+        tensor(torch.zeros(2).untyped_storage(), torch.float32, (2,), (1,), 0)
+    with pytest.raises(ValueError, match="bad token 0"):
+        _native.module().storage(0, 8, 0)
+
+
+def test_dead_outputs_are_reused_unless_something_still_reaches_them():
+    a, b = torch.randn(16), torch.randn(16)
+    da, db = a.to("devkit"), b.to("devkit")
+    kept = None
+    for step in range(6):
+        c = da + db * step  # each result dies at the next step: its allocation serves a later one
+        if step == 1:
+            kept = dt.to_array(c)  # an Array still reaches this one's memory: never reused
+    torch.testing.assert_close(c.cpu(), a + b * 5)
+    del c
+    torch.testing.assert_close(torch.from_dlpack(kept), a + b)
+    assert dt.collect() >= 0
+    del kept
+
+
+def test_python_tensor_path_without_the_native_module():
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, devkit.torch as dt\n"
+        "from devkit.torch import _native\n"
+        "dt.register('cpu')\n"
+        "assert _native.module() is None and _native.reason() == 'DEVKIT_TORCH_NATIVE=0'\n"
+        "a = torch.arange(6.0)\n"
+        "x = a.to('devkit')\n"
+        "for _ in range(3):\n"
+        "    y = (x + x).view(2, 3).t()\n"
+        "    x.add_(1)\n"
+        "assert torch.equal(y.cpu(), (2 * (a + 2)).view(2, 3).t()) and torch.equal(x.cpu(), a + 3)\n"
+        "assert torch.ones(2, device='devkit:1').cpu().sum() == 2\n"
+        "del x, y\n"
+        "import gc; gc.collect()\n"
+        "assert dt.collect() > 0\n")
+    env = {**__import__("os").environ, "DEVKIT_TORCH_NATIVE": "0"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+
+
 def test_ops_with_host_effects_are_not_replayed():
     x = torch.empty(4).to("devkit")
     for value in (1.0, 0.0, 2.5):  # fill_ with 0 is a memset, the others a kernel
@@ -270,6 +331,27 @@ def test_compiled_graph_runs_as_one_plan_on_new_inputs():
     plans = [plan for runner in runners for plan in runner.plans.values()]
     assert plans and all(isinstance(plan, _graph.GraphPlan) for plan in plans)
     assert plans[0].memory.arena_bytes < plans[0].memory.total_bytes  # intermediates share the arena
+    torch._dynamo.reset()
+
+
+def test_compiled_plan_reads_weights_in_place_and_copies_inputs_that_move():
+    block, compiled, runners = _compiled_block()
+    x = torch.randn(2, 8, 32)
+    x_dev = x.to("devkit")
+    with torch.no_grad():
+        for _ in range(3):  # records, then runs with every input where it was: nothing is copied in
+            torch.testing.assert_close(compiled(x_dev).cpu(), block(x), rtol=1e-5, atol=1e-5)
+        (plan,) = [plan for runner in runners for plan in runner.plans.values()]
+        assert all(home is not None for home, (_, _, size, _) in zip(plan.homes, plan.staging) if size)
+        for parameters in (block.parameters(), compiled.parameters()):  # in place: the plan reads the new values
+            for parameter in parameters:
+                parameter.mul_(1.5)
+        torch.testing.assert_close(compiled(x_dev).cpu(), block(x), rtol=1e-5, atol=1e-5)
+        for _ in range(2):  # a new batch moves the input: it is copied into the arena from then on
+            x = torch.randn(2, 8, 32)
+            torch.testing.assert_close(compiled(x.to("devkit")).cpu(), block(x), rtol=1e-5, atol=1e-5)
+    moved = [index for index, home in enumerate(plan.homes) if home is None and plan.staging[index][2]]
+    assert len(moved) == 1
     torch._dynamo.reset()
 
 

@@ -491,7 +491,10 @@ register(OpSpec(
     infer=_infer_conv, reference=_ref_conv, cases=_conv_cases, tolerance=_DOT_TABLE,
     doc="N-D convolution (cross-correlation) of X (N, C, D1, ...) with W (M, C/group, k1, ...), plus B (M). "
         "Padding: explicit pads, or auto_pad SAME_UPPER/SAME_LOWER (ceil(in/stride) outputs) or VALID. "
-        "Computed as im2col + GEMM per image and group (1x1 kernels: GEMM on X directly).",
+        "The cpu plugin computes it as im2col + GEMM over tiles of output positions split over its threads "
+        "(1x1 kernels: GEMM on X directly), and float32 3x3 kernels with unit strides and dilations by "
+        "Winograd F(2x2, 3x3), within the same tolerance (a result with a non-finite value is computed "
+        "again by im2col).",
 ))
 
 
@@ -592,7 +595,7 @@ register(OpSpec(
     doc="N-D transposed convolution of X (N, C, D1, ...) with W (C, M/group, k1, ...), plus B (M). The output "
         "size follows ONNX's equations: stride * (in - 1) + output_padding + extent - pads, or output_shape "
         "(pads then split as ONNX states; outputs beyond the full result are zero plus bias), or in * stride "
-        "for SAME_*. Computed as GEMM + col2im per image and group.",
+        "for SAME_*. Computed as GEMM + col2im per image, group and run of output channels.",
 ))
 
 

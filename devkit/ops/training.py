@@ -359,7 +359,8 @@ register(OpSpec(
     tolerance={dtype_name(d): dot_tolerance(d, 256, 256 * 16.0) for d in ALL_FLOAT},
     doc="The gradients of Conv(X, W, B) with Conv's attributes: dX (X's shape), dW (W's shape) and dB "
         "(M,), the sum of dY over the batch and spatial dims. Per image and group, dW += dY im2col(X)^T "
-        "and dX = col2im(W^T dY), both GEMMs; float16/bfloat16 run as float32. Each case states the "
+        "and dX = col2im(W^T dY), both GEMMs (the cpu plugin: dX of float32 3x3 kernels with unit strides "
+        "as Conv's Winograd of dY with the flipped kernels); float16/bfloat16 run as float32. Each case states the "
         "dot-product tolerance of its sums (see devkit/ops/linalg.py).",
 ))
 

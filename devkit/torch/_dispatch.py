@@ -177,7 +177,10 @@ def _run_on_cpu(op, args, kwargs):
 
 def kernel(op, *args, **kwargs):
     """The PrivateUse1 backend fallback torch calls for every aten op on a devkit tensor."""
-    impl = _resolved.get(op) or implementation(op)
+    return _run(op, _resolved.get(op) or implementation(op), args, kwargs)
+
+
+def _run(op, impl, args, kwargs):
     if impl is None:
         return _cpu_or_raise(op, args, kwargs, _no_lowering(op))
     try:
@@ -190,8 +193,11 @@ def kernel(op, *args, **kwargs):
 
 
 def kernel_for(op):
+    """The PrivateUse1 kernel of one op devkit runs (``implementation(op)`` is not None)."""
+    impl = implementation(op)
+
     def op_kernel(*args, **kwargs):
-        return kernel(op, *args, **kwargs)
+        return _run(op, impl, args, kwargs)
     return op_kernel
 
 

@@ -112,16 +112,19 @@ class GraphPlan:
         self.arena = arena = device.alloc(max(self.memory.arena_bytes, 1))
         offsets = self.memory.offsets
         handle = arena.handle
+        # Per input, the (slot, byte offset from the input's start) of every call that reads it.
+        self.readers: list[list] = [[] for _ in inputs]
         for step in steps:
             for slot, source, delta in step.inputs:
                 if source < 0:  # a resident constant
                     constant = _memory.to_array(self.constants[-source - 1])
                     slot.data = constant.buffer.handle
                     slot.byte_offset = constant.buffer.offset + constant.offset + delta
+                elif source < count:
+                    self.readers[source].append((slot, delta))
                 else:
-                    lead = extents[source][0] if source < count else 0
                     slot.data = handle
-                    slot.byte_offset = arena.offset + offsets[source] + lead + delta
+                    slot.byte_offset = arena.offset + offsets[source] + delta
         out_index = count
         for step in steps:
             for slot, _, _ in step.outputs:
@@ -131,11 +134,35 @@ class GraphPlan:
         # Inputs no call reads are not copied in.
         self.staging = [(arena.view(offsets[i], size), lead, size if last_read[i] >= 0 else 0, tensor.element_size())
                         for i, ((lead, size), tensor) in enumerate(zip(extents, inputs))]
+        # An input the calls read in place, where it lies: (storage token, byte offset), or None
+        # once it has moved (it is then copied into its place in the arena at every run). The
+        # calls read each input in place at first: weights stay where they are from run to run.
+        self.homes: list[tuple[int, int] | None] = [None] * count
+        for index, tensor in enumerate(inputs):
+            if self.staging[index][2]:
+                self.homes[index] = self._bind_in_place(index, tensor)
         self.output_sizes = output_sizes
         self.count = count
-        self.launcher = make_launcher(device, [step.call for step in steps])
+        self.calls = [step.call for step in steps]
+        self.launcher = make_launcher(device, self.calls)
         self.stream = device.create_stream()
         self.lock = threading.Lock()
+
+    def _bind_in_place(self, index: int, tensor: torch.Tensor) -> tuple[int, int]:
+        """Point the calls reading input ``index`` at ``tensor``'s own memory; returns where it lies."""
+        token = tensor.untyped_storage().data_ptr()
+        handle, start = _memory.live[token][0].handle, tensor.storage_offset() * tensor.element_size()
+        for slot, delta in self.readers[index]:
+            slot.data = handle
+            slot.byte_offset = start + delta
+        return token, start
+
+    def _bind_staged(self, index: int) -> None:
+        """Point the calls reading input ``index`` at its place in the arena."""
+        staged, lead, _, _ = self.staging[index]
+        for slot, delta in self.readers[index]:
+            slot.data = staged.handle
+            slot.byte_offset = staged.offset + lead + delta
 
     @staticmethod
     def _result(recording, value, count, last_read, end):
@@ -161,10 +188,21 @@ class GraphPlan:
         live = _memory.live
         stream = self.stream
         with self.lock:
-            for tensor, (staged, lead, size, itemsize) in zip(inputs, self.staging):
-                if size:
-                    whole = live[tensor.untyped_storage().data_ptr()][0]
-                    staged.copy_from(whole.view(tensor.storage_offset() * itemsize - lead, size), stream=stream)
+            moved = False
+            for index, (tensor, (staged, lead, size, itemsize)) in enumerate(zip(inputs, self.staging)):
+                if not size:
+                    continue
+                token, start = tensor.untyped_storage().data_ptr(), tensor.storage_offset() * itemsize
+                home = self.homes[index]
+                if home is not None:
+                    if home == (token, start):  # read in place: no copy
+                        continue
+                    self.homes[index] = None  # it moved: staged from now on
+                    self._bind_staged(index)
+                    moved = True
+                staged.copy_from(live[token][0].view(start - lead, size), stream=stream)
+            if moved:  # the calls' pointers changed: a native graph is captured again
+                self.launcher = make_launcher(self.device, self.calls)
             self.launcher.replay(stream)
             copies = {}
             for result in self.results:

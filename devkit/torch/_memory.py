@@ -13,14 +13,15 @@ Array holds it either.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import numpy as np
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import dtypes
 from ..runtime import Array, Buffer, Device, empty
+from . import _native as _native_module
 from . import _seeds
 
 DEVICE_TYPE = "devkit"
@@ -38,11 +39,19 @@ _TOKEN_BASE = 1 << 44
 _TOKEN_ALIGN = 1 << 12
 _lock = threading.Lock()
 _next_token = _TOKEN_BASE
-live: dict[int, tuple[Buffer, StorageWeakRef]] = {}  # token -> (the allocation's Buffer, its storage)
+live: dict[int, tuple[Buffer, _WeakStorage]] = {}  # token -> (the allocation's Buffer, its storage)
 _live_after_collect = 0
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _CPU = torch._C.DispatchKey.CPU
 _EMPTY = (0,)
+_expired = torch.UntypedStorage._expired
+_native = None  # the native module (_native.py), once use_native() found it
+_native_tensor = None  # its tensor()
+# Reuse pools of allocations whose storages died, per (device, nbytes): an eager op's
+# output skips the driver's allocator. Small allocations only, a few per size.
+_POOL_NBYTES = 1 << 16
+_POOL_DEPTH = 16
+_pools: dict[tuple[Device, int], list[Buffer]] = {}
 _torch_devices: dict = {}
 
 
@@ -70,14 +79,69 @@ def torch_dtype(dtype) -> torch.dtype:
 
 
 def collect() -> int:
-    """Drop the devkit allocations of storages torch no longer holds; returns how many."""
+    """Drop the devkit allocations of storages torch no longer holds (the reuse pools'
+    too); returns how many."""
     global _live_after_collect
+    if _native is not None:
+        dropped = _reap()
+        with _lock:
+            dropped += sum(len(pool) for pool in _pools.values())
+            _pools.clear()
+        return dropped
     with _lock:
         dead = [token for token, (_, ref) in live.items() if ref.expired()]
         for token in dead:
             del live[token]
         _live_after_collect = len(live)
     return len(dead)
+
+
+def _reap() -> int:
+    """Takes in the native storages that died: each allocation goes to its size's reuse
+    pool where nothing else can reach its memory, else is dropped; returns how many were dropped."""
+    tokens = _native.take_dead()
+    if tokens is None:
+        return 0
+    dropped = 0
+    for token in tokens:  # no lock: each thread takes in tokens no other thread has
+        entry = live.pop(token, None)
+        if entry is None:
+            continue
+        whole = entry[0]
+        del entry
+        allocation = whole._allocation
+        # Only these two names hold the Buffer and it alone the allocation: no Array, view,
+        # DLPack export or stream work can reach the memory a new tensor would overwrite.
+        if (allocation.nbytes <= _POOL_NBYTES and sys.getrefcount(whole) == 2
+                and sys.getrefcount(allocation) == 3 and not allocation.used_on_streams
+                and not allocation._holds and allocation.handle is not None):
+            pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
+            if len(pool) < _POOL_DEPTH:
+                pool.append(whole)
+                continue
+        dropped += 1
+    return dropped
+
+
+def new_buffer(dev: Device, nbytes: int) -> Buffer:
+    """A whole allocation of ``nbytes`` for a new tensor's storage: one whose storages
+    died (it skips the driver's allocator and the token), else a new one."""
+    pool = _pools.get((dev, nbytes))
+    if pool:
+        try:
+            return pool.pop()
+        except IndexError:  # another thread took the last one
+            pass
+    return dev.alloc(nbytes)
+
+
+def give_back(whole: Buffer) -> None:
+    """Pool a whole allocation only the caller held (a replay's scratch output)."""
+    allocation = whole._allocation
+    if _native is not None and allocation.nbytes <= _POOL_NBYTES and not allocation.used_on_streams:
+        pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
+        if len(pool) < _POOL_DEPTH:
+            pool.append(whole)
 
 
 def live_allocations() -> int:
@@ -93,33 +157,53 @@ def _storage_for(buffer: Buffer) -> torch.UntypedStorage:
     return _new_storage(Buffer(allocation, 0, allocation.nbytes))
 
 
-def _new_storage(whole: Buffer) -> torch.UntypedStorage:
-    """A torch storage for ``whole``, an allocation no storage has yet."""
+def _new_token(nbytes: int) -> int:
     global _next_token
-    if len(live) > 2 * _live_after_collect + 256:
-        collect()
-    allocation = whole._allocation
-    nbytes = allocation.nbytes
     with _lock:
         token = _next_token
         _next_token += (nbytes // _TOKEN_ALIGN + 2) * _TOKEN_ALIGN
-    storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
+    return token
+
+
+def _new_storage(whole: Buffer) -> torch.UntypedStorage:
+    """A torch storage for ``whole``, an allocation no storage has yet."""
+    allocation = whole._allocation
+    nbytes = allocation.nbytes
+    if _native is not None:
+        _reap()
+        token = getattr(allocation, "torch_token", None)
+        if token is None or token in live:  # a pooled allocation keeps its token
+            token = _new_token(nbytes)
+        storage = _native.storage(token, nbytes, allocation.device.index)
+    else:
+        if len(live) > 2 * _live_after_collect + 256:
+            collect()
+        token = _new_token(nbytes)
+        storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
     live[token] = (whole, _WeakStorage(storage))
     allocation.torch_token = token
     return storage
 
 
-class _WeakStorage(StorageWeakRef):
-    """A weak reference that can still hand out the storage while it lives."""
+class _WeakStorage:
+    """A weak reference to a storage that can still hand out the storage while it lives
+    (torch's StorageWeakRef, in a third of its time)."""
+
+    __slots__ = ("cdata",)
 
     def __init__(self, storage):
-        super().__init__(storage)
-        self._device = storage.device
+        self.cdata = storage._weak_ref()
+
+    def expired(self) -> bool:
+        return _expired(self.cdata)
 
     def storage(self) -> torch.UntypedStorage:
-        if self.expired():
+        if _expired(self.cdata):
             raise RuntimeError("devkit storage has been released")
         return torch.UntypedStorage._new_with_weak_ptr(self.cdata)
+
+    def __del__(self, free=torch.UntypedStorage._free_weak_ref):  # bound now: torch may be gone at exit
+        free(self.cdata)
 
 
 def wrap(array: Array) -> torch.Tensor:
@@ -132,7 +216,16 @@ def wrap(array: Array) -> torch.Tensor:
     return _tensor(storage, dtype, array.shape, array.strides, byte_offset // array.itemsize)
 
 
+def use_native() -> None:
+    """Make tensors with the native module (``_native``) where it builds."""
+    global _native, _native_tensor
+    _native = _native_module.module()
+    _native_tensor = _native.tensor if _native is not None else None
+
+
 def _tensor(storage: torch.UntypedStorage, dtype: torch.dtype, shape, strides, storage_offset: int) -> torch.Tensor:
+    if _native_tensor is not None:
+        return _native_tensor(storage, dtype, shape, strides, storage_offset)
     index = storage.device.index
     tensor = torch._C._acc.create_empty_tensor(_EMPTY, dtype) if not index else \
         _seeds.empty_on(index, dtype, lambda seed: _set_storage._op_dk(

@@ -76,6 +76,7 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
             raise RuntimeError(f"torch's PrivateUse1 backend is already "
                                f"'{torch._C._get_privateuse1_backend_name()}'")
         _setup_privateuseone_for_python_backend(_memory.DEVICE_TYPE, backend_module=_BackendModule())
+        _memory.use_native()
         _library = torch.library.Library("_", "IMPL")
         _library.fallback(_dispatch.kernel, "PrivateUse1")
         _libraries.extend([_library, _kernels()])

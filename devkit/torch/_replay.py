@@ -25,6 +25,7 @@ import weakref
 
 import torch
 
+from ..abi import ffi
 from ..engine.calls import KernelCall, launch
 from ..ops import dispatch as _ops
 from ..ops import spec as _spec
@@ -84,7 +85,8 @@ def clear() -> None:
             templates.clear()
 
 
-_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+_SCALARS = frozenset({bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format,
+                      torch.layout})
 
 
 def _describe(value, parts: list, tensors: list) -> bool:
@@ -92,19 +94,20 @@ def _describe(value, parts: list, tensors: list) -> bool:
     ``tensors``; False where the argument's values matter (a CPU tensor) or cannot be keyed."""
     cls = type(value)
     if cls in _SCALARS:
-        parts.append(cls)
-        parts.append(value)
+        parts += (cls, value)  # the type too: 2 and 2.0 promote differently
         return True
     if isinstance(value, torch.Tensor):
-        if value.is_cpu:
+        device = value.get_device()  # -1: a CPU (or meta) tensor
+        if device < 0:
             return False
         tensors.append(value)
-        parts.append(value.get_device())
-        parts.append(value.dtype)
-        parts.append(value.shape)
-        parts.append(value.stride())
+        parts += (device, value.dtype, value.shape, value.stride())
         return True
     if cls is list or cls is tuple:
+        types = tuple(map(type, value))
+        if _SCALARS.issuperset(types):  # sizes, dims: the common case, in one piece
+            parts += (types, tuple(value))
+            return True
         parts.append(len(value))
         for item in value:
             if not _describe(item, parts, tensors):
@@ -116,9 +119,15 @@ def _describe(value, parts: list, tensors: list) -> bool:
 def key_of(op, args, kwargs) -> tuple[tuple | None, list]:
     """(the template key of a call, its devkit tensors in order), or (None, _) when not keyable."""
     tensors: list = []
-    parts = [op, len(args)]
+    parts = [id(op), len(args)]  # an OpOverload lives as long as torch; its own hash is Python code
     for value in args:
-        if not _describe(value, parts, tensors):
+        if isinstance(value, torch.Tensor):  # _describe's first case, inline: the common argument
+            device = value.get_device()
+            if device < 0:
+                return None, tensors
+            tensors.append(value)
+            parts += (device, value.dtype, value.shape, value.stride())
+        elif not _describe(value, parts, tensors):
             return None, tensors
     for name, value in kwargs.items():
         parts.append(name)
@@ -332,40 +341,46 @@ class _Template:
     """Recorded calls replayed: see the module doc."""
 
     __slots__ = ("steps", "resident", "argument_count", "itemsizes", "results", "single",
-                 "result_type")
+                 "result_type", "scratch")
 
     def __init__(self, recording: Recorder, results: list, single: bool, result_type):
         self.steps = recording.steps
         self.resident = recording.resident
-        self.argument_count = len(recording.tensors)
+        self.argument_count = count = len(recording.tensors)
         self.itemsizes = [t.element_size() for t in recording.tensors]
         self.results = results
         self.single = single
         self.result_type = result_type
+        # The calls' outputs no result keeps (an in-place op's value before its copy): reused after the run.
+        kept = {result[0] for result in results if result is not None}
+        self.scratch = [i for i in range(len(recording.outputs)) if count + i not in kept]
 
     def run(self, tensors: list):
-        live = _memory.live
+        live, new_buffer = _memory.live, _memory.new_buffer
         # Per source, where it starts: (handle, byte offset); the arguments, then every call's outputs.
-        places = [(live[tensor.untyped_storage().data_ptr()][0].handle, tensor.storage_offset() * itemsize)
-                  for tensor, itemsize in zip(tensors, self.itemsizes)]
+        places = []
+        for tensor, itemsize in zip(tensors, self.itemsizes):
+            places.append((live[tensor.untyped_storage().data_ptr()][0].handle, tensor.storage_offset() * itemsize))
         buffers = []  # the calls' outputs
         for step in self.steps:
-            if type(step) is _Copy:
-                destination = tensors[step.destination]
-                whole = live[destination.untyped_storage().data_ptr()][0]
-                whole.view(places[step.destination][1], step.nbytes).copy_from(
-                    buffers[step.source - self.argument_count].view(0, step.nbytes))
+            if type(step) is _Copy:  # places hold whole allocations' handles: the byte offsets are absolute
+                handle, offset = places[step.destination]
+                source = buffers[step.source - self.argument_count]
+                device = source.device
+                device.call("copy_d2d", device.index, handle, offset, source.handle, 0, step.nbytes, ffi.NULL)
                 continue
             for slot, source, delta in step.inputs:
                 handle, offset = places[source]
                 slot.data = handle
                 slot.byte_offset = offset + delta
             for slot, nbytes, device in step.outputs:  # their byte offsets stay 0
-                buffer = device.alloc(nbytes)
+                buffer = new_buffer(device, nbytes)
                 buffers.append(buffer)
                 slot.data = handle = buffer.handle
                 places.append((handle, 0))
             launch(step.call)
+        for index in self.scratch:  # later work on the device's queue runs after these calls
+            _memory.give_back(buffers[index])
         if self.single:
             index, geometry = self.results[0]
             if geometry is None:

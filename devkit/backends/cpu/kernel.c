@@ -494,14 +494,28 @@ DK_Status cpu_check_broadcast(const cpu_kernel_args *k, size_t nin) {
   return cpu_check_output(k, 0, ndim, shape);
 }
 
-DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype) {
+/* Input or output i (role "input" or "output"), NULL when the call has none. */
+static const cpu_tensor *tensor_of(const cpu_kernel_args *k, const char *role, size_t i) {
   const cpu_tensor *t = role[0] == 'i' ? (i < k->num_inputs ? &k->in[i] : NULL)
                                        : (i < k->num_outputs ? &k->out[i] : NULL);
-  if (!t || t->ndim < 0) return cpu_invalid(k, "%s %zu is missing", role, i);
+  return t && t->ndim >= 0 ? t : NULL;
+}
+
+DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype) {
+  const cpu_tensor *t = tensor_of(k, role, i);
+  if (!t) return cpu_invalid(k, "%s %zu is missing", role, i);
   if (t->dtype != dtype)
     return cpu_invalid(k, "%s %zu has dtype key 0x%x; the op needs 0x%x here", role, i, (unsigned)t->dtype,
                        (unsigned)dtype);
   return DK_OK;
+}
+
+DK_Status cpu_check_float_dtype(const cpu_kernel_args *k, const char *role, size_t i) {
+  const cpu_tensor *t = tensor_of(k, role, i);
+  if (!t) return cpu_invalid(k, "%s %zu is missing", role, i);
+  DK_DTypeKey d = t->dtype;
+  if (d == DK_DTYPE_FLOAT16 || d == DK_DTYPE_BFLOAT16 || d == DK_DTYPE_FLOAT32 || d == DK_DTYPE_FLOAT64) return DK_OK;
+  return cpu_invalid(k, "%s %zu has dtype key 0x%x; the op needs a float tensor here", role, i, (unsigned)d);
 }
 
 DK_Status cpu_validate_like_input(const cpu_kernel_args *k) {
@@ -580,7 +594,7 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   uint8_t *arena = (uint8_t *)(attrs + call->num_attributes);
   l->def = def;
   l->args = (cpu_kernel_args){
-      .op = op, .device = call->device,
+      .op = op, .dtype = def->dtype, .device = call->device,
       .num_inputs = call->num_inputs, .num_outputs = call->num_outputs,
       .num_attributes = call->num_attributes,
       .in = tensors, .out = tensors + call->num_inputs, .attributes = attrs,

@@ -68,7 +68,8 @@ DK_Status cpu_resolve_tensor(const char *op, struct cpu_device *d, int32_t dev, 
                              const char *role, size_t i, const DK_Tensor *t, cpu_tensor *r);
 
 typedef struct cpu_kernel_args {
-  const char *op; /* the entry's op name, for messages */
+  const char *op;    /* the entry's op name, for messages */
+  DK_DTypeKey dtype; /* the entry's key dtype (ConstantOfShape's and Range's output dtype) */
   int32_t device;
   size_t num_inputs, num_outputs, num_attributes;
   const cpu_tensor *in;
@@ -212,6 +213,8 @@ DK_Status cpu_validate_axis_like_input(const cpu_kernel_args *k);
 DK_Status cpu_validate_axis_pair_like_input(const cpu_kernel_args *k);
 /* Tensor t (an input, role "input", or output) has dtype `dtype`. */
 DK_Status cpu_check_dtype(const cpu_kernel_args *k, const char *role, size_t i, DK_DTypeKey dtype);
+/* Tensor t (as for cpu_check_dtype) has one of the four float dtypes. */
+DK_Status cpu_check_float_dtype(const cpu_kernel_args *k, const char *role, size_t i);
 
 /* ---- Attributes (present, after host-side defaults) ----------------------- */
 

@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from ...abi import C
+from ..python_plugin import PluginError, invalid
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,
@@ -65,7 +66,8 @@ kernel void k_nonzero_count(global const X_t *x, long x_off, int n0, global cons
   if (get_local_id(0) == 0) counts[get_group_id(0)] = total;
 }
 
-/* One work-group: counts[g] becomes the number of nonzeros before group g. */
+/* One work-group: counts[g] becomes the number of nonzeros before group g,
+ * and counts[groups] the total. */
 kernel void k_nonzero_offsets(global long *counts, long groups, local long *scratch) {
   long size = get_local_size(0), per = (groups + size - 1) / size;
   long first = get_local_id(0) * per, end = min(first + per, groups), sum = 0, total;
@@ -76,6 +78,7 @@ kernel void k_nonzero_offsets(global long *counts, long groups, local long *scra
     counts[g] = before;
     before += count;
   }
+  if (get_local_id(0) == 0) counts[groups] = total;
 }
 
 /* y is [rank, count] int64, sized from the data the host read: should the
@@ -182,24 +185,44 @@ _NONZERO_MASK = {"float16": 0x7FFF, "bfloat16": 0x7FFF, "float32": 0x7FFFFFFF,
 
 
 def _nonzero(c: Call, key: int) -> None:
+    """y is int64 (rank, count): the count is the data's, checked in stream order
+    (the host sized y from the data it read, which may have changed since)."""
     c.expect((1, 1), 1)
     x, y = c.inputs[0], c.outputs[0]
-    if y.size == 0:
+    if y.dtype != C.DK_DTYPE_INT64 or y.ndim != 2 or y.shape[0] != x.ndim:
+        raise invalid(f"NonZero: the output must be int64 of shape ({x.ndim}, count), got dtype key "
+                      f"{y.dtype:#x} and shape {tuple(y.shape)}")
+    count = y.shape[1]
+    if x.size == 0:
+        if count:
+            raise invalid(f"NonZero: X is empty, but the output has room for {count} nonzero elements")
         return
     t = cl_type(key)
     source = _width_source(t.itemsize)
     size = group_size(c)
     groups = -(-x.size // (size * _NONZERO_PER_ITEM))
-    counts = c.scratch(8 * groups)
+    counts = c.scratch(8 * (groups + 1))
     scratch = Local(8 * size)
     read = [x, np.int64(x.offset), *walk(c, (x.shape, x.strides)), np.int64(x.size),
             np.uint64(_NONZERO_MASK.get(t.name, 2 ** (8 * t.itemsize) - 1)),
             np.int64(_NONZERO_PER_ITEM)]
     c.launch(source, "k_nonzero_count", read + [counts, scratch], groups * size, size)
     c.launch(source, "k_nonzero_offsets", [counts, np.int64(groups), scratch], size, size)
-    c.launch(source, "k_nonzero_write",
-             read + [counts, scratch, y, np.int64(y.offset), np.int64(y.shape[1]),
-                     np.int32(x.ndim), c.buffer(x.shape)], groups * size, size)
+    if y.size:
+        c.launch(source, "k_nonzero_write",
+                 read + [counts, scratch, y, np.int64(y.offset), np.int64(count),
+                         np.int32(x.ndim), c.buffer(x.shape)], groups * size, size)
+
+    def report(reader) -> PluginError | None:
+        found = np.empty(1, np.int64)
+        reader.read(found, counts, 8 * groups)
+        if int(found[0]) == count:
+            return None
+        return PluginError(C.DK_FAILED_PRECONDITION,
+                           f"NonZero: X has {int(found[0])} nonzero elements, but shape inference counted "
+                           f"{count} (did the data change while the op was queued?)")
+
+    c.check_in_stream_order(report)
 
 
 _ONE_HOT = """

@@ -72,6 +72,27 @@ typedef struct linalg_window {
   int64_t pad_end[CPU_MAX_DIMS]; /* end padding (AveragePool counts it) */
 } linalg_window;
 
+/* im2col: col[(c, tap)][p] = image[c] (a compact plane per channel) at
+ * kernel tap `tap` of grid position p0 + p, 0 in the padding, for
+ * `channels` channels and `count` positions (col is channels * taps rows of
+ * `count`). col2im, its adjoint: image[c] there += col[(c, tap)][p]. */
+void linalg_im2col(linalg_real real, const linalg_window *w, const void *image, int64_t channels, int64_t p0,
+                   int64_t count, void *col);
+void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, int64_t channels, int64_t p0,
+                   int64_t count, void *image);
+
+/* Winograd F(2x2, 3x3) (linalg_conv.c): whether a Conv of window `w`,
+ * dtype and cg input, mg output channels per group goes that way (float32,
+ * 2-D, 3x3, unit strides and dilations, enough channels and tiles); and the
+ * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool. *redo
+ * is set when an output is not finite: the transforms spread a non-finite
+ * value differently than the direct sums, so the caller computes y again
+ * the direct way. */
+bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                               const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
+                               bool *redo);
+
 /* Conv and the pools: geometry from the attributes (auto_pad, pads, strides,
  * dilations) and the input, output and kernel spatial sizes; SAME_* pads
  * come from the output sizes as the spec derives them. */

@@ -1,10 +1,13 @@
 /*
- * linalg_conv.c -- Conv (im2col + GEMM) and ConvTranspose (GEMM + col2im),
- * N-D, per image and group; 1x1 kernels with unit strides and no padding
- * multiply the image directly. float16/bfloat16 run as float32.
+ * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
+ * 3x3 kernels with unit strides) and ConvTranspose (GEMM + col2im), N-D,
+ * per image and group, split over the plugin's thread pool; 1x1 kernels
+ * with unit strides and no padding multiply the image directly.
+ * float16/bfloat16 run as float32.
  */
 #include "linalg.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 /* Column buffers cover a band of grid positions at a time: at most this
@@ -79,10 +82,13 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
 }
 
 /* col[(c, tap)][p] = image[c] at the target of grid position p0 + p (0 in
- * the padding), for `channels` planes of the image. */
+ * the padding), for `channels` planes of the image. Runs along the last
+ * axis with unit steps are copies. */
 #define IM2COL(NAME, T)                                                                   \
-  static void NAME(const linalg_window *w, const T *image, int64_t channels, int64_t p0,  \
-                   int64_t count, T *col) {                                               \
+  static void NAME(const linalg_window *w, const void *from, int64_t channels, int64_t p0, \
+                   int64_t count, void *to) {                                             \
+    const T *image = from;                                                                \
+    T *col = to;                                                                          \
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       const T *src = image + c * plane;                                                   \
@@ -95,7 +101,10 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
         while (band_next(&it, &r)) {                                                      \
           T *out = dst + (r.p - p0);                                                      \
           for (int64_t j = 0; j < r.lo; j++) out[j] = 0;                                  \
-          for (int64_t j = r.lo; j < r.hi; j++) out[j] = src[r.base + j * r.step];        \
+          if (r.step == 1)                                                                \
+            memcpy(out + r.lo, src + r.base + r.lo, (size_t)(r.hi - r.lo) * sizeof(T));   \
+          else                                                                            \
+            for (int64_t j = r.lo; j < r.hi; j++) out[j] = src[r.base + j * r.step];      \
           for (int64_t j = r.hi; j < r.len; j++) out[j] = 0;                              \
         }                                                                                 \
       }                                                                                   \
@@ -107,8 +116,10 @@ IM2COL(im2col_f64, double)
 /* image[m] at the target of grid position p0 + p += col[(m, tap)][p]: the
  * adjoint of im2col, for `channels` planes of the image. */
 #define COL2IM(NAME, T)                                                                   \
-  static void NAME(const linalg_window *w, const T *col, int64_t channels, int64_t p0,    \
-                   int64_t count, T *image) {                                             \
+  static void NAME(const linalg_window *w, const void *from, int64_t channels, int64_t p0, \
+                   int64_t count, void *to) {                                             \
+    const T *col = from;                                                                  \
+    T *image = to;                                                                        \
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       T *dst = image + c * plane;                                                         \
@@ -128,22 +139,32 @@ IM2COL(im2col_f64, double)
 COL2IM(col2im_f32, float)
 COL2IM(col2im_f64, double)
 
-/* y[n, m, ...] += b[m] */
+void linalg_im2col(linalg_real real, const linalg_window *w, const void *image, int64_t channels, int64_t p0,
+                   int64_t count, void *col) {
+  (real == LINALG_F64 ? im2col_f64 : im2col_f32)(w, image, channels, p0, count, col);
+}
+
+void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, int64_t channels, int64_t p0,
+                   int64_t count, void *image) {
+  (real == LINALG_F64 ? col2im_f64 : col2im_f32)(w, col, channels, p0, count, image);
+}
+
+/* y[m][j] += b[m] for `rows` rows of `cols` elements, `ld` apart. */
 #define ADD_BIAS(NAME, T)                                                                 \
-  static void NAME(T *y, const T *b, int64_t batch, int64_t channels, int64_t plane) {    \
-    for (int64_t i = 0; i < batch * channels; i++) {                                      \
-      T bias = b[i % channels], *row = y + i * plane;                                     \
-      for (int64_t j = 0; j < plane; j++) row[j] += bias;                                 \
+  static void NAME(T *y, const T *b, int64_t rows, int64_t cols, int64_t ld) {            \
+    for (int64_t m = 0; m < rows; m++) {                                                  \
+      T bias = b[m], *row = y + m * ld;                                                   \
+      for (int64_t j = 0; j < cols; j++) row[j] += bias;                                  \
     }                                                                                     \
   }
 ADD_BIAS(add_bias_f32, float)
 ADD_BIAS(add_bias_f64, double)
 
-static void add_bias(linalg_real real, const cpu_tensor *y, const cpu_tensor *b, int64_t plane) {
+static void add_bias(linalg_real real, void *y, const void *b, int64_t rows, int64_t cols, int64_t ld) {
   if (real == LINALG_F64)
-    add_bias_f64((double *)y->data, (const double *)b->data, y->shape[0], y->shape[1], plane);
+    add_bias_f64(y, b, rows, cols, ld);
   else
-    add_bias_f32((float *)y->data, (const float *)b->data, y->shape[0], y->shape[1], plane);
+    add_bias_f32(y, b, rows, cols, ld);
 }
 
 /* A 1x1 kernel with unit strides and no padding maps grid to target 1:1. */
@@ -161,6 +182,8 @@ static int64_t band_width(int64_t rows, int64_t positions) {
   return band > 0 ? band : 1;
 }
 
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 static const cpu_tensor *bias_of(const cpu_kernel_args *k) {
   return k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
 }
@@ -172,51 +195,414 @@ static bool nothing_summed(linalg_real real, const cpu_tensor *x, const cpu_tens
                            const cpu_tensor *b, int64_t plane) {
   if (x->size) return false;
   memset(y->data, 0, (size_t)(y->size * y->itemsize));
-  if (b) add_bias(real, y, b, plane);
+  if (b)
+    for (int64_t n = 0; n < y->shape[0]; n++)
+      add_bias(real, y->data + n * y->shape[1] * plane * y->itemsize, b->data, y->shape[1], plane, plane);
   return true;
 }
 
+/* ---- Parallel parts with their own scratch ------------------------------------------- */
+
+/* A pool chunk allocates its scratch once for its items; one that cannot
+ * sets `failed` and the kernel reports it after the split. */
+typedef struct conv_split {
+  linalg_real real;
+  const linalg_window *w;
+  int64_t es, group, items, block, scratch;
+  atomic_bool failed;
+} conv_split;
+
+static void *chunk_scratch(conv_split *s, int64_t elements) {
+  void *p = elements ? malloc((size_t)(elements * s->es)) : NULL;
+  if (elements && !p) atomic_store(&s->failed, true);
+  return p;
+}
+
+/* Scratch the kernel writes in full before reading: no clearing (calloc
+ * clears megabytes for nothing); NULL after reporting failure. */
+static void *uncleared_scratch(const cpu_kernel_args *k, int64_t elements, int64_t es) {
+  void *p = malloc((size_t)(elements ? elements * es : 1));
+  if (!p)
+    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
+                    (long long)elements, (long long)es);
+  return p;
+}
+
+static DK_Status split_status(const cpu_kernel_args *k, conv_split *s) {
+  if (!atomic_load(&s->failed)) return DK_OK;
+  return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
+}
+
 /* ---- Conv --------------------------------------------------------------------------- */
+
+/* Work is split over the pool in tiles of output positions per image and
+ * group: a chunk builds a tile's columns in its own buffer (sized for the
+ * core's cache), multiplies them on its thread and adds the bias while the
+ * tile is in cache. Planes too small for tiles of TILE_MIN positions per
+ * thread are computed whole instead, with the columns built by channel on
+ * the pool and the product split by output channels (linalg_gemm): a tile's
+ * product would pack all the weights again for few positions. */
+#define TILE_BYTES ((int64_t)1 << 19)
+#define TILE_MIN 64
+/* A chunk the OS delays on a busy machine holds up the split: when tiles
+ * are few, they are cut down to this size, for a few chunks per thread
+ * (not pointwise ones: their product is short, and one part per thread
+ * measured faster). */
+#define TILE_EVEN 128
+
+typedef struct conv_job {
+  conv_split s;
+  bool direct;
+  int64_t cg, mg, rows, in_plane, out_plane, x_channels, y_channels;
+  const uint8_t *x, *wt, *b;
+  uint8_t *y;
+  uint8_t *col; /* the shared column buffer of a whole plane */
+  int64_t p0, count;
+} conv_job;
+
+static void conv_tiles(void *arg, int64_t begin, int64_t end) {
+  conv_job *j = arg;
+  int64_t es = j->s.es, tiles = ceil_div(j->out_plane, j->s.block);
+  uint8_t *col = j->direct ? NULL : chunk_scratch(&j->s, j->rows * j->s.block);
+  if (!j->direct && !col) return;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t ng = i / tiles, n = ng / j->s.group, g = ng % j->s.group;
+    int64_t p0 = i % tiles * j->s.block, count = j->out_plane - p0;
+    if (count > j->s.block) count = j->s.block;
+    const uint8_t *xg = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
+    const uint8_t *wg = j->wt + g * j->mg * j->rows * es;
+    uint8_t *yg = j->y + ((n * j->y_channels + g * j->mg) * j->out_plane + p0) * es;
+    if (j->direct) {
+      linalg_gemm(j->s.real, false, false, j->mg, count, j->cg, 1.0, wg, j->rows, xg + p0 * es, j->in_plane,
+                  0.0, yg, j->out_plane);
+    } else {
+      linalg_im2col(j->s.real, j->s.w, xg, j->cg, p0, count, col);
+      linalg_gemm(j->s.real, false, false, j->mg, count, j->rows, 1.0, wg, j->rows, col, count, 0.0, yg,
+                  j->out_plane);
+    }
+    if (j->b) add_bias(j->s.real, yg, j->b + g * j->mg * es, j->mg, count, j->out_plane);
+  }
+  free(col);
+}
+
+/* Columns of channels [begin, end) of the image at j->x, positions j->p0.. */
+static void conv_columns(void *arg, int64_t begin, int64_t end) {
+  conv_job *j = arg;
+  int64_t taps = j->rows / j->cg;
+  linalg_im2col(j->s.real, j->s.w, j->x + begin * j->in_plane * j->s.es, end - begin, j->p0, j->count,
+                j->col + begin * taps * j->count * j->s.es);
+}
+
+/* The small-plane path: per image, group and band, the columns on the pool
+ * (a chunk per run of channels; a pointwise kernel reads the image itself),
+ * then one pool-split product. */
+static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch) {
+  int64_t es = j->s.es, band = j->direct ? j->out_plane : band_width(j->rows, j->out_plane);
+  uint8_t *col = j->direct ? NULL : uncleared_scratch(k, j->rows * band, es);
+  if (!j->direct && !col) return DK_RESOURCE_EXHAUSTED;
+  conv_job part = *j;
+  part.col = col;
+  int64_t taps = j->rows / j->cg;
+  for (int64_t n = 0; n < batch; n++) {
+    for (int64_t g = 0; g < j->s.group; g++) {
+      const uint8_t *xg = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
+      const uint8_t *wg = j->wt + g * j->mg * j->rows * es;
+      uint8_t *yg = j->y + (n * j->y_channels + g * j->mg) * j->out_plane * es;
+      for (int64_t p0 = 0; p0 < j->out_plane; p0 += band) {
+        part.x = xg, part.p0 = p0;
+        part.count = j->out_plane - p0 < band ? j->out_plane - p0 : band;
+        if (j->direct) {
+          linalg_gemm(j->s.real, false, false, j->mg, part.count, j->cg, 1.0, wg, j->rows, xg, j->in_plane,
+                      0.0, yg, j->out_plane);
+        } else { /* about 16 Ki column elements per chunk */
+          cpu_parallel_for(j->cg, ceil_div(16384, taps * part.count), conv_columns, &part);
+          linalg_gemm(j->s.real, false, false, j->mg, part.count, j->rows, 1.0, wg, j->rows, col, part.count,
+                      0.0, yg + p0 * es, j->out_plane);
+        }
+        if (j->b) add_bias(j->s.real, yg + p0 * es, j->b + g * j->mg * es, j->mg, part.count, j->out_plane);
+      }
+    }
+  }
+  free(col);
+  return DK_OK;
+}
+
+/* ---- Winograd F(2x2, 3x3) ---------------------------------------------------------- */
+
+/* A float32 2-D 3x3 convolution with unit strides and dilations computes
+ * each 2x2 block of outputs (a tile) from the 4x4 input patch under it in a
+ * transformed space: Y = A^T [sum over channels of U (.) V] A, with
+ * U = G g G^T the filter's and V = B^T d B the patch's transform, so a
+ * tile's 36 multiply-adds per channel become 16 -- 16 GEMMs (one per
+ * transformed position) of (filters x channels) by (channels x tiles). The
+ * transforms add and subtract a few values and halve, so the sums stay
+ * within the op's dot-product tolerance (measured: at most 0.4 of it, on
+ * same-sign operands with few channels). A non-finite value anywhere spreads
+ * across the tile differently than in the direct sum, so a result with any
+ * non-finite output is computed again by im2col + GEMM. */
+#define WINO_BYTES ((int64_t)1 << 21) /* a chunk's transformed patches */
+#define WINO_MIN_CHANNELS 8
+/* Fewer tiles make narrow products that pack the transformed filters for
+ * little work: an image needs this many, and a chunk takes as many. */
+#define WINO_MIN_TILES 64
+
+typedef struct wino_job {
+  conv_split s;
+  int64_t batch, cg, mg, x_channels, y_channels;
+  int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
+  const float *x, *b;
+  float *u; /* [group][16][mg][cg] */
+  const float *wt;
+  float *y;
+  atomic_bool non_finite;
+} wino_job;
+
+bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
+  for (int32_t d = 0; d < 2; d++)
+    if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
+  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_MIN_TILES;
+}
+
+/* U = G g G^T: u[xi][i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
+CPU_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, float *u, int64_t step) {
+  for (int64_t i = 0; i < count; i++) {
+    const float *g = k + 9 * i;
+    float t[4][3];
+    for (int s = 0; s < 3; s++) {
+      t[0][s] = g[s];
+      t[1][s] = 0.5f * (g[s] + g[3 + s] + g[6 + s]);
+      t[2][s] = 0.5f * (g[s] - g[3 + s] + g[6 + s]);
+      t[3][s] = g[6 + s];
+    }
+    for (int r = 0; r < 4; r++) {
+      u[(4 * r + 0) * step + i] = t[r][0];
+      u[(4 * r + 1) * step + i] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+      u[(4 * r + 2) * step + i] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+      u[(4 * r + 3) * step + i] = t[r][2];
+    }
+  }
+}
+
+/* The transforms of kernels [begin, end) of W (index (g * mg + m) * cg + c),
+ * into u[g][xi][m][c]. */
+static void wino_filters(void *arg, int64_t begin, int64_t end) {
+  wino_job *j = arg;
+  int64_t per_group = j->mg * j->cg;
+  while (begin < end) {
+    int64_t g = begin / per_group, i = begin % per_group;
+    int64_t count = per_group - i < end - begin ? per_group - i : end - begin;
+    wino_filter_run(j->wt + 9 * begin, count, j->u + g * 16 * per_group + i, per_group);
+    begin += count;
+  }
+}
+
+/* v[xi * step + i] = (B^T d B)[xi] for the 4x4 patches d at p + 2 * i
+ * (rows ld apart), i in [0, count): a run of tiles along a row. */
+CPU_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t count, float *v, int64_t step) {
+  for (int64_t i = 0; i < count; i++) {
+    const float *d = p + 2 * i;
+    float e[4][4];
+    for (int s = 0; s < 4; s++) {
+      e[0][s] = d[s] - d[2 * ld + s];
+      e[1][s] = d[ld + s] + d[2 * ld + s];
+      e[2][s] = d[2 * ld + s] - d[ld + s];
+      e[3][s] = d[ld + s] - d[3 * ld + s];
+    }
+    for (int r = 0; r < 4; r++) {
+      v[(4 * r + 0) * step + i] = e[r][0] - e[r][2];
+      v[(4 * r + 1) * step + i] = e[r][1] + e[r][2];
+      v[(4 * r + 2) * step + i] = e[r][2] - e[r][1];
+      v[(4 * r + 3) * step + i] = e[r][1] - e[r][3];
+    }
+  }
+}
+
+/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count):
+ * runs of tiles inside the image read it in place, the others a zero-padded
+ * copy of their patch. */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t count, float *v) {
+  int64_t step = j->cg * j->tblock;
+  /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
+  int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
+  if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
+  for (int64_t c = 0; c < j->cg; c++) {
+    const float *plane = xg + c * j->h * j->wd;
+    for (int64_t t = 0; t < count;) {
+      int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
+      int64_t y0 = 2 * ty - j->pad_h, x0 = 2 * tx - j->pad_w;
+      float *out = v + c * j->tblock + t;
+      int64_t run = inner_hi - tx;
+      if (run > count - t) run = count - t;
+      if (y0 >= 0 && y0 + 4 <= j->h && tx >= inner_lo && run > 0) {
+        wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
+        t += run;
+        continue;
+      }
+      float d[16];
+      for (int r = 0; r < 4; r++)
+        for (int s = 0; s < 4; s++) {
+          int64_t iy = y0 + r, ix = x0 + s;
+          d[4 * r + s] = iy >= 0 && iy < j->h && ix >= 0 && ix < j->wd ? plane[iy * j->wd + ix] : 0.0f;
+        }
+      wino_input_run(d, 4, 1, out, step);
+      t++;
+    }
+  }
+}
+
+/* o[r * ld + 2 * i + c] = (A^T m A)[r][c] + add for the transformed sums m
+ * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles. */
+CPU_VECTOR_CLONES static void wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
+                                             int64_t ld) {
+  for (int64_t i = 0; i < count; i++) {
+    float s[2][4];
+    for (int c = 0; c < 4; c++) {
+      s[0][c] = p[c * step + i] + p[(4 + c) * step + i] + p[(8 + c) * step + i];
+      s[1][c] = p[(4 + c) * step + i] - p[(8 + c) * step + i] - p[(12 + c) * step + i];
+    }
+    for (int r = 0; r < 2; r++) {
+      o[r * ld + 2 * i] = s[r][0] + s[r][1] + s[r][2] + add;
+      o[r * ld + 2 * i + 1] = s[r][1] - s[r][2] - s[r][3] + add;
+    }
+  }
+}
+
+/* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
+ * not finite. mx is [16][mb][tblock]; tiles cut by the plane's last row or
+ * column go through a 2x2 buffer. */
+static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t t0, int64_t count,
+                         const float *bias, float *yg) {
+  bool finite = true;
+  int64_t step = mb * j->tblock, whole_w = j->ow / 2;
+  for (int64_t m = 0; m < mb; m++) {
+    float add = bias ? bias[m] : 0.0f, *plane = yg + m * j->oh * j->ow;
+    for (int64_t t = 0; t < count;) {
+      int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
+      const float *p = mx + m * j->tblock + t;
+      float *o = plane + 2 * ty * j->ow + 2 * tx;
+      int64_t run = whole_w - tx;
+      if (run > count - t) run = count - t;
+      if (2 * ty + 2 <= j->oh && run > 0) {
+        wino_output_run(p, step, run, add, o, j->ow);
+        for (int r = 0; r < 2; r++)
+          for (int64_t i = 0; i < 2 * run; i++) finite = finite && isfinite(o[r * j->ow + i]);
+        t += run;
+        continue;
+      }
+      float part[4];
+      wino_output_run(p, step, 1, add, part, 2);
+      for (int r = 0; r < 2 && 2 * ty + r < j->oh; r++)
+        for (int c = 0; c < 2 && 2 * tx + c < j->ow; c++) {
+          o[r * j->ow + c] = part[2 * r + c];
+          finite = finite && isfinite(part[2 * r + c]);
+        }
+      t++;
+    }
+  }
+  return finite;
+}
+
+static void wino_part(void *arg, int64_t begin, int64_t end) {
+  wino_job *j = arg;
+  float *v = chunk_scratch(&j->s, 16 * j->tblock * (j->cg + j->mblock));
+  if (!v) return;
+  float *mx = v + 16 * j->tblock * j->cg;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t mi = i % j->mblocks, ti = i / j->mblocks % j->tblocks, ng = i / j->mblocks / j->tblocks;
+    int64_t n = ng / j->s.group, g = ng % j->s.group;
+    int64_t t0 = ti * j->tblock, count = j->tiles - t0 < j->tblock ? j->tiles - t0 : j->tblock;
+    int64_t m0 = mi * j->mblock, mb = j->mg - m0 < j->mblock ? j->mg - m0 : j->mblock;
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, t0, count, v);
+    for (int xi = 0; xi < 16; xi++)
+      linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
+                  j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
+    float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->oh * j->ow;
+    if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
+      atomic_store(&j->non_finite, true);
+  }
+  free(v);
+}
+
+DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                               const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
+                               bool *redo) {
+  wino_job j = {.s = {.real = LINALG_F32, .w = w, .es = sizeof(float), .group = group},
+                .batch = x->shape[0], .cg = x->shape[1] / group, .mg = y->shape[1] / group,
+                .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
+                .oh = w->grid[0], .ow = w->grid[1], .pad_h = w->pad[0], .pad_w = w->pad[1],
+                .x = (const float *)x->data, .b = b ? (const float *)b->data : NULL,
+                .wt = (const float *)wt->data, .y = (float *)y->data};
+  atomic_init(&j.s.failed, false);
+  atomic_init(&j.non_finite, false);
+  j.tiles_w = ceil_div(j.ow, 2);
+  j.tiles = ceil_div(j.oh, 2) * j.tiles_w;
+  /* Blocks of tiles whose transforms fit WINO_BYTES; with few, more blocks
+   * (of at least 64 tiles) and then runs of filters, for a few chunks per thread. */
+  int64_t threads = cpu_thread_count(), images = j.batch * group;
+  int64_t tblock = WINO_BYTES / (16 * j.cg * (int64_t)sizeof(float));
+  if (tblock < WINO_MIN_TILES) tblock = WINO_MIN_TILES;
+  j.tblocks = ceil_div(j.tiles, tblock);
+  j.mblocks = 1;
+  if (threads > 1 && images * j.tblocks < 4 * threads) {
+    int64_t most = ceil_div(j.tiles, WINO_MIN_TILES) > j.tblocks ? ceil_div(j.tiles, WINO_MIN_TILES) : j.tblocks;
+    j.tblocks = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
+    if (images * j.tblocks < 2 * threads) {
+      int64_t runs = ceil_div(2 * threads, images * j.tblocks), most_runs = ceil_div(j.mg, 32);
+      j.mblocks = runs < most_runs ? runs : most_runs;
+    }
+  }
+  j.tblock = ceil_div(j.tiles, j.tblocks);
+  j.tblocks = ceil_div(j.tiles, j.tblock);
+  j.mblock = ceil_div(j.mg, j.mblocks);
+  j.mblocks = ceil_div(j.mg, j.mblock);
+  j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
+  if (!j.u) return DK_RESOURCE_EXHAUSTED;
+  cpu_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
+  cpu_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
+  free(j.u);
+  *redo = atomic_load(&j.non_finite);
+  return split_status(k, &j.s);
+}
 
 static DK_Status conv_float(const cpu_kernel_args *k) {
   const cpu_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
   linalg_real real = linalg_real_of(y);
-  int64_t es = y->itemsize;
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = cpu_attr_int(k, "group", 1);
-  int64_t cg = x->shape[1] / group, mg = y->shape[1] / group;
-  int64_t rows = cg * linalg_prod(w.kernel, w.n);
-  int64_t in_plane = linalg_prod(w.target, w.n), out_plane = linalg_prod(w.grid, w.n);
-  if (nothing_summed(real, x, y, b, out_plane)) return DK_OK;
-  bool direct = pointwise(&w);
-  int64_t band = band_width(rows, out_plane);
-  uint8_t *col = direct ? NULL : linalg_scratch(k, (size_t)(rows * band), (size_t)es);
-  if (!direct && !col) return DK_RESOURCE_EXHAUSTED;
-  for (int64_t n = 0; n < x->shape[0]; n++) {
-    for (int64_t g = 0; g < group; g++) {
-      const uint8_t *xg = x->data + (n * x->shape[1] + g * cg) * in_plane * es;
-      const uint8_t *wg = wt->data + g * mg * rows * es;
-      uint8_t *yg = y->data + (n * y->shape[1] + g * mg) * out_plane * es;
-      if (direct) {
-        linalg_gemm(real, false, false, mg, out_plane, cg, 1.0, wg, rows, xg, in_plane, 0.0, yg, out_plane);
-        continue;
-      }
-      for (int64_t p0 = 0; p0 < out_plane; p0 += band) {
-        int64_t count = out_plane - p0 < band ? out_plane - p0 : band;
-        if (real == LINALG_F64)
-          im2col_f64(&w, (const double *)xg, cg, p0, count, (double *)col);
-        else
-          im2col_f32(&w, (const float *)xg, cg, p0, count, (float *)col);
-        linalg_gemm(real, false, false, mg, count, rows, 1.0, wg, rows, col, count, 0.0, yg + p0 * es,
-                    out_plane);
-      }
-    }
+  conv_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
+                .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = y->shape[1] / group,
+                .in_plane = linalg_prod(w.target, w.n), .out_plane = linalg_prod(w.grid, w.n),
+                .x_channels = x->shape[1], .y_channels = y->shape[1],
+                .x = x->data, .wt = wt->data, .b = b ? b->data : NULL, .y = y->data};
+  j.rows = j.cg * linalg_prod(w.kernel, w.n);
+  if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
+  if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
+    bool redo = false;
+    DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);
+    if (st != DK_OK || !redo) return st;
   }
-  free(col);
-  if (b) add_bias(real, y, b, out_plane);
-  return DK_OK;
+  atomic_init(&j.s.failed, false);
+  /* Tiles that fit the cache, at least TILE_MIN positions; when there are
+   * few, as many more as make their count a multiple of the threads. */
+  int64_t threads = cpu_thread_count(), images = x->shape[0] * group;
+  int64_t tile = TILE_BYTES / (j.rows * j.s.es);
+  if (tile < TILE_MIN) tile = TILE_MIN;
+  int64_t tiles = ceil_div(j.out_plane, tile);
+  if (threads > 1 && !j.direct && images * tiles < 4 * threads) { /* more tiles, down to TILE_EVEN positions */
+    int64_t most = j.out_plane / TILE_EVEN > tiles ? j.out_plane / TILE_EVEN : tiles;
+    tiles = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
+  }
+  if (threads > 1 && images * tiles < 8 * threads) /* a multiple of the threads */
+    tiles = ceil_div(ceil_div(images * tiles, threads) * threads, images);
+  j.s.block = ceil_div(j.out_plane, tiles);
+  if (threads > 1 && j.s.block < TILE_MIN && images < 2 * threads)
+    return conv_whole(k, &j, x->shape[0]);
+  if (j.s.block < 1) j.s.block = 1;
+  cpu_parallel_for(images * ceil_div(j.out_plane, j.s.block), 1, conv_tiles, &j);
+  return split_status(k, &j.s);
 }
 
 static DK_Status conv_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
@@ -259,46 +645,68 @@ static void window_transpose(const cpu_kernel_args *k, int32_t n, const int64_t 
   }
 }
 
+/* Split over the pool by image, group and run of output channels: a chunk
+ * owns its channels' planes, so it clears them, scatters its columns into
+ * them (col2im) and adds their bias with no other thread writing there. */
+typedef struct conv_transpose_job {
+  conv_split s;
+  bool direct;
+  int64_t cg, mg, taps, in_plane, out_plane, x_channels, y_channels, band;
+  const uint8_t *x, *wt, *b;
+  uint8_t *y;
+} conv_transpose_job;
+
+static void conv_transpose_part(void *arg, int64_t begin, int64_t end) {
+  conv_transpose_job *j = arg;
+  int64_t es = j->s.es, rows = j->mg * j->taps, blocks = ceil_div(j->mg, j->s.block);
+  uint8_t *col = j->direct ? NULL : chunk_scratch(&j->s, j->s.block * j->taps * j->band);
+  if (!j->direct && !col) return;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t ng = i / blocks, n = ng / j->s.group, g = ng % j->s.group;
+    int64_t m0 = i % blocks * j->s.block, mb = j->mg - m0 < j->s.block ? j->mg - m0 : j->s.block;
+    const uint8_t *xg = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
+    const uint8_t *wg = j->wt + (g * j->cg * rows + m0 * j->taps) * es; /* W_g (cg x rows), columns from m0 */
+    uint8_t *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->out_plane * es;
+    if (j->direct) { /* yg (mb x plane) = wg^T (mb x cg) @ xg (cg x plane) */
+      linalg_gemm(j->s.real, true, false, mb, j->in_plane, j->cg, 1.0, wg, rows, xg, j->in_plane, 0.0, yg,
+                  j->out_plane);
+    } else {
+      memset(yg, 0, (size_t)(mb * j->out_plane * es));
+      for (int64_t p0 = 0; p0 < j->in_plane; p0 += j->band) {
+        int64_t count = j->in_plane - p0 < j->band ? j->in_plane - p0 : j->band;
+        linalg_gemm(j->s.real, true, false, mb * j->taps, count, j->cg, 1.0, wg, rows, xg + p0 * es,
+                    j->in_plane, 0.0, col, count);
+        linalg_col2im(j->s.real, j->s.w, col, mb, p0, count, yg);
+      }
+    }
+    if (j->b) add_bias(j->s.real, yg, j->b + (g * j->mg + m0) * es, mb, j->out_plane, j->out_plane);
+  }
+  free(col);
+}
+
 static DK_Status conv_transpose_float(const cpu_kernel_args *k) {
   const cpu_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
   linalg_real real = linalg_real_of(y);
-  int64_t es = y->itemsize;
   linalg_window w;
   window_transpose(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = cpu_attr_int(k, "group", 1);
-  int64_t cg = x->shape[1] / group, mg = wt->shape[1];
-  int64_t rows = mg * linalg_prod(w.kernel, w.n);
-  int64_t in_plane = linalg_prod(w.grid, w.n), out_plane = linalg_prod(w.target, w.n);
-  if (nothing_summed(real, x, y, b, out_plane)) return DK_OK;
-  bool direct = pointwise(&w);
-  int64_t band = band_width(rows, in_plane);
-  uint8_t *col = direct ? NULL : linalg_scratch(k, (size_t)(rows * band), (size_t)es);
-  if (!direct && !col) return DK_RESOURCE_EXHAUSTED;
-  memset(y->data, 0, (size_t)(y->size * es));
-  for (int64_t n = 0; n < x->shape[0]; n++) {
-    for (int64_t g = 0; g < group; g++) {
-      const uint8_t *xg = x->data + (n * x->shape[1] + g * cg) * in_plane * es;
-      const uint8_t *wg = wt->data + g * cg * rows * es;
-      uint8_t *yg = y->data + (n * y->shape[1] + g * mg) * out_plane * es;
-      if (direct) { /* yg (mg x plane) = wg^T (mg x cg) @ xg (cg x plane) */
-        linalg_gemm(real, true, false, mg, in_plane, cg, 1.0, wg, rows, xg, in_plane, 0.0, yg, out_plane);
-        continue;
-      }
-      for (int64_t p0 = 0; p0 < in_plane; p0 += band) {
-        int64_t count = in_plane - p0 < band ? in_plane - p0 : band;
-        linalg_gemm(real, true, false, rows, count, cg, 1.0, wg, rows, xg + p0 * es, in_plane, 0.0, col,
-                    count);
-        if (real == LINALG_F64)
-          col2im_f64(&w, (const double *)col, mg, p0, count, (double *)yg);
-        else
-          col2im_f32(&w, (const float *)col, mg, p0, count, (float *)yg);
-      }
-    }
-  }
-  free(col);
-  if (b) add_bias(real, y, b, out_plane);
-  return DK_OK;
+  conv_transpose_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
+                          .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = wt->shape[1],
+                          .taps = linalg_prod(w.kernel, w.n), .in_plane = linalg_prod(w.grid, w.n),
+                          .out_plane = linalg_prod(w.target, w.n), .x_channels = x->shape[1],
+                          .y_channels = y->shape[1], .x = x->data, .wt = wt->data, .b = b ? b->data : NULL,
+                          .y = y->data};
+  if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
+  atomic_init(&j.s.failed, false);
+  /* Runs of channels: enough for a few chunks per thread. */
+  int64_t threads = cpu_thread_count(), images = x->shape[0] * group;
+  int64_t blocks = threads > 1 ? ceil_div(4 * threads, images) : 1;
+  if (blocks > j.mg) blocks = j.mg;
+  j.s.block = ceil_div(j.mg, blocks);
+  j.band = band_width(j.s.block * j.taps, j.in_plane);
+  cpu_parallel_for(images * ceil_div(j.mg, j.s.block), 1, conv_transpose_part, &j);
+  return split_status(k, &j.s);
 }
 
 static DK_Status conv_transpose_low(const cpu_kernel_args *k) {

@@ -453,3 +453,14 @@ static const cpu_kernel_def k_linalg_einsum[] = {
     {"Einsum", DK_DTYPE_BFLOAT16, einsum_low, DK_KERNEL_STRIDED_INPUTS},
 };
 CPU_REGISTER_KERNELS(k_linalg_einsum)
+
+/* Einsum: every operand and Y of the key dtype. (The kernel matches the
+ * equation to the operands' shapes as it parses it, before it reads any.) */
+static DK_Status validate_einsum(const cpu_kernel_args *k) {
+  DK_Status st = DK_OK;
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+}
+
+static const cpu_validator v_linalg_einsum[] = {{"Einsum", validate_einsum}};
+CPU_REGISTER_VALIDATORS(v_linalg_einsum)

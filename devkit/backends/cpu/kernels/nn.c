@@ -551,16 +551,29 @@ static DK_Status check_norm_attributes(const cpu_kernel_args *k) {
 }
 
 /* BatchNormalization, InstanceNormalization: X (N, C, ...) (BatchNormalization:
- * or (N)), per-channel vectors (of any float dtype); Y like X. */
+ * or (N)), per-channel vectors -- InstanceNormalization's of X's dtype,
+ * BatchNormalization's scale and B of one float dtype, input_mean and
+ * input_var of another, which the running statistics (outputs 1, 2) take;
+ * Y like X. */
 static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, strcmp(k->op, "InstanceNormalization") == 0 ? 3 : 1, CPU_MAX_DIMS);
+  bool instance = strcmp(k->op, "InstanceNormalization") == 0;
+  DK_Status st = cpu_check_rank(k, 0, instance ? 3 : 1, CPU_MAX_DIMS);
   if (st == DK_OK) st = check_norm_attributes(k);
   if (st != DK_OK) return st;
   int64_t c = k->in[0].ndim > 1 ? k->in[0].shape[1] : 1;
-  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) {
+    st = check_vector(k, i, c);
+    if (st == DK_OK && k->in[i].ndim >= 0)
+      st = instance ? cpu_check_dtype(k, "input", i, k->in[0].dtype)
+           : i % 2 ? cpu_check_float_dtype(k, "input", i) /* scale, input_mean */
+                   : cpu_check_dtype(k, "input", i, k->in[i - 1].dtype); /* B, input_var: their pair's */
+  }
   if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
   if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
-  for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_output(k, j, 1, &c);
+  for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) {
+    st = cpu_check_output(k, j, 1, &c);
+    if (st == DK_OK) st = cpu_check_dtype(k, "output", j, k->num_inputs > 3 ? k->in[3].dtype : k->in[0].dtype);
+  }
   return st;
 }
 
@@ -586,8 +599,10 @@ static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
   }
   int64_t stats[CPU_MAX_DIMS];
   for (int32_t d = 0; d < x->ndim; d++) stats[d] = d < axis ? x->shape[d] : 1;
-  for (size_t j = 1; j < k->num_outputs; j++)
-    if (k->out[j].ndim >= 0 && (st = cpu_check_output(k, j, x->ndim, stats)) != DK_OK) return st;
+  for (size_t j = 1; j < k->num_outputs; j++) { /* Mean and InvStdDev: float32 statistics */
+    if ((st = cpu_check_output(k, j, x->ndim, stats)) != DK_OK) return st;
+    if ((st = cpu_check_dtype(k, "output", j, DK_DTYPE_FLOAT32)) != DK_OK) return st;
+  }
   return DK_OK;
 }
 

@@ -131,3 +131,27 @@ static const cpu_kernel_def k_reduce_topk[] = {
     REDUCE_INT_TYPES(INT_ROWS)
 };
 CPU_REGISTER_KERNELS(k_reduce_topk)
+
+/* TopK: axis inside X's rank; K one integer in [0, the axis' length];
+ * values of X's dtype and int64 indices, both X's shape with K on axis.
+ * (The kernel rereads K and the axis, which cannot fail then.) */
+static DK_Status validate_topk(const cpu_kernel_args *k) {
+  const cpu_tensor *x = &k->in[0];
+  int64_t axis, count, shape[CPU_MAX_DIMS];
+  const int64_t *kv = cpu_attr_ints(k, "K", &count);
+  DK_Status st = cpu_check_axis(k, "axis", x->ndim, false, &axis);
+  if (st != DK_OK) return st;
+  if (count != 1 || kv[0] < 0 || kv[0] > x->shape[axis])
+    return cpu_invalid(k, "K must be one integer in [0, %lld], the length of axis %lld", (long long)x->shape[axis],
+                       (long long)axis);
+  memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
+  shape[axis] = kv[0];
+  if (k->num_outputs != 2) return cpu_invalid(k, "has %zu outputs; the kernel writes values and indices", k->num_outputs);
+  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  if ((st = cpu_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
+  if ((st = cpu_check_output(k, 0, x->ndim, shape)) != DK_OK) return st;
+  return cpu_check_output(k, 1, x->ndim, shape);
+}
+
+static const cpu_validator v_reduce_topk[] = {{"TopK", validate_topk}};
+CPU_REGISTER_VALIDATORS(v_reduce_topk)

@@ -385,7 +385,231 @@ static DK_Status validate_dropout(const cpu_kernel_args *k) {
   return st;
 }
 
+/* Reshape: `shape` (the host input) as devkit/ops/shape.py's _reshape_shape
+ * reads it -- a 0 copies the input's dimension unless allowzero, one -1 is
+ * inferred -- giving as many elements as the input. */
+static DK_Status validate_reshape(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  DK_Status st = cpu_check_int_list(k, "shape");
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, in->dtype);
+  if (st != DK_OK) return st;
+  int64_t count, known = 1, shape[CPU_MAX_DIMS];
+  const int64_t *target = cpu_attr_ints(k, "shape", &count);
+  bool allowzero = cpu_attr_int(k, "allowzero", 0) != 0, zero = false, overflows = false;
+  if (count > CPU_MAX_DIMS)
+    return cpu_invalid(k, "attribute 'shape' has %lld values, over %d", (long long)count, CPU_MAX_DIMS);
+  int32_t inferred = -1;
+  for (int32_t d = 0; d < count; d++) {
+    int64_t n = target[d];
+    if (n < -1) return cpu_invalid(k, "attribute 'shape' value %d is %lld; only -1 may be negative", d, (long long)n);
+    if (n == -1 && inferred >= 0) return cpu_invalid(k, "attribute 'shape' has more than one -1");
+    if (n == -1) {
+      inferred = d;
+      continue;
+    }
+    if (n == 0 && !allowzero) {
+      if (d >= in->ndim)
+        return cpu_invalid(k, "attribute 'shape' value %d is 0 (copy the input's dimension), but the input has "
+                           "rank %d", d, in->ndim);
+      n = in->shape[d];
+    }
+    shape[d] = n;
+    zero = zero || n == 0;
+    overflows = overflows || __builtin_mul_overflow(known, n, &known);
+  }
+  if (zero) known = 0;
+  if (inferred >= 0) {
+    if (known == 0 || overflows || in->size % known)
+      return cpu_invalid(k, "cannot infer the -1 in attribute 'shape' for an input of %lld elements",
+                         (long long)in->size);
+    shape[inferred] = in->size / known;
+  } else if (overflows || known != in->size) {
+    return cpu_invalid(k, "attribute 'shape' does not give the input's %lld elements", (long long)in->size);
+  }
+  return cpu_check_output(k, 0, (int32_t)count, shape);
+}
+
+/* Squeeze: the axes (the host input; omitted or empty: every size-1 dim)
+ * are distinct dims of size 1, removed. */
+static DK_Status validate_squeeze(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int32_t axes[CPU_MAX_DIMS], ndim = 0;
+  int64_t count, shape[CPU_MAX_DIMS];
+  DK_Status st = cpu_check_axes(k, "axes", in->ndim, axes, &count);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, in->dtype);
+  if (st != DK_OK) return st;
+  bool removed[CPU_MAX_DIMS] = {false};
+  for (int64_t i = 0; i < count; i++) {
+    if (in->shape[axes[i]] != 1)
+      return cpu_invalid(k, "attribute 'axes' names axis %d, of size %lld, not 1", axes[i],
+                         (long long)in->shape[axes[i]]);
+    removed[axes[i]] = true;
+  }
+  for (int32_t d = 0; d < in->ndim; d++)
+    if (count > 0 ? !removed[d] : in->shape[d] != 1) shape[ndim++] = in->shape[d];
+  return cpu_check_output(k, 0, ndim, shape);
+}
+
+/* Unsqueeze: the axes (the host input) are distinct positions in the output,
+ * of rank the input's plus their count; size-1 dims go there. */
+static DK_Status validate_unsqueeze(const cpu_kernel_args *k) {
+  const cpu_tensor *in = &k->in[0];
+  int32_t axes[CPU_MAX_DIMS];
+  int64_t count, shape[CPU_MAX_DIMS];
+  cpu_attr_ints(k, "axes", &count);
+  DK_Status st = cpu_check_int_list(k, "axes");
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, in->dtype);
+  if (st != DK_OK) return st;
+  if (count > CPU_MAX_DIMS - in->ndim)
+    return cpu_invalid(k, "attribute 'axes' has %lld values; the output's rank would pass %d", (long long)count,
+                       CPU_MAX_DIMS);
+  int32_t ndim = in->ndim + (int32_t)count;
+  if ((st = cpu_check_axes(k, "axes", ndim, axes, &count)) != DK_OK) return st;
+  bool inserted[CPU_MAX_DIMS] = {false};
+  for (int64_t i = 0; i < count; i++) inserted[axes[i]] = true;
+  for (int32_t d = 0, next = 0; d < ndim; d++) shape[d] = inserted[d] ? 1 : in->shape[next++];
+  return cpu_check_output(k, 0, ndim, shape);
+}
+
+/* Shape: an int64 vector of the dims in [start, end), both clamped to [0, rank]. */
+static int64_t clamp_to_rank(int64_t axis, int32_t rank) {
+  if (axis < 0) axis += rank;
+  return axis < 0 ? 0 : axis > rank ? rank : axis;
+}
+
+static DK_Status validate_shape(const cpu_kernel_args *k) {
+  int32_t rank = k->in[0].ndim;
+  int64_t start = clamp_to_rank(cpu_attr_int(k, "start", 0), rank);
+  int64_t end = cpu_attr(k, "end") ? clamp_to_rank(cpu_attr_int(k, "end", rank), rank) : rank;
+  int64_t length = end > start ? end - start : 0;
+  DK_Status st = cpu_check_dtype(k, "output", 0, DK_DTYPE_INT64);
+  return st != DK_OK ? st : cpu_check_output(k, 0, 1, &length);
+}
+
+/* Host attribute `name` holds one value of the kernel's kind (floats for a
+ * float kernel, ints otherwise); *value gets it as double, *ivalue as int64. */
+static DK_Status check_host_scalar(const cpu_kernel_args *k, const char *name, bool floating, double *value,
+                                   int64_t *ivalue) {
+  const DK_Attribute *a = cpu_attr(k, name);
+  if (a->count != 1 || a->type != (floating ? DK_ATTR_FLOATS : DK_ATTR_INTS))
+    return cpu_invalid(k, "attribute '%s' must be one %s value, got %lld %s", name, floating ? "float" : "integer",
+                       (long long)a->count, a->type == DK_ATTR_INTS ? "ints" : "floats");
+  *value = floating ? a->floats[0] : (double)a->ints[0];
+  *ivalue = floating ? 0 : a->ints[0];
+  return DK_OK;
+}
+
+/* Range: start, limit and delta one value each, of the kernel's dtype (an
+ * int32 kernel's inside int32); the output a vector of the kernel's dtype
+ * with max(ceil((limit - start) / delta), 0) elements (exact for integers). */
+static DK_Status validate_range(const cpu_kernel_args *k) {
+  static const char *const names[3] = {"start", "limit", "delta"};
+  bool floating = shape_is_float(k->dtype);
+  double v[3];
+  int64_t iv[3], count;
+  DK_Status st = cpu_check_dtype(k, "output", 0, k->dtype);
+  for (int i = 0; st == DK_OK && i < 3; i++) {
+    st = check_host_scalar(k, names[i], floating, &v[i], &iv[i]);
+    if (st == DK_OK && k->dtype == DK_DTYPE_INT32 && (iv[i] < INT32_MIN || iv[i] > INT32_MAX))
+      st = cpu_invalid(k, "attribute '%s' is %lld, outside int32", names[i], (long long)iv[i]);
+  }
+  if (st != DK_OK) return st;
+  if (v[2] == 0.0) return cpu_invalid(k, "attribute 'delta' is 0");
+  if (floating) {
+    double quotient = ceil((v[1] - v[0]) / v[2]);
+    if (!isfinite(quotient) || quotient >= 0x1p63)
+      return cpu_invalid(k, "start %g, limit %g and delta %g give no finite element count", v[0], v[1], v[2]);
+    count = quotient > 0 ? (int64_t)quotient : 0;
+  } else { /* ceil((limit - start) / delta) in 128 bits: the difference may pass int64 */
+    __int128 span = (__int128)iv[1] - iv[0], step = iv[2];
+    __int128 n = span / step + (span % step != 0 && (span < 0) == (step < 0));
+    if (n > INT64_MAX) return cpu_invalid(k, "start, limit and delta give more elements than int64 counts");
+    count = n > 0 ? (int64_t)n : 0;
+  }
+  return cpu_check_output(k, 0, 1, &count);
+}
+
+/* ConstantOfShape: the output of the shape (the host input, entries >= 0)
+ * and of the dtype attribute, which is the kernel's; a value that dtype
+ * holds: any for floats, 0 or 1 for bool, an integer in range otherwise. */
+static DK_Status validate_constant_of_shape(const cpu_kernel_args *k) {
+  int64_t count;
+  const int64_t *shape = cpu_attr_ints(k, "input", &count);
+  DK_Status st = cpu_check_int_list(k, "input");
+  if (st == DK_OK) st = cpu_check_ints(k, "input", -1, 0);
+  if (st == DK_OK && cpu_attr_dtype(k, "dtype", 0) != k->dtype)
+    st = cpu_invalid(k, "attribute 'dtype' is dtype key 0x%x; this kernel is for 0x%x",
+                     (unsigned)cpu_attr_dtype(k, "dtype", 0), (unsigned)k->dtype);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->dtype);
+  if (st != DK_OK) return st;
+  if (count > CPU_MAX_DIMS)
+    return cpu_invalid(k, "attribute 'input' has %lld values, over %d", (long long)count, CPU_MAX_DIMS);
+  double value = cpu_attr_float(k, "value", 0.0), low, past_high; /* the integer range [low, past_high) */
+  switch ((int)k->dtype) {
+    case DK_DTYPE_BOOL: low = 0, past_high = 2; break;
+    case DK_DTYPE_INT8: low = INT8_MIN, past_high = 0x1p7; break;
+    case DK_DTYPE_UINT8: low = 0, past_high = 0x1p8; break;
+    case DK_DTYPE_INT32: low = INT32_MIN, past_high = 0x1p31; break;
+    case DK_DTYPE_INT64: low = -0x1p63, past_high = 0x1p63; break;
+    default: low = -INFINITY, past_high = INFINITY; break; /* a float dtype takes any value */
+  }
+  if (!shape_is_float(k->dtype) && !(value >= low && value < past_high && value == trunc(value)))
+    return cpu_invalid(k, "attribute 'value' is %g, which the output dtype does not hold", value);
+  return cpu_check_output(k, 0, (int32_t)count, shape);
+}
+
+/* OneHot: numeric indices; depth (the host input) one value, a float one
+ * finite and truncated, at least 0; values [off, on]; the output the
+ * indices' shape with depth inserted at axis, in the values' dtype. */
+static DK_Status validate_one_hot(const cpu_kernel_args *k) {
+  const cpu_tensor *indices = &k->in[0], *values = &k->in[1];
+  static const DK_DTypeKey numeric[] = {DK_DTYPE_INT8,    DK_DTYPE_UINT8,    DK_DTYPE_INT32,   DK_DTYPE_INT64,
+                                        DK_DTYPE_FLOAT16, DK_DTYPE_BFLOAT16, DK_DTYPE_FLOAT32, DK_DTYPE_FLOAT64};
+  bool known = false;
+  for (size_t i = 0; i < sizeof numeric / sizeof numeric[0]; i++) known = known || indices->dtype == numeric[i];
+  if (!known) return cpu_invalid(k, "input 0 (indices) has dtype key 0x%x; indices are numeric", (unsigned)indices->dtype);
+  if (values->ndim != 1 || values->shape[0] != 2)
+    return cpu_invalid(k, "input 1 (values) must have shape (2) ([off, on])");
+  if (indices->ndim >= CPU_MAX_DIMS) return cpu_invalid(k, "the output's rank would pass %d", CPU_MAX_DIMS);
+  const DK_Attribute *a = cpu_attr(k, "depth");
+  double depth = a->count != 1 ? NAN : a->type == DK_ATTR_INTS ? (double)a->ints[0] : trunc(a->floats[0]);
+  if (!(depth >= 0 && depth < 0x1p63))
+    return cpu_invalid(k, "attribute 'depth' must be one finite value >= 0");
+  int64_t axis, shape[CPU_MAX_DIMS];
+  DK_Status st = cpu_check_axis(k, "axis", indices->ndim, true, &axis);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, values->dtype);
+  if (st != DK_OK) return st;
+  for (int32_t d = 0, next = 0; d <= indices->ndim; d++)
+    shape[d] = d == axis ? (a->type == DK_ATTR_INTS ? a->ints[0] : (int64_t)depth) : indices->shape[next++];
+  return cpu_check_output(k, 0, indices->ndim + 1, shape);
+}
+
+/* Size: an int64 scalar. */
+static DK_Status validate_size(const cpu_kernel_args *k) {
+  DK_Status st = cpu_check_dtype(k, "output", 0, DK_DTYPE_INT64);
+  return st != DK_OK ? st : cpu_check_output(k, 0, 0, NULL);
+}
+
+/* NonZero: int64 (rank, count); the count is the data's, which the kernel
+ * checks as it reads it. */
+static DK_Status validate_nonzero(const cpu_kernel_args *k) {
+  const cpu_tensor *out = &k->out[0];
+  DK_Status st = cpu_check_dtype(k, "output", 0, DK_DTYPE_INT64);
+  if (st != DK_OK) return st;
+  int64_t shape[2] = {k->in[0].ndim, out->ndim == 2 ? out->shape[1] : 0};
+  return cpu_check_output(k, 0, 2, shape);
+}
+
 static const cpu_validator v_shape[] = {
+    {"Size", validate_size},
+    {"NonZero", validate_nonzero},
+    {"Reshape", validate_reshape},
+    {"Squeeze", validate_squeeze},
+    {"Unsqueeze", validate_unsqueeze},
+    {"Shape", validate_shape},
+    {"Range", validate_range},
+    {"ConstantOfShape", validate_constant_of_shape},
+    {"OneHot", validate_one_hot},
     {"Identity", cpu_validate_like_input},
     {"EyeLike", validate_eye_like},
     {"Dropout", validate_dropout},

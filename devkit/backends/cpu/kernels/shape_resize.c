@@ -49,10 +49,11 @@ static int choice(const char *value, const char *const *names, int count) {
   return -1;
 }
 
-/* Reads and checks the attributes; the host validated them against the
- * spec, the checks here only keep a malformed call from reading out of
- * bounds. */
-static DK_Status read_params(const cpu_kernel_args *k, resize_params *p) {
+/* The geometry (*p, and the output shape into out_shape) from the
+ * attributes, checked as devkit/ops/shape.py's _resize_geometry checks them:
+ * validate_resize runs it at launch, so when the compute function rereads
+ * the call it cannot fail. */
+static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t *out_shape) {
   static const char *const coordinate_names[] = {"half_pixel", "half_pixel_symmetric",
                                                  "pytorch_half_pixel", "align_corners",
                                                  "asymmetric", "tf_crop_and_resize"};
@@ -61,36 +62,39 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p) {
                                                "ceil"};
   static const char *const policy_names[] = {"stretch", "not_larger", "not_smaller"};
   const cpu_tensor *x = &k->in[0];
-  int32_t rank = x->ndim;
+  int32_t rank = x->ndim, axes[CPU_MAX_DIMS];
   int64_t naxes, nscales, nsizes, nroi;
-  const int64_t *axes = cpu_attr_ints(k, "axes", &naxes);
+  /* Empty host inputs count as omitted, whichever element type they carry. */
+  const DK_Attribute *scales_attr = cpu_attr(k, "scales"), *sizes_attr = cpu_attr(k, "sizes");
+  const DK_Attribute *roi_attr = cpu_attr(k, "roi");
+  if ((scales_attr && scales_attr->count && scales_attr->type != DK_ATTR_FLOATS) ||
+      (roi_attr && roi_attr->count && roi_attr->type != DK_ATTR_FLOATS) ||
+      (sizes_attr && sizes_attr->count && sizes_attr->type != DK_ATTR_INTS))
+    return cpu_invalid(k, "scales and roi must be floats, sizes integers");
   const double *scales = cpu_attr_floats(k, "scales", &nscales);
   const int64_t *sizes = cpu_attr_ints(k, "sizes", &nsizes);
   const double *roi = cpu_attr_floats(k, "roi", &nroi);
-  if (!axes) naxes = rank;
-  if (naxes > rank)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "%lld axes for rank %d", (long long)naxes, rank);
-  p->naxes = (int32_t)naxes;
-  for (int32_t i = 0; i < p->naxes; i++) {
-    int64_t a = axes ? axes[i] : i;
-    p->axes[i] = a < 0 ? a + rank : a;
-    if (p->axes[i] < 0 || p->axes[i] >= rank)
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "axis %lld is out of range for rank %d",
-                             (long long)a, rank);
+  DK_Status st = cpu_check_axes(k, "axes", rank, axes, &naxes);
+  if (st != DK_OK) return st;
+  if (naxes < 0) {
+    naxes = rank;
+    for (int32_t i = 0; i < rank; i++) axes[i] = i;
   }
   if ((nscales != 0) == (nsizes != 0) || (nscales && nscales != naxes) ||
       (nsizes && nsizes != naxes) || (nroi && nroi != 2 * naxes))
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
-                           "needs scales or sizes with one entry per axis and roi with two (got "
-                           "%lld scales, %lld sizes, %lld roi for %lld axes)",
-                           (long long)nscales, (long long)nsizes, (long long)nroi, (long long)naxes);
+    return cpu_invalid(k, "needs scales or sizes with one entry per axis and roi with two (got %lld scales, "
+                       "%lld sizes, %lld roi for %lld axes)", (long long)nscales, (long long)nsizes,
+                       (long long)nroi, (long long)naxes);
+  p->naxes = (int32_t)naxes;
+  for (int32_t i = 0; i < p->naxes; i++) p->axes[i] = axes[i];
+  /* The schema checked the strings against their choices. */
   int coordinates = choice(cpu_attr_string(k, "coordinate_transformation_mode", "half_pixel"),
                            coordinate_names, 6);
   int mode = choice(cpu_attr_string(k, "mode", "nearest"), mode_names, 3);
   int rounding = choice(cpu_attr_string(k, "nearest_mode", "round_prefer_floor"), rounding_names, 4);
   int policy = choice(cpu_attr_string(k, "keep_aspect_ratio_policy", "stretch"), policy_names, 3);
   if (coordinates < 0 || mode < 0 || rounding < 0 || policy < 0)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "unknown mode string");
+    return cpu_invalid(k, "unknown mode string");
   p->coordinates = (enum coordinate_mode)coordinates;
   p->mode = (enum interpolation)mode;
   p->rounding = (enum nearest_rounding)rounding;
@@ -98,16 +102,26 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p) {
   p->exclude_outside = cpu_attr_int(k, "exclude_outside", 0) != 0;
   p->cubic_a = cpu_attr_float(k, "cubic_coeff_a", -0.75);
   p->extrapolation = cpu_attr_float(k, "extrapolation_value", 0.0);
+  if (p->coordinates == TF_CROP_AND_RESIZE && !roi)
+    return cpu_invalid(k, "coordinate_transformation_mode tf_crop_and_resize needs roi");
+  for (int64_t i = 0; i < nroi; i++)
+    if (!isfinite(roi[i])) return cpu_invalid(k, "roi value %lld is %g, not finite", (long long)i, roi[i]);
 
   for (int32_t d = 0; d < rank; d++) {
     p->scale[d] = 1.0;
     p->roi_start[d] = 0.0;
     p->roi_end[d] = 1.0;
+    out_shape[d] = x->shape[d];
   }
   double common = 0.0;
   for (int32_t i = 0; i < p->naxes; i++) {
-    int64_t a = p->axes[i];
-    double ratio = scales ? scales[i] : x->shape[a] ? (double)sizes[i] / (double)x->shape[a] : 1.0;
+    int64_t a = p->axes[i], n_in = x->shape[a];
+    if (scales && !(isfinite(scales[i]) && scales[i] > 0))
+      return cpu_invalid(k, "scale %g for axis %lld is not a positive number", scales[i], (long long)a);
+    if (sizes && (sizes[i] < 0 || (n_in == 0 && (sizes[i] || policy != STRETCH))))
+      return cpu_invalid(k, "size %lld for axis %lld of %lld elements is negative or resizes an empty axis",
+                         (long long)sizes[i], (long long)a, (long long)n_in);
+    double ratio = scales ? scales[i] : n_in ? (double)sizes[i] / (double)n_in : 1.0;
     p->scale[a] = ratio;
     if (i == 0 || (policy == NOT_LARGER && ratio < common) || (policy == NOT_SMALLER && ratio > common))
       common = ratio;
@@ -118,15 +132,20 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p) {
   }
   if (sizes && policy != STRETCH) /* one scale for every axis, keeping the aspect ratio */
     for (int32_t i = 0; i < p->naxes; i++) p->scale[p->axes[i]] = common;
-  /* A non-empty output needs scale * n_in >= 1/2 (floor(n_in * scale) >= 1,
-   * or round(n_in * scale) >= 1); that also bounds the antialias filter's
-   * width, 2 / scale taps. */
   for (int32_t i = 0; i < p->naxes; i++) {
     int64_t a = p->axes[i];
-    if (!(isfinite(p->scale[a]) && p->scale[a] * (double)x->shape[a] >= 0.5))
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
-                             "scale %g of axis %lld does not give a non-empty output", p->scale[a],
-                             (long long)a);
+    double length = scales                      ? floor((double)x->shape[a] * p->scale[a])
+                    : policy == STRETCH         ? (double)sizes[i]
+                                                : floor(p->scale[a] * (double)x->shape[a] + 0.5);
+    if (!(length < 0x1p63))
+      return cpu_invalid(k, "axis %lld resized by %g has more elements than int64 counts", (long long)a,
+                         p->scale[a]);
+    out_shape[a] = (int64_t)length;
+    /* A non-empty output needs scale * n_in >= 1/2 (floor(n_in * scale) >=
+     * 1, or round(n_in * scale) >= 1); that also bounds the antialias
+     * filter's width, 2 / scale taps. */
+    if (out_shape[a] && !(p->scale[a] * (double)x->shape[a] >= 0.5))
+      return cpu_invalid(k, "scale %g of axis %lld does not give a non-empty output", p->scale[a], (long long)a);
   }
   return DK_OK;
 }
@@ -413,12 +432,12 @@ static DK_Status resize_interpolate(const cpu_kernel_args *k, const resize_param
   return status;
 }
 
+/* An empty input gives an empty output (validate_resize checked the shape). */
 static DK_Status resize(const cpu_kernel_args *k) {
   if (!k->out[0].size) return DK_OK;
-  if (!k->in[0].size)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "cannot resize an empty input to a non-empty output");
   resize_params p;
-  DK_Status status = read_params(k, &p);
+  int64_t shape[CPU_MAX_DIMS];
+  DK_Status status = read_params(k, &p, shape);
   if (status != DK_OK) return status;
   return p.mode == NEAREST ? resize_nearest(k, &p) : resize_interpolate(k, &p);
 }
@@ -429,3 +448,16 @@ static const cpu_kernel_def k_resize[] = {
     {"Resize", DK_DTYPE_INT8, resize, 0},     {"Resize", DK_DTYPE_UINT8, resize, 0},
 };
 CPU_REGISTER_KERNELS(k_resize)
+
+/* Resize: the geometry as read_params checks it, and Y of X's dtype and the
+ * shape it gives. */
+static DK_Status validate_resize(const cpu_kernel_args *k) {
+  resize_params p;
+  int64_t shape[CPU_MAX_DIMS];
+  DK_Status st = read_params(k, &p, shape);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  return st != DK_OK ? st : cpu_check_output(k, 0, k->in[0].ndim, shape);
+}
+
+static const cpu_validator v_resize[] = {{"Resize", validate_resize}};
+CPU_REGISTER_VALIDATORS(v_resize)

@@ -4,81 +4,23 @@
  *
  * Per image and group, over bands of output positions: the im2col columns
  * of X give dW += dY col^T (one GEMM), and dcol = W^T dY (another) is
- * scattered back into dX by col2im, the adjoint of im2col. dB sums dY over
- * the batch and the output positions. The geometry is Conv's
+ * scattered back into dX by col2im, the adjoint of im2col (both shared with
+ * Conv, linalg.h); for float32 3x3 kernels with unit strides dX is a Conv of
+ * dY by Winograd instead. The work is split over the pool by group and run
+ * of input channels. dB sums dY over the batch and the output positions.
+ * The geometry is Conv's
  * (linalg_window_forward, with dY's spatial sizes as the grid); float16 and
  * bfloat16 run as float32 (linalg_run_as_f32).
  */
 #include "linalg.h"
 #include "training.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 /* Column buffers cover a band of output positions: at most this many
  * elements each, or one position's column when that is larger. */
 #define COL_BUDGET ((int64_t)1 << 21)
-
-/* off[j] = the input-plane offset (row-major) that kernel tap `tap` reads at
- * output position p0 + j, or -1 where it falls in the padding. */
-static void tap_offsets(const linalg_window *w, const int64_t *tap, int64_t p0, int64_t count, int64_t *off) {
-  int64_t q[CPU_MAX_DIMS];
-  for (int32_t d = w->n - 1; d >= 0; d--) {
-    q[d] = p0 % w->grid[d];
-    p0 /= w->grid[d];
-  }
-  for (int64_t j = 0; j < count; j++) {
-    int64_t at = 0;
-    bool inside = true;
-    for (int32_t d = 0; d < w->n; d++) {
-      int64_t pos = q[d] * w->stride[d] - w->pad[d] + tap[d] * w->dilation[d];
-      inside = inside && pos >= 0 && pos < w->target[d];
-      at = at * w->target[d] + pos;
-    }
-    off[j] = inside ? at : -1;
-    for (int32_t d = w->n - 1; d >= 0 && ++q[d] == w->grid[d]; d--) q[d] = 0;
-  }
-}
-
-static void next_tap(int64_t *tap, const linalg_window *w) {
-  for (int32_t d = w->n - 1; d >= 0; d--) {
-    if (++tap[d] < w->kernel[d]) return;
-    tap[d] = 0;
-  }
-}
-
-/* im2col: col[(c, t)][j] = image[c] at tap t of position p0 + j (0 in the
- * padding). col2im: image[c] at that place += col[(c, t)][j]. `off` is
- * scratch for one tap's offsets. */
-#define COLUMNS(SFX, T)                                                                         \
-  static void im2col_##SFX(const linalg_window *w, const T *image, int64_t channels, int64_t p0, \
-                           int64_t count, T *col, int64_t *off) {                                \
-    int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);            \
-    int64_t tap[CPU_MAX_DIMS] = {0};                                                            \
-    for (int64_t t = 0; t < taps; t++, next_tap(tap, w)) {                                      \
-      tap_offsets(w, tap, p0, count, off);                                                      \
-      for (int64_t c = 0; c < channels; c++) {                                                  \
-        const T *src = image + c * plane;                                                       \
-        T *dst = col + (c * taps + t) * count;                                                  \
-        for (int64_t j = 0; j < count; j++) dst[j] = off[j] >= 0 ? src[off[j]] : (T)0;          \
-      }                                                                                         \
-    }                                                                                           \
-  }                                                                                             \
-  static void col2im_##SFX(const linalg_window *w, const T *col, int64_t channels, int64_t p0,   \
-                           int64_t count, T *image, int64_t *off) {                              \
-    int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);            \
-    int64_t tap[CPU_MAX_DIMS] = {0};                                                            \
-    for (int64_t t = 0; t < taps; t++, next_tap(tap, w)) {                                      \
-      tap_offsets(w, tap, p0, count, off);                                                      \
-      for (int64_t c = 0; c < channels; c++) {                                                  \
-        T *dst = image + c * plane;                                                             \
-        const T *src = col + (c * taps + t) * count;                                            \
-        for (int64_t j = 0; j < count; j++)                                                     \
-          if (off[j] >= 0) dst[off[j]] += src[j];                                               \
-      }                                                                                         \
-    }                                                                                           \
-  }
-COLUMNS(f32, float)
-COLUMNS(f64, double)
 
 /* db[m] = sum of dY[n, m, ...] over n and the plane, pairwise per plane. */
 static DK_Status bias_grad(const cpu_kernel_args *k, const cpu_tensor *dy, const cpu_tensor *db, int64_t plane) {
@@ -97,57 +39,124 @@ static DK_Status bias_grad(const cpu_kernel_args *k, const cpu_tensor *dy, const
   return DK_OK;
 }
 
+/* Split over the pool by group and run of input channels: a chunk owns
+ * its channels' columns of dW and their planes of dX, so no other thread
+ * writes there; it walks the images and bands itself, summing into dW. */
+typedef struct conv_grad_job {
+  linalg_real real;
+  const linalg_window *w;
+  int64_t es, group, cg, mg, taps, rows, in_plane, out_plane, batch, block, band;
+  const uint8_t *dy, *x, *wt;
+  uint8_t *dx, *dw;
+  bool with_dx; /* false: dX is computed already */
+  atomic_bool failed;
+} conv_grad_job;
+
+static void conv_grad_part(void *arg, int64_t begin, int64_t end) {
+  conv_grad_job *j = arg;
+  int64_t es = j->es, blocks = (j->cg + j->block - 1) / j->block, size = j->block * j->taps * j->band;
+  uint8_t *col = malloc((size_t)(2 * size * es));
+  if (!col) {
+    atomic_store(&j->failed, true);
+    return;
+  }
+  uint8_t *dcol = col + size * es;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t g = i / blocks, c0 = i % blocks * j->block, cb = j->cg - c0 < j->block ? j->cg - c0 : j->block;
+    int64_t first = c0 * j->taps, width = cb * j->taps; /* this run's columns of W_g (mg x rows) */
+    const uint8_t *wg = j->wt + (g * j->mg * j->rows + first) * es;
+    uint8_t *dwg = j->dw + (g * j->mg * j->rows + first) * es;
+    for (int64_t n = 0; n < j->batch; n++) {
+      int64_t channel = n * j->group * j->cg + g * j->cg + c0;
+      const uint8_t *xg = j->x + channel * j->in_plane * es;
+      const uint8_t *dyg = j->dy + (n * j->group + g) * j->mg * j->out_plane * es;
+      uint8_t *dxg = j->dx + channel * j->in_plane * es;
+      for (int64_t p0 = 0; p0 < j->out_plane; p0 += j->band) {
+        int64_t count = j->out_plane - p0 < j->band ? j->out_plane - p0 : j->band;
+        linalg_im2col(j->real, j->w, xg, cb, p0, count, col);
+        /* dW_g[:, run] (mg x width) += dY_g[:, band] (mg x count) @ col^T (count x width) */
+        linalg_gemm(j->real, false, true, j->mg, width, count, 1.0, dyg + p0 * es, j->out_plane, col, count, 1.0,
+                    dwg, j->rows);
+        if (!j->with_dx) continue;
+        /* dcol (width x count) = W_g[:, run]^T (width x mg) @ dY_g[:, band] (mg x count) */
+        linalg_gemm(j->real, true, false, width, count, j->mg, 1.0, wg, j->rows, dyg + p0 * es, j->out_plane, 0.0,
+                    dcol, count);
+        linalg_col2im(j->real, j->w, dcol, cb, p0, count, dxg);
+      }
+    }
+  }
+  free(col);
+}
+
+/* dX of a 3x3 Conv with unit strides and dilations is the Conv of dY with
+ * the kernels flipped and their channel axes swapped, begin pads 2 - pad
+ * (W' (group * cg, mg, 3, 3)): by Winograd where that fits. *done is false
+ * when it does not, or when a non-finite value asks for the direct way. */
+static DK_Status grad_input_winograd(const cpu_kernel_args *k, const linalg_window *w, int64_t group,
+                                     bool *done) {
+  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2], *dx = &k->out[0];
+  int64_t cg = x->shape[1] / group, mg = dy->shape[1] / group;
+  linalg_window flipped = *w;
+  for (int32_t d = 0; d < w->n; d++) {
+    flipped.grid[d] = w->target[d];
+    flipped.target[d] = w->grid[d];
+    flipped.pad[d] = 2 - w->pad[d];
+  }
+  *done = false;
+  if (w->n != 2 || flipped.pad[0] < 0 || flipped.pad[1] < 0 || !linalg_winograd_fits(&flipped, dx->dtype, mg, cg))
+    return DK_OK;
+  cpu_tensor turned = *wt;
+  turned.shape[0] = group * cg;
+  turned.shape[1] = mg;
+  float *kernels = malloc((size_t)wt->size * sizeof(float));
+  if (!kernels) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the flipped kernels");
+  const float *from = (const float *)wt->data;
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t m = 0; m < mg; m++)
+      for (int64_t c = 0; c < cg; c++)
+        for (int t = 0; t < 9; t++)
+          kernels[((g * cg + c) * mg + m) * 9 + t] = from[((g * mg + m) * cg + c) * 9 + 8 - t];
+  turned.data = (uint8_t *)kernels;
+  bool redo = false;
+  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, dx, &flipped, group, &redo);
+  free(kernels);
+  *done = st == DK_OK && !redo;
+  return st;
+}
+
 static DK_Status conv_grad_float(const cpu_kernel_args *k) {
   const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2];
   const cpu_tensor *dx = &k->out[0], *dw = &k->out[1], *db = &k->out[2];
-  if (dx->size) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize));
   if (dw->size) memset(dw->data, 0, (size_t)(dw->size * dw->itemsize));
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, dy->shape + 2, wt->shape + 2, &w);
   int64_t in_plane = linalg_prod(w.target, w.n), out_plane = linalg_prod(w.grid, w.n);
   DK_Status st = bias_grad(k, dy, db, out_plane);
   /* Without products (no images, channels, filters or positions) dX and dW stay 0. */
-  if (st != DK_OK || dy->size == 0 || x->size == 0) return st;
-  linalg_real real = linalg_real_of(dx);
-  int64_t es = dx->itemsize, group = cpu_attr_int(k, "group", 1);
-  int64_t cg = x->shape[1] / group, mg = dy->shape[1] / group, rows = cg * linalg_prod(w.kernel, w.n);
-  int64_t band = rows > 0 ? COL_BUDGET / rows : out_plane;
-  band = band < 1 ? 1 : band > out_plane ? out_plane : band;
-  uint8_t *col = linalg_scratch(k, (size_t)(2 * rows * band), (size_t)es);
-  int64_t *off = col ? linalg_scratch(k, (size_t)band, sizeof *off) : NULL;
-  if (!off) {
-    free(col);
-    return DK_RESOURCE_EXHAUSTED;
+  if (st != DK_OK || dy->size == 0 || x->size == 0) {
+    if (dx->size) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize));
+    return st;
   }
-  uint8_t *dcol = col + rows * band * es;
-  for (int64_t n = 0; n < x->shape[0]; n++) {
-    for (int64_t g = 0; g < group; g++) {
-      const uint8_t *xg = x->data + (n * x->shape[1] + g * cg) * in_plane * es;
-      const uint8_t *dyg = dy->data + (n * dy->shape[1] + g * mg) * out_plane * es;
-      const uint8_t *wg = wt->data + g * mg * rows * es;
-      uint8_t *dxg = dx->data + (n * x->shape[1] + g * cg) * in_plane * es;
-      uint8_t *dwg = dw->data + g * mg * rows * es;
-      for (int64_t p0 = 0; p0 < out_plane; p0 += band) {
-        int64_t count = out_plane - p0 < band ? out_plane - p0 : band;
-        if (real == LINALG_F64)
-          im2col_f64(&w, (const double *)xg, cg, p0, count, (double *)col, off);
-        else
-          im2col_f32(&w, (const float *)xg, cg, p0, count, (float *)col, off);
-        /* dW_g (mg x rows) += dY_g[:, band] (mg x count) @ col^T (count x rows) */
-        linalg_gemm(real, false, true, mg, rows, count, 1.0, dyg + p0 * es, out_plane, col, count, 1.0, dwg,
-                    rows);
-        /* dcol (rows x count) = W_g^T (rows x mg) @ dY_g[:, band] (mg x count) */
-        linalg_gemm(real, true, false, rows, count, mg, 1.0, wg, rows, dyg + p0 * es, out_plane, 0.0, dcol,
-                    count);
-        if (real == LINALG_F64)
-          col2im_f64(&w, (const double *)dcol, cg, p0, count, (double *)dxg, off);
-        else
-          col2im_f32(&w, (const float *)dcol, cg, p0, count, (float *)dxg, off);
-      }
-    }
-  }
-  free(off);
-  free(col);
+  int64_t group = cpu_attr_int(k, "group", 1), taps = linalg_prod(w.kernel, w.n);
+  conv_grad_job j = {.real = linalg_real_of(dx), .w = &w, .es = dx->itemsize, .group = group,
+                     .cg = x->shape[1] / group, .mg = dy->shape[1] / group, .taps = taps,
+                     .in_plane = in_plane, .out_plane = out_plane, .batch = x->shape[0],
+                     .dy = dy->data, .x = x->data, .wt = wt->data, .dx = dx->data, .dw = dw->data};
+  j.rows = j.cg * taps;
+  bool dx_done = false;
+  if ((st = grad_input_winograd(k, &w, group, &dx_done)) != DK_OK) return st;
+  j.with_dx = !dx_done;
+  if (j.with_dx) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize)); /* col2im adds into dX */
+  atomic_init(&j.failed, false);
+  /* Runs of channels: a few chunks per thread. */
+  int64_t threads = cpu_thread_count(), blocks = threads > 1 ? (4 * threads + group - 1) / group : 1;
+  if (blocks > j.cg) blocks = j.cg;
+  j.block = (j.cg + blocks - 1) / blocks;
+  j.band = COL_BUDGET / (j.block * taps);
+  j.band = j.band < 1 ? 1 : j.band > out_plane ? out_plane : j.band;
+  cpu_parallel_for(group * ((j.cg + j.block - 1) / j.block), 1, conv_grad_part, &j);
+  if (atomic_load(&j.failed))
+    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
   return DK_OK;
 }
 

@@ -161,3 +161,65 @@ static DK_Status sce_loss_grad(const cpu_kernel_args *k) {
 
 static const cpu_kernel_def k_training_loss[] = {TRAINING_FLOAT_TYPES(LOSS_DEFS)};
 CPU_REGISTER_KERNELS(k_training_loss)
+
+/* ---- Validators ------------------------------------------------------------- */
+
+/* labels (input `at`): int32 or int64, (N, D1, ...) of scores' (N, C, D1,
+ * ...); weights (the next input), when given, (C) of scores' dtype. *loss
+ * gets the loss's rank and shape: the labels', or () when reduced. */
+static DK_Status check_sce_inputs(const cpu_kernel_args *k, const cpu_tensor *scores, size_t at, int32_t *ndim,
+                                  int64_t *loss) {
+  const cpu_tensor *labels = &k->in[at];
+  if (scores->ndim < 2) return cpu_invalid(k, "the scores have rank %d; they need (N, C, D1, ...)", scores->ndim);
+  if (labels->dtype != DK_DTYPE_INT32 && labels->dtype != DK_DTYPE_INT64)
+    return cpu_invalid(k, "input %zu (labels) has dtype key 0x%x; labels are int32 or int64", at,
+                       (unsigned)labels->dtype);
+  bool same = labels->ndim == scores->ndim - 1 && labels->shape[0] == scores->shape[0];
+  for (int32_t d = 1; same && d < labels->ndim; d++) same = labels->shape[d] == scores->shape[d + 1];
+  if (!same) return cpu_invalid(k, "input %zu (labels) is not (N, D1, ...) of the scores' (N, C, D1, ...)", at);
+  if (at + 1 < k->num_inputs && k->in[at + 1].ndim >= 0) {
+    const cpu_tensor *w = &k->in[at + 1];
+    if (w->dtype != scores->dtype || w->ndim != 1 || w->shape[0] != scores->shape[1])
+      return cpu_invalid(k, "input %zu (weights) must be (C) = (%lld) of the scores' dtype", at + 1,
+                         (long long)scores->shape[1]);
+  }
+  *ndim = reduction_of(k) == REDUCE_NONE ? labels->ndim : 0;
+  memcpy(loss, labels->shape, (size_t)*ndim * sizeof *loss);
+  return DK_OK;
+}
+
+/* SoftmaxCrossEntropyLoss: the loss, and log_prob of the scores' shape, both
+ * in the scores' dtype (the kernel writes both). */
+static DK_Status validate_sce(const cpu_kernel_args *k) {
+  int32_t ndim;
+  int64_t loss[CPU_MAX_DIMS];
+  DK_Status st = check_sce_inputs(k, &k->in[0], 1, &ndim, loss);
+  if (st == DK_OK && k->num_outputs != 2)
+    st = cpu_invalid(k, "has %zu outputs; the kernel writes the loss and log_prob", k->num_outputs);
+  if (st == DK_OK) st = cpu_check_output(k, 0, ndim, loss);
+  if (st == DK_OK) st = cpu_check_output_like(k, 1, 0);
+  for (size_t j = 0; st == DK_OK && j < 2; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+  return st;
+}
+
+/* SoftmaxCrossEntropyLossGrad: dY of the loss's shape and log_prob's dtype;
+ * d_scores like log_prob. */
+static DK_Status validate_sce_grad(const cpu_kernel_args *k) {
+  const cpu_tensor *dy = &k->in[0], *log_prob = &k->in[1];
+  int32_t ndim;
+  int64_t loss[CPU_MAX_DIMS];
+  DK_Status st = check_sce_inputs(k, log_prob, 2, &ndim, loss);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, log_prob->dtype);
+  if (st != DK_OK) return st;
+  bool same = dy->ndim == ndim;
+  for (int32_t d = 0; same && d < ndim; d++) same = dy->shape[d] == loss[d];
+  if (!same) return cpu_invalid(k, "input 0 (dY) does not have the loss's shape");
+  st = cpu_check_output_like(k, 0, 1);
+  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, log_prob->dtype);
+}
+
+static const cpu_validator v_training_loss[] = {
+    {"SoftmaxCrossEntropyLoss", validate_sce},
+    {"SoftmaxCrossEntropyLossGrad", validate_sce_grad},
+};
+CPU_REGISTER_VALIDATORS(v_training_loss)

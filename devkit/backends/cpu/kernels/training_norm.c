@@ -134,3 +134,71 @@ static DK_Status rmsnorm_grad(const cpu_kernel_args *k) { return row_norm_grad(k
 
 static const cpu_kernel_def k_training_norm[] = {TRAINING_FLOAT_TYPES(NORM_DEFS)};
 CPU_REGISTER_KERNELS(k_training_norm)
+
+/* ---- Validators ------------------------------------------------------------- */
+
+/* Input i is a float tensor of rank ndim and the given shape. */
+static DK_Status check_float_shape(const cpu_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape) {
+  const cpu_tensor *t = &k->in[i];
+  bool same = t->ndim == ndim;
+  for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+  if (!same) return cpu_invalid(k, "input %zu has rank %d and not the shape X gives it", i, t->ndim);
+  return cpu_check_float_dtype(k, "input", i);
+}
+
+/* dY (input 0) has X's (input 1) shape and dtype; the call has the op's
+ * `outputs` outputs (the kernels write every one), dX of X's shape and
+ * dtype and the rest of the parameter's (input 2) shape in `param_dtype`. */
+static DK_Status check_grad_call(const cpu_kernel_args *k, size_t outputs, DK_DTypeKey param_dtype) {
+  const cpu_tensor *x = &k->in[1];
+  DK_Status st = check_float_shape(k, 0, x->ndim, x->shape);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, x->dtype);
+  if (st == DK_OK && k->num_outputs != outputs)
+    st = cpu_invalid(k, "has %zu outputs; the kernel writes %zu", k->num_outputs, outputs);
+  if (st == DK_OK) st = cpu_check_output_like(k, 0, 1);
+  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, x->dtype);
+  for (size_t j = 1; st == DK_OK && j < outputs; j++) {
+    st = cpu_check_output_like(k, j, 2);
+    if (st == DK_OK) st = cpu_check_dtype(k, "output", j, param_dtype);
+  }
+  return st;
+}
+
+/* BatchNormalizationGrad: X (N, C, ...) or (N); scale, mean and inv_std
+ * float vectors of C values, mean and inv_std of one dtype; dscale and dB
+ * of scale's shape and dtype. */
+static DK_Status validate_batchnorm_grad(const cpu_kernel_args *k) {
+  const cpu_tensor *x = &k->in[1];
+  DK_Status st = cpu_check_rank(k, 1, 1, CPU_MAX_DIMS);
+  int64_t channels = x->ndim >= 2 ? x->shape[1] : 1;
+  for (size_t i = 2; st == DK_OK && i < 5; i++) st = check_float_shape(k, i, 1, &channels);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 4, k->in[3].dtype);
+  return st != DK_OK ? st : check_grad_call(k, 3, k->in[2].dtype);
+}
+
+/* LayerNormalizationGrad, RMSNormalizationGrad: axis inside X's rank; Scale
+ * of X's dtype, broadcasting to X unidirectionally; LayerNormalizationGrad's
+ * Mean and InvStdDev float, of one dtype, X's shape with 1 from axis on. */
+static DK_Status validate_row_norm_grad(const cpu_kernel_args *k) {
+  bool rms = strcmp(k->op, "RMSNormalizationGrad") == 0;
+  const cpu_tensor *x = &k->in[1], *scale = &k->in[2];
+  int64_t axis, stats[CPU_MAX_DIMS];
+  DK_Status st = cpu_check_axis(k, "axis", x->ndim, false, &axis);
+  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, x->dtype);
+  if (st != DK_OK) return st;
+  bool broadcasts = scale->ndim <= x->ndim;
+  for (int32_t d = 0; broadcasts && d < scale->ndim; d++)
+    broadcasts = scale->shape[d] == 1 || scale->shape[d] == x->shape[x->ndim - scale->ndim + d];
+  if (!broadcasts) return cpu_invalid(k, "input 2 (the scale) does not broadcast to X");
+  for (int32_t d = 0; d < x->ndim; d++) stats[d] = d < axis ? x->shape[d] : 1;
+  for (size_t i = 3; !rms && st == DK_OK && i < 5; i++) st = check_float_shape(k, i, x->ndim, stats);
+  if (st == DK_OK && !rms) st = cpu_check_dtype(k, "input", 4, k->in[3].dtype);
+  return st != DK_OK ? st : check_grad_call(k, rms ? 2 : 3, x->dtype);
+}
+
+static const cpu_validator v_training_norm[] = {
+    {"BatchNormalizationGrad", validate_batchnorm_grad},
+    {"LayerNormalizationGrad", validate_row_norm_grad},
+    {"RMSNormalizationGrad", validate_row_norm_grad},
+};
+CPU_REGISTER_VALIDATORS(v_training_norm)

@@ -231,7 +231,7 @@ static unary_params is_inf_params(const cpu_kernel_args *k) {
 
 /* Clip's min and max (host inputs) arrive as one-element "floats" or "ints"
  * attributes: a float input's bounds as either, an integer input's as ints
- * (the host checks that). An omitted bound does not bind. */
+ * (validate_clip checks that). An omitted bound does not bind. */
 static unary_params clip_params(const cpu_kernel_args *k) {
   unary_params prm = {.lo = -INFINITY, .hi = INFINITY};
   int64_t type_min, type_max;
@@ -413,6 +413,26 @@ static DK_Status validate_celu(const cpu_kernel_args *k) {
   return validate_unary(k);
 }
 
+/* Clip: as the other unary ops; min and max (host inputs), when sent, one
+ * value each -- an integer input's an integer its dtype holds (it survives
+ * a store and load unchanged). */
+static DK_Status validate_clip(const cpu_kernel_args *k) {
+  static const char *const names[2] = {"min", "max"};
+  DK_DTypeKey dtype = k->in[0].dtype;
+  bool integer = (dtype & 0xff) == DK_DTYPE_CODE_INT || (dtype & 0xff) == DK_DTYPE_CODE_UINT;
+  for (int i = 0; i < 2; i++) {
+    const DK_Attribute *a = cpu_attr(k, names[i]);
+    uint8_t element[8];
+    if (!a) continue;
+    if (a->count != 1 || (integer && a->type != DK_ATTR_INTS))
+      return cpu_invalid(k, "attribute '%s' must be one %s value", names[i], integer ? "integer" : "numeric");
+    if (integer) cpu_store_from_int64(element, dtype, a->ints[0]);
+    if (integer && cpu_load_as_int64(element, dtype) != a->ints[0])
+      return cpu_invalid(k, "attribute '%s' is %lld, outside the input's dtype", names[i], (long long)a->ints[0]);
+  }
+  return validate_unary(k);
+}
+
 #define UNARY_VALIDATOR(OP, ...) {#OP, validate_unary},
 #define PREDICATE_VALIDATOR(OP, ...) {#OP, validate_predicate},
 static const cpu_validator v_unary[] = {
@@ -422,5 +442,6 @@ static const cpu_validator v_unary[] = {
     {"Not", validate_unary},
     {"Gelu", validate_unary}, /* the kernels GeluErf and GeluTanh of FLOAT_OPS serve */
     {"Celu", validate_celu},  /* after FLOAT_OPS' entry: the last registration wins */
+    {"Clip", validate_clip},  /* likewise */
 };
 CPU_REGISTER_VALIDATORS(v_unary)

@@ -1,0 +1,133 @@
+"""The cpu plugin's convolution paths on shapes the conformance cases do not
+reach: Winograd F(2x2, 3x3) on odd planes, asymmetric pads, groups, bias and
+batches, and its fallback when a value is not finite (Conv, and ConvGrad's
+dX, the Conv of dY with the flipped kernels); the tiled im2col path
+and the whole-plane path for small planes; ConvTranspose and ConvGrad split
+by runs of channels that do not divide evenly. References are the op specs'
+float64 ones; tolerances the ops' own dot-product bound (K products summing
+to at most S), and NaN and infinities where the reference has them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import devkit
+from devkit import ops
+from devkit.ops import testing
+from devkit.ops.linalg import dot_tolerance, magnitude
+
+CONV_DEFAULTS = {"group": 1, "auto_pad": "NOTSET"}
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return devkit.load_plugin("cpu").device(0)
+
+
+def _run(dev, op, inputs, attrs):
+    return [y.numpy() for y in devkit.run_op(op, [devkit.asarray(x, dev) for x in inputs], attrs)]
+
+
+def _check(got, ref, terms, largest, dtype=np.float32):
+    comparison = testing.compare(got, ref, dot_tolerance(dtype, terms, largest))
+    assert comparison.ok, comparison.message
+
+
+def _conv_case(dev, x, w, b, attrs):
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0]
+    got = _run(dev, "Conv", [v for v in (x, w, b) if v is not None], attrs)[0]
+    _check(got, ref, w.shape[1] * math.prod(w.shape[2:]), float(sums.max()), x.dtype)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 16, 17, 19), (8, 16, 3, 3), {"pads": [1, 0, 2, 1]}),  # odd plane, cut tiles, asymmetric pads
+    ((2, 8, 16, 15), (9, 8, 3, 3), {}),
+    ((1, 8, 5, 70), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # one row of tiles
+    ((1, 8, 70, 5), (8, 8, 3, 3), {"pads": [0, 1, 1, 2]}),
+    ((1, 8, 4, 200), (8, 8, 3, 3), {}),
+    ((2, 32, 18, 18), (24, 16, 3, 3), {"group": 2, "pads": [2, 2, 0, 1]}),
+    ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # several tile blocks
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_winograd_3x3_matches_the_reference(dev, x_shape, w_shape, attrs, bias):
+    rng = np.random.default_rng(0)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
+    _conv_case(dev, x, w, b, attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 60, 60), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # many tiles
+    ((1, 64, 5, 5), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # small plane: computed whole
+    ((1, 32, 9, 9), (48, 32, 1, 1), {}),  # pointwise, small plane
+    ((3, 16, 40, 40), (20, 16, 1, 1), {}),  # pointwise tiles
+    ((1, 16, 30, 30), (24, 16, 1, 1), {"strides": [2, 2]}),
+    ((2, 8, 20, 20), (8, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+])
+def test_im2col_paths_with_bias_match_the_reference(dev, x_shape, w_shape, attrs):
+    rng = np.random.default_rng(1)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_winograd_falls_back_on_non_finite_values(dev, value):
+    """An infinity in a patch gives inf - inf = NaN across a Winograd tile;
+    the direct sums keep it to the outputs whose windows hold it."""
+    rng = np.random.default_rng(2)
+    x = testing.random(rng, (1, 16, 20, 20), np.float32)
+    w = testing.random(rng, (8, 16, 3, 3), np.float32)
+    x[0, 3, 7, 9] = value
+    _conv_case(dev, x, w, None, {"pads": [1, 1, 1, 1]})
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 12, 9, 9), (12, 7, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    ((2, 6, 5, 7), (6, 5, 3, 2), {"group": 2, "strides": [2, 1]}),
+    ((1, 10, 8, 8), (10, 13, 1, 1), {}),  # pointwise
+])
+def test_conv_transpose_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs):
+    rng = np.random.default_rng(3)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    group = attrs.get("group", 1)
+    b = testing.random(rng, (w_shape[1] * group,), np.float32)
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("ConvTranspose").reference
+    ref = reference([x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0]
+    got = _run(dev, "ConvTranspose", [x, w, b], attrs)[0]
+    _check(got, ref, w_shape[0] // group * math.prod(w_shape[2:]), float(sums.max()))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((3, 13, 10, 9), (6, 13, 3, 3), {"pads": [1, 1, 1, 1]}),  # 13 channels in uneven runs
+    ((2, 10, 8, 8), (8, 5, 3, 2), {"group": 2, "strides": [2, 1]}),
+    ((1, 7, 12, 12), (4, 7, 1, 1), {}),
+    ((2, 16, 17, 15), (12, 16, 3, 3), {"pads": [1, 0, 2, 1]}),  # dX by Winograd
+    ((1, 16, 20, 20), (8, 16, 3, 3), {"pads": [3, 1, 0, 1]}),  # a begin pad beyond 2: dX by col2im
+    ((1, 16, 20, 20), (8, 16, 3, 3), {"pads": [1, 1, 1, 1], "dy_special": np.inf}),  # Winograd falls back
+])
+def test_conv_grad_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs):
+    rng = np.random.default_rng(4)
+    attrs = dict(attrs)
+    special = attrs.pop("dy_special", None)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    full = {**CONV_DEFAULTS, **attrs}
+    (y_shape, _), = ops.get("Conv").infer([ops.spec.TensorInfo(x.shape, x.dtype),
+                                           ops.spec.TensorInfo(w.shape, w.dtype), None], full)
+    dy = testing.random(rng, y_shape, np.float32)
+    if special is not None:
+        dy[0, 2, 5, 6] = special
+    reference = ops.get("ConvGrad").reference
+    refs = reference([dy.astype(np.float64), x.astype(np.float64), w.astype(np.float64)], full)
+    bounds = reference([magnitude(dy), magnitude(x), magnitude(w)], full)
+    got = _run(dev, "ConvGrad", [dy, x, w], attrs)
+    terms = [w_shape[0] // full["group"] * math.prod(w_shape[2:]), y_shape[0] * math.prod(y_shape[2:])]
+    for out, ref, bound, k in zip(got, refs, bounds, terms + terms[1:]):
+        _check(out, ref, k, float(bound.max()))
