@@ -18,7 +18,14 @@
  * in the range where o * stride - pad + t * dilation lies inside the input,
  * a contiguous (or strided) loop with no bounds test, which the compiler
  * vectorises. Per output position the taps still arrive in row-major order,
- * so "the first maximum wins" holds. Work splits over (plane, output row). */
+ * so "the first maximum wins" holds. Work splits over (plane, output row).
+ *
+ * Common last-axis windows (2 or 3 taps, stride 1 or 2, no dilation) take
+ * the row's interior columns -- those whose every tap lies inside X -- in
+ * one pass per window row that folds all its taps, in tap order, with the
+ * tap count and stride constant: one load and store of the outputs per
+ * window row instead of per tap. The border columns keep the per-tap loops,
+ * so each position still sees its taps in the same order (the same bits). */
 typedef struct pool_job {
   const linalg_window *w;
   const uint8_t *x;
@@ -27,6 +34,8 @@ typedef struct pool_job {
   const int64_t *last_count;         /* AveragePool: per output column, taps inside X ... */
   const int64_t *last_padded;        /* ... and inside the explicitly padded X */
   int64_t in_plane, out_plane, rows; /* rows: output rows per plane */
+  int64_t inner_lo, inner_hi;        /* the interior output columns of a fused row pass; none: equal */
+  bool square;                       /* 2-D, a square window of 2 or 3 taps, stride 1 or 2 both ways, no dilation */
   bool col_major, include_pad;
   int failed;                        /* a chunk ran out of memory */
 } pool_job;
@@ -103,29 +112,81 @@ static int64_t column_major(const linalg_window *w, int64_t at) {
  * and every last-axis tap that meets X: `at` is the plane offset of the tap
  * at output column lo, [lo, lo + count) the output columns it meets, s the
  * last axis's stride -- a constant for strides 1 and 2, so TAP, inlined,
- * loops with a constant step. Leaves r's taps as rows_start set them;
- * `any` is declared, true when a window row meets X. */
-#define POOL_ROW_TAPS(w, row, r, any, TAP, ...)                                     \
-  bool any = rows_start(w, row, &(r));                                              \
-  if (any) {                                                                        \
-    int32_t last_ = (w)->n - 1;                                                     \
-    int64_t s_ = (w)->stride[last_];                                                \
-    do {                                                                            \
-      int64_t row_at_ = rows_offset(w, &(r));                                       \
-      for (int64_t t_ = 0; t_ < (w)->kernel[last_]; t_++) {                         \
-        int64_t base_, lo_, hi_;                                                    \
-        tap_columns(w, t_, &base_, &lo_, &hi_);                                     \
-        if (lo_ == hi_) continue;                                                   \
-        int64_t at_ = row_at_ + base_ + lo_ * s_, count_ = hi_ - lo_;               \
-        if (s_ == 1)                                                                \
-          TAP(at_, lo_, count_, 1, __VA_ARGS__);                                    \
-        else if (s_ == 2)                                                           \
-          TAP(at_, lo_, count_, 2, __VA_ARGS__);                                    \
-        else                                                                        \
-          TAP(at_, lo_, count_, s_, __VA_ARGS__);                                   \
-      }                                                                             \
-    } while (rows_next(w, &(r)));                                                   \
+ * loops with a constant step. The job's interior columns [inner_lo,
+ * inner_hi), when there are any, go instead to ROW(at, lo, count, s, taps,
+ * ...) once per window row, `at` the plane offset of column lo's first tap
+ * and taps the last axis's kernel size, both constants. Leaves r's taps as
+ * rows_start set them; `any` is declared, true when a window row meets X. */
+#define POOL_FUSED_ROW(ROW, at, lo, count, s, taps, ...) \
+  (s == 1 ? (taps == 2 ? ROW(at, lo, count, 1, 2, __VA_ARGS__) : ROW(at, lo, count, 1, 3, __VA_ARGS__)) \
+          : (taps == 2 ? ROW(at, lo, count, 2, 2, __VA_ARGS__) : ROW(at, lo, count, 2, 3, __VA_ARGS__)))
+
+#define POOL_TAP_SPAN(TAP, at, lo, count, s, ...) \
+  do {                                            \
+    if (s == 1)                                   \
+      TAP(at, lo, count, 1, __VA_ARGS__);         \
+    else if (s == 2)                              \
+      TAP(at, lo, count, 2, __VA_ARGS__);         \
+    else                                          \
+      TAP(at, lo, count, s, __VA_ARGS__);         \
+  } while (0)
+
+#define POOL_ROW_TAPS(job, w, row, r, any, TAP, ROW, ...)                                  \
+  bool any = rows_start(w, row, &(r));                                                    \
+  if (any) {                                                                              \
+    int32_t last_ = (w)->n - 1;                                                           \
+    int64_t s_ = (w)->stride[last_], taps_ = (w)->kernel[last_];                          \
+    int64_t inner_lo_ = (job)->inner_lo, inner_hi_ = (job)->inner_hi;                     \
+    do {                                                                                  \
+      int64_t row_at_ = rows_offset(w, &(r));                                             \
+      if (inner_lo_ < inner_hi_)                                                          \
+        POOL_FUSED_ROW(ROW, row_at_ + inner_lo_ * s_ - (w)->pad[last_], inner_lo_,         \
+                       inner_hi_ - inner_lo_, s_, taps_, __VA_ARGS__);                    \
+      for (int64_t t_ = 0; t_ < taps_; t_++) {                                            \
+        int64_t base_, lo_, hi_;                                                          \
+        tap_columns(w, t_, &base_, &lo_, &hi_);                                           \
+        /* the columns before the interior, then those after it */                        \
+        int64_t split_lo_ = inner_lo_ < inner_hi_ ? inner_lo_ : hi_;                      \
+        int64_t split_hi_ = inner_lo_ < inner_hi_ ? inner_hi_ : hi_;                      \
+        int64_t end_ = hi_ < split_lo_ ? hi_ : split_lo_;                                 \
+        if (lo_ < end_) POOL_TAP_SPAN(TAP, row_at_ + base_ + lo_ * s_, lo_, end_ - lo_, s_, __VA_ARGS__); \
+        int64_t from_ = lo_ > split_hi_ ? lo_ : split_hi_;                                \
+        if (from_ < hi_) POOL_TAP_SPAN(TAP, row_at_ + base_ + from_ * s_, from_, hi_ - from_, s_, __VA_ARGS__); \
+      }                                                                                   \
+    } while (rows_next(w, &(r)));                                                         \
   }
+
+/* The output columns of a fused row pass: those whose every last-axis tap
+ * lies inside X, for the windows POOL_FUSED_ROW has passes for; else none. */
+static void interior_columns(const linalg_window *w, int64_t *lo, int64_t *hi) {
+  int32_t last = w->n - 1;
+  int64_t taps = w->kernel[last], s = w->stride[last];
+  *lo = *hi = 0;
+  if ((taps == 2 || taps == 3) && (s == 1 || s == 2) && w->dilation[last] == 1)
+    linalg_valid_range(-w->pad[last], s, w->grid[last], w->target[last] - (taps - 1), lo, hi);
+}
+
+/* For a square job (2-D): true when every window row of output row `row`
+ * lies inside X; *top gets the plane offset of the first. */
+static bool interior_row(const linalg_window *w, int64_t row, int64_t *top) {
+  int64_t first = row * w->stride[0] - w->pad[0];
+  *top = first * w->target[1];
+  return first >= 0 && first + w->kernel[0] <= w->target[0];
+}
+
+/* Calls BLOCK(at, lo, count, s, k, ...) with the square window's size k and
+ * stride s as constants. */
+#define POOL_SQUARE(BLOCK, at, lo, count, s, k, ...)                                  \
+  do {                                                                                \
+    if (s == 1 && k == 2)                                                             \
+      BLOCK(at, lo, count, 1, 2, __VA_ARGS__);                     \
+    else if (s == 1)                                                                  \
+      BLOCK(at, lo, count, 1, 3, __VA_ARGS__);                     \
+    else if (k == 2)                                                                  \
+      BLOCK(at, lo, count, 2, 2, __VA_ARGS__);                     \
+    else                                                                              \
+      BLOCK(at, lo, count, 2, 3, __VA_ARGS__);                     \
+  } while (0)
 
 /* A chunk's row buffer; NULL after flagging the job's failure. */
 static void *chunk_scratch(pool_job *job, int64_t count, size_t size) {
@@ -145,51 +206,144 @@ static int64_t first_tap(const linalg_window *w, int64_t first_row, int64_t o) {
   return lo < hi ? first_row + first + lo * w->dilation[last] : -1;
 }
 
+/* A row's plane offsets (-1: none) as Indices: flat, from the plane at
+ * `offset`, row-major or (col_major) column-major. */
+#define WIDEN_INDICES(NAME, IDX)                                                              \
+  static inline __attribute__((always_inline)) void NAME(const linalg_window *w, bool col_major, \
+                                                         int64_t offset, int64_t *out,        \
+                                                         const IDX *index, int64_t width) {   \
+    if (col_major)                                                                            \
+      for (int64_t o = 0; o < width; o++)                                                     \
+        out[o] = index[o] < 0 ? -1 : offset + column_major(w, index[o]);                      \
+    else                                                                                      \
+      for (int64_t o = 0; o < width; o++) out[o] = index[o] < 0 ? -1 : offset + index[o];     \
+  }
+WIDEN_INDICES(widen_indices_i32, int32_t)
+WIDEN_INDICES(widen_indices_i64, int64_t)
+#define widen_indices(w, col_major, offset, out, index, width) \
+  _Generic((index), int32_t *: widen_indices_i32, int64_t *: widen_indices_i64)(w, col_major, offset, out, index, width)
+
 /* The first maximum in tap order wins; a NaN beats every number, the first
  * NaN every later one. An empty window gives LOWEST and index -1. The row's
  * indices (plane offsets) are kept as IDX -- int32_t when the plane allows,
  * so that they share the values' vector lanes -- and widened at the end.
  * Outputs start at LOWEST with no index: the one tap that can fail to beat
  * LOWEST is a leading LOWEST, which the widening gives the window's first
- * tap. */
+ * tap. NAME writes Indices; NAME##_values, for a call without that output,
+ * keeps no index at all. */
+#define MAX_TAKES(v, best, IS_NAN) ((v) > (best) || (IS_NAN(v) && !IS_NAN(best)))
 #define MAX_POOL(NAME, T, LOWEST, IS_NAN, IDX)                                                  \
   static inline __attribute__((always_inline)) void NAME##_tap(                                 \
-      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, T *y, IDX *index) {     \
+      int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, T *y, IDX *index,       \
+      bool indexed) {                                                                           \
     const T *src = plane + at;                                                                  \
     y += lo;                                                                                    \
-    index += lo;                                                                                \
     for (int64_t o = 0; o < count; o++) {                                                       \
       T v = src[o * s], best = y[o];                                                            \
-      bool take = v > best || (IS_NAN(v) && !IS_NAN(best));                                     \
+      bool take = MAX_TAKES(v, best, IS_NAN);                                                   \
       y[o] = take ? v : best;                                                                   \
-      index[o] = take ? (IDX)(at + o * s) : index[o];                                           \
+      if (indexed) index[lo + o] = take ? (IDX)(at + o * s) : index[lo + o];                    \
     }                                                                                           \
   }                                                                                             \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
-    pool_job *job = ctx;                                                                        \
+  static inline __attribute__((always_inline)) void NAME##_row(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, int64_t taps, const T *plane, T *y,     \
+      IDX *index, bool indexed) {                                                               \
+    const T *src = plane + at;                                                                  \
+    y += lo;                                                                                    \
+    for (int64_t o = 0; o < count; o++) {                                                       \
+      T best = y[o];                                                                            \
+      IDX where = indexed ? index[lo + o] : 0;                                                  \
+      for (int64_t t = 0; t < taps; t++) {                                                      \
+        T v = src[o * s + t];                                                                   \
+        bool take = MAX_TAKES(v, best, IS_NAN);                                                 \
+        best = take ? v : best;                                                                 \
+        where = take ? (IDX)(at + o * s + t) : where;                                           \
+      }                                                                                         \
+      y[o] = best;                                                                              \
+      if (indexed) index[lo + o] = where;                                                       \
+    }                                                                                           \
+  }                                                                                             \
+  /* Square windows, an interior output row: the interior columns [lo, lo +                   \
+   * count) fold their k x k taps in registers (at: the plane offset of column                 \
+   * lo's first tap, `width` X's row length) ... */                                            \
+  static inline __attribute__((always_inline)) void NAME##_block(                               \
+      int64_t at, int64_t lo, int64_t count, int64_t s, int64_t k, const T *plane,              \
+      int64_t width, T *y, int64_t *out, int64_t offset, bool indexed) {                        \
+    for (int64_t o = 0; o < count; o++) {                                                       \
+      const T *src = plane + at + o * s;                                                        \
+      IDX first = (IDX)(at + o * s), where = first;                                             \
+      T best = src[0];                                                                          \
+      _Pragma("GCC unroll 9") for (int64_t j = 1; j < k * k; j++) {                              \
+        int64_t tap = j / k * width + j % k;                                                    \
+        T v = src[tap];                                                                         \
+        bool take = MAX_TAKES(v, best, IS_NAN);                                                 \
+        best = take ? v : best;                                                                 \
+        where = take ? first + (IDX)tap : where;                                                \
+      }                                                                                         \
+      y[lo + o] = best;                                                                         \
+      if (indexed) out[lo + o] = offset + where;                                                \
+    }                                                                                           \
+  }                                                                                             \
+  /* ... and the border columns one at a time, over the taps inside X. */                       \
+  static void NAME##_border(const linalg_window *w, int64_t top, int64_t o, const T *plane,     \
+                            T *y, int64_t *out, int64_t offset, bool indexed) {                 \
+    int64_t width = w->target[1], first = o * w->stride[1] - w->pad[1];                         \
+    T best = LOWEST;                                                                            \
+    int64_t where = -1;                                                                         \
+    for (int64_t i = 0; i < w->kernel[0]; i++)                                                  \
+      for (int64_t t = 0; t < w->kernel[1]; t++) {                                              \
+        if (first + t < 0 || first + t >= width) continue;                                      \
+        int64_t at = top + i * width + first + t;                                               \
+        if (where < 0 || MAX_TAKES(plane[at], best, IS_NAN)) {                                  \
+          best = plane[at];                                                                     \
+          where = at;                                                                           \
+        }                                                                                       \
+      }                                                                                         \
+    y[o] = best;                                                                                \
+    if (indexed) out[o] = where < 0 ? -1 : offset + where;                                      \
+  }                                                                                             \
+  static inline __attribute__((always_inline)) void NAME##_rows(pool_job *job, int64_t begin,   \
+                                                                int64_t end, IDX *index,        \
+                                                                bool indexed) {                 \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \
-    IDX *index = chunk_scratch(job, width, sizeof *index);                                      \
-    if (!index) return;                                                                         \
     for (int64_t item = begin; item < end; item++) {                                            \
       int64_t p = item / job->rows, row = item % job->rows;                                     \
       const T *plane = (const T *)job->x + p * job->in_plane;                                   \
       T *y = (T *)job->y + p * job->out_plane + row * width;                                    \
-      for (int64_t o = 0; o < width; o++) {                                                     \
-        y[o] = LOWEST;                                                                          \
-        index[o] = -1;                                                                          \
+      int64_t *out = indexed ? job->indices + p * job->out_plane + row * width : NULL;          \
+      int64_t top;                                                                              \
+      if (job->square && !job->col_major && interior_row(w, row, &top)) {                       \
+        int64_t lo = job->inner_lo, hi = job->inner_hi, s = w->stride[1];                       \
+        POOL_SQUARE(NAME##_block, top + lo * s - w->pad[1], lo, hi - lo, s, w->kernel[1], plane, \
+                    w->target[1], y, out, p * job->in_plane, indexed);                          \
+        for (int64_t o = 0; o < lo; o++) NAME##_border(w, top, o, plane, y, out, p * job->in_plane, indexed); \
+        for (int64_t o = hi; o < width; o++) NAME##_border(w, top, o, plane, y, out, p * job->in_plane, indexed); \
+        continue;                                                                               \
       }                                                                                         \
+      for (int64_t o = 0; o < width; o++) y[o] = LOWEST;                                        \
+      if (indexed)                                                                              \
+        for (int64_t o = 0; o < width; o++) index[o] = -1;                                      \
       pool_rows r;                                                                              \
-      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, y, index);                               \
-      int64_t first_row = any ? rows_offset(w, &r) : 0;                                         \
-      int64_t *out = job->indices + p * job->out_plane + row * width;                           \
-      for (int64_t o = 0; o < width; o++) {                                                     \
-        int64_t at = index[o];                                                                  \
-        if (at < 0 && any) at = first_tap(w, first_row, o);                                     \
-        out[o] = at < 0 ? -1 : p * job->in_plane + (job->col_major ? column_major(w, at) : at); \
+      POOL_ROW_TAPS(job, w, row, r, any, NAME##_tap, NAME##_row, plane, y, index, indexed);     \
+      if (!indexed) continue;                                                                   \
+      if (any) {                                                                                \
+        int64_t first_row = rows_offset(w, &r);                                                 \
+        for (int64_t o = 0; o < width; o++)                                                     \
+          if (index[o] < 0) index[o] = (IDX)first_tap(w, first_row, o);                         \
       }                                                                                         \
+      widen_indices(w, job->col_major, p * job->in_plane, out, index, width);                   \
     }                                                                                           \
+  }                                                                                             \
+  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
+    pool_job *job = ctx;                                                                        \
+    IDX *index = chunk_scratch(job, job->w->grid[job->w->n - 1], sizeof *index);                \
+    if (!index) return;                                                                         \
+    NAME##_rows(job, begin, end, index, true);                                                  \
     free(index);                                                                                \
+  }                                                                                             \
+  CPU_VECTOR_CLONES static void NAME##_values(void *ctx, int64_t begin, int64_t end) {          \
+    NAME##_rows(ctx, begin, end, NULL, false);                                                  \
   }
 
 #define FLOAT_IS_NAN(v) ((v) != (v))
@@ -226,6 +380,9 @@ static pool_job pool_job_of(const cpu_kernel_args *k, const linalg_window *w, in
   *items = x->shape[0] * x->shape[1] * job.rows;
   int64_t row_taps = w->grid[w->n - 1] * linalg_prod(w->kernel, w->n);
   *grain = row_taps >= POOL_CHUNK_TAPS ? 1 : POOL_CHUNK_TAPS / (row_taps > 0 ? row_taps : 1);
+  interior_columns(w, &job.inner_lo, &job.inner_hi);
+  job.square = w->n == 2 && job.inner_lo < job.inner_hi && w->kernel[0] == w->kernel[1] &&
+               w->stride[0] == w->stride[1] && w->dilation[0] == 1;
   return job;
 }
 
@@ -237,12 +394,16 @@ static DK_Status max_pool(const cpu_kernel_args *k) {
   int64_t items, grain;
   pool_job job = pool_job_of(k, &w, &items, &grain);
   job.col_major = cpu_attr_int(k, "storage_order", 0) == 1;
-  job.indices = (int64_t *)k->out[1].data;
+  bool indexed = k->num_outputs > 1; /* Indices is an optional output */
+  job.indices = indexed ? (int64_t *)k->out[1].data : NULL;
   bool wide = job.in_plane > INT32_MAX;
-  cpu_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? (wide ? max_pool_wide_f64 : max_pool_f64)
-                    : x->dtype == DK_DTYPE_INT8  ? (wide ? max_pool_wide_i8 : max_pool_i8)
-                    : x->dtype == DK_DTYPE_UINT8 ? (wide ? max_pool_wide_u8 : max_pool_u8)
-                                                 : (wide ? max_pool_wide_f32 : max_pool_f32);
+#define MAX_POOL_FN(S) (wide ? (indexed ? max_pool_wide_##S : max_pool_wide_##S##_values) \
+                             : (indexed ? max_pool_##S : max_pool_##S##_values))
+  cpu_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? MAX_POOL_FN(f64)
+                    : x->dtype == DK_DTYPE_INT8  ? MAX_POOL_FN(i8)
+                    : x->dtype == DK_DTYPE_UINT8 ? MAX_POOL_FN(u8)
+                                                 : MAX_POOL_FN(f32);
+#undef MAX_POOL_FN
   cpu_parallel_for(items, grain, fn, &job);
   if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of indices");
   return DK_OK;
@@ -262,7 +423,18 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
     acc += lo;                                                                                  \
     for (int64_t o = 0; o < count; o++) acc[o] += (double)src[o * s];                           \
   }                                                                                             \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                       \
+  static inline __attribute__((always_inline)) void NAME##_row(                                 \
+      int64_t at, int64_t lo, int64_t count, int64_t s, int64_t taps, const T *plane,           \
+      double *acc) {                                                                            \
+    const T *src = plane + at;                                                                  \
+    acc += lo;                                                                                  \
+    for (int64_t o = 0; o < count; o++) {                                                       \
+      double sum = acc[o];                                                                      \
+      for (int64_t t = 0; t < taps; t++) sum += (double)src[o * s + t];                         \
+      acc[o] = sum;                                                                             \
+    }                                                                                           \
+  }                                                                                             \
+  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \
@@ -274,7 +446,7 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
       T *y = (T *)job->y + p * job->out_plane + row * width;                                    \
       memset(acc, 0, (size_t)width * sizeof *acc);                                              \
       pool_rows r;                                                                              \
-      POOL_ROW_TAPS(w, row, r, any, NAME##_tap, plane, acc);                                    \
+      POOL_ROW_TAPS(job, w, row, r, any, NAME##_tap, NAME##_row, plane, acc);                   \
       (void)any;                                                                                \
       const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;           \
       double outer = (double)(job->include_pad ? r.padded : r.count);                           \
