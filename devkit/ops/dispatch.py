@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import driver as _driver
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
 from ..engine.calls import KernelCall, launch
@@ -428,8 +429,8 @@ def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, placement) -> 
     """What a call's resolution depends on, or None for a call not worth caching."""
     parts: list = [name, placement]
     for value in inputs:
-        if type(value) is Array:
-            parts.append((value.device, value.dtype, value.shape, value.strides))
+        if type(value) is Array:  # value.device, without its two property calls
+            parts.append((value.buffer._allocation.device, value.dtype, value.shape, value.strides))
         elif value is None:
             parts.append(None)
         else:
@@ -450,39 +451,65 @@ class _CachedCall:
     """A bound call and its prebuilt kernel call: a run allocates the
     outputs and patches the data pointers."""
 
-    __slots__ = ("device", "call", "inputs", "outputs", "_plugin_call")
+    __slots__ = ("device", "call", "inputs", "outputs", "_stream", "_held")
 
     def __init__(self, bound: BoundCall, call: KernelCall):
         self.device = bound.device
         self.call = call
         self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(bound.call_inputs)
                        if position is not None]
-        self.outputs = [(call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)),
-                         math.prod(shape) * dtype.itemsize)
-                        for slot, (shape, dtype) in enumerate(bound.outputs)]
+        memory = bound.device._memory
+        self.outputs = []
+        for slot, (shape, dtype) in enumerate(bound.outputs):
+            nbytes = math.prod(shape) * dtype.itemsize
+            self.outputs.append((call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)), nbytes,
+                                 memory.caches(nbytes)))
+            call.outputs[slot].byte_offset = 0  # every run's outputs are fresh allocations
+        self._stream = None  # the stream handle the call holds
+        # Per input slot then output slot: the (handle, byte offset) it points at, so that a run
+        # writes only what changed (a handle object is its block's, reused with the block).
+        self._held = [(None, 0)] * (len(self.inputs) + len(self.outputs))
 
     def run(self, inputs: Sequence, stream: Stream | None) -> list[Array]:
-        # engine.calls.bind, inlined: this loop is most of an eager op's host cost.
+        # engine.calls.bind, inlined: this is most of an eager op's host cost.
         dev = self.device
-        arrays = []
+        held = self._held
+        arrays = []  # the inputs, alive until the launch (a converted one is held nowhere else)
+        index = 0
         for slot, position in self.inputs:
             value = inputs[position]
             if type(value) is not Array:
                 value = asarray(value, dev, stream=stream)
             buffer = value.buffer
-            slot.data = buffer.handle
-            slot.byte_offset = buffer.offset + value.offset
+            handle = buffer._allocation.handle
+            if handle is None:
+                raise ValueError("buffer has been freed")
+            offset = buffer.offset + value.offset
+            was_handle, was_offset = held[index]
+            if handle is not was_handle or offset != was_offset:
+                slot.data, slot.byte_offset = handle, offset
+                held[index] = (handle, offset)
             arrays.append(value)
+            index += 1
         results = []
         memory = dev._memory
-        for slot, shape, dtype, strides, nbytes in self.outputs:
+        caching = _driver._allocator == "caching"
+        for slot, shape, dtype, strides, nbytes, capacity in self.outputs:
             # Buffer.allocate's checks passed when the call was cached; a capturing stream gets no cached call.
-            buffer = Buffer(memory.allocate(nbytes, stream), 0, nbytes)
-            slot.data = buffer.handle
-            slot.byte_offset = 0
-            results.append(Array.trusted(buffer, shape, dtype, strides))
+            if caching and capacity is not None:
+                allocation = memory.allocate_class(nbytes, capacity, stream)
+            else:
+                allocation = memory.allocate(nbytes, stream)
+            handle = allocation.handle
+            if handle is not held[index][0]:
+                slot.data = handle
+                held[index] = (handle, 0)
+            index += 1
+            results.append(Array.trusted(Buffer(allocation, 0, nbytes), shape, dtype, strides))
         call = self.call
-        call.cdata.stream = ffi.NULL if stream is None else _stream_handle(stream, dev)
+        handle = ffi.NULL if stream is None else _stream_handle(stream, dev)
+        if handle != self._stream:
+            call.cdata.stream = self._stream = handle
         launch(call)
         if stream is not None:
             stream.retain(*arrays, *results)
