@@ -141,3 +141,27 @@ def test_cpu_plugin_covers_the_whole_spec(plugin):
     missing = [f"{spec.name}[{dtype_name(d)}]" for spec in ops.all_specs() for d in spec.dtypes
                if plugin.kernel_entry(spec.name, d) is None]
     assert not missing, f"{len(missing)} (op, dtype) pairs lack a kernel: {', '.join(missing[:40])}"
+
+
+def _optional_output_params():
+    return [pytest.param(spec.name, dtype_name(dtype), id=f"{spec.name}-{dtype_name(dtype)}")
+            for spec in ops.all_specs() if spec.optional_outputs for dtype in spec.dtypes]
+
+
+@pytest.mark.parametrize("op, dtype", _optional_output_params())
+def test_optional_outputs_left_out(dev, op, dtype):
+    """A call that wants only the required outputs (MaxPool without Indices)
+    gets only those, bit-equal to the same outputs of the full call."""
+    spec = ops.get(op)
+    required = len(spec.outputs) - spec.optional_outputs
+    with ops.cpu_fallback(False):
+        if ops.explain(op, dtype, dev).how not in ("native", "decomposed"):
+            pytest.skip(reason=f"{op}[{dtype}] does not run on {dev}")
+        for name, case in cases_of(op, dtype).items():
+            inputs = [None if x is None else devkit.asarray(x, dev) for x in case.inputs]
+            full = devkit.run_op(op, inputs, case.attrs)
+            wanted = devkit.run_op(op, inputs, case.attrs, outputs=required)
+            assert len(full) == len(spec.outputs) and len(wanted) == required, name
+            for got, expected in zip(wanted, full):  # bit-equal: NaNs too, of any float dtype
+                got, expected = got.numpy(), expected.numpy()
+                assert got.shape == expected.shape and got.tobytes() == expected.tobytes(), f"{op} case {name}"

@@ -415,6 +415,12 @@ class _DeviceMemory:
         capacity = _size_class(nbytes)
         if _allocator == "none" or capacity > limit:
             return self._allocate_direct(nbytes, stream)
+        return self.allocate_class(nbytes, capacity, stream)
+
+    def allocate_class(self, nbytes: int, capacity: int, stream: Stream | None) -> _Allocation:
+        """``allocate`` from the cache, for a request already checked:
+        ``capacity`` is ``_size_class(nbytes)``, within max_alloc_size, and
+        the caching allocator is the one in use (what eager calls cache)."""
         stats = self._stats
         with self._lock:
             if self._returned:
@@ -429,8 +435,19 @@ class _DeviceMemory:
             else:
                 stats["cache_hits"] += 1
                 stats["cached_bytes"] -= capacity
-            self._count_allocation(nbytes)
+            # _count_allocation, inlined
+            allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes
+            if allocated > stats["peak_allocated_bytes"]:
+                stats["peak_allocated_bytes"] = allocated
+            stats["allocations"] += 1
+            stats["allocation_count"] += 1
         return _Allocation(self, block.handle, nbytes, block)
+
+    def caches(self, nbytes: int) -> int | None:
+        """The size class ``allocate_class`` takes for ``nbytes`` while the caching
+        allocator is in use and the class fits the device, else None."""
+        capacity = _size_class(nbytes)
+        return capacity if capacity <= (self._max_alloc_size or self._read_max_alloc_size()) else None
 
     def _read_max_alloc_size(self) -> int:
         self._max_alloc_size = self.device.properties.max_alloc_size or _SIZE_MAX  # 0: none reported
@@ -580,9 +597,13 @@ class _DeviceMemory:
             if block is None:
                 stats["reserved_bytes"] -= capacity
                 stats["device_frees"] += 1
+                continue
+            blocks = self._cache.get(capacity)
+            if blocks is None:
+                self._cache[capacity] = [block]
             else:
-                self._cache.setdefault(capacity, []).append(block)
-                stats["cached_bytes"] += capacity
+                blocks.append(block)
+            stats["cached_bytes"] += capacity
 
     def _release_cache(self) -> None:
         """Free every cached block on the device, each once its pending work ran."""
@@ -630,6 +651,13 @@ class _Allocation:
     or the plugin) when no hold remains, ordered after the pending work.
     """
 
+    # Slots: every eager op makes one and drops one (a __dict__ for what bridges attach,
+    # and for the fields below, which keep their class defaults until set).
+    __slots__ = ("memory", "device", "handle", "nbytes", "block", "_owned", "__dict__")
+    used_on_streams = False  # set by Stream.retain: only then can work be pending on it
+    _holds = 0
+    _free_stream: Stream | None = None
+
     def __init__(self, memory: _DeviceMemory, handle, nbytes: int, block: _Block | None):
         self.memory = memory
         self.device = memory.device
@@ -637,9 +665,6 @@ class _Allocation:
         self.nbytes = nbytes
         self.block = block
         self._owned = handle  # until released
-        self.used_on_streams = False  # set by Stream.retain: only then can work be pending on it
-        self._holds = 0
-        self._free_stream: Stream | None = None
 
     def hold(self) -> None:
         """Keep the memory from being released until ``unhold`` (a DLPack export, a group)."""
@@ -677,7 +702,15 @@ class _Allocation:
     def __del__(self):
         # Nothing refers to the allocation any more, so nothing holds it or frees it
         # concurrently: free()'s lock is not needed.
+        handle = self._owned
+        if handle is None:
+            return
         try:
+            if self._free_stream is None and not self.used_on_streams and self.block is not None:
+                # memory.release's first case, inlined: no work can be pending on it
+                self._owned = None
+                self.memory._returned.append((self.nbytes, self.block.capacity, self.block))
+                return
             self._release(self._pending_free_stream(), True)
         except Exception:  # interpreter shutdown or an already-failed plugin
             pass
@@ -693,6 +726,8 @@ class Buffer:
     to any stream that uses it (and, for ``free(stream)``, everything
     submitted to ``stream``), and after every DLPack export of it is dropped.
     """
+
+    __slots__ = ("_allocation", "offset", "nbytes", "__dict__")
 
     def __init__(self, allocation: _Allocation, offset: int, nbytes: int):
         self._allocation = allocation

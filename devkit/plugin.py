@@ -32,6 +32,7 @@ from pathlib import Path
 from ._version import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
+from .backends.cpu import preload_blas
 from .driver import Device
 from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
@@ -356,6 +357,9 @@ def _load_library(path: Path, source: str) -> Plugin:
     with _registry_lock:
         if location in _registry:
             return _registry[location]
+    # Builds of the cpu plugin (the built-in one, and the variants that
+    # devkit.backends.cpu.build makes) link OpenBLAS: make it resolvable first.
+    preload_blas()
     try:
         library = open_library(location)
     except OSError as exc:

@@ -332,6 +332,20 @@ def test_strided_and_numpy_inputs(cache):
         np.testing.assert_array_equal(devkit.ops.Add(x, np.ones(4, np.float32)).numpy(), host + 1)
 
 
+def test_a_numpy_input_lives_until_its_cached_call_has_run(cache):
+    """Its device copy is held by nothing but the call: with every buffer given back to
+    the plugin at once, a call that dropped it before launching would read freed memory."""
+    previous = devkit.set_allocator("none")
+    try:
+        x = devkit.asarray(np.arange(4, dtype=np.float32))
+        for _ in range(3):
+            out = devkit.ops.Add(np.full(4, 2, np.float32), x)
+            np.testing.assert_array_equal(out.numpy(), np.arange(4, dtype=np.float32) + 2)
+        assert cache()["hits"] == 2
+    finally:
+        devkit.set_allocator(previous)
+
+
 def test_kernels_are_found_by_op_and_dtype():
     plugin = devkit.load_plugin("cpu")
     entry = plugin.kernel_entry("Add", np.float32)

@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -280,3 +281,36 @@ def test_two_plugins_named_cpu_are_told_apart_by_location(tmp_path):
     message, builtin, other = result.stdout.splitlines()
     assert message == (f"Add: input 'B' is on cpu:0 (plugin at {other}), but the op runs on "
                        f"cpu:0 (plugin at {builtin}) (where its first input is)")
+
+
+
+def test_openblas_resolves_for_a_library_without_its_rpath(tmp_path):
+    """A venv with --system-site-packages has scipy-openblas32 only in its base,
+    where none of the cpu plugin's rpaths point: the loader preloads OpenBLAS
+    from the importable package, so a library that links it without an rpath
+    opens (and fails to without the preload)."""
+    import scipy_openblas32
+
+    source = tmp_path / "uses_blas.c"
+    source.write_text("void scipy_cblas_sgemm(void);\n"
+                      "void *uses_blas(void) { return (void *)scipy_cblas_sgemm; }\n")
+    library = tmp_path / "libuses_blas.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(library),
+                    f"-L{scipy_openblas32.get_lib_dir()}", f"-l{scipy_openblas32.get_library()}"],
+                   check=True)
+    script = textwrap.dedent(f"""
+        import ctypes, sys
+        if sys.argv[1] == "preload":
+            from devkit.backends.cpu import preload_blas
+            preload_blas()
+        try:
+            ctypes.CDLL({str(library)!r})
+            print("opened")
+        except OSError as exc:
+            print("refused", exc)
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    runs = {mode: subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True,
+                                 check=True, env=env).stdout for mode in ("preload", "bare")}
+    assert runs["preload"].strip() == "opened"
+    assert runs["bare"].startswith("refused") and "libscipy_openblas" in runs["bare"]

@@ -215,6 +215,46 @@ def test_model_the_converter_cannot_upgrade_fails_at_prepare():
         donnx.prepare(model)
 
 
+def max_pool_model(outputs):
+    """y = MaxPool(Relu(x)), 3x3 stride 2 pad 1 (ResNet's stem), the node's outputs named ``outputs``."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("MaxPool", ["r"], outputs, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
+    graph_outputs = [value("y", [2, 3, 5, 5])] + ([value("i", [2, 3, 5, 5], TensorProto.INT64)] if "i" in outputs
+                                                  else [])
+    return make_model(nodes, [value("x", [2, 3, 9, 9])], graph_outputs)
+
+
+@pytest.mark.parametrize("plan", [True, False], ids=["plan", "interpreter"])
+@pytest.mark.parametrize("outputs", [["y"], ["y", ""]], ids=["one-output", "empty-name"])
+def test_max_pool_node_without_indices_computes_only_y(plan, outputs, monkeypatch):
+    """A MaxPool node that does not use Indices gets a kernel call with only Y,
+    and the same Y as a node with both outputs."""
+    x = np.random.default_rng(3).standard_normal((2, 3, 9, 9)).astype(np.float32)
+    padded = np.pad(np.maximum(x, 0), [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=-np.inf)
+    reference = np.max([padded[:, :, i:i + 9:2, j:j + 9:2] for i in range(3) for j in range(3)], axis=0)
+    output_counts = []
+    call_kernel = dispatch._call_kernel
+
+    def counting(dev, entry, op, inputs, results, *args):
+        if op == "MaxPool":
+            output_counts.append(len(results))
+        return call_kernel(dev, entry, op, inputs, results, *args)
+
+    monkeypatch.setattr(dispatch, "_call_kernel", counting)
+    dispatch.clear_call_cache()
+    prepared = donnx.prepare(max_pool_model(outputs), "cpu:0", plan=plan)
+    (y,) = prepared.run([x])
+    (y_of_both, indices) = donnx.prepare(max_pool_model(["y", "i"]), "cpu:0", plan=plan).run([x])
+    np.testing.assert_array_equal(y, reference)
+    np.testing.assert_array_equal(y, y_of_both)
+    assert indices.dtype == np.int64 and indices.shape == y.shape
+    if plan:
+        (signature,) = prepared.plans
+        output_counts = [call.cdata.num_outputs for call in prepared.plans[signature].calls
+                         if getattr(call, "op", None) == "MaxPool"]
+    assert output_counts[:1] == [1]
+
+
 # -- errors ----------------------------------------------------------------------------------------
 
 def relu_model(**attrs):

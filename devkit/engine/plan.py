@@ -292,7 +292,8 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
             return host_eval(spec, host_inputs, node.attrs, inferred)
     if not any(isinstance(value, _Slot) for value in given):
         # No input changes between runs: computed once, now, and kept.
-        return dispatch.run_op(node.op, given, node.attrs, device=device)
+        return dispatch.run_op(node.op, given, node.attrs, device=device,
+                               outputs=dispatch.outputs_named(node.outputs))
     for decl, value in zip(dispatch._declared(spec, len(given)), given):
         if decl.host and isinstance(value, _Slot):
             raise NotPlannable(f"{_describe(node)}: its input '{decl.name}' is computed on the device, "
@@ -300,7 +301,8 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
         if decl.read_by_infer and isinstance(value, _Slot):
             raise NotPlannable(f"{_describe(node)}: its output shape depends on its input values")
     stand_ins = [value.stand_in if isinstance(value, _Slot) else value for value in given]
-    bound = dispatch.bind_call(spec, stand_ins, node.attrs, device)
+    bound = dispatch.bind_call(spec, stand_ins, node.attrs, device,
+                               outputs_wanted=dispatch.outputs_named(node.outputs))
     if bound.entry is None:
         raise NotPlannable(f"{_describe(node)}: plugin '{device.plugin.name}' has no kernel for "
                            f"{_spec.dtype_name(bound.key_dtype)}")

@@ -427,7 +427,7 @@ class PreparedModel:
             if fits_host(inferred):
                 return host_eval(spec, host_inputs, attrs, inferred)
         return dispatch.run_op(node.op_type, [values[name] if name else None for name in names], attrs,
-                               device=self.device)
+                               device=self.device, outputs=dispatch.outputs_named(node.output))
 
     @staticmethod
     def _host_value(name: str, values: dict, host_twins: dict) -> np.ndarray | None:

@@ -125,7 +125,8 @@ def run_nodes(nodes: Sequence, values: Mapping[str, object], device: str | Devic
             env[node.output[0]] = _constant(node)
             continue
         inputs = [env[name] if name else None for name in node.input]
-        outputs = dispatch.run_op(node.op_type, inputs, node_attributes(node, spec), device=device)
+        outputs = dispatch.run_op(node.op_type, inputs, node_attributes(node, spec), device=device,
+                                  outputs=dispatch.outputs_named(node.output))
         for name, output in zip(node.output, outputs):
             if name:
                 env[name] = output

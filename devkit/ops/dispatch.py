@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import driver as _driver
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
 from ..engine.calls import KernelCall, launch
@@ -297,10 +298,14 @@ class BoundCall:
 
 
 def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=None,
-              stream: Stream | None = None) -> BoundCall:
-    """Bind, check and shape-infer a call and find its kernel."""
+              stream: Stream | None = None, outputs_wanted: int | None = None) -> BoundCall:
+    """Bind, check and shape-infer a call and find its kernel. ``outputs_wanted``:
+    how many leading outputs the caller uses (None: all); the spec's optional
+    trailing outputs past them are left out of the call."""
     dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, placement, stream)
     outputs = _infer(spec, infos, attrs)
+    if outputs_wanted is not None and spec.optional_outputs:
+        del outputs[max(outputs_wanted, len(outputs) - spec.optional_outputs):]
     entry = dev.plugin.kernel_entry(spec.name, key_dtype)
     # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
     call_inputs: list[int | None] = []
@@ -318,8 +323,15 @@ def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=N
                      _attribute_list(spec, attrs, host_values), reads_values, host_values)
 
 
+def outputs_named(names: Sequence[str]) -> int:
+    """How many leading outputs a node uses: up to its last named one (ONNX
+    leaves an unused optional output out or gives it an empty name)."""
+    return max((position + 1 for position, name in enumerate(names) if name), default=0)
+
+
 def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
-           stream: Stream | None = None, device: str | Device | None = None) -> list[Array]:
+           stream: Stream | None = None, device: str | Device | None = None,
+           outputs: int | None = None) -> list[Array]:
     """Run op ``name`` (its ONNX name) and return its outputs as new Arrays.
 
     ``inputs`` are Arrays on one device (NumPy arrays are copied there; host
@@ -329,10 +341,14 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
 
     A call like an earlier one (same op, device, input dtypes, shapes and
     strides, host-input values and attributes) skips the checks: it reuses
-    the earlier call's resolution and prebuilt kernel call (see call_cache_info)."""
+    the earlier call's resolution and prebuilt kernel call (see call_cache_info).
+
+    ``outputs``: how many leading outputs the caller wants (None: all). Optional
+    trailing outputs past them (MaxPool's Indices) are neither computed nor
+    returned; required ones always are."""
     # A capturing stream records each call it is given, so it gets calls of its own.
     capturing = stream is not None and stream.capturing is not None
-    key = None if capturing else _call_key(name, inputs, attrs, device)
+    key = None if capturing else _call_key(name, inputs, attrs, (device, outputs))
     cache = _call_cache()
     try:
         cached = cache.get(key) if key is not None else None
@@ -343,11 +359,11 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
         return cached.run(inputs, stream)
     _cache_counts[1] += 1
     spec = _spec.get(name)
-    bound = bind_call(spec, inputs, attrs, device, stream)
+    bound = bind_call(spec, inputs, attrs, device, stream, outputs)
     dev, entry = bound.device, bound.entry
     if entry is None:
         return resolution.run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
-                                             stream)
+                                             stream)[:len(bound.outputs)]
     compacted = False
     call_inputs: list[Array | None] = []
     for position in bound.call_inputs:
@@ -413,8 +429,8 @@ def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, placement) -> 
     """What a call's resolution depends on, or None for a call not worth caching."""
     parts: list = [name, placement]
     for value in inputs:
-        if type(value) is Array:
-            parts.append((value.device, value.dtype, value.shape, value.strides))
+        if type(value) is Array:  # value.device, without its two property calls
+            parts.append((value.buffer._allocation.device, value.dtype, value.shape, value.strides))
         elif value is None:
             parts.append(None)
         else:
@@ -435,39 +451,65 @@ class _CachedCall:
     """A bound call and its prebuilt kernel call: a run allocates the
     outputs and patches the data pointers."""
 
-    __slots__ = ("device", "call", "inputs", "outputs", "_plugin_call")
+    __slots__ = ("device", "call", "inputs", "outputs", "_stream", "_held")
 
     def __init__(self, bound: BoundCall, call: KernelCall):
         self.device = bound.device
         self.call = call
         self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(bound.call_inputs)
                        if position is not None]
-        self.outputs = [(call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)),
-                         math.prod(shape) * dtype.itemsize)
-                        for slot, (shape, dtype) in enumerate(bound.outputs)]
+        memory = bound.device._memory
+        self.outputs = []
+        for slot, (shape, dtype) in enumerate(bound.outputs):
+            nbytes = math.prod(shape) * dtype.itemsize
+            self.outputs.append((call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)), nbytes,
+                                 memory.caches(nbytes)))
+            call.outputs[slot].byte_offset = 0  # every run's outputs are fresh allocations
+        self._stream = None  # the stream handle the call holds
+        # Per input slot then output slot: the (handle, byte offset) it points at, so that a run
+        # writes only what changed (a handle object is its block's, reused with the block).
+        self._held = [(None, 0)] * (len(self.inputs) + len(self.outputs))
 
     def run(self, inputs: Sequence, stream: Stream | None) -> list[Array]:
-        # engine.calls.bind, inlined: this loop is most of an eager op's host cost.
+        # engine.calls.bind, inlined: this is most of an eager op's host cost.
         dev = self.device
-        arrays = []
+        held = self._held
+        arrays = []  # the inputs, alive until the launch (a converted one is held nowhere else)
+        index = 0
         for slot, position in self.inputs:
             value = inputs[position]
             if type(value) is not Array:
                 value = asarray(value, dev, stream=stream)
             buffer = value.buffer
-            slot.data = buffer.handle
-            slot.byte_offset = buffer.offset + value.offset
+            handle = buffer._allocation.handle
+            if handle is None:
+                raise ValueError("buffer has been freed")
+            offset = buffer.offset + value.offset
+            was_handle, was_offset = held[index]
+            if handle is not was_handle or offset != was_offset:
+                slot.data, slot.byte_offset = handle, offset
+                held[index] = (handle, offset)
             arrays.append(value)
+            index += 1
         results = []
         memory = dev._memory
-        for slot, shape, dtype, strides, nbytes in self.outputs:
+        caching = _driver._allocator == "caching"
+        for slot, shape, dtype, strides, nbytes, capacity in self.outputs:
             # Buffer.allocate's checks passed when the call was cached; a capturing stream gets no cached call.
-            buffer = Buffer(memory.allocate(nbytes, stream), 0, nbytes)
-            slot.data = buffer.handle
-            slot.byte_offset = 0
-            results.append(Array.trusted(buffer, shape, dtype, strides))
+            if caching and capacity is not None:
+                allocation = memory.allocate_class(nbytes, capacity, stream)
+            else:
+                allocation = memory.allocate(nbytes, stream)
+            handle = allocation.handle
+            if handle is not held[index][0]:
+                slot.data = handle
+                held[index] = (handle, 0)
+            index += 1
+            results.append(Array.trusted(Buffer(allocation, 0, nbytes), shape, dtype, strides))
         call = self.call
-        call.cdata.stream = ffi.NULL if stream is None else _stream_handle(stream, dev)
+        handle = ffi.NULL if stream is None else _stream_handle(stream, dev)
+        if handle != self._stream:
+            call.cdata.stream = self._stream = handle
         launch(call)
         if stream is not None:
             stream.retain(*arrays, *results)

@@ -29,6 +29,13 @@ def _inputs(spec: OpSpec) -> str:
     return ", ".join(parts)
 
 
+def _outputs(spec: OpSpec) -> str:
+    """The outputs; the optional trailing ones (a caller that does not want
+    them gets a kernel call without them) marked."""
+    first_optional = len(spec.outputs) - spec.optional_outputs
+    return ", ".join(f"`{o}`" + (" (optional)" if k >= first_optional else "") for k, o in enumerate(spec.outputs))
+
+
 def _attrs(spec: OpSpec) -> str:
     if not spec.attrs:
         return "—"
@@ -81,7 +88,7 @@ def render() -> str:
                   "| Op | Opset | Inputs | Outputs | Attributes | Key | Tolerance by dtype |",
                   "|---|---|---|---|---|---|---|"]
         for s in members:
-            cells = [f"**{s.name}**", str(s.opset), _inputs(s), ", ".join(f"`{o}`" for o in s.outputs),
+            cells = [f"**{s.name}**", str(s.opset), _inputs(s), _outputs(s),
                      _attrs(s), _key(s), _tolerances(s)]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += [""] + [f"- **{s.name}**: {' '.join(s.doc.split())}" for s in members]

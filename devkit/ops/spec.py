@@ -215,6 +215,8 @@ class OpSpec:
     doc: str = ""
     category: str = ""
     decompose: Decomposition | None = None  # None: a primitive, or an op every plugin must implement
+    # Trailing outputs a kernel call may leave out (the kernel then skips computing them), e.g. MaxPool's Indices.
+    optional_outputs: int = 0
 
     def tolerance_for(self, dtype, decomposed: bool = False) -> Tolerance:
         """The tolerance for ``dtype``; ``decomposed``: when the op ran through its decomposition."""

@@ -302,13 +302,15 @@ DK_Status cpu_resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool st
   if (start_offset < 0)
     return cpu_set_error(DK_OUT_OF_RANGE, "%s: %s %zu reaches before the start of its buffer",
                          op, role, i);
-  char what[32];
-  snprintf(what, sizeof what, "%s %zu", role, i);
   uint8_t *first;
   size_t start = (size_t)start_offset;
   size_t span = (size_t)span_bytes;
-  DK_Status st = cpu_mem_range(op, what, d, (DK_Mem)t->data, start, span, &first);
-  if (st != DK_OK) return st;
+  DK_Status st = cpu_mem_range(op, role, d, (DK_Mem)t->data, start, span, &first);
+  if (st != DK_OK) { /* checked again to name the tensor: formatted on failure only */
+    char what[32];
+    snprintf(what, sizeof what, "%s %zu", role, i);
+    return cpu_mem_range(op, what, d, (DK_Mem)t->data, start, span, &first);
+  }
   r->data = first - low;
   return DK_OK;
 }

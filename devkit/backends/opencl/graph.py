@@ -2,9 +2,10 @@
 
 While a stream captures, everything that would be enqueued on it -- OpenCL
 commands (kernels with their arguments already set, copies, fills), host
-copies, the stream-order checks some kernels queue -- is recorded as the
-closure that would have been enqueued, and a launch enqueues those closures
-on the launch stream. No kernel argument is prepared again at launch.
+copies, the stream-order checks some kernels queue -- is recorded: a kernel
+as a KernelStep (the kernel and its launch shape), the rest as the closure
+that would have been enqueued; a launch enqueues them on the launch stream.
+No kernel argument is prepared again at launch.
 
 A kernel call is kept as a deep copy of its DK_KernelCall whose stream is the
 graph's recorder, a stream that is never run and always records; a rebind
@@ -12,9 +13,17 @@ patches one tensor of that copy and prepares that kernel again, through the
 recorder, into new closures. Buffers a kernel zero-fills for its checks
 (error flags) are zero-filled again at the start of every launch.
 
-cl_khr_command_buffer (which PoCL reports) would make a launch one OpenCL
-command; pyopencl has no binding for it, so launches enqueue the recorded
-commands one by one.
+Each run of consecutive kernels -- with the zero-fills, which lead the
+first -- becomes one Batch when a launch first needs it: enqueued in one
+tight loop under one stream lock and one flush, so the Python cost of a
+kernel at launch is the pyopencl enqueue alone. Other steps (copies, host copies and checks, event
+records and waits) are enqueued one by one between the batches. A rebind or
+a new node drops the batches; the next launch makes them again.
+
+cl_khr_command_buffer (PoCL 3.1 reports 0.9.0) would make a batch one
+OpenCL command, but PoCL's enqueue of a command buffer costs as much per
+recorded command as enqueueing each (2.2-3.6 us on the development
+machine, measured), so it is not used.
 """
 
 from __future__ import annotations
@@ -29,6 +38,39 @@ from .. import graph_capture
 from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
 from .errors import PluginError
 from .runtime import Device, Stream, _failed, _new_handle, handle_key
+
+
+class KernelStep:
+    """A captured kernel: its arguments set at capture (``held`` keeps what
+    they point at alive) and its launch shape."""
+
+    __slots__ = ("kernel", "global_size", "local_size", "held")
+
+    def __init__(self, kernel: cl.Kernel, global_size: tuple, local_size: tuple | None, held):
+        self.kernel, self.global_size, self.local_size, self.held = kernel, global_size, local_size, held
+
+
+class Batch:
+    """Consecutive kernels of a graph, after the buffers to zero-fill first."""
+
+    __slots__ = ("fills", "kernels")
+
+    def __init__(self):
+        self.fills: list[tuple[cl.Buffer, int]] = []
+        self.kernels: list[tuple[cl.Kernel, tuple, tuple | None]] = []
+
+    def enqueue(self, queue: cl.CommandQueue) -> cl.Event:
+        """Every command on ``queue``, in order; the event is the last one's."""
+        event = None
+        for buffer, nbytes in self.fills:
+            event = cl.enqueue_fill_buffer(queue, buffer, _ZERO, 0, nbytes)
+        enqueue = cl.enqueue_nd_range_kernel
+        for kernel, global_size, local_size in self.kernels:
+            event = enqueue(queue, kernel, global_size, local_size)
+        return event
+
+
+_ZERO = np.uint8(0)
 
 
 class _Node:
@@ -47,6 +89,7 @@ class Graph:
         self.nodes: list[_Node] = []
         self.slots: list[tuple[_Node, object]] = []  # (kernel node, its DK_Tensor)
         self._preparing: _Node | None = None
+        self._launchable: list | None = None  # (kind, step or Batch) per launch step, made at a launch
         self.recorder = Stream(device)
         self.recorder.capture, self.recorder.is_recorder = self, True
         key, self.recorder_handle = _new_handle("DK_Stream")
@@ -56,8 +99,10 @@ class Graph:
     # -- capture -------------------------------------------------------------------
 
     def record(self, kind: str, closure) -> None:
-        """Stream.enqueue / add_host_work / copy_host of a capturing stream."""
+        """Stream.enqueue / add_host_work / copy_host of a capturing stream;
+        ("kernel", KernelStep) from a kernel's launch."""
         with self.lock:
+            self._launchable = None
             if self._preparing is not None:
                 self._preparing.steps.append((kind, closure))
             else:
@@ -76,6 +121,7 @@ class Graph:
         node = _Node(prepare, copy, keep)
         self._prepare(node)
         with self.lock:
+            self._launchable = None
             self.nodes.append(node)
             for i in range(copy.num_inputs):
                 if copy.inputs[i].ndim >= 0:
@@ -87,6 +133,7 @@ class Graph:
             steps, zeroed = node.steps, node.zeroed
             node.steps, node.zeroed = [], []
             self._preparing = node
+            self._launchable = None
             try:
                 node.prepare(node.call)
             except BaseException:
@@ -101,31 +148,47 @@ class Graph:
         with self.lock:
             rebind_slot(self.slots, slot, mem, offset, self._prepare)
 
-    def launch(self, stream: Stream | None) -> None:
-        d = self.device
+    def _launch_steps(self) -> list:
+        """What a launch enqueues, in order: ("batch", Batch) for each run of
+        kernels (the zero-fills lead the first), the other steps as recorded."""
         with self.lock:
-            nodes = [(list(n.steps), list(n.zeroed)) for n in self.nodes]
-        if stream is None:
-            self._run_now(nodes)
-            return
-        for _, zeroed in nodes:
-            for buffer, nbytes in zeroed:
-                d.submit(stream, lambda q, b=buffer, n=nbytes: cl.enqueue_fill_buffer(
-                    q, b, np.uint8(0), 0, n))
-        for steps, _ in nodes:
-            for kind, closure in steps:
-                if kind == "enqueue":
-                    d.submit(stream, closure)
-                elif kind == "copy_host":
-                    d.copy_host(stream, closure)
-                elif kind == "host":
-                    closure() if stream is None else stream.add_host_work(closure)
-                elif kind == "record":
-                    d.record(closure, stream)
-                else:
-                    d.wait(stream, closure)
+            if self._launchable is None:
+                first = Batch()
+                first.fills = [zeroed for node in self.nodes for zeroed in node.zeroed]
+                steps: list = [("batch", first)]
+                for node in self.nodes:
+                    for kind, step in node.steps:
+                        if kind != "kernel":
+                            steps.append((kind, step))
+                            continue
+                        if steps[-1][0] != "batch":
+                            steps.append(("batch", Batch()))
+                        steps[-1][1].kernels.append((step.kernel, step.global_size, step.local_size))
+                self._launchable = [(kind, step) for kind, step in steps
+                                    if kind != "batch" or step.fills or step.kernels]
+            return self._launchable
 
-    def _run_now(self, nodes: list) -> None:
+    def launch(self, stream: Stream | None) -> None:
+        steps = self._launch_steps()
+        if stream is None:
+            self._run_now(steps)
+            return
+        d = self.device
+        for kind, step in steps:
+            if kind == "batch":
+                d.submit(stream, step.enqueue)
+            elif kind == "enqueue":
+                d.submit(stream, step)
+            elif kind == "copy_host":
+                d.copy_host(stream, step)
+            elif kind == "host":
+                stream.add_host_work(step)
+            elif kind == "record":
+                d.record(step, stream)
+            else:
+                d.wait(stream, step)
+
+    def _run_now(self, steps: list) -> None:
         """A launch on the NULL stream: the commands enqueued on the device's
         (in-order) queue one after another and waited for once -- before host
         work, which must see their results, and at the end."""
@@ -140,29 +203,29 @@ class Graph:
                 raise PluginError(C.DK_INTERNAL, f"OpenCL command failed with status "
                                                  f"{failed.command_execution_status}")
 
-        for _, zeroed in nodes:
-            pending += [cl.enqueue_fill_buffer(queue, buffer, np.uint8(0), 0, nbytes) for buffer, nbytes in zeroed]
-        for steps, _ in nodes:
-            for kind, closure in steps:
-                if kind == "enqueue":
-                    pending.append(closure(queue))
-                elif kind == "copy_host":  # blocking (the in-order queue runs what precedes it first)
-                    closure(queue)
+        for kind, step in steps:
+            if kind == "batch":
+                pending.append(step.enqueue(queue))
+            elif kind == "enqueue":
+                pending.append(step(queue))
+            elif kind == "copy_host":  # blocking (the in-order queue runs what precedes it first)
+                step(queue)
+            else:
+                drain()
+                if kind == "host":
+                    step()
+                elif kind == "record":
+                    d.record(step, None)
                 else:
-                    drain()
-                    if kind == "host":
-                        closure()
-                    elif kind == "record":
-                        d.record(closure, None)
-                    else:
-                        d.wait(None, closure)
+                    d.wait(None, step)
         drain()
 
     def close(self) -> None:
         with self.device.lock:
             self.device.streams.pop(handle_key(self.recorder_handle), None)
         self.recorder.close()
-        self.nodes, self.slots = [], []
+        with self.lock:
+            self._launchable, self.nodes, self.slots = None, [], []
 
 
 # -- the table functions (graph_capture has the rest) ----------------------------------

@@ -298,14 +298,17 @@ class Call:
     def input(self, j: int) -> Tensor | None:
         return self.inputs[j] if j < len(self.inputs) else None
 
-    def expect(self, inputs: tuple[int, int], outputs: int) -> None:
-        """Refuses a call whose input count is outside [low, high] or whose output count differs."""
+    def expect(self, inputs: tuple[int, int], outputs: int | tuple[int, int]) -> None:
+        """Refuses a call whose input count is outside [low, high] or whose output
+        count differs from ``outputs`` (or lies outside its [low, high])."""
         low, high = inputs
         if not low <= len(self.inputs) <= high:
             wanted = str(low) if low == high else f"{low} to {high}"
             raise invalid(f"{self.op} takes {wanted} inputs, got {len(self.inputs)}")
-        if len(self.outputs) != outputs:
-            raise invalid(f"{self.op} has {outputs} output(s), got {len(self.outputs)}")
+        low, high = (outputs, outputs) if isinstance(outputs, int) else outputs
+        if not low <= len(self.outputs) <= high:
+            wanted = str(low) if low == high else f"{low} to {high}"
+            raise invalid(f"{self.op} has {wanted} output(s), got {len(self.outputs)}")
 
     def run(self, call, run) -> None:
         """Runs ``run(self)``; a dialect whose streams capture graphs records the

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
+from .graph import KernelStep
 from .kernels import Call, Local, Tensor
 from .runtime import Device
 
@@ -133,11 +134,10 @@ class OpenCLCall(Call):
                    for a in args]
         if self.stream is not None and self.stream.capture is not None:
             # A graph enqueues this at every launch (graph.py): it gets a kernel of its
-            # own, whose arguments stay as set now, and the closure keeps them alive.
+            # own, whose arguments stay as set now, and the step keeps them alive.
             kernel = cl.Kernel(programs.get(self.device, source, options), name)
             kernel.set_args(*buffers)
-            self.device.submit(self.stream, lambda q, held=args: cl.enqueue_nd_range_kernel(
-                q, kernel, global_size, local))
+            self.stream.capture.record("kernel", KernelStep(kernel, global_size, local, args))
             return
         kernel, lock = programs.kernel(self.device, source, options, name)
         with lock:  # submit enqueues before it returns, and an enqueue takes the arguments as set

@@ -85,8 +85,8 @@ inline bool pool_tap(long t, long position, int nsp, global const long *meta, bo
 
 _MAX_POOL = """
 kernel void k_MaxPool(global const X_t *x, long x_off, global X_t *y, long y_off, global long *indices,
-                      long i_off, long channels, long taps, int col_major, int nsp, global const long *meta,
-                      long total) {
+                      long i_off, int indexed, long channels, long taps, int col_major, int nsp,
+                      global const long *meta, long total) {
   const long i = get_global_id(0);
   if (i >= total) return;
   long x_at = x_off, y_at = y_off, i_at = i_off, position, plane, at, index, best_index = -1;
@@ -113,7 +113,7 @@ kernel void k_MaxPool(global const X_t *x, long x_off, global X_t *y, long y_off
     }
   }
   X_store(y, y_at, best);
-  indices[i_at] = best_index < 0 ? -1 : plane * in_plane + best_index;
+  if (indexed) indices[i_at] = best_index < 0 ? -1 : plane * in_plane + best_index;
 }
 """
 
@@ -196,15 +196,16 @@ def _launch_window(c: Call, key: int, name: str, args: list, total: int) -> None
 
 
 def _max_pool(c: Call, key: int) -> None:
-    c.expect((1, 1), 2)
-    x = c.inputs[0]
-    y, indices = c.outputs
+    c.expect((1, 1), (1, 2))  # Indices is an optional output
+    x, y = c.inputs[0], c.outputs[0]
     if y.size == 0:
         return
+    # Without Indices, Y stands in for its (never written) buffer and strides.
+    indices = c.outputs[1] if len(c.outputs) > 1 else y
     meta, nsp, taps = _window(c, [y, indices])
     _launch_window(c, key, "k_MaxPool",
                    [x, np.int64(x.offset), y, np.int64(y.offset), indices, np.int64(indices.offset),
-                    np.int64(x.shape[1]), np.int64(taps), np.int32(c.attrs["storage_order"]),
+                    np.int32(len(c.outputs) > 1), np.int64(x.shape[1]), np.int64(taps), np.int32(c.attrs["storage_order"]),
                     np.int32(nsp), meta], y.size)
 
 
