@@ -357,13 +357,18 @@ def _load_library(path: Path, source: str) -> Plugin:
     with _registry_lock:
         if location in _registry:
             return _registry[location]
-    # Builds of the cpu plugin (the built-in one, and the variants that
-    # devkit.backends.cpu.build makes) link OpenBLAS: make it resolvable first.
-    preload_blas()
     try:
         library = open_library(location)
-    except OSError as exc:
-        raise PluginLoadError(f"cannot open plugin library {location}: {exc}") from exc
+    except OSError:
+        # Builds of the cpu plugin (the built-in one, and the variants that
+        # devkit.backends.cpu.build makes) link OpenBLAS, which their rpaths
+        # may miss: open once more with it loaded from the importable package.
+        # Only then, so that other plugins never load it.
+        preload_blas()
+        try:
+            library = open_library(location)
+        except OSError as exc:
+            raise PluginLoadError(f"cannot open plugin library {location}: {exc}") from exc
     try:
         init = library.DK_PluginInit
     except AttributeError:

@@ -286,9 +286,9 @@ def test_two_plugins_named_cpu_are_told_apart_by_location(tmp_path):
 
 def test_openblas_resolves_for_a_library_without_its_rpath(tmp_path):
     """A venv with --system-site-packages has scipy-openblas32 only in its base,
-    where none of the cpu plugin's rpaths point: the loader preloads OpenBLAS
-    from the importable package, so a library that links it without an rpath
-    opens (and fails to without the preload)."""
+    where none of the cpu plugin's rpaths point: the loader retries with
+    OpenBLAS loaded from the importable package, so a library that links it
+    without an rpath opens through the loader (and not through a bare dlopen)."""
     import scipy_openblas32
 
     source = tmp_path / "uses_blas.c"
@@ -300,17 +300,19 @@ def test_openblas_resolves_for_a_library_without_its_rpath(tmp_path):
                    check=True)
     script = textwrap.dedent(f"""
         import ctypes, sys
-        if sys.argv[1] == "preload":
-            from devkit.backends.cpu import preload_blas
-            preload_blas()
+        import devkit
         try:
-            ctypes.CDLL({str(library)!r})
+            if sys.argv[1] == "loader":
+                devkit.load_plugin({str(library)!r})
+            else:
+                ctypes.CDLL({str(library)!r})
             print("opened")
-        except OSError as exc:
+        except (OSError, devkit.PluginLoadError) as exc:
             print("refused", exc)
         """)
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     runs = {mode: subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True,
-                                 check=True, env=env).stdout for mode in ("preload", "bare")}
-    assert runs["preload"].strip() == "opened"
+                                 check=True, env=env).stdout for mode in ("loader", "bare")}
+    # The loader opened it (OpenBLAS resolved), then found it is no plugin.
+    assert runs["loader"].startswith("refused") and "does not export DK_PluginInit" in runs["loader"]
     assert runs["bare"].startswith("refused") and "libscipy_openblas" in runs["bare"]
