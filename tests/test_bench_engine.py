@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -30,9 +32,11 @@ def test_a_quick_run_reports_every_row(tmp_path):
     assert [row["benchmark"] for row in rows] == ["eager Add 1 element", "chain of 20 elementwise ops",
                                                    "model mlp", "model resnet"]
     eager, chain, *models = rows
-    for name in ("devkit", "torch", "numpy"):
+    peers = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    for name in ["devkit", *peers]:
         assert eager[f"{name}_us"] > 0
-    assert eager["devkit_over_torch"] == pytest.approx(eager["devkit_us"] / eager["torch_us"])
+    for name in peers:
+        assert eager[f"devkit_over_{name}"] == pytest.approx(eager["devkit_us"] / eager[f"{name}_us"])
     assert chain["nodes"] == 20 and chain["plan_host_us_per_node"] > 0
     assert chain["plan_us_per_node"] == pytest.approx(chain["plan_ms"] * 1e3 / 20)
     for row in [chain, *models]:
@@ -43,3 +47,17 @@ def test_a_quick_run_reports_every_row(tmp_path):
     for row in models:
         assert row["kernel_calls"] > 0 and 0 < row["arena_bytes"] < row["intermediate_bytes"]
     assert "chain of 20 elementwise ops: nodes 20, plugin cpu" in result.stdout
+
+
+def test_the_eager_row_says_torch_is_absent_without_it(tmp_path):
+    blocker = tmp_path / "torch"  # shadows the real torch: importing it fails as if it were not installed
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('torch blocked for this test')\n")
+    out = tmp_path / "engine.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "devkit.bench", "engine", "--only", "eager", "--quick",
+                             "--repeat", "2", "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (eager,) = json.loads(out.read_text())
+    assert "torch_us" not in eager and eager["torch"].startswith("not installed")
+    assert eager["devkit_over_numpy"] == pytest.approx(eager["devkit_us"] / eager["numpy_us"])
