@@ -2,7 +2,9 @@
 reach: Winograd F(2x2, 3x3) on odd planes, asymmetric pads, groups, bias and
 batches, and its fallback when a value is not finite (Conv, and ConvGrad's
 dX, the Conv of dY with the flipped kernels); the tiled im2col path
-and the whole-plane path for small planes; ConvTranspose and ConvGrad split
+and the whole-plane path for small planes; the direct path for few channels
+(stride phases, filter blocks cut by the channel count, 7x7 kernels, its
+bounds); ConvTranspose and ConvGrad split
 by runs of channels that do not divide evenly. References are the op specs'
 float64 ones; tolerances the ops' own dot-product bound (K products summing
 to at most S), and NaN and infinities where the reference has them."""
@@ -46,12 +48,13 @@ def _conv_case(dev, x, w, b, attrs):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((1, 16, 17, 19), (8, 16, 3, 3), {"pads": [1, 0, 2, 1]}),  # odd plane, cut tiles, asymmetric pads
-    ((2, 8, 16, 15), (9, 8, 3, 3), {}),
-    ((1, 8, 5, 70), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # one row of tiles
-    ((1, 8, 70, 5), (8, 8, 3, 3), {"pads": [0, 1, 1, 2]}),
-    ((1, 8, 4, 200), (8, 8, 3, 3), {}),
-    ((2, 32, 18, 18), (24, 16, 3, 3), {"group": 2, "pads": [2, 2, 0, 1]}),
+    # more than 32 input channels per group: not the direct path
+    ((1, 40, 17, 19), (8, 40, 3, 3), {"pads": [1, 0, 2, 1]}),  # odd plane, cut tiles, asymmetric pads
+    ((2, 33, 16, 15), (9, 33, 3, 3), {}),
+    ((1, 33, 5, 70), (8, 33, 3, 3), {"pads": [1, 1, 1, 1]}),  # one row of tiles
+    ((1, 33, 70, 5), (8, 33, 3, 3), {"pads": [0, 1, 1, 2]}),
+    ((1, 33, 4, 200), (8, 33, 3, 3), {}),
+    ((2, 80, 18, 18), (24, 40, 3, 3), {"group": 2, "pads": [2, 2, 0, 1]}),
     ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # several tile blocks
 ])
 @pytest.mark.parametrize("bias", [False, True])
@@ -63,12 +66,12 @@ def test_winograd_3x3_matches_the_reference(dev, x_shape, w_shape, attrs, bias):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((1, 3, 60, 60), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # many tiles
+    ((1, 6, 60, 60), (16, 6, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # many tiles
     ((1, 64, 5, 5), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # small plane: computed whole
     ((1, 32, 9, 9), (48, 32, 1, 1), {}),  # pointwise, small plane
     ((3, 16, 40, 40), (20, 16, 1, 1), {}),  # pointwise tiles
     ((1, 16, 30, 30), (24, 16, 1, 1), {"strides": [2, 2]}),
-    ((2, 8, 20, 20), (8, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 40, 20, 20), (8, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
 ])
 def test_im2col_paths_with_bias_match_the_reference(dev, x_shape, w_shape, attrs):
     rng = np.random.default_rng(1)
@@ -81,10 +84,33 @@ def test_winograd_falls_back_on_non_finite_values(dev, value):
     """An infinity in a patch gives inf - inf = NaN across a Winograd tile;
     the direct sums keep it to the outputs whose windows hold it."""
     rng = np.random.default_rng(2)
-    x = testing.random(rng, (1, 16, 20, 20), np.float32)
-    w = testing.random(rng, (8, 16, 3, 3), np.float32)
+    x = testing.random(rng, (1, 40, 20, 20), np.float32)
+    w = testing.random(rng, (8, 40, 3, 3), np.float32)
     x[0, 3, 7, 9] = value
     _conv_case(dev, x, w, None, {"pads": [1, 1, 1, 1]})
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 32, 32), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 32, 8, 8), (30, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # 32 x 9 taps, the most; a cut filter block
+    ((1, 4, 64, 64), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # the largest plane
+    ((1, 4, 66, 66), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # one larger: im2col
+    ((2, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 5, 17, 23), (7, 5, 3, 4), {"pads": [2, 0, 1, 3], "strides": [3, 2]}),  # 3 x 2 phases
+    ((1, 3, 19, 21), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a 7x7 stem
+    ((1, 4, 13, 14), (6, 4, 2, 2), {"strides": [3, 3]}),  # strides beyond the kernel
+    ((2, 12, 9, 10), (9, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+])
+@pytest.mark.parametrize("special", [None, np.inf, np.nan])
+def test_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
+    """Few channels on small planes: the direct sums over zero-padded
+    phase planes, with bias; a non-finite input spreads to the outputs
+    whose windows hold it (the padding's 0 * inf as in the im2col product)."""
+    rng = np.random.default_rng(5)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special is not None:
+        x[0, 1, 0, 2] = special
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [

@@ -476,6 +476,9 @@ def _conv_cases(dtype, rng):
         case("empty_batch", r(0, 3, 5, 5), r(2, 3, 3, 3), r(2)),
         case("empty_channels", r(1, 0, 5, 5), r(4, 0, 3, 3), r(4)),
         case("large", r(2, 16, 40, 40), r(32, 16, 3, 3), r(32), pads=[1, 1, 1, 1]),
+        # cpu: few channels go direct; these (3 and 2 phases, 40 channels) do not
+        case("strided_phases", r(2, 5, 11, 13), r(6, 5, 3, 3), r(6), strides=[3, 2], pads=[1, 2, 0, 1]),
+        case("wide_channels", r(1, 40, 18, 18), r(16, 40, 3, 3), r(16), pads=[1, 1, 1, 1]),
         case("special", special, r(2, 2, 3, 3), pads=[1, 1, 1, 1]),
     ]
 
@@ -492,9 +495,10 @@ register(OpSpec(
     doc="N-D convolution (cross-correlation) of X (N, C, D1, ...) with W (M, C/group, k1, ...), plus B (M). "
         "Padding: explicit pads, or auto_pad SAME_UPPER/SAME_LOWER (ceil(in/stride) outputs) or VALID. "
         "The cpu plugin computes it as im2col + GEMM over tiles of output positions split over its threads "
-        "(1x1 kernels: GEMM on X directly), and float32 3x3 kernels with unit strides and dilations by "
-        "Winograd F(2x2, 3x3), within the same tolerance (a result with a non-finite value is computed "
-        "again by im2col).",
+        "(1x1 kernels: GEMM on X directly), float32 3x3 kernels with unit strides and dilations by "
+        "Winograd F(2x2, 3x3) (a result with a non-finite value is computed again by im2col), and float32 "
+        "2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
+        "planes of at most 4096 outputs, without dilation, by direct sums, all within the same tolerance.",
 ))
 
 
@@ -726,6 +730,10 @@ def _pool_cases(dtype, rng, *, average: bool):
         nan_late[0, 0, 1, 1] = np.nan
         nan_late[0, 0, 0, 0] = np.inf
         cases.append(Case("nan_after_inf", [nan_late], {"kernel_shape": [2, 2]}))
+        # windows of more than 4 taps: the cpu plugin's separable path without Indices
+        special_3x3 = np.resize(t.special_values(dtype), 2 * 7 * 9).reshape(1, 2, 7, 9)
+        cases.append(Case("special_3x3", [special_3x3], {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                          "pads": [1, 1, 1, 1]}))
     else:
         cases.append(Case("extremes", [np.resize(t.special_values(dtype), 2 * 5 * 5).reshape(1, 2, 5, 5)],
                           {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}))

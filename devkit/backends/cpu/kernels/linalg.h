@@ -93,6 +93,15 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
                                const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
                                bool *redo);
 
+/* The direct Conv (linalg_conv_direct.c): whether a Conv of window `w`,
+ * dtype and cg input, mg output channels per group goes that way (float32,
+ * 2-D, no dilation, few channels and taps, a small output plane); and the
+ * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool when
+ * it is worth a hand-off. */
+bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                             const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group);
+
 /* Conv and the pools: geometry from the attributes (auto_pad, pads, strides,
  * dilations) and the input, output and kernel spatial sizes; SAME_* pads
  * come from the output sizes as the spec derives them. */

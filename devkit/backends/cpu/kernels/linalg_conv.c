@@ -579,6 +579,7 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .b = b ? b->data : NULL, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
+  if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
     bool redo = false;
     DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);

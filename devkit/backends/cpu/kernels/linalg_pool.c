@@ -358,6 +358,60 @@ MAX_POOL(max_pool_wide_f64, double, -INFINITY, FLOAT_IS_NAN, int64_t)
 MAX_POOL(max_pool_wide_i8, int8_t, INT8_MIN, INT_IS_NAN, int64_t)
 MAX_POOL(max_pool_wide_u8, uint8_t, 0, INT_IS_NAN, int64_t)
 
+/* MaxPool without Indices over 2-D windows with no dilation, a plane at a
+ * time: a window's maximum is the maximum, over its rows, of each row's
+ * maximum over its columns, so each input row gets its column maxima once
+ * (kw taps per output column) and each output row takes the maximum of kh
+ * of those rows: kh + kw instead of kh * kw compares per output, each a
+ * contiguous (or constant-stride) loop. Among equal maxima the first row's
+ * first wins, and a row's first NaN, and the first row with a NaN: the
+ * first in row-major order, as the tap walk gives (the same bits). */
+#define MAX_POOL_SEPARABLE(NAME, T, LOWEST, IS_NAN)                                                \
+  static inline __attribute__((always_inline)) void NAME##_tap(const T *src, int64_t s, int64_t count, \
+                                                               T *best) {                         \
+    for (int64_t o = 0; o < count; o++) {                                                         \
+      T v = src[o * s];                                                                           \
+      best[o] = MAX_TAKES(v, best[o], IS_NAN) ? v : best[o];                                      \
+    }                                                                                             \
+  }                                                                                               \
+  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                     \
+    pool_job *job = ctx;                                                                          \
+    const linalg_window *w = job->w;                                                              \
+    int64_t height = w->target[0], width = w->target[1], oh = w->grid[0], ow = w->grid[1];       \
+    int64_t s = w->stride[1];                                                                     \
+    T *rows = chunk_scratch(job, height * ow, sizeof *rows); /* column maxima of each input row */ \
+    if (!rows) return;                                                                            \
+    for (int64_t p = begin; p < end; p++) {                                                       \
+      const T *plane = (const T *)job->x + p * job->in_plane;                                     \
+      T *y = (T *)job->y + p * job->out_plane;                                                    \
+      for (int64_t o = 0; o < height * ow; o++) rows[o] = LOWEST;                                 \
+      for (int64_t t = 0; t < w->kernel[1]; t++) {                                                \
+        int64_t base, lo, hi;                                                                     \
+        tap_columns(w, t, &base, &lo, &hi);                                                       \
+        for (int64_t r = 0; r < height; r++) {                                                    \
+          const T *src = plane + r * width + base + lo * s;                                       \
+          if (s == 1)                                                                             \
+            NAME##_tap(src, 1, hi - lo, rows + r * ow + lo);                                      \
+          else if (s == 2)                                                                        \
+            NAME##_tap(src, 2, hi - lo, rows + r * ow + lo);                                      \
+          else                                                                                    \
+            NAME##_tap(src, s, hi - lo, rows + r * ow + lo);                                      \
+        }                                                                                         \
+      }                                                                                           \
+      for (int64_t q = 0; q < oh; q++, y += ow) {                                                 \
+        int64_t first = q * w->stride[0] - w->pad[0], lo, hi;                                     \
+        linalg_valid_range(first, 1, w->kernel[0], height, &lo, &hi);                             \
+        for (int64_t o = 0; o < ow; o++) y[o] = LOWEST;                                           \
+        for (int64_t i = lo; i < hi; i++) NAME##_tap(rows + (first + i) * ow, 1, ow, y);          \
+      }                                                                                           \
+    }                                                                                             \
+    free(rows);                                                                                   \
+  }
+MAX_POOL_SEPARABLE(max_pool_rows_f32, float, -INFINITY, FLOAT_IS_NAN)
+MAX_POOL_SEPARABLE(max_pool_rows_f64, double, -INFINITY, FLOAT_IS_NAN)
+MAX_POOL_SEPARABLE(max_pool_rows_i8, int8_t, INT8_MIN, INT_IS_NAN)
+MAX_POOL_SEPARABLE(max_pool_rows_u8, uint8_t, 0, INT_IS_NAN)
+
 /* Window geometry of a pool: X (N, C, D...) to Y (N, C, O...). */
 static void pool_window_of(const cpu_kernel_args *k, linalg_window *w) {
   const cpu_tensor *x = &k->in[0], *y = &k->out[0];
@@ -404,6 +458,17 @@ static DK_Status max_pool(const cpu_kernel_args *k) {
                     : x->dtype == DK_DTYPE_UINT8 ? MAX_POOL_FN(u8)
                                                  : MAX_POOL_FN(f32);
 #undef MAX_POOL_FN
+  if (!indexed && w.n == 2 && w.dilation[0] == 1 && w.dilation[1] == 1 && w.kernel[0] * w.kernel[1] > 4) {
+    /* A plane per item: about kh + kw compares per output, and kw per input
+     * row. (Smaller windows fold their taps in registers as fast.) */
+    fn = x->dtype == DK_DTYPE_FLOAT64 ? max_pool_rows_f64
+         : x->dtype == DK_DTYPE_INT8  ? max_pool_rows_i8
+         : x->dtype == DK_DTYPE_UINT8 ? max_pool_rows_u8
+                                      : max_pool_rows_f32;
+    int64_t plane_taps = w.target[0] * w.grid[1] * w.kernel[1] + job.out_plane * w.kernel[0];
+    items = x->shape[0] * x->shape[1];
+    grain = plane_taps >= POOL_CHUNK_TAPS ? 1 : POOL_CHUNK_TAPS / (plane_taps > 0 ? plane_taps : 1);
+  }
   cpu_parallel_for(items, grain, fn, &job);
   if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of indices");
   return DK_OK;

@@ -346,9 +346,39 @@ static bool build_taps(const resize_params *p, int64_t d, int64_t n_in, int64_t 
   return true;
 }
 
+/* The pass over the last dim (inner 1): per output element the sum of its
+ * taps, in the order and with the skips of the general pass (the same
+ * bits) as selects, so that with the tap count constant (linear: 2) the
+ * loop over the outputs vectorises. */
+static inline __attribute__((always_inline)) void last_dim_row(const double *src, double *dst, int64_t n_out,
+                                                               const axis_taps *t, int64_t count, double fill) {
+  for (int64_t j = 0; j < n_out; j++) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < count; k++) {
+      double w = t->weight[j * count + k], term = sum + w * src[t->index[j * count + k]];
+      sum = w != 0 ? term : sum;
+    }
+    dst[j] = t->outside[j] ? fill : sum;
+  }
+}
+
+CPU_VECTOR_CLONES static void interpolate_last(const double *src, double *dst, int64_t outer, int64_t n_in,
+                                               int64_t n_out, const axis_taps *t, double fill) {
+  for (int64_t o = 0; o < outer; o++, src += n_in, dst += n_out) {
+    if (t->count == 2)
+      last_dim_row(src, dst, n_out, t, 2, fill);
+    else
+      last_dim_row(src, dst, n_out, t, t->count, fill);
+  }
+}
+
 /* One separable pass over [outer, n_in, inner] -> [outer, n_out, inner]. */
 static void interpolate(const double *src, double *dst, int64_t outer, int64_t n_in,
                         int64_t n_out, int64_t inner, const axis_taps *t, double fill) {
+  if (inner == 1) {
+    interpolate_last(src, dst, outer, n_in, n_out, t, fill);
+    return;
+  }
   for (int64_t o = 0; o < outer; o++) {
     for (int64_t j = 0; j < n_out; j++) {
       double *row = dst + (o * n_out + j) * inner;
@@ -367,11 +397,22 @@ static void interpolate(const double *src, double *dst, int64_t outer, int64_t n
   }
 }
 
+/* float32, the common case, converts in a plain loop; the others element by element. */
 static void load_doubles(const cpu_tensor *x, double *dst) {
+  if (x->dtype == DK_DTYPE_FLOAT32) {
+    const float *src = (const float *)x->data;
+    for (int64_t i = 0; i < x->size; i++) dst[i] = src[i];
+    return;
+  }
   for (int64_t i = 0; i < x->size; i++) dst[i] = cpu_load_as_double(x->data + i * x->itemsize, x->dtype);
 }
 
 static void store_doubles(const double *src, const cpu_tensor *out) {
+  if (out->dtype == DK_DTYPE_FLOAT32) {
+    float *dst = (float *)out->data;
+    for (int64_t i = 0; i < out->size; i++) dst[i] = (float)src[i];
+    return;
+  }
   bool integer = !shape_is_float(out->dtype);
   for (int64_t i = 0; i < out->size; i++)
     cpu_store_from_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);

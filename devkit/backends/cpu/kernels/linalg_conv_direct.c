@@ -1,0 +1,241 @@
+/*
+ * linalg_conv_direct.c -- float32 2-D Conv with few channels on small
+ * planes, computed directly: no im2col and no GEMM call, whose setup (pack
+ * the operands, split the product) costs more than such a convolution's
+ * few hundred thousand multiply-adds.
+ *
+ * The input is first copied, zero-padded, into one plane per stride phase
+ * (for strides sh, sw, the phase (ry, rx) plane holds the padded input's
+ * elements (i * sh + ry, j * sw + rx)), each row pw long: the output row
+ * length plus what the kernel reaches beyond it. Then output position
+ * (oy, ox) meets tap (ky, kx) at flat offset (oy + ky / sh) * pw + ox +
+ * kx / sw of its tap's phase plane, for every tap the same offset from
+ * oy * pw + ox: the output is computed over those flat positions (the last
+ * pw - ow of each row are discarded), a register block of DIRECT_MB output
+ * channels by DIRECT_LANES positions at a time, each sum in tap order over
+ * the channels (within the op's dot-product tolerance; 0 * inf in the
+ * padding gives NaN as the im2col path's product does).
+ */
+#include "linalg.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define DIRECT_MB 4
+#define DIRECT_VEC 8 /* floats per vector */
+#define DIRECT_VECS 2
+#define DIRECT_LANES (DIRECT_VEC * DIRECT_VECS)
+#define DIRECT_MAX_TAPS 49
+typedef float direct_vec __attribute__((vector_size(DIRECT_VEC * sizeof(float))));
+
+/* What goes this way (a build may change the bounds, -D, to compare paths):
+ * per group at most this many input channels times taps, output channels,
+ * and output positions. */
+#ifndef DIRECT_MAX_ROWS
+#define DIRECT_MAX_ROWS 288
+#endif
+#ifndef DIRECT_MAX_FILTERS
+#define DIRECT_MAX_FILTERS 64
+#endif
+#ifndef DIRECT_MAX_PLANE
+#define DIRECT_MAX_PLANE 4096
+#endif
+
+/* A chunk of the pool is worth it from about this many multiply-adds. */
+#define DIRECT_CHUNK_MACS ((int64_t)1 << 18)
+/* A part covers flat positions of about this many multiply-adds. */
+#define DIRECT_PART_MACS ((int64_t)1 << 16)
+
+typedef struct direct_job {
+  int64_t group, cg, mg, x_channels, y_channels;
+  int64_t h, wd, oh, ow, sh, sw, pad_h, pad_w, kh, kw, taps;
+  int64_t phases_w, phases; /* column phases, all phases */
+  int64_t ph, pw, plane;    /* a phase plane's rows, row length and floats (with the slack a block reads) */
+  int64_t mblocks, span, spans; /* filter blocks; flat positions per part (whole blocks), parts per plane */
+  int64_t offset[DIRECT_MAX_TAPS]; /* per tap: its phase plane's start plus its shift there */
+  const float *x, *wt, *b;
+  float *y;
+  float *xp; /* [image][cg][phases][plane] */
+  float *wp; /* [group][mblock][cg][taps][DIRECT_MB] */
+  atomic_bool failed;
+} direct_job;
+
+bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || w->dilation[0] != 1 || w->dilation[1] != 1) return false;
+  int64_t taps = w->kernel[0] * w->kernel[1];
+  /* 1x1 kernels: a GEMM on the image (or its im2col copy) is as fast */
+  return taps > 1 && taps <= DIRECT_MAX_TAPS && cg * taps <= DIRECT_MAX_ROWS && mg <= DIRECT_MAX_FILTERS &&
+         w->grid[0] * w->grid[1] <= DIRECT_MAX_PLANE;
+}
+
+/* The phase planes of channels [begin, end) (over images and channels). */
+static void direct_pack_inputs(void *arg, int64_t begin, int64_t end) {
+  direct_job *j = arg;
+  int64_t phases_h = j->phases / j->phases_w;
+  for (int64_t i = begin; i < end; i++) {
+    const float *src = j->x + i * j->h * j->wd;
+    for (int64_t ry = 0; ry < phases_h; ry++)
+      for (int64_t rx = 0; rx < j->phases_w; rx++) {
+        float *dst = j->xp + (i * j->phases + ry * j->phases_w + rx) * j->plane;
+        /* columns [lo, hi) of a phase row lie inside the input */
+        int64_t lo, hi;
+        linalg_valid_range(rx - j->pad_w, j->sw, j->pw, j->wd, &lo, &hi);
+        for (int64_t r = 0; r < j->ph; r++, dst += j->pw) {
+          int64_t iy = r * j->sh + ry - j->pad_h;
+          if (iy < 0 || iy >= j->h || lo == hi) {
+            memset(dst, 0, (size_t)j->pw * sizeof *dst);
+            continue;
+          }
+          const float *row = src + iy * j->wd + rx - j->pad_w;
+          for (int64_t c = 0; c < lo; c++) dst[c] = 0;
+          if (j->sw == 1)
+            memcpy(dst + lo, row + lo, (size_t)(hi - lo) * sizeof *dst);
+          else
+            for (int64_t c = lo; c < hi; c++) dst[c] = row[c * j->sw];
+          for (int64_t c = hi; c < j->pw; c++) dst[c] = 0;
+        }
+        memset(dst, 0, (size_t)(j->plane - j->ph * j->pw) * sizeof *dst); /* the slack */
+      }
+  }
+}
+
+/* out[m][q] for q in [0, count) (a multiple of DIRECT_LANES), m <
+ * DIRECT_MB, out_step apart: the sums over cg channels (channel_step
+ * apart from xc) and the taps (offsets from position q) of the filters at
+ * wb, [c][tap][m]; MADD(acc, w, v) adds w * v to acc. */
+#define DIRECT_BLOCK(NAME, ATTRIBUTES, MADD)                                                           \
+  ATTRIBUTES static void NAME(const float *xc, int64_t channel_step, int64_t cg, const int64_t *offset, \
+                              int64_t taps, const float *wb, float *out, int64_t out_step, int64_t count) { \
+    for (int64_t q = 0; q < count; q += DIRECT_LANES) {                                                \
+      direct_vec acc[DIRECT_MB][DIRECT_VECS] = {{{0}}};                                                \
+      const float *wk = wb;                                                                            \
+      for (int64_t c = 0; c < cg; c++) {                                                               \
+        const float *xq = xc + c * channel_step + q;                                                   \
+        for (int64_t t = 0; t < taps; t++, wk += DIRECT_MB) {                                          \
+          direct_vec v[DIRECT_VECS];                                                                   \
+          for (int i = 0; i < DIRECT_VECS; i++) memcpy(&v[i], xq + offset[t] + i * DIRECT_VEC, sizeof v[i]); \
+          for (int m = 0; m < DIRECT_MB; m++) {                                                        \
+            float w = wk[m];                                                                           \
+            direct_vec weight = {w, w, w, w, w, w, w, w};                                              \
+            for (int i = 0; i < DIRECT_VECS; i++) acc[m][i] = MADD(acc[m][i], weight, v[i]);            \
+          }                                                                                            \
+        }                                                                                              \
+      }                                                                                                \
+      for (int m = 0; m < DIRECT_MB; m++)                                                              \
+        for (int i = 0; i < DIRECT_VECS; i++)                                                          \
+          memcpy(out + m * out_step + q + i * DIRECT_VEC, &acc[m][i], sizeof acc[m][i]);               \
+    }                                                                                                  \
+  }
+
+#define DIRECT_MUL_ADD(acc, w, v) ((acc) + (w) * (v))
+DIRECT_BLOCK(direct_block_plain, CPU_VECTOR_CLONES, DIRECT_MUL_ADD)
+
+/* Where the CPU fuses multiply-adds (x86-64 with AVX2 and FMA), a clone
+ * that does: half the vector operations, and a closer sum (one rounding per
+ * product and add), which the other paths' BLAS products also use there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DIRECT_FUSED(acc, w, v) __builtin_ia32_vfmaddps256((w), (v), (acc))
+DIRECT_BLOCK(direct_block_fused, __attribute__((target("avx2,fma"))), DIRECT_FUSED)
+
+static void direct_block(const float *xc, int64_t channel_step, int64_t cg, const int64_t *offset, int64_t taps,
+                         const float *wb, float *out, int64_t out_step, int64_t count) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    direct_block_fused(xc, channel_step, cg, offset, taps, wb, out, out_step, count);
+  else
+    direct_block_plain(xc, channel_step, cg, offset, taps, wb, out, out_step, count);
+}
+#else
+#define direct_block direct_block_plain
+#endif
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Parts [begin, end): (image, filter block, span of flat positions). */
+static void direct_parts(void *arg, int64_t begin, int64_t end) {
+  direct_job *j = arg;
+  float *out = malloc((size_t)(DIRECT_MB * j->span) * sizeof *out);
+  if (!out) {
+    atomic_store(&j->failed, true);
+    return;
+  }
+  int64_t positions = j->oh * j->pw;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t span = i % j->spans, mi = i / j->spans % j->mblocks, image = i / j->spans / j->mblocks;
+    int64_t g = image % j->group, n = image / j->group;
+    int64_t q0 = span * j->span, q1 = positions - q0 < j->span ? positions : q0 + j->span;
+    int64_t m0 = mi * DIRECT_MB, mb = j->mg - m0 < DIRECT_MB ? j->mg - m0 : DIRECT_MB;
+    const float *xc = j->xp + (n * j->x_channels + g * j->cg) * j->phases * j->plane + q0;
+    const float *wb = j->wp + (g * j->mblocks + mi) * j->cg * j->taps * DIRECT_MB;
+    direct_block(xc, j->phases * j->plane, j->cg, j->offset, j->taps, wb, out, j->span,
+                 ceil_div(q1 - q0, DIRECT_LANES) * DIRECT_LANES);
+    /* the outputs among flat positions [q0, q1), row by row */
+    for (int64_t m = 0; m < mb; m++) {
+      int64_t channel = n * j->y_channels + g * j->mg + m0 + m;
+      float bias = j->b ? j->b[g * j->mg + m0 + m] : 0.0f, *y = j->y + channel * j->oh * j->ow;
+      for (int64_t oy = q0 / j->pw; oy * j->pw < q1; oy++) {
+        int64_t lo = q0 - oy * j->pw > 0 ? q0 - oy * j->pw : 0;
+        int64_t hi = q1 - oy * j->pw < j->ow ? q1 - oy * j->pw : j->ow;
+        const float *src = out + m * j->span + oy * j->pw - q0;
+        for (int64_t ox = lo; ox < hi; ox++) y[oy * j->ow + ox] = src[ox] + bias;
+      }
+    }
+  }
+  free(out);
+}
+
+DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
+                             const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group) {
+  direct_job j = {.group = group, .cg = x->shape[1] / group, .mg = y->shape[1] / group,
+                  .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
+                  .oh = w->grid[0], .ow = w->grid[1], .sh = w->stride[0], .sw = w->stride[1],
+                  .pad_h = w->pad[0], .pad_w = w->pad[1], .kh = w->kernel[0], .kw = w->kernel[1],
+                  .x = (const float *)x->data, .wt = (const float *)wt->data,
+                  .b = b ? (const float *)b->data : NULL, .y = (float *)y->data};
+  atomic_init(&j.failed, false);
+  j.taps = j.kh * j.kw;
+  j.phases_w = j.sw < j.kw ? j.sw : j.kw;
+  j.phases = (j.sh < j.kh ? j.sh : j.kh) * j.phases_w;
+  j.ph = j.oh + (j.kh - 1) / j.sh;
+  j.pw = j.ow + (j.kw - 1) / j.sw;
+  /* A block past the last row reads up to DIRECT_LANES - 1 positions and the
+   * furthest tap's shift beyond it. */
+  j.plane = j.ph * j.pw + DIRECT_LANES + (j.kw - 1) / j.sw;
+  for (int64_t t = 0; t < j.taps; t++) {
+    int64_t ky = t / j.kw, kx = t % j.kw;
+    j.offset[t] = ((ky % j.sh) * j.phases_w + kx % j.sw) * j.plane + ky / j.sh * j.pw + kx / j.sw;
+  }
+  j.mblocks = ceil_div(j.mg, DIRECT_MB);
+  int64_t position_macs = DIRECT_MB * j.cg * j.taps, images = x->shape[0] * group;
+  int64_t positions = ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
+  j.span = ceil_div(ceil_div(DIRECT_PART_MACS, position_macs), DIRECT_LANES) * DIRECT_LANES;
+  if (j.span > positions) j.span = positions;
+  j.spans = ceil_div(j.oh * j.pw, j.span);
+
+  int64_t channels = x->shape[0] * x->shape[1];
+  j.xp = malloc((size_t)(channels * j.phases * j.plane) * sizeof *j.xp);
+  j.wp = malloc((size_t)(group * j.mblocks * j.cg * j.taps * DIRECT_MB) * sizeof *j.wp);
+  if (!j.xp || !j.wp) {
+    free(j.xp);
+    free(j.wp);
+    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
+  }
+  /* wp[g][mblock][c][t][m] = W[g * mg + mblock * DIRECT_MB + m][c][t], 0 past mg */
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t mi = 0; mi < j.mblocks; mi++)
+      for (int64_t c = 0; c < j.cg; c++)
+        for (int64_t t = 0; t < j.taps; t++) {
+          float *dst = j.wp + (((g * j.mblocks + mi) * j.cg + c) * j.taps + t) * DIRECT_MB;
+          for (int64_t m = 0; m < DIRECT_MB; m++) {
+            int64_t filter = mi * DIRECT_MB + m;
+            dst[m] = filter < j.mg ? j.wt[((g * j.mg + filter) * j.cg + c) * j.taps + t] : 0.0f;
+          }
+        }
+  cpu_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
+  int64_t parts = images * j.mblocks * j.spans, part_macs = position_macs * j.span;
+  cpu_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
+  free(j.xp);
+  free(j.wp);
+  if (atomic_load(&j.failed))
+    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's output block");
+  return DK_OK;
+}
