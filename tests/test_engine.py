@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 import devkit
 from devkit import onnx as donnx
+from devkit.abi import C, ffi
 from devkit.engine import Lifetime, plan_memory
 from devkit.engine.plan import Plan
 from devkit.onnx import zoo
@@ -216,6 +217,32 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
         np.testing.assert_array_equal(got, want)
     first.destroy()
     second.destroy()
+
+
+def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
+    """The cpu plugin checks at every launch that each captured tensor still
+    lies in a live allocation (one lock and one look-up per run of slots in
+    the same allocation): a slot rebound to memory that is then freed fails
+    the launch with its message, and rebound back the graph launches again."""
+    dev = devkit.device("cpu:0")
+    api = dev.plugin.api
+    x, w = (devkit.asarray(np.arange(8, dtype=np.float32) + i, dev) for i in range(2))
+    with dev.create_stream() as stream:
+        with stream.capture(mode="native") as graph:
+            total = devkit.run_op("Add", [x, w], stream=stream)[0]
+            y = devkit.run_op("Add", [total, w], stream=stream)[0]
+    w_of_second_add = 4  # slots in capture order: x, w, total; total, w, y
+    mem = ffi.new("DK_Mem *")
+    assert api.mem_alloc(dev.index, 32, mem) == C.DK_OK
+    assert api.graph_rebind(dev.index, graph._handle, w_of_second_add, mem[0], 0) == C.DK_OK
+    assert api.mem_free(dev.index, mem[0]) == C.DK_OK
+    with pytest.raises(devkit.errors.InvalidArgumentError,
+                       match="graph_launch: a slot's handle 0x[0-9a-f]+ is not a live allocation"):
+        graph.launch()
+    assert api.graph_rebind(dev.index, graph._handle, w_of_second_add, w.buffer.handle, 0) == C.DK_OK
+    graph.launch()
+    np.testing.assert_array_equal(y.numpy(), np.arange(8, dtype=np.float32) + 2 * (np.arange(8) + 1))
+    graph.destroy()
 
 
 def test_what_cannot_be_planned_runs_in_the_interpreter():
