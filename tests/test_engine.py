@@ -187,13 +187,42 @@ def test_profile_times_each_call_on_the_values_a_run_gives_it():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("staged", [True, False], ids=["staged graph", "host replay"])
+def test_device_work_alone_computes_its_feed_with_no_host_work_of_a_run(plugin_calls, monkeypatch, staged):
+    """Plan.launch_device_work, which devkit-bench engine times against runs:
+    the feed's result in the arena, on the default stream (complete at
+    return, nothing synchronised), and no other plugin call than a run's
+    device work: one graph launch where the plan stages, else the input copy
+    (the calls launch through their own function pointers), the calls back on
+    the plan's stream after."""
+    if not staged:
+        monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    prepared, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    rng = np.random.default_rng(3)
+    first, second = ({name: rng.standard_normal(value.shape).astype(np.float32)} for name, value in
+                     [*inputs.items()] * 2)
+    prepared.run(first)
+    plan = only_plan(prepared)
+    (want,) = interpreted.run(second)
+    plugin_calls.clear()
+    plan.launch_device_work(second)
+    assert plugin_calls == ({"graph_launch": 1} if staged else {"copy_h2d": 1})
+    np.testing.assert_array_equal(plan._outputs[0].numpy(), want)
+    np.testing.assert_array_equal(prepared.run(first)[0], interpreted.run(first)[0])
+    with devkit.device("cpu:0").create_stream() as stream:
+        (got,) = prepared.run(second, stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_run_of_a_new_input_value_reads_it():
     """The staged graph reads its host input arrays at every launch: each run sees its own feed."""
-    model, _ = zoo.mlp()
+    model, inputs = zoo.mlp()
     planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
     rng = np.random.default_rng(5)
-    name = planned.feed_names[0]
-    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    (name, example), = inputs.items()
+    shape = example.shape  # not the declared one, whose batch dimension is symbolic
     for _ in range(3):
         feed = {name: rng.standard_normal(shape).astype(np.float32)}
         (got,), (want,) = planned.run(feed), interpreted.run(feed)
