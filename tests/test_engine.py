@@ -301,6 +301,14 @@ def test_bad_inputs_still_fail_with_their_name_once_planned():
         prepared.run({"x": inputs["x"].astype(np.float64)})
     with pytest.raises(ValueError, match=r"input 'x' has shape \(16, 5\), the model declares \(\?, 128\)"):
         prepared.run({"x": inputs["x"][:, :5]})
+    with pytest.raises(ValueError, match="unknown input 'y'"):
+        prepared.run({"x": inputs["x"], "y": inputs["x"]})
+    # A run's fast path takes an ndarray of a shape accepted before, whatever its layout; a list takes the checks.
+    (want,) = prepared.run(inputs)
+    for feed in ({"x": np.asfortranarray(inputs["x"])}, [inputs["x"]]):
+        np.testing.assert_array_equal(prepared.run(feed)[0], want)
+    with pytest.raises(TypeError, match="input 'x' has dtype float64, the model declares float32"):
+        prepared.run([inputs["x"].tolist()])
 
 
 def test_a_shape_error_found_at_build_names_the_op():

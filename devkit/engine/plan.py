@@ -113,6 +113,8 @@ class Plan:
         # A run that waits, on a plugin with the graph section: made at its first use.
         self._stages = device.plugin.has_graphs
         self._staged: StagedGraph | None = None
+        self._feed_order = [name for name, _ in inputs]
+        self._host_outputs = any(isinstance(value, np.ndarray) for value in outputs)
         self._stream: Stream | None = None
         self._lock = threading.Lock()
 
@@ -191,7 +193,7 @@ class Plan:
         with self._lock:
             if self._stages:
                 staged = self._staged_graph()
-                staged.fill([feed[name] for name, _ in self._inputs])
+                staged.fill([feed[name] for name in self._feed_order])
                 staged.launch()
                 return
             with self._calls_on_default_stream():
@@ -229,7 +231,10 @@ class Plan:
 
     def _run_staged(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The whole run as one graph launch (engine.launch.StagedGraph); the caller holds the lock."""
-        computed = iter(self._staged_graph().run([feed[name] for name, _ in self._inputs]))
+        computed = self._staged_graph().run([feed[name] for name in self._feed_order])
+        if not self._host_outputs:
+            return computed
+        computed = iter(computed)
         # Host values are the plan's: the caller gets copies.
         return [np.array(value) if isinstance(value, np.ndarray) else next(computed) for value in self._outputs]
 
