@@ -43,7 +43,7 @@ def test_a_quick_run_reports_every_row(tmp_path):
         assert row["plugin"] == "cpu" and row["plan_equals_interpreter"] is True
         # The run split: its device work alone, timed in the same interleaving, and the rest.
         assert row["kernel_ms"] > 0 and row["host_ms"] == pytest.approx(row["plan_ms"] - row["kernel_ms"])
-        assert row["plan_host_us_per_node"] > 0
+        assert row["plan_host_us_per_node"] > 0 and row["plan_host_cpu_us_per_node"] >= 0
         assert row["max_abs_diff_vs_onnxruntime"] < 1e-4
         best = min(row["onnxruntime_1t_ms"], row["onnxruntime_2t_ms"])
         assert row["plan_over_onnxruntime"] == pytest.approx(row["plan_ms"] / best)
