@@ -254,6 +254,27 @@ def test_a_broadcast_elementwise_kernel_loops_rows_and_columns_from_any_chunk_st
     np.testing.assert_allclose(out.numpy(), want, rtol=2e-6, atol=1e-6)
 
 
+def test_a_row_kernel_reads_a_compact_input_at_the_row_times_its_length():
+    """Over several outer axes a compact input's row starts at r * n (no
+    division and remainder per axis); a row of a broadcast input still
+    indexes its own axes."""
+    dev = _cpu()
+    shape, row = (2, 3, 8), (2, 3, 1)
+    ops = [codegen.GroupOp("ReduceSum", (("in", 0),), {"axes": (-1,), "keepdims": 1}, (F32,), F32, row),
+           codegen.GroupOp("Sub", (("in", 0), ("op", 0)), {}, (F32, F32), F32, shape),
+           codegen.GroupOp("Mul", (("op", 1), ("in", 1)), {}, (F32, F32), F32, shape)]
+    group = codegen.Group(shape, [codegen.TensorArg(shape, (24, 8, 1), F32), codegen.TensorArg((3, 8), (8, 1), F32)],
+                          ops, [(2, codegen.TensorArg(shape, (24, 8, 1), F32))])
+    kernel = codegen.render(group, codegen.printer("c"))
+    assert "in0[r * 8 + j]" in kernel.source and "in1[(r % 3) * 8 + j]" in kernel.source
+    function = codegen.compile_module(dev, kernel.source).function(kernel.name, ["tensor"] * 3)
+    rng = np.random.default_rng(9)
+    x, g = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
+    out = devkit.asarray(np.full(shape, np.nan, np.float32), dev)
+    function.launch([devkit.asarray(x, dev), devkit.asarray(g, dev), out], (kernel.items,), (1,))
+    np.testing.assert_allclose(out.numpy(), (x - x.sum(-1, keepdims=True)) * g, rtol=1e-5, atol=1e-6)
+
+
 def test_a_row_kernel_divides_by_a_row_scalar_through_its_reciprocal():
     model, feed = patterns.rmsnorm(3, 40)
     sources = []
@@ -316,3 +337,23 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
             assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
             assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
+
+
+def test_the_fusion_bench_times_each_contender_after_a_replay_of_its_own_calls():
+    """Interleaved repetitions, and in each, a contender's timers run right
+    after an untimed replay of its calls (its values warm, not the previous
+    contender's)."""
+    order = []
+
+    def timer(who, what):
+        def fn():
+            order.append(f"{who}_{what}")
+            return {"kernels": 0.001, "calls": 0.002, "run": 0.003}[what]
+        return fn
+
+    contenders = {who: {what: timer(who, what) for what in patterns.TIMES} for who in ("unfused", "fused")}
+    ms = patterns._medians(contenders, repeat=2)
+    assert ms == {f"{who}_{what}": t for who in ("unfused", "fused")
+                  for what, t in (("kernels", 1.0), ("calls", 2.0), ("run", 3.0))}
+    turn = ["calls", "kernels", "calls", "run"]
+    assert order[6:] == [f"{who}_{what}" for _ in range(2) for who in ("unfused", "fused") for what in turn]

@@ -17,8 +17,10 @@ and one synchronization (a launch's hand-over to the stream's worker
 too; the inputs are copied in before it, untimed); "run" a whole
 PreparedModel.run (the inputs' copies in, binding and the outputs' copies
 back too). Each
-contender is timed in turn within every repetition (interleaved); figures
-are medians; ratios are unfused / fused (above 1: fusion is faster).
+contender is timed in turn within every repetition (interleaved), after an
+untimed replay of its own calls (_medians: its values warm, as in a loop of
+runs); figures are medians; ratios are unfused / fused (above 1: fusion is
+faster).
 """
 
 from __future__ import annotations
@@ -139,13 +141,24 @@ def _contender(model, feed: dict, device: str, fuse: bool):
     return {"kernels": kernels, "calls": calls, "run": whole_run}, prepared.fusion
 
 
-def _medians(timers: dict, repeat: int) -> dict[str, float]:
-    for fn in timers.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in timers}
+def _medians(contenders: dict[str, dict], repeat: int) -> dict[str, float]:
+    """Medians (ms) of each contender's timers, keyed "<contender>_<timer>".
+    Every repetition times the contenders in turn (interleaved, so a load
+    that drifts weighs on all alike), and each contender's turn starts with
+    one untimed replay of its calls: its timers find its own values in the
+    caches, as in a loop of runs, not the bytes the previous contender left
+    there (which would make the fused kernel's output a cold write while the
+    unfused plan's intermediates, made and read inside its own timer, stay
+    warm)."""
+    for fns in contenders.values():
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {f"{who}_{what}": [] for who, fns in contenders.items() for what in fns}
     for _ in range(repeat):
-        for name, fn in timers.items():
-            times[name].append(fn())
+        for who, fns in contenders.items():
+            fns["calls"]()
+            for what, fn in fns.items():
+                times[f"{who}_{what}"].append(fn())
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
@@ -155,8 +168,7 @@ def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
     if native is not None:
         contenders["native"] = _contender(*native, device, False)
     report = contenders["fused"][1]
-    timers = {f"{who}_{what}": fn for who, (fns, _) in contenders.items() for what, fn in fns.items()}
-    ms = _medians(timers, repeat)
+    ms = _medians({who: fns for who, (fns, _) in contenders.items()}, repeat)
     (fusion,) = report.values() if report else ({},)
     row = {"benchmark": name, "plugin": plugin, **{f"{k}_ms": v for k, v in ms.items()},
            **{f"speedup_{what}": ms[f"unfused_{what}"] / ms[f"fused_{what}"] for what in TIMES},
