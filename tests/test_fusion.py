@@ -336,24 +336,29 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
         for what in patterns.TIMES:
             assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
             assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
+            assert 0 <= row[f"fused_wins_{what}"] <= 1
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
 
 
 def test_the_fusion_bench_times_each_contender_after_a_replay_of_its_own_calls():
     """Interleaved repetitions, and in each, a contender's timers run right
     after an untimed replay of its calls (its values warm, not the previous
-    contender's)."""
+    contender's); a sample is what the timer returned."""
     order = []
 
     def timer(who, what):
         def fn():
             order.append(f"{who}_{what}")
-            return {"kernels": 0.001, "calls": 0.002, "run": 0.003}[what]
+            return len(order)  # its position in the order
         return fn
 
     contenders = {who: {what: timer(who, what) for what in patterns.TIMES} for who in ("unfused", "fused")}
-    ms = patterns._medians(contenders, repeat=2)
-    assert ms == {f"{who}_{what}": t for who in ("unfused", "fused")
-                  for what, t in (("kernels", 1.0), ("calls", 2.0), ("run", 3.0))}
+    samples = patterns._samples(contenders, repeat=2)
     turn = ["calls", "kernels", "calls", "run"]
     assert order[6:] == [f"{who}_{what}" for _ in range(2) for who in ("unfused", "fused") for what in turn]
+    assert samples["unfused_kernels"] == [8, 16] and samples["fused_kernels"] == [12, 20]
+    assert samples["fused_run"] == [14, 22]
+
+
+def test_the_fusion_bench_counts_the_repetitions_fused_won():
+    assert patterns._wins([1.0, 5.0, 2.0, 2.0], [2.0, 2.0, 3.0, 2.0]) == 0.5  # a tie is no win

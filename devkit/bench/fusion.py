@@ -18,9 +18,10 @@ too; the inputs are copied in before it, untimed); "run" a whole
 PreparedModel.run (the inputs' copies in, binding and the outputs' copies
 back too). Each
 contender is timed in turn within every repetition (interleaved), after an
-untimed replay of its own calls (_medians: its values warm, as in a loop of
+untimed replay of its own calls (_samples: its values warm, as in a loop of
 runs); figures are medians; ratios are unfused / fused (above 1: fusion is
-faster).
+faster); fused_wins_* is the share of repetitions in which the fused time
+was the lower.
 """
 
 from __future__ import annotations
@@ -141,15 +142,15 @@ def _contender(model, feed: dict, device: str, fuse: bool):
     return {"kernels": kernels, "calls": calls, "run": whole_run}, prepared.fusion
 
 
-def _medians(contenders: dict[str, dict], repeat: int) -> dict[str, float]:
-    """Medians (ms) of each contender's timers, keyed "<contender>_<timer>".
-    Every repetition times the contenders in turn (interleaved, so a load
-    that drifts weighs on all alike), and each contender's turn starts with
-    one untimed replay of its calls: its timers find its own values in the
-    caches, as in a loop of runs, not the bytes the previous contender left
-    there (which would make the fused kernel's output a cold write while the
-    unfused plan's intermediates, made and read inside its own timer, stay
-    warm)."""
+def _samples(contenders: dict[str, dict], repeat: int) -> dict[str, list[float]]:
+    """Each contender's timer's seconds, one per repetition, keyed
+    "<contender>_<timer>". Every repetition times the contenders in turn
+    (interleaved, so a load that drifts weighs on all alike), and each
+    contender's turn starts with one untimed replay of its calls: its timers
+    find its own values in the caches, as in a loop of runs, not the bytes
+    the previous contender left there (which would make the fused kernel's
+    output a cold write while the unfused plan's intermediates, made and
+    read inside its own timer, stay warm)."""
     for fns in contenders.values():
         for fn in fns.values():
             fn()
@@ -159,7 +160,7 @@ def _medians(contenders: dict[str, dict], repeat: int) -> dict[str, float]:
             fns["calls"]()
             for what, fn in fns.items():
                 times[f"{who}_{what}"].append(fn())
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    return times
 
 
 def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
@@ -168,15 +169,23 @@ def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
     if native is not None:
         contenders["native"] = _contender(*native, device, False)
     report = contenders["fused"][1]
-    ms = _medians({who: fns for who, (fns, _) in contenders.items()}, repeat)
+    samples = _samples({who: fns for who, (fns, _) in contenders.items()}, repeat)
+    ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     (fusion,) = report.values() if report else ({},)
     row = {"benchmark": name, "plugin": plugin, **{f"{k}_ms": v for k, v in ms.items()},
            **{f"speedup_{what}": ms[f"unfused_{what}"] / ms[f"fused_{what}"] for what in TIMES},
+           # the share of repetitions in which fused beat unfused: on a
+           # shared machine steadier than a ratio of medians near 1
+           **{f"fused_wins_{what}": _wins(samples[f"fused_{what}"], samples[f"unfused_{what}"]) for what in TIMES},
            "groups": fusion.get("groups", 0), "ops_per_group": fusion.get("ops_per_group", []),
            "kernels_saved": fusion.get("kernels_saved", 0)}
     if native is not None:
         row.update({f"fused_vs_native_{what}": ms[f"fused_{what}"] / ms[f"native_{what}"] for what in TIMES})
     return row
+
+
+def _wins(fused: list[float], unfused: list[float]) -> float:
+    return sum(f < u for f, u in zip(fused, unfused)) / len(fused)
 
 
 def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = True) -> list[dict]:
@@ -196,7 +205,8 @@ def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = T
 
 def print_rows(rows: list[dict]) -> None:
     print("devkit fusion benchmark (medians of interleaved repetitions, ms; speedup = unfused / fused, above 1: "
-          "fusion is faster; fused_vs_native = fused / native kernel; a shared machine's figures are noisy)")
+          "fusion is faster; fused_wins = share of repetitions fused was faster; fused_vs_native = fused / native "
+          "kernel; a shared machine's figures are noisy)")
     for row in rows:
         fields = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                            for k, v in row.items() if k not in ("benchmark", "plugin"))
