@@ -340,10 +340,9 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
 
 
-def test_the_fusion_bench_times_each_contender_after_a_replay_of_its_own_calls():
-    """Interleaved repetitions, and in each, a contender's timers run right
-    after an untimed replay of its calls (its values warm, not the previous
-    contender's); a sample is what the timer returned."""
+def test_the_fusion_bench_interleaves_the_contenders_in_every_repetition():
+    """After one untimed pass of every timer, each repetition runs every
+    timer once, contender after contender; a sample is what the timer returned."""
     order = []
 
     def timer(who, what):
@@ -354,10 +353,9 @@ def test_the_fusion_bench_times_each_contender_after_a_replay_of_its_own_calls()
 
     contenders = {who: {what: timer(who, what) for what in patterns.TIMES} for who in ("unfused", "fused")}
     samples = patterns._samples(contenders, repeat=2)
-    turn = ["calls", "kernels", "calls", "run"]
-    assert order[6:] == [f"{who}_{what}" for _ in range(2) for who in ("unfused", "fused") for what in turn]
-    assert samples["unfused_kernels"] == [8, 16] and samples["fused_kernels"] == [12, 20]
-    assert samples["fused_run"] == [14, 22]
+    assert order == [f"{who}_{what}" for _ in range(3) for who in ("unfused", "fused") for what in patterns.TIMES]
+    assert samples["unfused_kernels"] == [7, 13] and samples["fused_kernels"] == [10, 16]
+    assert samples["fused_run"] == [12, 18]
 
 
 def test_the_fusion_bench_counts_the_repetitions_fused_won():

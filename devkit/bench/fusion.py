@@ -17,11 +17,10 @@ and one synchronization (a launch's hand-over to the stream's worker
 too; the inputs are copied in before it, untimed); "run" a whole
 PreparedModel.run (the inputs' copies in, binding and the outputs' copies
 back too). Each
-contender is timed in turn within every repetition (interleaved), after an
-untimed replay of its own calls (_samples: its values warm, as in a loop of
-runs); figures are medians; ratios are unfused / fused (above 1: fusion is
-faster); fused_wins_* is the share of repetitions in which the fused time
-was the lower.
+contender is timed in turn within every repetition (interleaved); figures
+are medians; ratios are unfused / fused (above 1: fusion is faster);
+fused_wins_* is the share of repetitions in which the fused time was the
+lower.
 """
 
 from __future__ import annotations
@@ -144,20 +143,14 @@ def _contender(model, feed: dict, device: str, fuse: bool):
 
 def _samples(contenders: dict[str, dict], repeat: int) -> dict[str, list[float]]:
     """Each contender's timer's seconds, one per repetition, keyed
-    "<contender>_<timer>". Every repetition times the contenders in turn
-    (interleaved, so a load that drifts weighs on all alike), and each
-    contender's turn starts with one untimed replay of its calls: its timers
-    find its own values in the caches, as in a loop of runs, not the bytes
-    the previous contender left there (which would make the fused kernel's
-    output a cold write while the unfused plan's intermediates, made and
-    read inside its own timer, stay warm)."""
+    "<contender>_<timer>". Every repetition runs every timer once, in turn
+    (interleaved, so a load that drifts weighs on all alike)."""
     for fns in contenders.values():
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {f"{who}_{what}": [] for who, fns in contenders.items() for what in fns}
     for _ in range(repeat):
         for who, fns in contenders.items():
-            fns["calls"]()
             for what, fn in fns.items():
                 times[f"{who}_{what}"].append(fn())
     return times
