@@ -235,8 +235,8 @@ def test_native_tensors_are_built_and_check_their_arguments():
         tensor(storage, torch.float32, (2, 1), (1,), 0)
     with pytest.raises(ValueError, match="storage is not on a devkit device"):
         tensor(torch.zeros(2).untyped_storage(), torch.float32, (2,), (1,), 0)
-    with pytest.raises(ValueError, match="bad token 0"):
-        _native.module().storage(0, 8, 0)
+    with pytest.raises(ValueError, match="new_storage: bad device index 200"):
+        _native.module().new_storage(_memory.buffer_of(x), 200)
 
 
 def test_dead_outputs_are_reused_unless_something_still_reaches_them():
