@@ -439,16 +439,17 @@ struct Template {
 
 struct Replayer {
   PyObject_HEAD
-  std::unordered_map<std::string, std::unique_ptr<Template>>* templates;
-  std::string* key;
-  std::vector<PyObject*>* tensors;  // borrowed from the call's arguments
+  std::unordered_map<std::string, std::shared_ptr<Template>>* templates;
+  std::string* key;  // the last call's
   Py_ssize_t data_offset, byte_offset_offset;  // of DK_Tensor's data and byte_offset
   int32_t ok, not_ready;
 };
 
 // Appends a stand-in for ``value`` to the key (its tensors to ``tensors``); false where
 // the native key does not cover it (the Python key may).
-bool describe(PyObject* value, std::string& key, std::vector<PyObject*>& tensors, bool in_list) {
+using Tensors = c10::SmallVector<PyObject*, 8>;  // a call's devkit tensors, borrowed from its arguments
+
+bool describe(PyObject* value, std::string& key, Tensors& tensors, bool in_list) {
   if (const at::TensorBase* tensor = in_list ? nullptr : tensor_of(value)) {
     c10::TensorImpl* impl = tensor->unsafeGetTensorImpl();
     if (impl->device_type() != c10::DeviceType::PrivateUse1) return false;
@@ -496,9 +497,8 @@ PyObject* replayer_new(PyTypeObject* type, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "nnii", &data_offset, &byte_offset_offset, &ok, &not_ready)) return nullptr;
   auto* self = reinterpret_cast<Replayer*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
-  self->templates = new std::unordered_map<std::string, std::unique_ptr<Template>>;
+  self->templates = new std::unordered_map<std::string, std::shared_ptr<Template>>;
   self->key = new std::string;
-  self->tensors = new std::vector<PyObject*>;
   self->data_offset = data_offset;
   self->byte_offset_offset = byte_offset_offset;
   self->ok = ok;
@@ -510,7 +510,6 @@ void replayer_dealloc(PyObject* object) {
   auto* self = reinterpret_cast<Replayer*>(object);
   delete self->templates;
   delete self->key;
-  delete self->tensors;
   Py_TYPE(object)->tp_free(object);
 }
 
@@ -590,8 +589,10 @@ PyObject* failed(const Template& recorded, size_t index, int32_t status) {
   return nullptr;
 }
 
-PyObject* run_calls(Replayer* self, const Template& recorded) {
-  const std::vector<PyObject*>& tensors = *self->tensors;
+// Python code may run while outputs are allocated (a new allocation, a finalizer), and
+// may replay this template: each step's slots are patched only once its outputs exist,
+// right before its launch.
+PyObject* run_calls(Replayer* self, const Template& recorded, const Tensors& tensors) {
   c10::SmallVector<Place, 8> places;
   for (PyObject* object : tensors) {
     c10::TensorImpl* impl = tensor_of(object)->unsafeGetTensorImpl();
@@ -623,12 +624,8 @@ PyObject* run_calls(Replayer* self, const Template& recorded) {
       }
       continue;
     }
-    for (const Input& input : step.inputs) {
-      const Place& place = places[input.source];
-      *reinterpret_cast<void**>(input.slot + self->data_offset) = place.handle;
-      *reinterpret_cast<uint64_t*>(input.slot + self->byte_offset_offset) = place.byte_offset + input.delta;
-    }
-    for (const Output& output : step.outputs) {  // their byte offsets stay 0
+    const size_t first_output = places.size();
+    for (const Output& output : step.outputs) {
       PyObject* buffer = new_buffer(output);
       PyObject* allocation = buffer ? PyObject_GetAttr(buffer, s_allocation) : nullptr;
       void* handle = allocation ? handle_of(allocation) : nullptr;
@@ -639,9 +636,15 @@ PyObject* run_calls(Replayer* self, const Template& recorded) {
         return nullptr;
       }
       outputs.push_back(&output);
-      *reinterpret_cast<void**>(output.slot + self->data_offset) = handle;
       places.push_back({handle, 0});
     }
+    for (const Input& input : step.inputs) {
+      const Place& place = places[input.source];
+      *reinterpret_cast<void**>(input.slot + self->data_offset) = place.handle;
+      *reinterpret_cast<uint64_t*>(input.slot + self->byte_offset_offset) = place.byte_offset + input.delta;
+    }
+    for (size_t i = 0; i < step.outputs.size(); ++i)  // their byte offsets stay 0
+      *reinterpret_cast<void**>(step.outputs[i].slot + self->data_offset) = places[first_output + i].handle;
     Py_BEGIN_ALLOW_THREADS
     status = step.fn(step.call);
     Py_END_ALLOW_THREADS
@@ -702,9 +705,8 @@ PyObject* replayer_replay(PyObject* object, PyObject* const* args, Py_ssize_t na
   }
   if (!configured()) return nullptr;
   std::string& key = *self->key;
-  std::vector<PyObject*>& tensors = *self->tensors;
+  Tensors tensors;
   key.clear();
-  tensors.clear();
   append(key, args[0]);  // an OpOverload lives as long as torch
   PyObject* positional = args[1];
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(positional); ++i)
@@ -721,9 +723,9 @@ PyObject* replayer_replay(PyObject* object, PyObject* const* args, Py_ssize_t na
   }
   auto found = self->templates->find(key);
   if (found == self->templates->end()) return PyBytes_FromStringAndSize(key.data(), key.size());
-  const Template& recorded = *found->second;
-  if (recorded.owner == nullptr) Py_RETURN_NONE;  // the Python template runs
-  return recorded.views ? run_views(recorded, tensors[0]) : run_calls(self, recorded);
+  std::shared_ptr<Template> recorded = found->second;  // kept should Python code clear the templates meanwhile
+  if (recorded->owner == nullptr) Py_RETURN_NONE;  // the Python template runs
+  return recorded->views ? run_views(*recorded, tensors[0]) : run_calls(self, *recorded, tensors);
 }
 
 bool read_geometry(PyObject* shape, PyObject* strides, long long offset, Geometry& geometry) {
@@ -831,7 +833,7 @@ PyObject* replayer_add(PyObject* object, PyObject* args) {
   auto* self = reinterpret_cast<Replayer*>(object);
   PyObject *key, *spec;
   if (!PyArg_ParseTuple(args, "O!O", &PyBytes_Type, &key, &spec)) return nullptr;
-  auto recorded = std::make_unique<Template>();
+  auto recorded = std::make_shared<Template>();
   if (spec != Py_None) {
     const char* kind = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) > 0 ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0))
                                                                           : nullptr;
