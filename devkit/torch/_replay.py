@@ -9,7 +9,10 @@ argument tensor, the output of an earlier call, or a constant uploaded once.
 A later call with the same key replays the calls: it points them at the
 argument tensors' memory and at fresh outputs, launches them, and wraps the
 outputs as torch tensors, with no lowering, promotion or devkit.ops checks on
-the way. View ops replay the geometry torch's meta kernel gave.
+the way. View ops replay the geometry torch's meta kernel gave. Where the
+native module is built, its Replayer (one per thread, holding the same
+templates) does all of that in C++ for the calls it can key; the Python
+replay below runs the others.
 
 A lowering is recorded only when every device effect it has is one of
 those; anything else (a value read back to the host, a host copy, a nested

@@ -150,6 +150,19 @@ int attribute_true(PyObject* object, PyObject* name) {
   return truth;
 }
 
+// The reuse pool (a list, borrowed) of ``key``, (Device, nbytes), made if new; nullptr on an error.
+PyObject* pool_for(PyObject* key) {
+  PyObject* pool = PyDict_GetItemWithError(memory.pools, key);
+  if (pool != nullptr || PyErr_Occurred()) return pool;
+  PyObject* fresh = PyList_New(0);
+  if (fresh == nullptr || PyDict_SetItem(memory.pools, key, fresh)) {
+    Py_XDECREF(fresh);
+    return nullptr;
+  }
+  Py_DECREF(fresh);  // the dict holds it
+  return fresh;
+}
+
 // reap(): takes in the storages that died: each allocation goes to its size's reuse pool
 // where nothing else can reach its memory (no Array, view, DLPack export or stream work),
 // else is dropped. Returns how many were dropped, or -1 with an exception set.
@@ -161,13 +174,19 @@ Py_ssize_t reap_dead() {
     tokens.swap(dead);
   }
   Py_ssize_t dropped = 0;
-  for (int64_t token : tokens) {
-    PyObject* key = PyLong_FromLongLong(token);
-    if (key == nullptr) return -1;
+  for (size_t taken = 0; taken < tokens.size(); ++taken) {
+    PyObject* key = PyLong_FromLongLong(tokens[taken]);
+    // On an error, the tokens not taken in yet wait for the next reap.
+    auto fail = [&tokens, taken]() -> Py_ssize_t {
+      std::lock_guard<std::mutex> guard(dead_lock);
+      dead.insert(dead.end(), tokens.begin() + taken + 1, tokens.end());
+      return -1;
+    };
+    if (key == nullptr) return fail();
     PyObject* entry = PyDict_GetItemWithError(memory.live, key);
     if (entry == nullptr) {
       Py_DECREF(key);
-      if (PyErr_Occurred()) return -1;
+      if (PyErr_Occurred()) return fail();
       continue;
     }
     PyObject* whole = PyTuple_GET_ITEM(entry, 0);
@@ -176,7 +195,7 @@ Py_ssize_t reap_dead() {
     Py_DECREF(key);
     if (failed) {
       Py_DECREF(whole);
-      return -1;
+      return fail();
     }
     PyObject* allocation = PyObject_GetAttr(whole, s_allocation);
     bool pooled = false;
@@ -190,12 +209,7 @@ Py_ssize_t reap_dead() {
         PyObject* device = PyObject_GetAttr(allocation, s_device);
         if (handle != nullptr && handle != Py_None && device != nullptr) {
           PyObject* pool_key = PyTuple_Pack(2, device, nbytes);
-          PyObject* pool = pool_key ? PyDict_GetItemWithError(memory.pools, pool_key) : nullptr;
-          if (pool == nullptr && pool_key != nullptr && !PyErr_Occurred()) {
-            PyObject* fresh = PyList_New(0);
-            if (fresh != nullptr && PyDict_SetItem(memory.pools, pool_key, fresh) == 0) pool = fresh;
-            Py_XDECREF(fresh);  // the dict holds it
-          }
+          PyObject* pool = pool_key ? pool_for(pool_key) : nullptr;
           if (pool != nullptr && PyList_GET_SIZE(pool) < memory.pool_depth) pooled = PyList_Append(pool, whole) == 0;
           Py_XDECREF(pool_key);
         }
@@ -206,7 +220,7 @@ Py_ssize_t reap_dead() {
       Py_DECREF(allocation);
     }
     Py_DECREF(whole);
-    if (PyErr_Occurred()) return -1;
+    if (PyErr_Occurred()) return fail();
     if (!pooled) ++dropped;
   }
   return dropped;
@@ -218,6 +232,20 @@ PyObject* reap(PyObject*, PyObject*) {
   return dropped < 0 ? nullptr : PyLong_FromSsize_t(dropped);
 }
 
+// The device handle of a devkit _Allocation, or nullptr with an exception set.
+void* handle_of(PyObject* allocation) {
+  PyObject* address = PyObject_GetAttr(allocation, s_handle_address);  // set by address_of, kept while pooled
+  if (address == nullptr) {
+    PyErr_Clear();
+    address = PyObject_CallOneArg(memory.address_of, allocation);
+    if (address == nullptr) return nullptr;
+  }
+  void* handle = PyLong_AsVoidPtr(address);
+  Py_DECREF(address);
+  if (handle == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "devkit allocation has a null handle");
+  return handle;
+}
+
 // The storage of ``whole`` (a whole devkit allocation's Buffer, which no live
 // storage has) on devkit:``index``, registered in live; nullptr with an exception set.
 c10::intrusive_ptr<c10::StorageImpl> make_storage(PyObject* whole, c10::DeviceIndex index) {
@@ -225,17 +253,12 @@ c10::intrusive_ptr<c10::StorageImpl> make_storage(PyObject* whole, c10::DeviceIn
   PyObject* allocation = PyObject_GetAttr(whole, s_allocation);
   if (allocation == nullptr) return {};
   c10::intrusive_ptr<c10::StorageImpl> made;
-  PyObject *nbytes = nullptr, *address = nullptr, *token = nullptr, *weak = nullptr, *entry = nullptr;
+  PyObject *nbytes = nullptr, *token = nullptr, *weak = nullptr, *entry = nullptr;
   long long size = -1;
   void* handle = nullptr;
   nbytes = PyObject_GetAttr(allocation, s_nbytes);
   if (nbytes == nullptr || (size = PyLong_AsLongLong(nbytes)) < 0) goto done;
-  address = PyObject_GetAttr(allocation, s_handle_address);  // set by address_of, kept while pooled
-  if (address == nullptr) {
-    PyErr_Clear();
-    address = PyObject_CallOneArg(memory.address_of, allocation);
-  }
-  if (address == nullptr || ((handle = PyLong_AsVoidPtr(address)) == nullptr && PyErr_Occurred())) goto done;
+  if ((handle = handle_of(allocation)) == nullptr) goto done;
   token = PyObject_GetAttr(allocation, s_torch_token);  // a pooled allocation keeps its token
   if (token == nullptr) PyErr_Clear();
   if (token != nullptr && token != Py_None) {
@@ -270,7 +293,6 @@ done:
   Py_XDECREF(entry);
   Py_XDECREF(weak);
   Py_XDECREF(token);
-  Py_XDECREF(address);
   Py_XDECREF(nbytes);
   Py_DECREF(allocation);
   return made;
@@ -355,19 +377,6 @@ const at::TensorBase* tensor_of(PyObject* object) {
   if (type != reinterpret_cast<PyTypeObject*>(THPVariableClass) && type != reinterpret_cast<PyTypeObject*>(ParameterClass))
     return nullptr;
   return &reinterpret_cast<VariableObject*>(object)->cdata;
-}
-
-// The device handle of a devkit _Allocation, or nullptr with an exception set.
-void* handle_of(PyObject* allocation) {
-  PyObject* address = PyObject_GetAttr(allocation, s_handle_address);  // set by address_of, kept while pooled
-  if (address == nullptr) {
-    PyErr_Clear();
-    address = PyObject_CallOneArg(memory.address_of, allocation);
-    if (address == nullptr) return nullptr;
-  }
-  void* handle = PyLong_AsVoidPtr(address);
-  Py_DECREF(address);
-  return handle;
 }
 
 template <typename T>
@@ -567,17 +576,8 @@ PyObject* new_buffer(const Output& output) {
 // Pools a scratch output only the replay held.
 int give_back(PyObject* buffer, const Output& output) {
   if (output.nbytes > memory.pool_nbytes || Py_REFCNT(buffer) != 1) return 0;
-  PyObject* pool = PyDict_GetItemWithError(memory.pools, output.pool_key);
-  if (pool == nullptr) {
-    if (PyErr_Occurred()) return -1;
-    PyObject* fresh = PyList_New(0);
-    if (fresh == nullptr || PyDict_SetItem(memory.pools, output.pool_key, fresh)) {
-      Py_XDECREF(fresh);
-      return -1;
-    }
-    Py_DECREF(fresh);  // the dict holds it
-    pool = fresh;
-  }
+  PyObject* pool = pool_for(output.pool_key);
+  if (pool == nullptr) return -1;
   return PyList_GET_SIZE(pool) < memory.pool_depth ? PyList_Append(pool, buffer) : 0;
 }
 
