@@ -292,6 +292,29 @@ def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
     assert torch.equal(torch.neg(a).cpu(), -a.cpu())
 
 
+def test_each_thread_replays_its_own_templates():
+    import threading
+
+    _native_replayer()
+    replayers, results = {}, {}
+
+    def work(name: str, offset: float):
+        x = torch.arange(6.0).to("devkit")
+        for _ in range(3):
+            y = (x * 2 + offset).relu()
+        results[name], replayers[name] = y.cpu(), _replay._templates().native
+
+    threads = [threading.Thread(target=work, args=(f"t{i}", float(i))) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    work("main", -3.0)
+    for thread in threads:
+        thread.join()
+    assert len({id(r) for r in replayers.values()}) == 3 and all(r.size() >= 3 for r in replayers.values())
+    for name, offset in (("t0", 0.0), ("t1", 1.0), ("main", -3.0)):
+        assert torch.equal(results[name], (torch.arange(6.0) * 2 + offset).relu())
+
+
 def test_a_freed_buffer_behind_a_tensor_is_named_not_used():
     a = torch.randn(4).to("devkit")
     torch.neg(a)

@@ -104,15 +104,20 @@ PyMethodDef weak_methods[] = {{"expired", weak_expired, METH_NOARGS, nullptr},
                               {"storage", weak_storage, METH_NOARGS, nullptr},
                               {nullptr, nullptr, 0, nullptr}};
 
-PyTypeObject WeakStorageType = [] {
+// A Python type of this module (PyType_Ready readies it at import).
+PyTypeObject python_type(const char* name, Py_ssize_t size, destructor dealloc, PyMethodDef* methods,
+                         newfunc make = nullptr) {
   PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
-  type.tp_name = "devkit_torch.WeakStorage";
-  type.tp_basicsize = sizeof(WeakStorage);
-  type.tp_dealloc = weak_dealloc;
+  type.tp_name = name;
+  type.tp_basicsize = size;
+  type.tp_dealloc = dealloc;
   type.tp_flags = Py_TPFLAGS_DEFAULT;
-  type.tp_methods = weak_methods;
+  type.tp_methods = methods;
+  type.tp_new = make;
   return type;
-}();
+}
+
+PyTypeObject WeakStorageType = python_type("devkit_torch.WeakStorage", sizeof(WeakStorage), weak_dealloc, weak_methods);
 
 bool configured() {
   if (memory.live == nullptr) PyErr_SetString(PyExc_RuntimeError, "devkit.torch native memory is not configured");
@@ -864,16 +869,8 @@ PyMethodDef replayer_methods[] = {
     {"size", replayer_len, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr}};
 
-PyTypeObject ReplayerType = [] {
-  PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};
-  type.tp_name = "devkit_torch.Replayer";
-  type.tp_basicsize = sizeof(Replayer);
-  type.tp_dealloc = replayer_dealloc;
-  type.tp_flags = Py_TPFLAGS_DEFAULT;
-  type.tp_methods = replayer_methods;
-  type.tp_new = replayer_new;
-  return type;
-}();
+PyTypeObject ReplayerType =
+    python_type("devkit_torch.Replayer", sizeof(Replayer), replayer_dealloc, replayer_methods, replayer_new);
 
 PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, nullptr},
