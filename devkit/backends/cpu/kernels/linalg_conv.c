@@ -364,23 +364,35 @@ bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg,
   return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_MIN_TILES;
 }
 
-/* U = G g G^T: u[xi][i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
+/* The transforms run across WINO_LANES kernels or tiles at a time, staged
+ * in small arrays with unit strides: the compiler turns those loops into
+ * vector code, which the kernels' stride-9 and stride-2 layouts defeat. */
+#define WINO_LANES 8
+#define WINO_RUN 64
+
+/* U = G g G^T: u[xi * step + i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
 CPU_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, float *u, int64_t step) {
-  for (int64_t i = 0; i < count; i++) {
-    const float *g = k + 9 * i;
-    float t[4][3];
-    for (int s = 0; s < 3; s++) {
-      t[0][s] = g[s];
-      t[1][s] = 0.5f * (g[s] + g[3 + s] + g[6 + s]);
-      t[2][s] = 0.5f * (g[s] - g[3 + s] + g[6 + s]);
-      t[3][s] = g[6 + s];
-    }
-    for (int r = 0; r < 4; r++) {
-      u[(4 * r + 0) * step + i] = t[r][0];
-      u[(4 * r + 1) * step + i] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-      u[(4 * r + 2) * step + i] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-      u[(4 * r + 3) * step + i] = t[r][2];
-    }
+  for (int64_t i0 = 0; i0 < count; i0 += WINO_LANES) {
+    int64_t lanes = count - i0 < WINO_LANES ? count - i0 : WINO_LANES;
+    float g[9][WINO_LANES] = {{0}}, t[4][3][WINO_LANES], o[16][WINO_LANES];
+    for (int64_t l = 0; l < lanes; l++)
+      for (int s = 0; s < 9; s++) g[s][l] = k[9 * (i0 + l) + s];
+    for (int s = 0; s < 3; s++)
+      for (int l = 0; l < WINO_LANES; l++) {
+        t[0][s][l] = g[s][l];
+        t[1][s][l] = 0.5f * (g[s][l] + g[3 + s][l] + g[6 + s][l]);
+        t[2][s][l] = 0.5f * (g[s][l] - g[3 + s][l] + g[6 + s][l]);
+        t[3][s][l] = g[6 + s][l];
+      }
+    for (int r = 0; r < 4; r++)
+      for (int l = 0; l < WINO_LANES; l++) {
+        o[4 * r + 0][l] = t[r][0][l];
+        o[4 * r + 1][l] = 0.5f * (t[r][0][l] + t[r][1][l] + t[r][2][l]);
+        o[4 * r + 2][l] = 0.5f * (t[r][0][l] - t[r][1][l] + t[r][2][l]);
+        o[4 * r + 3][l] = t[r][2][l];
+      }
+    for (int xi = 0; xi < 16; xi++)
+      for (int64_t l = 0; l < lanes; l++) u[xi * step + i0 + l] = o[xi][l];
   }
 }
 
@@ -398,30 +410,67 @@ static void wino_filters(void *arg, int64_t begin, int64_t end) {
 }
 
 /* v[xi * step + i] = (B^T d B)[xi] for the 4x4 patches d at p + 2 * i
- * (rows ld apart), i in [0, count): a run of tiles along a row. */
+ * (rows ld apart), i in [0, count): a run of tiles along a row. The row
+ * combinations (B^T d) come first, split into even and odd columns, so the
+ * column combinations read neighbours with unit strides. */
 CPU_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t count, float *v, int64_t step) {
-  for (int64_t i = 0; i < count; i++) {
-    const float *d = p + 2 * i;
-    float e[4][4];
-    for (int s = 0; s < 4; s++) {
-      e[0][s] = d[s] - d[2 * ld + s];
-      e[1][s] = d[ld + s] + d[2 * ld + s];
-      e[2][s] = d[2 * ld + s] - d[ld + s];
-      e[3][s] = d[ld + s] - d[3 * ld + s];
+  for (int64_t i0 = 0; i0 < count; i0 += WINO_RUN) {
+    int64_t n = count - i0 < WINO_RUN ? count - i0 : WINO_RUN;
+    const float *d = p + 2 * i0;
+    float ev[4][WINO_RUN + 1], od[4][WINO_RUN + 1];
+    for (int64_t x = 0; x <= n; x++) {
+      const float *a = d + 2 * x;
+      ev[0][x] = a[0] - a[2 * ld];
+      ev[1][x] = a[ld] + a[2 * ld];
+      ev[2][x] = a[2 * ld] - a[ld];
+      ev[3][x] = a[ld] - a[3 * ld];
+      od[0][x] = a[1] - a[2 * ld + 1];
+      od[1][x] = a[ld + 1] + a[2 * ld + 1];
+      od[2][x] = a[2 * ld + 1] - a[ld + 1];
+      od[3][x] = a[ld + 1] - a[3 * ld + 1];
     }
     for (int r = 0; r < 4; r++) {
-      v[(4 * r + 0) * step + i] = e[r][0] - e[r][2];
-      v[(4 * r + 1) * step + i] = e[r][1] + e[r][2];
-      v[(4 * r + 2) * step + i] = e[r][2] - e[r][1];
-      v[(4 * r + 3) * step + i] = e[r][1] - e[r][3];
+      float *o = v + 4 * r * step + i0;
+      for (int64_t i = 0; i < n; i++) {
+        o[i] = ev[r][i] - ev[r][i + 1];
+        o[step + i] = od[r][i] + ev[r][i + 1];
+        o[2 * step + i] = ev[r][i + 1] - od[r][i];
+        o[3 * step + i] = od[r][i] - od[r][i + 1];
+      }
     }
   }
 }
 
-/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count):
- * runs of tiles inside the image read it in place, the others a zero-padded
- * copy of their patch. */
-static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t count, float *v) {
+/* The transforms of a run of tiles whose patches start at row y0, column
+ * x0 of `plane`: read in place when inside it, else from a zero-padded copy
+ * of the run's 4 rows in `stage` (2 * WINO_RUN + 2 floats a row). */
+static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0, int64_t x0, int64_t run,
+                               float *out, int64_t step, float *stage) {
+  int64_t width = 2 * run + 2;
+  if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
+    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    return;
+  }
+  int64_t lo, hi;
+  linalg_valid_range(x0, 1, width, j->wd, &lo, &hi);
+  for (int r = 0; r < 4; r++) {
+    float *row = stage + r * width;
+    int64_t iy = y0 + r;
+    if (iy < 0 || iy >= j->h) {
+      memset(row, 0, (size_t)width * sizeof(float));
+      continue;
+    }
+    memset(row, 0, (size_t)lo * sizeof(float));
+    memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
+    memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
+  }
+  wino_input_run(stage, width, run, out, step);
+}
+
+/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count), in
+ * runs along tile rows: the tiles inside the image, and those at its edges
+ * (through a zero-padded copy), in up to WINO_RUN at a time. */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t count, float *v, float *stage) {
   int64_t step = j->cg * j->tblock;
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
@@ -430,31 +479,26 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t 
     const float *plane = xg + c * j->h * j->wd;
     for (int64_t t = 0; t < count;) {
       int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
-      int64_t y0 = 2 * ty - j->pad_h, x0 = 2 * tx - j->pad_w;
-      float *out = v + c * j->tblock + t;
-      int64_t run = inner_hi - tx;
-      if (run > count - t) run = count - t;
-      if (y0 >= 0 && y0 + 4 <= j->h && tx >= inner_lo && run > 0) {
-        wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
-        t += run;
-        continue;
+      int64_t run = j->tiles_w - tx < count - t ? j->tiles_w - tx : count - t;
+      if (tx < inner_lo) {
+        if (run > inner_lo - tx) run = inner_lo - tx;
+      } else if (tx < inner_hi && run > inner_hi - tx) {
+        run = inner_hi - tx;
       }
-      float d[16];
-      for (int r = 0; r < 4; r++)
-        for (int s = 0; s < 4; s++) {
-          int64_t iy = y0 + r, ix = x0 + s;
-          d[4 * r + s] = iy >= 0 && iy < j->h && ix >= 0 && ix < j->wd ? plane[iy * j->wd + ix] : 0.0f;
-        }
-      wino_input_run(d, 4, 1, out, step);
-      t++;
+      if (run > WINO_RUN) run = WINO_RUN;
+      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step,
+                         stage);
+      t += run;
     }
   }
 }
 
 /* o[r * ld + 2 * i + c] = (A^T m A)[r][c] + add for the transformed sums m
- * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles. */
-CPU_VECTOR_CLONES static void wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
+ * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles
+ * (count <= WINO_RUN). Returns whether every output is finite. */
+CPU_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
                                              int64_t ld) {
+  float out[2][2][WINO_RUN];
   for (int64_t i = 0; i < count; i++) {
     float s[2][4];
     for (int c = 0; c < 4; c++) {
@@ -462,10 +506,22 @@ CPU_VECTOR_CLONES static void wino_output_run(const float *p, int64_t step, int6
       s[1][c] = p[(4 + c) * step + i] - p[(8 + c) * step + i] - p[(12 + c) * step + i];
     }
     for (int r = 0; r < 2; r++) {
-      o[r * ld + 2 * i] = s[r][0] + s[r][1] + s[r][2] + add;
-      o[r * ld + 2 * i + 1] = s[r][1] - s[r][2] - s[r][3] + add;
+      out[r][0][i] = s[r][0] + s[r][1] + s[r][2] + add;
+      out[r][1][i] = s[r][1] - s[r][2] - s[r][3] + add;
     }
   }
+  /* finite: the exponent bits are not all set (an integer OR vectorises) */
+  uint32_t bad = 0;
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < count; i++) {
+      uint32_t b0, b1;
+      memcpy(&b0, &out[r][0][i], sizeof b0);
+      memcpy(&b1, &out[r][1][i], sizeof b1);
+      bad |= ((b0 & 0x7f800000u) == 0x7f800000u) | ((b1 & 0x7f800000u) == 0x7f800000u);
+      o[r * ld + 2 * i] = out[r][0][i];
+      o[r * ld + 2 * i + 1] = out[r][1][i];
+    }
+  return !bad;
 }
 
 /* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
@@ -483,10 +539,9 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
       float *o = plane + 2 * ty * j->ow + 2 * tx;
       int64_t run = whole_w - tx;
       if (run > count - t) run = count - t;
+      if (run > WINO_RUN) run = WINO_RUN;
       if (2 * ty + 2 <= j->oh && run > 0) {
-        wino_output_run(p, step, run, add, o, j->ow);
-        for (int r = 0; r < 2; r++)
-          for (int64_t i = 0; i < 2 * run; i++) finite = finite && isfinite(o[r * j->ow + i]);
+        finite = wino_output_run(p, step, run, add, o, j->ow) && finite;
         t += run;
         continue;
       }
@@ -505,15 +560,15 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
 
 static void wino_part(void *arg, int64_t begin, int64_t end) {
   wino_job *j = arg;
-  float *v = chunk_scratch(&j->s, 16 * j->tblock * (j->cg + j->mblock));
+  float *v = chunk_scratch(&j->s, 16 * j->tblock * (j->cg + j->mblock) + 4 * (2 * WINO_RUN + 2));
   if (!v) return;
-  float *mx = v + 16 * j->tblock * j->cg;
+  float *mx = v + 16 * j->tblock * j->cg, *stage = mx + 16 * j->tblock * j->mblock;
   for (int64_t i = begin; i < end; i++) {
     int64_t mi = i % j->mblocks, ti = i / j->mblocks % j->tblocks, ng = i / j->mblocks / j->tblocks;
     int64_t n = ng / j->s.group, g = ng % j->s.group;
     int64_t t0 = ti * j->tblock, count = j->tiles - t0 < j->tblock ? j->tiles - t0 : j->tblock;
     int64_t m0 = mi * j->mblock, mb = j->mg - m0 < j->mblock ? j->mg - m0 : j->mblock;
-    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, t0, count, v);
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, t0, count, v, stage);
     for (int xi = 0; xi < 16; xi++)
       linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
                   j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
