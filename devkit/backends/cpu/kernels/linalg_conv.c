@@ -407,6 +407,7 @@ typedef struct wino_job {
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
   const float *x, *b;
   float *u; /* [group][16][mg][cg] */
+  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
   const float *wt;
   float *y;
   atomic_bool non_finite;
@@ -498,9 +499,10 @@ CPU_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t
 
 /* The transforms of a run of tiles whose patches start at row y0, column
  * x0 of `plane`: read in place when inside it, else from a zero-padded copy
- * of the run's 4 rows in `stage` (2 * WINO_RUN + 2 floats a row). */
+ * of the run's 4 rows. */
 static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0, int64_t x0, int64_t run,
-                               float *out, int64_t step, float *stage) {
+                               float *out, int64_t step) {
+  float stage[4 * (2 * WINO_RUN + 2)];
   int64_t width = 2 * run + 2;
   if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
     wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
@@ -522,15 +524,17 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
   wino_input_run(stage, width, run, out, step);
 }
 
-/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count), in
- * runs along tile rows: the tiles inside the image, and those at its edges
- * (through a zero-padded copy), in up to WINO_RUN at a time. */
-static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t count, float *v, float *stage) {
+/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count) of
+ * `channels` planes from xg (v's rows for them: cg * tblock floats apart per
+ * xi), in runs along tile rows: the tiles inside the image, and those at its
+ * edges (through a zero-padded copy), in up to WINO_RUN at a time. */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, int64_t t0, int64_t count,
+                        float *v) {
   int64_t step = j->cg * j->tblock;
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
-  for (int64_t c = 0; c < j->cg; c++) {
+  for (int64_t c = 0; c < channels; c++) {
     const float *plane = xg + c * j->h * j->wd;
     for (int64_t t = 0; t < count;) {
       int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
@@ -541,8 +545,7 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t 
         run = inner_hi - tx;
       }
       if (run > WINO_RUN) run = WINO_RUN;
-      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step,
-                         stage);
+      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step);
       t += run;
     }
   }
@@ -613,17 +616,38 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
   return finite;
 }
 
+static int64_t wino_count(int64_t total, int64_t first, int64_t block) {
+  return total - first < block ? total - first : block;
+}
+
+/* The shared patch transforms: items (image, tile block, channel). */
+static void wino_shared_inputs(void *arg, int64_t begin, int64_t end) {
+  wino_job *j = arg;
+  while (begin < end) {
+    int64_t b = begin / j->cg, c0 = begin % j->cg, channels = wino_count(j->cg, c0, end - begin);
+    int64_t ng = b / j->tblocks, n = ng / j->s.group, g = ng % j->s.group, t0 = b % j->tblocks * j->tblock;
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg + c0) * j->h * j->wd, channels, t0,
+                wino_count(j->tiles, t0, j->tblock), j->v + (b * 16 * j->cg + c0) * j->tblock);
+    begin += channels;
+  }
+}
+
 static void wino_part(void *arg, int64_t begin, int64_t end) {
   wino_job *j = arg;
-  float *v = chunk_scratch(&j->s, 16 * j->tblock * (j->cg + j->mblock) + 4 * (2 * WINO_RUN + 2));
-  if (!v) return;
-  float *mx = v + 16 * j->tblock * j->cg, *stage = mx + 16 * j->tblock * j->mblock;
+  int64_t patches = j->v ? 0 : 16 * j->tblock * j->cg;
+  float *own = chunk_scratch(&j->s, patches + 16 * j->tblock * j->mblock);
+  if (!own) return;
+  float *mx = own + patches;
   for (int64_t i = begin; i < end; i++) {
-    int64_t mi = i % j->mblocks, ti = i / j->mblocks % j->tblocks, ng = i / j->mblocks / j->tblocks;
+    int64_t mi = i % j->mblocks, b = i / j->mblocks, ti = b % j->tblocks, ng = b / j->tblocks;
     int64_t n = ng / j->s.group, g = ng % j->s.group;
-    int64_t t0 = ti * j->tblock, count = j->tiles - t0 < j->tblock ? j->tiles - t0 : j->tblock;
-    int64_t m0 = mi * j->mblock, mb = j->mg - m0 < j->mblock ? j->mg - m0 : j->mblock;
-    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, t0, count, v, stage);
+    int64_t t0 = ti * j->tblock, count = wino_count(j->tiles, t0, j->tblock);
+    int64_t m0 = mi * j->mblock, mb = wino_count(j->mg, m0, j->mblock);
+    float *v = own;
+    if (j->v)
+      v = j->v + b * 16 * j->cg * j->tblock;
+    else
+      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, j->cg, t0, count, v);
     for (int xi = 0; xi < 16; xi++)
       linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
                   j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
@@ -631,7 +655,7 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
   }
-  free(v);
+  free(own);
 }
 
 DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
@@ -669,8 +693,19 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
   j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
   if (!j.u) return DK_RESOURCE_EXHAUSTED;
   cpu_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
+  /* Runs of filters of one tile block would each transform its patches
+   * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
+  if (j.mblocks > 1) {
+    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
+    if (!j.v) {
+      free(j.u);
+      return DK_RESOURCE_EXHAUSTED;
+    }
+    cpu_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
+  }
   cpu_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
   free(j.u);
+  free(j.v);
   *redo = atomic_load(&j.non_finite);
   return split_status(k, &j.s);
 }
