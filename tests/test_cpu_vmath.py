@@ -4,9 +4,9 @@ against float64, over a dense sweep of float32 bit patterns.
 The bound asserted is the one docs/operators.md states for each op
 (devkit.backends.cpu.FLOAT32_ULP_BOUNDS: the largest error from the float64
 reference rounded to float32 that scripts/vmath_exhaustive.c found over every
-float32 input for Exp, Tanh, Sigmoid, Erf and Gelu (past Gelu's atol, which
-its tolerance has and this test applies too), and a sweep over every 7th
-float32 bit pattern found for the others). Special
+float32 input for Exp, Tanh, Sigmoid, Erf and Gelu's erf form (past Gelu's
+atol, which its tolerance has and this test applies too), and a sweep over
+every 7th float32 bit pattern found for the others). Special
 values must match where the reference has them: NaN where it is NaN, the
 same infinities and zeros (sign included).
 """

@@ -4,14 +4,15 @@
  * (special values are blended in), only float/double arithmetic and bit
  * operations GCC turns into SIMD.
  *
- * vm_expf, vm_tanhf and vm_sigmoidf compute in float32 (8 lanes per AVX2
- * vector): range reduction and a polynomial, at most 1, 1 and 2 ulp from
- * the float64 result rounded to float32 over every float32 input
- * (scripts/vmath_exhaustive.c). The others take float32 and compute in
- * float64 -- range reduction and a polynomial whose truncation error is
- * below 2^-31 relative -- then round once to float32: measured over every
- * 7th float32 bit pattern, at most 1 ulp. tests/test_cpu_vmath.py repeats
- * the sweep on a sample against the bounds docs/operators.md states
+ * vm_expf, vm_tanhf, vm_sigmoidf, vm_erff and vm_gelu_erff compute in
+ * float32 (8 lanes per AVX2 vector): range reduction and polynomials, at
+ * most 1, 1, 2, 1 and 1 ulp (Gelu: past its atol, 2^-24) from the float64
+ * result rounded to float32 over every float32 input
+ * (scripts/vmath_exhaustive.c). vm_logf and vm_gelu_tanhf take float32 and
+ * compute in float64 -- range reduction and a polynomial whose truncation
+ * error is below 2^-31 relative -- then round once to float32: measured over
+ * every 7th float32 bit pattern, at most 1 ulp. tests/test_cpu_vmath.py
+ * repeats the sweep on a sample against the bounds docs/operators.md states
  * (devkit/backends/cpu/__init__.py), inside every op's tolerance.
  *
  * vm_exp_nonpositive and vm_exp_nonpositive_narrow are the double-precision
