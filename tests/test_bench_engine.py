@@ -37,10 +37,13 @@ def test_a_quick_run_reports_every_row(tmp_path):
         assert eager[f"{name}_us"] > 0
     for name in peers:
         assert eager[f"devkit_over_{name}"] == pytest.approx(eager["devkit_us"] / eager[f"{name}_us"])
-    assert chain["nodes"] == 20 and chain["plan_host_us_per_node"] > 0
+    assert chain["nodes"] == 20
     assert chain["plan_us_per_node"] == pytest.approx(chain["plan_ms"] * 1e3 / 20)
     for row in [chain, *models]:
         assert row["plugin"] == "cpu" and row["plan_equals_interpreter"] is True
+        # The run split: its device work alone, timed in the same interleaving, and the rest.
+        assert row["kernel_ms"] > 0 and row["host_ms"] == pytest.approx(row["plan_ms"] - row["kernel_ms"])
+        assert row["plan_host_us_per_node"] > 0 and row["plan_host_cpu_us_per_node"] >= 0
         assert row["max_abs_diff_vs_onnxruntime"] < 1e-4
         best = min(row["onnxruntime_1t_ms"], row["onnxruntime_2t_ms"])
         assert row["plan_over_onnxruntime"] == pytest.approx(row["plan_ms"] / best)

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 import devkit
 from devkit import onnx as donnx
+from devkit.abi import C, ffi
 from devkit.engine import Lifetime, plan_memory
 from devkit.engine.plan import Plan
 from devkit.onnx import zoo
@@ -186,13 +187,42 @@ def test_profile_times_each_call_on_the_values_a_run_gives_it():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("staged", [True, False], ids=["staged graph", "host replay"])
+def test_device_work_alone_computes_its_feed_with_no_host_work_of_a_run(plugin_calls, monkeypatch, staged):
+    """Plan.launch_device_work, which devkit-bench engine times against runs:
+    the feed's result in the arena, on the default stream (complete at
+    return, nothing synchronised), and no other plugin call than a run's
+    device work: one graph launch where the plan stages, else the input copy
+    (the calls launch through their own function pointers), the calls back on
+    the plan's stream after."""
+    if not staged:
+        monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    prepared, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    rng = np.random.default_rng(3)
+    first, second = ({name: rng.standard_normal(value.shape).astype(np.float32)} for name, value in
+                     [*inputs.items()] * 2)
+    prepared.run(first)
+    plan = only_plan(prepared)
+    (want,) = interpreted.run(second)
+    plugin_calls.clear()
+    plan.launch_device_work(second)
+    assert plugin_calls == ({"graph_launch": 1} if staged else {"copy_h2d": 1})
+    np.testing.assert_array_equal(plan._outputs[0].numpy(), want)
+    np.testing.assert_array_equal(prepared.run(first)[0], interpreted.run(first)[0])
+    with devkit.device("cpu:0").create_stream() as stream:
+        (got,) = prepared.run(second, stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_run_of_a_new_input_value_reads_it():
     """The staged graph reads its host input arrays at every launch: each run sees its own feed."""
-    model, _ = zoo.mlp()
+    model, inputs = zoo.mlp()
     planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
     rng = np.random.default_rng(5)
-    name = planned.feed_names[0]
-    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    (name, example), = inputs.items()
+    shape = example.shape  # not the declared one, whose batch dimension is symbolic
     for _ in range(3):
         feed = {name: rng.standard_normal(shape).astype(np.float32)}
         (got,), (want,) = planned.run(feed), interpreted.run(feed)
@@ -216,6 +246,32 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
         np.testing.assert_array_equal(got, want)
     first.destroy()
     second.destroy()
+
+
+def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
+    """The cpu plugin checks at every launch that each captured tensor still
+    lies in a live allocation (one lock and one look-up per run of slots in
+    the same allocation): a slot rebound to memory that is then freed fails
+    the launch with its message, and rebound back the graph launches again."""
+    dev = devkit.device("cpu:0")
+    api = dev.plugin.api
+    x, w = (devkit.asarray(np.arange(8, dtype=np.float32) + i, dev) for i in range(2))
+    with dev.create_stream() as stream:
+        with stream.capture(mode="native") as graph:
+            total = devkit.run_op("Add", [x, w], stream=stream)[0]
+            y = devkit.run_op("Add", [total, w], stream=stream)[0]
+    w_of_second_add = 4  # slots in capture order: x, w, total; total, w, y
+    mem = ffi.new("DK_Mem *")
+    assert api.mem_alloc(dev.index, 32, mem) == C.DK_OK
+    assert api.graph_rebind(dev.index, graph._handle, w_of_second_add, mem[0], 0) == C.DK_OK
+    assert api.mem_free(dev.index, mem[0]) == C.DK_OK
+    with pytest.raises(devkit.errors.InvalidArgumentError,
+                       match="graph_launch: a slot's handle 0x[0-9a-f]+ is not a live allocation"):
+        graph.launch()
+    assert api.graph_rebind(dev.index, graph._handle, w_of_second_add, w.buffer.handle, 0) == C.DK_OK
+    graph.launch()
+    np.testing.assert_array_equal(y.numpy(), np.arange(8, dtype=np.float32) + 2 * (np.arange(8) + 1))
+    graph.destroy()
 
 
 def test_what_cannot_be_planned_runs_in_the_interpreter():
@@ -245,6 +301,14 @@ def test_bad_inputs_still_fail_with_their_name_once_planned():
         prepared.run({"x": inputs["x"].astype(np.float64)})
     with pytest.raises(ValueError, match=r"input 'x' has shape \(16, 5\), the model declares \(\?, 128\)"):
         prepared.run({"x": inputs["x"][:, :5]})
+    with pytest.raises(ValueError, match="unknown input 'y'"):
+        prepared.run({"x": inputs["x"], "y": inputs["x"]})
+    # A run's fast path takes an ndarray of a shape accepted before, whatever its layout; a list takes the checks.
+    (want,) = prepared.run(inputs)
+    for feed in ({"x": np.asfortranarray(inputs["x"])}, [inputs["x"]]):
+        np.testing.assert_array_equal(prepared.run(feed)[0], want)
+    with pytest.raises(TypeError, match="input 'x' has dtype float64, the model declares float32"):
+        prepared.run([inputs["x"].tolist()])
 
 
 def test_a_shape_error_found_at_build_names_the_op():

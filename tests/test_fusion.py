@@ -254,6 +254,27 @@ def test_a_broadcast_elementwise_kernel_loops_rows_and_columns_from_any_chunk_st
     np.testing.assert_allclose(out.numpy(), want, rtol=2e-6, atol=1e-6)
 
 
+def test_a_row_kernel_reads_a_compact_input_at_the_row_times_its_length():
+    """Over several outer axes a compact input's row starts at r * n (no
+    division and remainder per axis); a row of a broadcast input still
+    indexes its own axes."""
+    dev = _cpu()
+    shape, row = (2, 3, 8), (2, 3, 1)
+    ops = [codegen.GroupOp("ReduceSum", (("in", 0),), {"axes": (-1,), "keepdims": 1}, (F32,), F32, row),
+           codegen.GroupOp("Sub", (("in", 0), ("op", 0)), {}, (F32, F32), F32, shape),
+           codegen.GroupOp("Mul", (("op", 1), ("in", 1)), {}, (F32, F32), F32, shape)]
+    group = codegen.Group(shape, [codegen.TensorArg(shape, (24, 8, 1), F32), codegen.TensorArg((3, 8), (8, 1), F32)],
+                          ops, [(2, codegen.TensorArg(shape, (24, 8, 1), F32))])
+    kernel = codegen.render(group, codegen.printer("c"))
+    assert "in0[r * 8 + j]" in kernel.source and "in1[(r % 3) * 8 + j]" in kernel.source
+    function = codegen.compile_module(dev, kernel.source).function(kernel.name, ["tensor"] * 3)
+    rng = np.random.default_rng(9)
+    x, g = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
+    out = devkit.asarray(np.full(shape, np.nan, np.float32), dev)
+    function.launch([devkit.asarray(x, dev), devkit.asarray(g, dev), out], (kernel.items,), (1,))
+    np.testing.assert_allclose(out.numpy(), (x - x.sum(-1, keepdims=True)) * g, rtol=1e-5, atol=1e-6)
+
+
 def test_a_row_kernel_divides_by_a_row_scalar_through_its_reciprocal():
     model, feed = patterns.rmsnorm(3, 40)
     sources = []
@@ -315,4 +336,27 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
         for what in patterns.TIMES:
             assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
             assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
+            assert 0 <= row[f"fused_wins_{what}"] <= 1
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
+
+
+def test_the_fusion_bench_interleaves_the_contenders_in_every_repetition():
+    """After one untimed pass of every timer, each repetition runs every
+    timer once, contender after contender; a sample is what the timer returned."""
+    order = []
+
+    def timer(who, what):
+        def fn():
+            order.append(f"{who}_{what}")
+            return len(order)  # its position in the order
+        return fn
+
+    contenders = {who: {what: timer(who, what) for what in patterns.TIMES} for who in ("unfused", "fused")}
+    samples = patterns._samples(contenders, repeat=2)
+    assert order == [f"{who}_{what}" for _ in range(3) for who in ("unfused", "fused") for what in patterns.TIMES]
+    assert samples["unfused_kernels"] == [7, 13] and samples["fused_kernels"] == [10, 16]
+    assert samples["fused_run"] == [12, 18]
+
+
+def test_the_fusion_bench_counts_the_repetitions_fused_won():
+    assert patterns._wins([1.0, 5.0, 2.0, 2.0], [2.0, 2.0, 3.0, 2.0]) == 0.5  # a tie is no win

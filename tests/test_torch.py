@@ -235,8 +235,93 @@ def test_native_tensors_are_built_and_check_their_arguments():
         tensor(storage, torch.float32, (2, 1), (1,), 0)
     with pytest.raises(ValueError, match="storage is not on a devkit device"):
         tensor(torch.zeros(2).untyped_storage(), torch.float32, (2,), (1,), 0)
-    with pytest.raises(ValueError, match="bad token 0"):
-        _native.module().storage(0, 8, 0)
+    with pytest.raises(ValueError, match="new_storage: bad device index 200"):
+        _native.module().new_storage(_memory.buffer_of(x), 200)
+
+
+def _native_replayer():
+    from devkit.torch import _native
+
+    if _native.module() is None:  # the Python path is tested on its own below
+        pytest.skip(f"devkit.torch's native module was not built here: {_native.reason()}")
+    return _replay._templates().native
+
+
+def test_native_replayer_serves_recorded_ops_and_leaves_the_rest_to_python():
+    native = _native_replayer()
+    a, b = torch.randn(6).to("devkit"), torch.randn(6).to("devkit")
+    op = torch.ops.aten.add.Tensor
+    _replay.clear()
+    key = native.replay(op, (a, b), {})
+    assert type(key) is bytes and native.size() == 0  # not seen yet: the key add() takes
+    torch.add(a, b)  # recorded: the native replayer has it now
+    assert native.size() == 1 and native.replay(op, (a, b), {}) is not None
+    assert torch.equal(native.replay(op, (a, b), {}).cpu(), a.cpu() + b.cpu())
+    assert native.replay(op, (a, torch.randn(6)), {}) is None  # a CPU tensor: the Python key decides
+    assert native.replay(op, (a, [b]), {}) is None  # a tensor in a list: the Python key's too
+    x = torch.zeros(3).to("devkit")
+    for _ in range(3):
+        x.fill_(1.0)  # not replayable: the native replayer hands it to the Python template
+    assert native.replay(torch.ops.aten.fill_.Scalar, (x, 1.0), {}) is None
+    with pytest.raises(TypeError, match=r"add: spec is \('calls', ...\), \('views', ...\) or None"):
+        native.add(key, ("other",))
+
+
+def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
+    from devkit.abi import ffi
+
+    native = _native_replayer()
+    a = torch.randn(4).to("devkit")
+    op = torch.ops.aten.neg.default
+    torch.neg(a)
+    template = _template(op, a)
+    failing = ffi.callback("DK_Status(const DK_KernelCall *)", lambda call: devkit.abi.C.DK_INVALID_ARGUMENT)
+
+    class Owner:
+        def failed(self, index, status):
+            raise RuntimeError(f"step {index} failed with status {status}")
+
+    spec = list(template.native_spec())
+    spec[1] = Owner()
+    spec[2] = [(_replay._address(failing), *spec[2][0][1:])]
+    _replay.clear()
+    native.add(native.replay(op, (a,), {}), tuple(spec))
+    with pytest.raises(RuntimeError, match=f"step 0 failed with status {devkit.abi.C.DK_INVALID_ARGUMENT}"):
+        native.replay(op, (a,), {})
+    _replay.clear()
+    assert torch.equal(torch.neg(a).cpu(), -a.cpu())
+
+
+def test_each_thread_replays_its_own_templates():
+    import threading
+
+    _native_replayer()
+    replayers, results = {}, {}
+
+    def work(name: str, offset: float):
+        x = torch.arange(6.0).to("devkit")
+        for _ in range(3):
+            y = (x * 2 + offset).relu()
+        results[name], replayers[name] = y.cpu(), _replay._templates().native
+
+    threads = [threading.Thread(target=work, args=(f"t{i}", float(i))) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    work("main", -3.0)
+    for thread in threads:
+        thread.join()
+    assert len({id(r) for r in replayers.values()}) == 3 and all(r.size() >= 3 for r in replayers.values())
+    for name, offset in (("t0", 0.0), ("t1", 1.0), ("main", -3.0)):
+        assert torch.equal(results[name], (torch.arange(6.0) * 2 + offset).relu())
+
+
+def test_a_freed_buffer_behind_a_tensor_is_named_not_used():
+    a = torch.randn(4).to("devkit")
+    torch.neg(a)
+    torch.neg(a)  # replayed
+    dt.to_array(a).buffer._allocation.free()
+    with pytest.raises(ValueError, match="buffer has been freed"):
+        torch.neg(a)
 
 
 def test_dead_outputs_are_reused_unless_something_still_reaches_them():
@@ -276,6 +361,29 @@ def test_python_tensor_path_without_the_native_module():
     env = {**__import__("os").environ, "DEVKIT_TORCH_NATIVE": "0"}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr
+
+
+def test_without_ninja_or_a_compiler_the_python_path_runs_and_a_warning_says_why(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, torch, devkit.torch as dt\n"
+        "from devkit.torch import _native\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    dt.register('cpu')\n"
+        "assert _native.module() is None, _native.reason()\n"
+        "print([str(w.message) for w in caught])\n"
+        "x = torch.arange(4.0).to('devkit')\n"
+        "for _ in range(3):\n"
+        "    y = x + x\n"
+        "assert torch.equal(y.cpu(), 2 * torch.arange(4.0))\n")
+    env = {**__import__("os").environ, "PATH": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "devkit.torch makes tensors in Python" in result.stdout and "building its native module failed" in \
+        result.stdout, result.stdout
 
 
 def test_ops_with_host_effects_are_not_replayed():

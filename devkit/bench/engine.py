@@ -8,17 +8,23 @@ torch, NumPy and onnxruntime, measured in the same run.
   path) against torch.add and numpy.add;
 - chain: a 200-node chain of tiny elementwise ops (an ONNX model built here)
   through a devkit plan and the interpreter, against onnxruntime with 1 and 2
-  intra-op threads: the time per node is the host's cost of a node. On each
-  plugin the plan's submission alone (a run on a caller's stream, before it
-  is synchronized) is the host overhead per node;
+  intra-op threads: the time per node is the host's cost of a node;
 - models: devkit.onnx.zoo's models and its large ones (ResNet-18 at 224x224,
-  a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime; the plan's
-  time split into kernel time (its calls launched one by one, each timed
-  alone) and host time (the rest), and the launcher its runs use.
+  a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime, and the
+  launcher the plan's runs use.
+
+Every chain and model row splits the plan's run: kernel_ms is its device
+work alone (Plan.launch_device_work: the input copies, the calls, the output
+copies) timed in the same interleaving as the run, host_ms the rest (binding
+the feed, the staging copies, the launch's host side); plan_host_us_per_node
+is the host's part per kernel call measured another way: a run on a
+caller's stream, timed until it returns, before the work completes (and
+plan_host_cpu_us_per_node the submitting thread's CPU time of it).
 
 Each contender is timed in turn within every repetition (interleaved) and the
 figures are medians over the repetitions; ratios are devkit / peer (below 1:
-devkit is faster). torch runs with OMP_WAIT_POLICY=PASSIVE and onnxruntime
+devkit is faster). The interpreter is interleaved with onnxruntime apart from
+the plan (interpreter_over_onnxruntime within its own interleaving). torch runs with OMP_WAIT_POLICY=PASSIVE and onnxruntime
 with spinning off, so neither's idle threads slow whatever runs next.
 """
 
@@ -84,28 +90,65 @@ def _ort_sessions(model) -> dict[str, Callable]:
 
 
 def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, object]:
-    """Plan, interpreter and onnxruntime on one model: times in ms and ratios."""
+    """Plan, interpreter and onnxruntime on one model, and the plan's device
+    work alone (Plan.launch_device_work) in the same interleaving: times in
+    ms and ratios; the plan's time beyond its device work is host_ms."""
     from .. import onnx as donnx
 
     # Unfused, so the plan runs the interpreter's kernels and must match it
     # bit for bit; devkit-bench fusion measures the fused plans.
     planned = donnx.prepare(model, f"{plugin}:0", fuse=False)
     interpreted = donnx.prepare(model, f"{plugin}:0", plan=False)
-    contenders = {"plan": lambda: planned.run(inputs), "interpreter": lambda: interpreted.run(inputs)}
     sessions = _ort_sessions(model)
-    contenders.update({label: (lambda s=s: s.run(None, inputs)) for label, s in sessions.items()})
     want = sessions["onnxruntime_1t"].run(None, inputs)
     got, interpreted_got = planned.run(inputs), interpreted.run(inputs)
-    medians = _interleaved(contenders, repeat)
+    (plan,) = planned.plans.values()
+    ort_1t, ort_2t = (lambda s=s: s.run(None, inputs) for s in sessions.values())
+    # The plan and its device work each come after an onnxruntime session,
+    # which leaves the caches alike: their difference is the run's host work.
+    # The interpreter has an interleaving of its own: under load, what ran
+    # right after it (and one onnxruntime run) took 3-5x its time.
+    medians = _interleaved({"onnxruntime_1t": ort_1t, "plan": lambda: planned.run(inputs),
+                            "onnxruntime_2t": ort_2t, "kernel": lambda: plan.launch_device_work(inputs)}, repeat)
     best_ort = min(medians["onnxruntime_1t"], medians["onnxruntime_2t"])
-    row = {"plugin": plugin, **{f"{name}_ms": seconds * 1e3 for name, seconds in medians.items()},
+    beside_interpreter = _interleaved({"interpreter": lambda: interpreted.run(inputs), "onnxruntime_1t": ort_1t,
+                                       "onnxruntime_2t": ort_2t}, repeat)
+    medians["interpreter"] = beside_interpreter["interpreter"]
+    row = {"plugin": plugin, **{f"{name}_ms": medians[name] * 1e3 for name in ("plan", "kernel")},
+           "host_ms": (medians["plan"] - medians["kernel"]) * 1e3,
+           **{f"{name}_ms": medians[name] * 1e3 for name in ("interpreter", "onnxruntime_1t", "onnxruntime_2t")},
            "plan_over_onnxruntime": medians["plan"] / best_ort,
-           "interpreter_over_onnxruntime": medians["interpreter"] / best_ort,
+           "interpreter_over_onnxruntime": medians["interpreter"] / min(beside_interpreter["onnxruntime_1t"],
+                                                                         beside_interpreter["onnxruntime_2t"]),
            "plan_over_interpreter": medians["plan"] / medians["interpreter"],
            "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(got, interpreted_got)),
            "max_abs_diff_vs_onnxruntime": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
                                               for a, b in zip(got, want))}
-    return row, planned
+    wall, cpu = _submission_seconds(planned, inputs, plugin, repeat)
+    row["plan_host_us_per_node"] = wall * 1e6 / len(plan.calls)
+    row["plan_host_cpu_us_per_node"] = cpu * 1e6 / len(plan.calls)
+    return row, plan
+
+
+def _submission_seconds(planned, inputs: dict, plugin: str, repeat: int) -> tuple[float, float]:
+    """Median seconds of the host's part of a planned run, a run on a
+    caller's stream until it returns (before its work completes): wall time,
+    and the CPU time of the submitting thread, which a loaded machine or a
+    device sharing the host's cores (PoCL's pthread device) inflates less."""
+    import devkit
+
+    stream = devkit.device(f"{plugin}:0").create_stream()
+    planned.run(inputs, stream)
+    stream.synchronize()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        planned.run(inputs, stream)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
+        stream.synchronize()
+    stream.destroy()
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def eager_rows(repeat: int, calls: int) -> list[dict]:
@@ -131,33 +174,13 @@ def eager_rows(repeat: int, calls: int) -> list[dict]:
 
 
 def chain_rows(plugins: list[str], nodes: int, repeat: int) -> list[dict]:
-    import devkit
-
     model, inputs = chain_model(nodes)
     rows = []
     for plugin in plugins:
-        row, planned = _model_row(model, inputs, plugin, repeat)
-        stream = devkit.device(f"{plugin}:0").create_stream()
-
-        def submit():  # the host's part of a planned run: it returns before the work completes
-            planned.run(inputs, stream)
-
-        def submit_and_wait():
-            planned.run(inputs, stream)
-            stream.synchronize()
-
-        submit_and_wait()
-        submit_times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            submit()
-            submit_times.append(time.perf_counter() - start)
-            stream.synchronize()
+        row, _ = _model_row(model, inputs, plugin, repeat)
         for name in ("plan", "interpreter", "onnxruntime_1t", "onnxruntime_2t"):
             row[f"{name}_us_per_node"] = row[f"{name}_ms"] * 1e3 / nodes
-        row["plan_host_us_per_node"] = statistics.median(submit_times) * 1e6 / nodes
         rows.append({"benchmark": f"chain of {nodes} elementwise ops", "nodes": nodes, **row})
-        stream.destroy()
     return rows
 
 
@@ -175,11 +198,8 @@ def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat
     for plugin in plugins:
         for name, build in builders.items():
             model, inputs = build()
-            row, planned = _model_row(model, inputs, plugin, repeat)
-            (plan,) = planned.plans.values()
-            kernel_ms = sum(seconds for _, seconds in plan.profile(inputs, repeat)) * 1e3
+            row, plan = _model_row(model, inputs, plugin, repeat)
             rows.append({"benchmark": f"model {name}", "model": name, **row, "launcher": type(plan.launcher).__name__,
-                         "kernel_ms": kernel_ms, "host_ms": row["plan_ms"] - kernel_ms,
                          "kernel_calls": len(plan.calls), "arena_bytes": plan.arena_bytes,
                          "intermediate_bytes": plan.memory.total_bytes})
     return rows

@@ -18,7 +18,9 @@ too; the inputs are copied in before it, untimed); "run" a whole
 PreparedModel.run (the inputs' copies in, binding and the outputs' copies
 back too). Each
 contender is timed in turn within every repetition (interleaved); figures
-are medians; ratios are unfused / fused (above 1: fusion is faster).
+are medians; ratios are unfused / fused (above 1: fusion is faster);
+fused_wins_* is the share of repetitions in which the fused time was the
+lower.
 """
 
 from __future__ import annotations
@@ -139,14 +141,19 @@ def _contender(model, feed: dict, device: str, fuse: bool):
     return {"kernels": kernels, "calls": calls, "run": whole_run}, prepared.fusion
 
 
-def _medians(timers: dict, repeat: int) -> dict[str, float]:
-    for fn in timers.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in timers}
+def _samples(contenders: dict[str, dict], repeat: int) -> dict[str, list[float]]:
+    """Each contender's timer's seconds, one per repetition, keyed
+    "<contender>_<timer>". Every repetition runs every timer once, in turn
+    (interleaved, so a load that drifts weighs on all alike)."""
+    for fns in contenders.values():
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {f"{who}_{what}": [] for who, fns in contenders.items() for what in fns}
     for _ in range(repeat):
-        for name, fn in timers.items():
-            times[name].append(fn())
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+        for who, fns in contenders.items():
+            for what, fn in fns.items():
+                times[f"{who}_{what}"].append(fn())
+    return times
 
 
 def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
@@ -155,16 +162,23 @@ def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
     if native is not None:
         contenders["native"] = _contender(*native, device, False)
     report = contenders["fused"][1]
-    timers = {f"{who}_{what}": fn for who, (fns, _) in contenders.items() for what, fn in fns.items()}
-    ms = _medians(timers, repeat)
+    samples = _samples({who: fns for who, (fns, _) in contenders.items()}, repeat)
+    ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     (fusion,) = report.values() if report else ({},)
     row = {"benchmark": name, "plugin": plugin, **{f"{k}_ms": v for k, v in ms.items()},
            **{f"speedup_{what}": ms[f"unfused_{what}"] / ms[f"fused_{what}"] for what in TIMES},
+           # the share of repetitions in which fused beat unfused: on a
+           # shared machine steadier than a ratio of medians near 1
+           **{f"fused_wins_{what}": _wins(samples[f"fused_{what}"], samples[f"unfused_{what}"]) for what in TIMES},
            "groups": fusion.get("groups", 0), "ops_per_group": fusion.get("ops_per_group", []),
            "kernels_saved": fusion.get("kernels_saved", 0)}
     if native is not None:
         row.update({f"fused_vs_native_{what}": ms[f"fused_{what}"] / ms[f"native_{what}"] for what in TIMES})
     return row
+
+
+def _wins(fused: list[float], unfused: list[float]) -> float:
+    return sum(f < u for f, u in zip(fused, unfused)) / len(fused)
 
 
 def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = True) -> list[dict]:
@@ -184,7 +198,8 @@ def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = T
 
 def print_rows(rows: list[dict]) -> None:
     print("devkit fusion benchmark (medians of interleaved repetitions, ms; speedup = unfused / fused, above 1: "
-          "fusion is faster; fused_vs_native = fused / native kernel; a shared machine's figures are noisy)")
+          "fusion is faster; fused_wins = share of repetitions fused was faster; fused_vs_native = fused / native "
+          "kernel; a shared machine's figures are noisy)")
     for row in rows:
         fields = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                            for k, v in row.items() if k not in ("benchmark", "plugin"))

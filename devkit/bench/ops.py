@@ -203,7 +203,8 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
                "devkit_cores": devkit_threads(),
                "numpy_cores": (blas_threads if bench.blas else 1),
                "onnxruntime_cores": None if ort is None else int(ort.removeprefix("onnxruntime_")[:-1]),
-               "max_abs_diff_vs_numpy": error}
+               "max_abs_diff_vs_numpy": error,
+               **{f"{name}_ms": s * 1e3 for name, s in seconds.items() if name.startswith("onnxruntime_")}}
         if bench.memory_bound:
             moved = sum(x.nbytes for x in inputs) + result.nbytes
             row.update(devkit_GBps=moved / devkit_s / 1e9, numpy_GBps=moved / numpy_s / 1e9,

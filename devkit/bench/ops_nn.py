@@ -2,24 +2,15 @@
 LogSoftmax, LayerNormalization, RMSNormalization), pools, BatchNormalization
 and convolutions at ResNet shapes.
 
-ops.BENCHMARKS takes NN_BENCHMARKS as its last block. Run alone,
-
-    python -m devkit.bench.ops_nn [--only MaxPool,Conv] [--repeat 15] [--json PATH]
-
-times each case on the cpu plugin, with NumPy, and with onnxruntime one-node
-sessions at 1 and 2 intra-op threads (spinning off), interleaved within every
-repetition; reported are medians and devkit time / the faster onnxruntime run.
+ops.BENCHMARKS takes NN_BENCHMARKS as its last block; `devkit-bench ops
+--only MaxPool,Conv` runs a part of it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
-
 import numpy as np
 
-from .ops import OpBench, _f32, _layer_norm, _softmax, single_node_model
+from .ops import OpBench, _f32, _layer_norm, _softmax
 
 
 def _log_softmax(x, axis=-1):
@@ -121,58 +112,3 @@ NN_BENCHMARKS = [
             lambda r: [_f32(r, 1, 64, 28, 28), _f32(r, 64, 32, 3, 3) * 0.1], _conv_transpose_s2,
             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
 ]
-
-
-def _ort_feed(bench: OpBench, inputs: list[np.ndarray]) -> dict:
-    """onnxruntime sessions for the op with 1 and 2 threads (spinning off), as callables by label."""
-    from .engine import _ort_sessions
-
-    feed = {f"in{i}": x for i, x in enumerate(inputs)}
-    sessions = _ort_sessions(single_node_model(bench, inputs))
-    return {label: (lambda s=s: s.run(["out"], feed)) for label, s in sessions.items()}
-
-
-def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
-    import devkit
-
-    from .engine import _interleaved
-
-    dev = devkit.load_plugin(plugin).device(0)
-    rows = []
-    for bench in NN_BENCHMARKS:
-        if only and bench.op not in only:
-            continue
-        inputs = bench.inputs(np.random.default_rng(0))
-        device_inputs = [devkit.asarray(x, dev) for x in inputs]
-        # Only the first output, as the onnxruntime model has (MaxPool then skips its Indices).
-        result = devkit.run_op(bench.op, device_inputs, bench.attrs, outputs=1)[0].numpy()
-        error = float(np.max(np.abs(result.astype(np.float64) - bench.numpy(*inputs))))
-        contenders = {"devkit": lambda: devkit.run_op(bench.op, device_inputs, bench.attrs, outputs=1),
-                      "numpy": lambda: bench.numpy(*inputs), **_ort_feed(bench, inputs)}
-        ms = {name: s * 1e3 for name, s in _interleaved(contenders, repeat).items()}
-        best_ort = min(ms["onnxruntime_1t"], ms["onnxruntime_2t"])
-        rows.append({"benchmark": bench.name, **{f"{k}_ms": v for k, v in ms.items()},
-                     "devkit_over_numpy": ms["devkit"] / ms["numpy"],
-                     "devkit_over_onnxruntime": ms["devkit"] / best_ort, "max_abs_diff_vs_numpy": error})
-        print(f"{bench.name:40s} devkit {ms['devkit']:8.3f} ms  numpy {ms['numpy']:8.3f}  "
-              f"ort1 {ms['onnxruntime_1t']:8.3f}  ort2 {ms['onnxruntime_2t']:8.3f}  "
-              f"devkit/numpy {rows[-1]['devkit_over_numpy']:5.2f}  devkit/ort {rows[-1]['devkit_over_onnxruntime']:5.2f}"
-              f"  |diff| {error:.2g}", flush=True)
-    return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plugin", default="cpu")
-    parser.add_argument("--only", help="comma-separated op names")
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--json", type=pathlib.Path)
-    args = parser.parse_args(argv)
-    rows = run(args.plugin, args.only.split(",") if args.only else None, args.repeat)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

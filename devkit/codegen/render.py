@@ -74,17 +74,19 @@ def _aligned(shape: tuple, strides: tuple, domain: tuple) -> tuple[tuple, tuple]
     return dims, steps
 
 
-def _offset(var: str, dims: tuple, strides: tuple) -> str:
+def _offset(var: str, dims: tuple, strides: tuple, unit: int = 1) -> str:
     """The element offset of the index ``var`` over row-major ``dims`` (the
-    domain's), for a tensor of ``strides`` (0 along its broadcast axes)."""
-    compact = 1
+    domain's), for a tensor of ``strides`` (0 along its broadcast axes); a
+    step of ``var`` is ``unit`` elements of a compact tensor (a row kernel's
+    row index: the row's length)."""
+    compact = unit
     is_compact = True
     for d in reversed(range(len(dims))):
         if dims[d] > 1 and strides[d] != compact:
             is_compact = False
         compact *= dims[d]
     if is_compact and any(s for s in strides):
-        return var
+        return var if unit == 1 else f"{var} * {unit}"
     first = next((d for d in range(len(dims)) if dims[d] > 1), len(dims))
     terms, suffix = [], 1
     for d in reversed(range(len(dims))):
@@ -173,7 +175,7 @@ class _Body:
             if row is None:
                 offset = _offset(index, domain, strides)
             else:
-                base = _offset(row, domain[:-1], strides[:-1])
+                base = _offset(row, domain[:-1], strides[:-1], domain[-1])
                 offset = base if not self.full[ref] else (
                     f"{base} + {index}" if strides[-1] == 1 else f"{base} + {index} * {strides[-1]}")
             return f"{p.compute(dtype)} x{k} = {p.load(f'in{k}', offset, dtype)};"

@@ -79,10 +79,19 @@ class StagedGraph:
 
     def run(self, values: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``values`` (one per input, of its shape and dtype) in; the outputs, fresh arrays, out."""
+        self.fill(values)
+        self.launch()
+        return [staging.copy() for staging in self.outputs]
+
+    def fill(self, values: Sequence[np.ndarray]) -> None:
+        """Copies ``values`` into the input staging arrays, which the next launch reads."""
         for staging, value in zip(self.inputs, values):
             np.copyto(staging, value)
+
+    def launch(self) -> None:
+        """The graph alone on the default stream (complete when it returns): the
+        input staging arrays as they are in, the output staging arrays written."""
         self._graph.launch(None)
-        return [staging.copy() for staging in self.outputs]
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ cannot be planned: build_plan raises NotPlannable saying why.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import threading
@@ -112,6 +113,8 @@ class Plan:
         # A run that waits, on a plugin with the graph section: made at its first use.
         self._stages = device.plugin.has_graphs
         self._staged: StagedGraph | None = None
+        self._feed_order = [name for name, _ in inputs]
+        self._host_outputs = any(isinstance(value, np.ndarray) for value in outputs)
         self._stream: Stream | None = None
         self._lock = threading.Lock()
 
@@ -145,12 +148,7 @@ class Plan:
                     self._stream = self.device.create_stream()
                 stream = self._stream
             work = stream
-            for name, array in self._inputs:
-                host = feed[name]
-                if host.size:
-                    if not host.flags.c_contiguous:
-                        host = host.copy(order="C")
-                    array.buffer.copy_from_host(host.reshape(-1).view(np.uint8), stream=work)
+            self._copy_in(feed, work)
             self._launcher.replay(work)
             results = []
             for value in self._outputs:
@@ -167,41 +165,76 @@ class Plan:
                 work.retain(self)
             return results
 
-
     def profile(self, feed: Mapping[str, np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Per call, in order: (op, median seconds) of the call launched alone
         on the default stream (complete when it returns), over ``repeat``
         passes that each copy ``feed`` in and launch every call in order (so
-        every call reads the values a run gives it). The sum is the plan's
-        kernel time; a run's time beyond it is host work."""
+        every call reads the values a run gives it): where a run's kernel
+        time goes. The sum understates a run's, whose calls are not timed
+        warm and alone (launch_device_work times them as a run does)."""
         calls = self.calls
         times: list[list[float]] = [[] for _ in calls]
-        with self._lock:
-            saved = [call.cdata.stream for call in calls]
-            try:
-                for call in calls:
-                    call.cdata.stream = ffi.NULL
-                for _ in range(repeat):
-                    for name, array in self._inputs:
-                        host = np.ascontiguousarray(feed[name])
-                        if host.size:
-                            array.buffer.copy_from_host(host.reshape(-1).view(np.uint8))
-                    for call, spent in zip(calls, times):
-                        start = time.perf_counter()
-                        launch(call)
-                        spent.append(time.perf_counter() - start)
-            finally:
-                for call, stream in zip(calls, saved):
-                    call.cdata.stream = stream
+        with self._lock, self._calls_on_default_stream():
+            for _ in range(repeat):
+                self._copy_in(feed, None)
+                for call, spent in zip(calls, times):
+                    start = time.perf_counter()
+                    launch(call)
+                    spent.append(time.perf_counter() - start)
         return [(call.op, statistics.median(spent)) for call, spent in zip(calls, times)]
+
+    def launch_device_work(self, feed: Mapping[str, np.ndarray]) -> None:
+        """A run's device work alone, on the default stream, complete when it
+        returns: where the plan stages, ``feed`` copied into the staging
+        arrays and the staged graph launched (the input copies, the calls,
+        the output copies); elsewhere the input copies and the calls launched
+        one by one. A run's time beyond it is its host work (devkit-bench
+        engine times both, interleaved)."""
+        with self._lock:
+            if self._stages:
+                staged = self._staged_graph()
+                staged.fill([feed[name] for name in self._feed_order])
+                staged.launch()
+                return
+            with self._calls_on_default_stream():
+                self._copy_in(feed, None)
+                for call in self.calls:
+                    launch(call)
+
+    def _copy_in(self, feed: Mapping[str, np.ndarray], stream: Stream | None) -> None:
+        """``feed`` into the inputs' arena slots, on ``stream`` (None: the default stream)."""
+        for name, array in self._inputs:
+            host = feed[name]
+            if host.size:
+                if not host.flags.c_contiguous:
+                    host = host.copy(order="C")
+                array.buffer.copy_from_host(host.reshape(-1).view(np.uint8), stream=stream)
+
+    @contextlib.contextmanager
+    def _calls_on_default_stream(self):
+        """The calls pointed at the default stream, and back at their stream after."""
+        saved = [call.cdata.stream for call in self.calls]
+        try:
+            for call in self.calls:
+                call.cdata.stream = ffi.NULL
+            yield
+        finally:
+            for call, stream in zip(self.calls, saved):
+                call.cdata.stream = stream
+
+    def _staged_graph(self) -> StagedGraph:
+        """The StagedGraph of a run that waits, made at its first use; the caller holds the lock."""
+        if self._staged is None:
+            self._staged = StagedGraph(self.device, self.calls, [array for _, array in self._inputs],
+                                       [value for value in self._outputs if not isinstance(value, np.ndarray)])
+        return self._staged
 
     def _run_staged(self, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The whole run as one graph launch (engine.launch.StagedGraph); the caller holds the lock."""
-        device_outputs = [value for value in self._outputs if not isinstance(value, np.ndarray)]
-        if self._staged is None:
-            self._staged = StagedGraph(self.device, self.calls, [array for _, array in self._inputs],
-                                       device_outputs)
-        computed = iter(self._staged.run([feed[name] for name, _ in self._inputs]))
+        computed = self._staged_graph().run([feed[name] for name in self._feed_order])
+        if not self._host_outputs:
+            return computed
+        computed = iter(computed)
         # Host values are the plan's: the caller gets copies.
         return [np.array(value) if isinstance(value, np.ndarray) else next(computed) for value in self._outputs]
 

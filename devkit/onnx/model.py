@@ -278,10 +278,22 @@ class PreparedModel:
         self._static_values: dict[frozenset, dict] = {}
         self._nodes = [Node(step.node.op_type, step.spec, tuple(step.node.input), tuple(step.node.output),
                             step.attrs, step.constant) for step in self._steps]
+        # The fast path of a run: a dict of exactly the fed names, each an
+        # ndarray of its declared dtype and of a shape already accepted.
+        self._feed_set = frozenset(self.feed_names)
+        self._sorted_feed_names = sorted(self.feed_names)
+        self._accepted_shapes: dict[str, set] = {name: set() for name in self.feed_names}
 
     # -- inputs ------------------------------------------------------------------------
 
     def _bind(self, inputs) -> dict[str, np.ndarray]:
+        if type(inputs) is dict and inputs.keys() == self._feed_set:
+            types, accepted = self._input_types, self._accepted_shapes
+            for name, value in inputs.items():
+                if not (type(value) is np.ndarray and value.dtype == types[name][0] and value.shape in accepted[name]):
+                    break
+            else:
+                return inputs
         if isinstance(inputs, Mapping):
             unknown = [name for name in inputs if name not in self.input_names]
             if unknown:
@@ -308,6 +320,8 @@ class PreparedModel:
                     want is not None and want != got for want, got in zip(shape, array.shape))):
                 declared = "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
                 raise ValueError(f"input '{name}' has shape {array.shape}, the model declares {declared}")
+            if name in self._accepted_shapes:
+                self._accepted_shapes[name].add(array.shape)
             bound[name] = array
         return bound
 
@@ -350,7 +364,10 @@ class PreparedModel:
         defined once the stream has been synchronized. Without one (and
         always for the interpreter) it returns when they are."""
         feed = self._bind(inputs)
-        signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
+        if feed.keys() == self._feed_set:
+            signature = tuple([(name, feed[name].shape) for name in self._sorted_feed_names])
+        else:
+            signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
         if self.planned:
             plan = self.plans.get(signature)
             if plan is None:

@@ -13,13 +13,13 @@ Array holds it either.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 
 import numpy as np
 import torch
 
 from .. import dtypes
+from ..abi import ffi
 from ..runtime import Array, Buffer, Device, empty
 from . import _native as _native_module
 from . import _seeds
@@ -39,7 +39,8 @@ _TOKEN_BASE = 1 << 44
 _TOKEN_ALIGN = 1 << 12
 _lock = threading.Lock()
 _next_token = _TOKEN_BASE
-live: dict[int, tuple[Buffer, _WeakStorage]] = {}  # token -> (the allocation's Buffer, its storage)
+# token -> (the allocation's Buffer, a weak reference to its storage: _WeakStorage, or the native module's)
+live: dict[int, tuple[Buffer, object]] = {}
 _live_after_collect = 0
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _CPU = torch._C.DispatchKey.CPU
@@ -83,7 +84,7 @@ def collect() -> int:
     too); returns how many."""
     global _live_after_collect
     if _native is not None:
-        dropped = _reap()
+        dropped = _native.reap()  # the native storages that died: to the reuse pools, or dropped
         with _lock:
             dropped += sum(len(pool) for pool in _pools.values())
             _pools.clear()
@@ -94,33 +95,6 @@ def collect() -> int:
             del live[token]
         _live_after_collect = len(live)
     return len(dead)
-
-
-def _reap() -> int:
-    """Takes in the native storages that died: each allocation goes to its size's reuse
-    pool where nothing else can reach its memory, else is dropped; returns how many were dropped."""
-    tokens = _native.take_dead()
-    if tokens is None:
-        return 0
-    dropped = 0
-    for token in tokens:  # no lock: each thread takes in tokens no other thread has
-        entry = live.pop(token, None)
-        if entry is None:
-            continue
-        whole = entry[0]
-        del entry
-        allocation = whole._allocation
-        # Only these two names hold the Buffer and it alone the allocation: no Array, view,
-        # DLPack export or stream work can reach the memory a new tensor would overwrite.
-        if (allocation.nbytes <= _POOL_NBYTES and sys.getrefcount(whole) == 2
-                and sys.getrefcount(allocation) == 3 and not allocation.used_on_streams
-                and not allocation._holds and allocation.handle is not None):
-            pool = _pools.setdefault((allocation.device, allocation.nbytes), [])
-            if len(pool) < _POOL_DEPTH:
-                pool.append(whole)
-                continue
-        dropped += 1
-    return dropped
 
 
 def new_buffer(dev: Device, nbytes: int) -> Buffer:
@@ -168,18 +142,13 @@ def _new_token(nbytes: int) -> int:
 def _new_storage(whole: Buffer) -> torch.UntypedStorage:
     """A torch storage for ``whole``, an allocation no storage has yet."""
     allocation = whole._allocation
+    if _native is not None:  # it takes in the storages that died, keeps a pooled allocation's token
+        return _native.new_storage(whole, allocation.device.index)
+    if len(live) > 2 * _live_after_collect + 256:
+        collect()
     nbytes = allocation.nbytes
-    if _native is not None:
-        _reap()
-        token = getattr(allocation, "torch_token", None)
-        if token is None or token in live:  # a pooled allocation keeps its token
-            token = _new_token(nbytes)
-        storage = _native.storage(token, nbytes, allocation.device.index)
-    else:
-        if len(live) > 2 * _live_after_collect + 256:
-            collect()
-        token = _new_token(nbytes)
-        storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
+    token = _new_token(nbytes)
+    storage = torch._C._construct_storage_from_data_pointer(token, _torch_device(allocation.device), nbytes)
     live[token] = (whole, _WeakStorage(storage))
     allocation.torch_token = token
     return storage
@@ -217,10 +186,21 @@ def wrap(array: Array) -> torch.Tensor:
 
 
 def use_native() -> None:
-    """Make tensors with the native module (``_native``) where it builds."""
+    """Make tensors with the native module (``_native``) where it builds; it shares ``live``
+    and the reuse pools."""
     global _native, _native_tensor
     _native = _native_module.module()
     _native_tensor = _native.tensor if _native is not None else None
+    if _native is not None:
+        _native.configure(live, _pools, _handle_address, _POOL_NBYTES, _POOL_DEPTH, _TOKEN_BASE, _TOKEN_ALIGN)
+
+
+def _handle_address(allocation) -> int:
+    """The address of an allocation's device handle, kept on it for the native module."""
+    if allocation.handle is None:
+        raise ValueError("buffer has been freed")
+    allocation.handle_address = address = int(ffi.cast("uintptr_t", allocation.handle))
+    return address
 
 
 def _tensor(storage: torch.UntypedStorage, dtype: torch.dtype, shape, strides, storage_offset: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The native tensor maker (``_tensors.cpp``), built at first use.
+"""The native module (``_tensors.cpp``: tensors, storages, the eager replay), built at first use.
 
 torch.utils.cpp_extension compiles it once (about 10 s of CPU; ninja and a
 C++ compiler are needed) into torch's extension cache
@@ -6,9 +6,10 @@ C++ compiler are needed) into torch's extension cache
 later processes load in milliseconds; concurrent first uses wait for one
 build. The module's name carries a hash of the source, and the build
 compiles a copy of it in its own directory, so that installs and checkouts
-with the same source share one build and different sources never meet. Where it cannot be built or ``DEVKIT_TORCH_NATIVE=0`` is set, tensors
-are made in Python (``_memory``), about 5 us slower each; ``module()`` is
-then None and ``reason()`` says why.
+with the same source share one build and different sources never meet.
+Where it cannot be built or ``DEVKIT_TORCH_NATIVE=0`` is set, tensors are
+made and templates replayed in Python (``_memory``, ``_replay``), about 8 us
+slower per eager op; ``module()`` is then None and ``reason()`` says why.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _build():
                                     verbose=False)
     except Exception as exc:  # no compiler or ninja, a failed build: the Python path works
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-        warnings.warn(f"devkit.torch makes tensors in Python (about 5 us slower each): building its native "
+        warnings.warn(f"devkit.torch makes tensors in Python (about 8 us slower per op): building its native "
                       f"module failed ({reason})", RuntimeWarning, stacklevel=3)
         return None, reason
     return module, None

@@ -9,7 +9,10 @@ argument tensor, the output of an earlier call, or a constant uploaded once.
 A later call with the same key replays the calls: it points them at the
 argument tensors' memory and at fresh outputs, launches them, and wraps the
 outputs as torch tensors, with no lowering, promotion or devkit.ops checks on
-the way. View ops replay the geometry torch's meta kernel gave.
+the way. View ops replay the geometry torch's meta kernel gave. Where the
+native module is built, its Replayer (one per thread, holding the same
+templates) does all of that in C++ for the calls it can key; the Python
+replay below runs the others.
 
 A lowering is recorded only when every device effect it has is one of
 those; anything else (a value read back to the host, a host copy, a nested
@@ -62,13 +65,26 @@ def refuse() -> None:
 
 
 class _Templates(dict):
-    """One thread's templates (a replay patches its calls, so threads keep their own)."""
+    """One thread's templates (a replay patches its calls, so threads keep their own), and
+    ``native``: the native module's Replayer of the same templates, or None without it."""
+
+    def __init__(self):
+        super().__init__()
+        module = _memory._native
+        self.native = None if module is None else module.Replayer(
+            _DATA_OFFSET, _BYTE_OFFSET_OFFSET, _ops.C.DK_OK, _ops.C.DK_NOT_READY)
+
+    def clear(self) -> None:
+        super().clear()
+        if self.native is not None:
+            self.native.clear()
 
 
+_DATA_OFFSET, _BYTE_OFFSET_OFFSET = ffi.offsetof("DK_Tensor", "data"), ffi.offsetof("DK_Tensor", "byte_offset")
 _every_thread: list = []  # weak references to each thread's _Templates
 
 
-def _templates() -> dict:
+def _templates() -> _Templates:
     try:
         return _thread.templates
     except AttributeError:
@@ -141,11 +157,19 @@ def run(op, impl, args, kwargs):
     if getattr(_thread, "recorder", None) is not None:  # an op inside a lowering being recorded
         _thread.recorder.refuse()
         return impl(*args, **kwargs)
+    templates = _templates()
+    native = templates.native
+    native_key = None
+    if native is not None:
+        result = native.replay(op, args, kwargs)  # None: this call is the Python key's to handle
+        if result is not None:
+            if type(result) is not bytes:
+                return result
+            native_key = result  # not seen yet: the template recorded below serves it
     key, tensors = key_of(op, args, kwargs)
     if key is None:
         _check_one_device(op, (args, kwargs))
         return impl(*args, **kwargs)
-    templates = _templates()
     template = templates.get(key)
     if template is not None:
         if template is _NOT_REPLAYABLE:
@@ -156,7 +180,9 @@ def run(op, impl, args, kwargs):
         result = impl(*args, **kwargs)
     if len(templates) >= CACHE_SIZE:
         templates.clear()
-    templates[key] = recorded.template(result) or _NOT_REPLAYABLE
+    templates[key] = template = recorded.template(result) or _NOT_REPLAYABLE
+    if native_key is not None:
+        native.add(native_key, None if template is _NOT_REPLAYABLE else template.native_spec())
     return result
 
 
@@ -186,6 +212,10 @@ def _check_one_device(op, values) -> None:
                            f"{first} and {second}! (aten::{op._schema.name.split('::')[1]}.{op._overloadname})")
 
 
+def _address(cdata) -> int:
+    return int(ffi.cast("uintptr_t", cdata))
+
+
 class _Step:
     """One prebuilt call: per input slot its source, per output its size."""
 
@@ -200,10 +230,10 @@ class _Step:
 class _Copy:
     """A contiguous copy of an earlier call's output into an argument (an in-place op's write)."""
 
-    __slots__ = ("source", "destination", "nbytes")
+    __slots__ = ("source", "destination", "nbytes", "device")
 
-    def __init__(self, source: int, destination: int, nbytes: int):
-        self.source, self.destination, self.nbytes = source, destination, nbytes
+    def __init__(self, source: int, destination: int, nbytes: int, device):
+        self.source, self.destination, self.nbytes, self.device = source, destination, nbytes, device
 
 
 class Recorder:
@@ -295,7 +325,7 @@ class Recorder:
             self.replayable = False
             return False
         target.buffer.view(target.offset, target.nbytes).copy_from(source.buffer.view(0, source.nbytes))
-        self.steps.append(_Copy(origin[0], index, target.nbytes))
+        self.steps.append(_Copy(origin[0], index, target.nbytes, source.device))
         return True
 
     def view(self, base: torch.Tensor, geometries: list) -> None:
@@ -355,6 +385,31 @@ class _Template:
         kept = {result[0] for result in results if result is not None}
         self.scratch = [i for i in range(len(recording.outputs)) if count + i not in kept]
 
+    def native_spec(self):
+        """What the native Replayer runs: the addresses of the calls, their tensor slots and
+        kernel functions, and of the plugin's copy_d2d for an in-place op's write."""
+        steps = []
+        for step in self.steps:
+            if type(step) is _Copy:
+                device = step.device
+                steps.append((_address(device.plugin.api.copy_d2d), device.index, step.source, step.destination,
+                              step.nbytes))
+                continue
+            steps.append((_address(step.call.fn), _address(step.call.cdata),
+                          [(_address(ffi.addressof(slot)), source, delta) for slot, source, delta in step.inputs],
+                          [(_address(ffi.addressof(slot)), (device, nbytes), device, nbytes, device.index)
+                           for slot, nbytes, device in step.outputs]))
+        results = [None if result is None else (result[0],) if result[1] is None else (result[0], *result[1])
+                   for result in self.results]
+        return ("calls", self, steps, self.scratch, results, self.single, self.result_type)
+
+    def failed(self, index: int, status: int) -> None:
+        """Raises the error of step ``index``, which returned ``status`` in a native replay."""
+        step = self.steps[index]
+        if type(step) is _Copy:
+            step.device.plugin.raise_status(status, "copy_d2d")
+        step.call.plugin.raise_status(status, step.call.label())
+
     def run(self, tensors: list):
         live, new_buffer = _memory.live, _memory.new_buffer
         # Per source, where it starts: (handle, byte offset); the arguments, then every call's outputs.
@@ -365,9 +420,9 @@ class _Template:
         for step in self.steps:
             if type(step) is _Copy:  # places hold whole allocations' handles: the byte offsets are absolute
                 handle, offset = places[step.destination]
-                source = buffers[step.source - self.argument_count]
-                device = source.device
-                device.call("copy_d2d", device.index, handle, offset, source.handle, 0, step.nbytes, ffi.NULL)
+                device = step.device
+                device.call("copy_d2d", device.index, handle, offset, buffers[step.source - self.argument_count].handle,
+                            0, step.nbytes, ffi.NULL)
                 continue
             for slot, source, delta in step.inputs:
                 handle, offset = places[source]
@@ -407,6 +462,10 @@ class _ViewTemplate:
     def __init__(self, views: list, single: bool):
         self.views = views
         self.single = single
+
+    def native_spec(self):
+        return ("views", self, [(list(shape), list(strides), delta) for shape, strides, delta in self.views],
+                self.single)
 
     def run(self, tensors: list):
         base = tensors[0]
