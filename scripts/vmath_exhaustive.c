@@ -2,12 +2,14 @@
  * vmath_exhaustive.c -- every float32 input (all 2^32 bit patterns) through
  * the cpu plugin's float32 functions (devkit/backends/cpu/kernels/vmath.h)
  * against libm in float64 rounded to float32; prints the largest ulp error
- * per function, and any special-value mismatch (NaN, inf, signed zero).
+ * per function (Gelu's past its atol), and any special-value mismatch (NaN,
+ * inf, signed zero).
  *
  *   cc -O2 -ffp-contract=off -fopenmp -Idevkit/backends/cpu/kernels \
  *      scripts/vmath_exhaustive.c -lm -o /tmp/vmath_exhaustive && /tmp/vmath_exhaustive [STRIDE]
  *
- * STRIDE (default 1: every input) tests every STRIDE-th bit pattern only.
+ * STRIDE (default 1: every input) tests every STRIDE-th bit pattern only;
+ * names after it (exp, sigmoid, tanh, erf, gelu) pick the functions.
  */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +20,7 @@
 #include "vmath.h"
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double gelu(double x) { return x * (0.5 * erfc(-x * 0.70710678118654752440)); }
 
 static int64_t ordered(float f) {
   int32_t b;
@@ -29,8 +32,14 @@ typedef float (*f32_fn)(float);
 typedef double (*f64_fn)(double);
 
 static int64_t stride = 1;
+static int n_picked;
+static char **picked;
 
-static void sweep(const char *name, f32_fn got_fn, f64_fn want_fn) {
+/* Errors within atol (Gelu's tolerance has one) are not counted. */
+static void sweep(const char *name, f32_fn got_fn, f64_fn want_fn, double atol) {
+  int wanted = n_picked == 0;
+  for (int i = 0; i < n_picked; i++) wanted |= strcmp(picked[i], name) == 0;
+  if (!wanted) return;
   int64_t worst = 0, mismatches = 0;
   uint32_t worst_bits = 0;
 #pragma omp parallel for reduction(+ : mismatches)
@@ -44,9 +53,14 @@ static void sweep(const char *name, f32_fn got_fn, f64_fn want_fn) {
         continue;
       }
       if (!isfinite(want) || x == 0 || !isfinite(x)) {
-        mismatches += vm_bits32(got) != vm_bits32(want);
+        if (vm_bits32(got) != vm_bits32(want)) {
+          mismatches++;
+#pragma omp critical
+          printf("  %s(%a): got %a, want %a\n", name, (double)x, (double)got, (double)want);
+        }
         continue;
       }
+      if (fabs((double)got - (double)want) <= atol) continue;
       int64_t d = ordered(got) - ordered(want);
       d = d < 0 ? -d : d;
       if (d > local_worst) local_worst = d, local_bits = (uint32_t)j;
@@ -62,8 +76,12 @@ static void sweep(const char *name, f32_fn got_fn, f64_fn want_fn) {
 
 int main(int argc, char **argv) {
   stride = argc > 1 ? atoll(argv[1]) : 1;
-  sweep("exp", vm_expf, exp);
-  sweep("sigmoid", vm_sigmoidf, sigmoid);
-  sweep("tanh", vm_tanhf, tanh);
+  n_picked = argc > 2 ? argc - 2 : 0;
+  picked = argv + 2;
+  sweep("exp", vm_expf, exp, 0);
+  sweep("sigmoid", vm_sigmoidf, sigmoid, 0);
+  sweep("tanh", vm_tanhf, tanh, 0);
+  sweep("erf", vm_erff, erf, 0);
+  sweep("gelu", vm_gelu_erff, gelu, 0x1p-24); /* Gelu: 2 ulp or atol 2^-24 */
   return 0;
 }

@@ -56,6 +56,7 @@ def _conv_case(dev, x, w, b, attrs):
     ((1, 33, 4, 200), (8, 33, 3, 3), {}),
     ((2, 80, 18, 18), (24, 40, 3, 3), {"group": 2, "pads": [2, 2, 0, 1]}),
     ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # several tile blocks
+    ((1, 40, 15, 13), (96, 40, 3, 3), {"pads": [1, 0, 1, 2]}),  # one tile block: runs of filters share its patches
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_winograd_3x3_matches_the_reference(dev, x_shape, w_shape, attrs, bias):

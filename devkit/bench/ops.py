@@ -57,15 +57,6 @@ def _layer_norm(x, scale, bias, eps=1e-5):
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-def _conv2d(x, w):
-    """3x3, stride 1, pad 1, as im2col + matmul: NumPy's best without SciPy."""
-    n, c, h, wd = x.shape
-    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    cols = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # n c h w 3 3
-    cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n * h * wd, c * 9)
-    return (cols @ w.reshape(w.shape[0], -1).T).reshape(n, h, wd, -1).transpose(0, 3, 1, 2)
-
-
 def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
@@ -95,8 +86,6 @@ BENCHMARKS = [
             blas=True),
     OpBench("MatMul 2048x2048x2048 f32", "MatMul", lambda r: [_f32(r, 2048, 2048), _f32(r, 2048, 2048)], np.matmul,
             blas=True),
-    OpBench("Conv 1x64x56x56 k3x3 -> 64", "Conv", lambda r: [_f32(r, 1, 64, 56, 56), _f32(r, 64, 64, 3, 3)],
-            _conv2d, {"pads": [1, 1, 1, 1]}),
     OpBench("Transpose 4096x4096", "Transpose", lambda r: [_f32(r, 4096, 4096)],
             lambda x: np.ascontiguousarray(x.T)),
     OpBench("LayerNormalization 4096x1024", "LayerNormalization",

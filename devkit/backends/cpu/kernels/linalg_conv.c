@@ -1,9 +1,9 @@
 /*
  * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
- * 3x3 kernels with unit strides) and ConvTranspose (GEMM + col2im), N-D,
- * per image and group, split over the plugin's thread pool; 1x1 kernels
- * with unit strides and no padding multiply the image directly.
- * float16/bfloat16 run as float32.
+ * 3x3 kernels with unit strides on planes of 48 tiles or more) and
+ * ConvTranspose (GEMM + col2im), N-D, per image and group, split over the
+ * plugin's thread pool; 1x1 kernels with unit strides and no padding
+ * multiply the image directly. float16/bfloat16 run as float32.
  */
 #include "linalg.h"
 
@@ -81,14 +81,64 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
   }
 }
 
+/* to[j] = from[j * step] for j in [0, n): the strided reads of strided
+ * convolutions (ResNet's stem and downsampling layers: step 2). */
+#define GATHER(NAME, T)                                                                    \
+  CPU_VECTOR_CLONES static void NAME(T *to, const T *from, int64_t step, int64_t n) {      \
+    if (step == 2)                                                                         \
+      for (int64_t j = 0; j < n; j++) to[j] = from[2 * j];                                 \
+    else                                                                                   \
+      for (int64_t j = 0; j < n; j++) to[j] = from[j * step];                              \
+  }
+GATHER(gather_f32, float)
+GATHER(gather_f64, double)
+
 /* col[(c, tap)][p] = image[c] at the target of grid position p0 + p (0 in
  * the padding), for `channels` planes of the image. Runs along the last
- * axis with unit steps are copies. */
-#define IM2COL(NAME, T)                                                                   \
+ * axis with unit steps are copies. A 2-D window takes a shorter way: per
+ * tap, the valid columns of an output row are found once, and each row of
+ * the band is a copy (or a strided gather) between two runs of zeros. */
+#define IM2COL(NAME, T, GATHER_FN)                                                        \
+  static void NAME##_2d(const linalg_window *w, const T *image, int64_t channels, int64_t p0, \
+                        int64_t count, T *col) {                                          \
+    int64_t ow = w->grid[1], ih = w->target[0], iw = w->target[1];                        \
+    int64_t kh_n = w->kernel[0], kw_n = w->kernel[1], sw = w->stride[1];                  \
+    for (int64_t c = 0; c < channels; c++) {                                              \
+      const T *src = image + c * ih * iw;                                                 \
+      for (int64_t kh = 0; kh < kh_n; kh++)                                               \
+        for (int64_t kw = 0; kw < kw_n; kw++) {                                           \
+          T *dst = col + ((c * kh_n + kh) * kw_n + kw) * count;                           \
+          int64_t x0 = kw * w->dilation[1] - w->pad[1], lo, hi;                           \
+          linalg_valid_range(x0, sw, ow, iw, &lo, &hi);                                   \
+          for (int64_t p = p0; p < p0 + count;) {                                         \
+            int64_t oy = p / ow, ox = p % ow, len = ow - ox;                              \
+            if (len > p0 + count - p) len = p0 + count - p;                               \
+            int64_t iy = oy * w->stride[0] - w->pad[0] + kh * w->dilation[0];             \
+            T *out = dst + (p - p0) - ox; /* out[j]: output column j of this row */       \
+            int64_t a = lo > ox ? lo : ox, b = hi < ox + len ? hi : ox + len;             \
+            if (iy < 0 || iy >= ih || b < a) a = b = ox + len;                            \
+            for (int64_t j = ox; j < a; j++) out[j] = 0;                                  \
+            if (b > a) { /* in[j * sw]: the input under output column j */                \
+              const T *in = src + iy * iw + x0;                                           \
+              if (sw == 1)                                                                \
+                memcpy(out + a, in + a, (size_t)(b - a) * sizeof(T));                     \
+              else                                                                        \
+                GATHER_FN(out + a, in + a * sw, sw, b - a);                               \
+            }                                                                             \
+            for (int64_t j = b; j < ox + len; j++) out[j] = 0;                            \
+            p += len;                                                                     \
+          }                                                                               \
+        }                                                                                 \
+    }                                                                                     \
+  }                                                                                       \
   static void NAME(const linalg_window *w, const void *from, int64_t channels, int64_t p0, \
                    int64_t count, void *to) {                                             \
     const T *image = from;                                                                \
     T *col = to;                                                                          \
+    if (w->n == 2) {                                                                      \
+      NAME##_2d(w, image, channels, p0, count, col);                                      \
+      return;                                                                             \
+    }                                                                                     \
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       const T *src = image + c * plane;                                                   \
@@ -104,14 +154,14 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
           if (r.step == 1)                                                                \
             memcpy(out + r.lo, src + r.base + r.lo, (size_t)(r.hi - r.lo) * sizeof(T));   \
           else                                                                            \
-            for (int64_t j = r.lo; j < r.hi; j++) out[j] = src[r.base + j * r.step];      \
+            GATHER_FN(out + r.lo, src + r.base + r.lo * r.step, r.step, r.hi - r.lo);     \
           for (int64_t j = r.hi; j < r.len; j++) out[j] = 0;                              \
         }                                                                                 \
       }                                                                                   \
     }                                                                                     \
   }
-IM2COL(im2col_f32, float)
-IM2COL(im2col_f64, double)
+IM2COL(im2col_f32, float, gather_f32)
+IM2COL(im2col_f64, double, gather_f64)
 
 /* image[m] at the target of grid position p0 + p += col[(m, tap)][p]: the
  * adjoint of im2col, for `channels` planes of the image. */
@@ -343,8 +393,13 @@ static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch
 #define WINO_BYTES ((int64_t)1 << 21) /* a chunk's transformed patches */
 #define WINO_MIN_CHANNELS 8
 /* Fewer tiles make narrow products that pack the transformed filters for
- * little work: an image needs this many, and a chunk takes as many. */
+ * little work: a chunk takes at least this many (or the image's). */
 #define WINO_MIN_TILES 64
+/* An image needs this many tiles: each call transforms the filters again,
+ * which the tiles' savings must pay for. On ResNet's 3x3 layers (one
+ * thread), a 14x14 plane (49 tiles, 256 channels) measured 1.25x faster
+ * than im2col + GEMM, a 7x7 one (16 tiles, 512 channels) 5x slower. */
+#define WINO_FIT_TILES 48
 
 typedef struct wino_job {
   conv_split s;
@@ -352,6 +407,7 @@ typedef struct wino_job {
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
   const float *x, *b;
   float *u; /* [group][16][mg][cg] */
+  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
   const float *wt;
   float *y;
   atomic_bool non_finite;
@@ -361,26 +417,38 @@ bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg,
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
-  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_MIN_TILES;
+  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_FIT_TILES;
 }
 
-/* U = G g G^T: u[xi][i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
+/* The transforms run across WINO_LANES kernels or tiles at a time, staged
+ * in small arrays with unit strides: the compiler turns those loops into
+ * vector code, which the kernels' stride-9 and stride-2 layouts defeat. */
+#define WINO_LANES 8
+#define WINO_RUN 64
+
+/* U = G g G^T: u[xi * step + i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
 CPU_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, float *u, int64_t step) {
-  for (int64_t i = 0; i < count; i++) {
-    const float *g = k + 9 * i;
-    float t[4][3];
-    for (int s = 0; s < 3; s++) {
-      t[0][s] = g[s];
-      t[1][s] = 0.5f * (g[s] + g[3 + s] + g[6 + s]);
-      t[2][s] = 0.5f * (g[s] - g[3 + s] + g[6 + s]);
-      t[3][s] = g[6 + s];
-    }
-    for (int r = 0; r < 4; r++) {
-      u[(4 * r + 0) * step + i] = t[r][0];
-      u[(4 * r + 1) * step + i] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
-      u[(4 * r + 2) * step + i] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
-      u[(4 * r + 3) * step + i] = t[r][2];
-    }
+  for (int64_t i0 = 0; i0 < count; i0 += WINO_LANES) {
+    int64_t lanes = count - i0 < WINO_LANES ? count - i0 : WINO_LANES;
+    float g[9][WINO_LANES] = {{0}}, t[4][3][WINO_LANES], o[16][WINO_LANES];
+    for (int64_t l = 0; l < lanes; l++)
+      for (int s = 0; s < 9; s++) g[s][l] = k[9 * (i0 + l) + s];
+    for (int s = 0; s < 3; s++)
+      for (int l = 0; l < WINO_LANES; l++) {
+        t[0][s][l] = g[s][l];
+        t[1][s][l] = 0.5f * (g[s][l] + g[3 + s][l] + g[6 + s][l]);
+        t[2][s][l] = 0.5f * (g[s][l] - g[3 + s][l] + g[6 + s][l]);
+        t[3][s][l] = g[6 + s][l];
+      }
+    for (int r = 0; r < 4; r++)
+      for (int l = 0; l < WINO_LANES; l++) {
+        o[4 * r + 0][l] = t[r][0][l];
+        o[4 * r + 1][l] = 0.5f * (t[r][0][l] + t[r][1][l] + t[r][2][l]);
+        o[4 * r + 2][l] = 0.5f * (t[r][0][l] - t[r][1][l] + t[r][2][l]);
+        o[4 * r + 3][l] = t[r][2][l];
+      }
+    for (int xi = 0; xi < 16; xi++)
+      for (int64_t l = 0; l < lanes; l++) u[xi * step + i0 + l] = o[xi][l];
   }
 }
 
@@ -398,63 +466,97 @@ static void wino_filters(void *arg, int64_t begin, int64_t end) {
 }
 
 /* v[xi * step + i] = (B^T d B)[xi] for the 4x4 patches d at p + 2 * i
- * (rows ld apart), i in [0, count): a run of tiles along a row. */
+ * (rows ld apart), i in [0, count): a run of tiles along a row. The row
+ * combinations (B^T d) come first, split into even and odd columns, so the
+ * column combinations read neighbours with unit strides. */
 CPU_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t count, float *v, int64_t step) {
-  for (int64_t i = 0; i < count; i++) {
-    const float *d = p + 2 * i;
-    float e[4][4];
-    for (int s = 0; s < 4; s++) {
-      e[0][s] = d[s] - d[2 * ld + s];
-      e[1][s] = d[ld + s] + d[2 * ld + s];
-      e[2][s] = d[2 * ld + s] - d[ld + s];
-      e[3][s] = d[ld + s] - d[3 * ld + s];
+  for (int64_t i0 = 0; i0 < count; i0 += WINO_RUN) {
+    int64_t n = count - i0 < WINO_RUN ? count - i0 : WINO_RUN;
+    const float *d = p + 2 * i0;
+    float ev[4][WINO_RUN + 1], od[4][WINO_RUN + 1];
+    for (int64_t x = 0; x <= n; x++) {
+      const float *a = d + 2 * x;
+      ev[0][x] = a[0] - a[2 * ld];
+      ev[1][x] = a[ld] + a[2 * ld];
+      ev[2][x] = a[2 * ld] - a[ld];
+      ev[3][x] = a[ld] - a[3 * ld];
+      od[0][x] = a[1] - a[2 * ld + 1];
+      od[1][x] = a[ld + 1] + a[2 * ld + 1];
+      od[2][x] = a[2 * ld + 1] - a[ld + 1];
+      od[3][x] = a[ld + 1] - a[3 * ld + 1];
     }
     for (int r = 0; r < 4; r++) {
-      v[(4 * r + 0) * step + i] = e[r][0] - e[r][2];
-      v[(4 * r + 1) * step + i] = e[r][1] + e[r][2];
-      v[(4 * r + 2) * step + i] = e[r][2] - e[r][1];
-      v[(4 * r + 3) * step + i] = e[r][1] - e[r][3];
+      float *o = v + 4 * r * step + i0;
+      for (int64_t i = 0; i < n; i++) {
+        o[i] = ev[r][i] - ev[r][i + 1];
+        o[step + i] = od[r][i] + ev[r][i + 1];
+        o[2 * step + i] = ev[r][i + 1] - od[r][i];
+        o[3 * step + i] = od[r][i] - od[r][i + 1];
+      }
     }
   }
 }
 
-/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count):
- * runs of tiles inside the image read it in place, the others a zero-padded
- * copy of their patch. */
-static void wino_inputs(const wino_job *j, const float *xg, int64_t t0, int64_t count, float *v) {
+/* The transforms of a run of tiles whose patches start at row y0, column
+ * x0 of `plane`: read in place when inside it, else from a zero-padded copy
+ * of the run's 4 rows. */
+static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0, int64_t x0, int64_t run,
+                               float *out, int64_t step) {
+  float stage[4 * (2 * WINO_RUN + 2)];
+  int64_t width = 2 * run + 2;
+  if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
+    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    return;
+  }
+  int64_t lo, hi;
+  linalg_valid_range(x0, 1, width, j->wd, &lo, &hi);
+  for (int r = 0; r < 4; r++) {
+    float *row = stage + r * width;
+    int64_t iy = y0 + r;
+    if (iy < 0 || iy >= j->h) {
+      memset(row, 0, (size_t)width * sizeof(float));
+      continue;
+    }
+    memset(row, 0, (size_t)lo * sizeof(float));
+    memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
+    memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
+  }
+  wino_input_run(stage, width, run, out, step);
+}
+
+/* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count) of
+ * `channels` planes from xg (v's rows for them: cg * tblock floats apart per
+ * xi), in runs along tile rows: the tiles inside the image, and those at its
+ * edges (through a zero-padded copy), in up to WINO_RUN at a time. */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, int64_t t0, int64_t count,
+                        float *v) {
   int64_t step = j->cg * j->tblock;
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
-  for (int64_t c = 0; c < j->cg; c++) {
+  for (int64_t c = 0; c < channels; c++) {
     const float *plane = xg + c * j->h * j->wd;
     for (int64_t t = 0; t < count;) {
       int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
-      int64_t y0 = 2 * ty - j->pad_h, x0 = 2 * tx - j->pad_w;
-      float *out = v + c * j->tblock + t;
-      int64_t run = inner_hi - tx;
-      if (run > count - t) run = count - t;
-      if (y0 >= 0 && y0 + 4 <= j->h && tx >= inner_lo && run > 0) {
-        wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
-        t += run;
-        continue;
+      int64_t run = j->tiles_w - tx < count - t ? j->tiles_w - tx : count - t;
+      if (tx < inner_lo) {
+        if (run > inner_lo - tx) run = inner_lo - tx;
+      } else if (tx < inner_hi && run > inner_hi - tx) {
+        run = inner_hi - tx;
       }
-      float d[16];
-      for (int r = 0; r < 4; r++)
-        for (int s = 0; s < 4; s++) {
-          int64_t iy = y0 + r, ix = x0 + s;
-          d[4 * r + s] = iy >= 0 && iy < j->h && ix >= 0 && ix < j->wd ? plane[iy * j->wd + ix] : 0.0f;
-        }
-      wino_input_run(d, 4, 1, out, step);
-      t++;
+      if (run > WINO_RUN) run = WINO_RUN;
+      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step);
+      t += run;
     }
   }
 }
 
 /* o[r * ld + 2 * i + c] = (A^T m A)[r][c] + add for the transformed sums m
- * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles. */
-CPU_VECTOR_CLONES static void wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
+ * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles
+ * (count <= WINO_RUN). Returns whether every output is finite. */
+CPU_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
                                              int64_t ld) {
+  float out[2][2][WINO_RUN];
   for (int64_t i = 0; i < count; i++) {
     float s[2][4];
     for (int c = 0; c < 4; c++) {
@@ -462,10 +564,22 @@ CPU_VECTOR_CLONES static void wino_output_run(const float *p, int64_t step, int6
       s[1][c] = p[(4 + c) * step + i] - p[(8 + c) * step + i] - p[(12 + c) * step + i];
     }
     for (int r = 0; r < 2; r++) {
-      o[r * ld + 2 * i] = s[r][0] + s[r][1] + s[r][2] + add;
-      o[r * ld + 2 * i + 1] = s[r][1] - s[r][2] - s[r][3] + add;
+      out[r][0][i] = s[r][0] + s[r][1] + s[r][2] + add;
+      out[r][1][i] = s[r][1] - s[r][2] - s[r][3] + add;
     }
   }
+  /* finite: the exponent bits are not all set (an integer OR vectorises) */
+  uint32_t bad = 0;
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < count; i++) {
+      uint32_t b0, b1;
+      memcpy(&b0, &out[r][0][i], sizeof b0);
+      memcpy(&b1, &out[r][1][i], sizeof b1);
+      bad |= ((b0 & 0x7f800000u) == 0x7f800000u) | ((b1 & 0x7f800000u) == 0x7f800000u);
+      o[r * ld + 2 * i] = out[r][0][i];
+      o[r * ld + 2 * i + 1] = out[r][1][i];
+    }
+  return !bad;
 }
 
 /* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
@@ -483,10 +597,9 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
       float *o = plane + 2 * ty * j->ow + 2 * tx;
       int64_t run = whole_w - tx;
       if (run > count - t) run = count - t;
+      if (run > WINO_RUN) run = WINO_RUN;
       if (2 * ty + 2 <= j->oh && run > 0) {
-        wino_output_run(p, step, run, add, o, j->ow);
-        for (int r = 0; r < 2; r++)
-          for (int64_t i = 0; i < 2 * run; i++) finite = finite && isfinite(o[r * j->ow + i]);
+        finite = wino_output_run(p, step, run, add, o, j->ow) && finite;
         t += run;
         continue;
       }
@@ -503,17 +616,38 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
   return finite;
 }
 
+static int64_t wino_count(int64_t total, int64_t first, int64_t block) {
+  return total - first < block ? total - first : block;
+}
+
+/* The shared patch transforms: items (image, tile block, channel). */
+static void wino_shared_inputs(void *arg, int64_t begin, int64_t end) {
+  wino_job *j = arg;
+  while (begin < end) {
+    int64_t b = begin / j->cg, c0 = begin % j->cg, channels = wino_count(j->cg, c0, end - begin);
+    int64_t ng = b / j->tblocks, n = ng / j->s.group, g = ng % j->s.group, t0 = b % j->tblocks * j->tblock;
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg + c0) * j->h * j->wd, channels, t0,
+                wino_count(j->tiles, t0, j->tblock), j->v + (b * 16 * j->cg + c0) * j->tblock);
+    begin += channels;
+  }
+}
+
 static void wino_part(void *arg, int64_t begin, int64_t end) {
   wino_job *j = arg;
-  float *v = chunk_scratch(&j->s, 16 * j->tblock * (j->cg + j->mblock));
-  if (!v) return;
-  float *mx = v + 16 * j->tblock * j->cg;
+  int64_t patches = j->v ? 0 : 16 * j->tblock * j->cg;
+  float *own = chunk_scratch(&j->s, patches + 16 * j->tblock * j->mblock);
+  if (!own) return;
+  float *mx = own + patches;
   for (int64_t i = begin; i < end; i++) {
-    int64_t mi = i % j->mblocks, ti = i / j->mblocks % j->tblocks, ng = i / j->mblocks / j->tblocks;
+    int64_t mi = i % j->mblocks, b = i / j->mblocks, ti = b % j->tblocks, ng = b / j->tblocks;
     int64_t n = ng / j->s.group, g = ng % j->s.group;
-    int64_t t0 = ti * j->tblock, count = j->tiles - t0 < j->tblock ? j->tiles - t0 : j->tblock;
-    int64_t m0 = mi * j->mblock, mb = j->mg - m0 < j->mblock ? j->mg - m0 : j->mblock;
-    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, t0, count, v);
+    int64_t t0 = ti * j->tblock, count = wino_count(j->tiles, t0, j->tblock);
+    int64_t m0 = mi * j->mblock, mb = wino_count(j->mg, m0, j->mblock);
+    float *v = own;
+    if (j->v)
+      v = j->v + b * 16 * j->cg * j->tblock;
+    else
+      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, j->cg, t0, count, v);
     for (int xi = 0; xi < 16; xi++)
       linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
                   j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
@@ -521,7 +655,7 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
   }
-  free(v);
+  free(own);
 }
 
 DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
@@ -559,8 +693,19 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
   j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
   if (!j.u) return DK_RESOURCE_EXHAUSTED;
   cpu_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
+  /* Runs of filters of one tile block would each transform its patches
+   * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
+  if (j.mblocks > 1) {
+    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
+    if (!j.v) {
+      free(j.u);
+      return DK_RESOURCE_EXHAUSTED;
+    }
+    cpu_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
+  }
   cpu_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
   free(j.u);
+  free(j.v);
   *redo = atomic_load(&j.non_finite);
   return split_status(k, &j.s);
 }

@@ -478,9 +478,12 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
 
 /* ---- AveragePool -------------------------------------------------------------------- */
 
-/* The float64 sum over the window's taps inside the input, over the count of
- * those taps (or, with include_pad, of the taps inside the padded input). A
- * window with nothing to count gives 0 / 0, NaN. */
+/* The float64 sum over the window's taps inside the input, times 1 / the
+ * count of those taps (or, with include_pad, of the taps inside the padded
+ * input): per column, recomputed only when a row's count on the other axes
+ * changes (a double product where a division cost ~4x, within a double ulp
+ * of the quotient before the one rounding to the output type). A window with
+ * nothing to count gives 0 * inf, NaN. */
 #define AVERAGE_POOL(NAME, T)                                                                   \
   static inline __attribute__((always_inline)) void NAME##_tap(                                 \
       int64_t at, int64_t lo, int64_t count, int64_t s, const T *plane, double *acc) {          \
@@ -503,8 +506,9 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \
-    double *acc = chunk_scratch(job, width, sizeof *acc);                                       \
+    double *acc = chunk_scratch(job, 2 * width, sizeof *acc), *scale = acc + width;             \
     if (!acc) return;                                                                           \
+    double scale_outer = -1.0; /* the taps of the other axes that `scale` holds: none yet */    \
     for (int64_t item = begin; item < end; item++) {                                            \
       int64_t p = item / job->rows, row = item % job->rows;                                     \
       const T *plane = (const T *)job->x + p * job->in_plane;                                   \
@@ -515,7 +519,11 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
       (void)any;                                                                                \
       const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;           \
       double outer = (double)(job->include_pad ? r.padded : r.count);                           \
-      for (int64_t o = 0; o < width; o++) y[o] = (T)(acc[o] / (outer * (double)columns[o]));    \
+      if (outer != scale_outer) {                                                               \
+        for (int64_t o = 0; o < width; o++) scale[o] = 1.0 / (outer * (double)columns[o]);      \
+        scale_outer = outer;                                                                    \
+      }                                                                                         \
+      for (int64_t o = 0; o < width; o++) y[o] = (T)(acc[o] * scale[o]);                        \
     }                                                                                           \
     free(acc);                                                                                  \
   }

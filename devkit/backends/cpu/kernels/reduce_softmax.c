@@ -31,13 +31,30 @@
 /* Elements per cpu_parallel_for chunk, about. */
 #define CHUNK_ELEMENTS ((int64_t)1 << 15)
 
-/* Below these exp(x - max) rounds a float32 (float16, bfloat16) output, and
- * its share of the sum, to 0; float64 needs the whole range. */
-#define EXP_FLOOR_NARROW (-110.0)
-#define EXP_FLOOR_F64 (-746.0)
+/* The exponential of the row kernels (x <= 0): to a few double ulps for a
+ * float64 output, to 2^-32 relative (half the work) for a narrower one,
+ * which rounds it once. `wide` is a constant in every kernel. */
+static inline __attribute__((always_inline)) double softmax_exp(double x, bool wide) {
+  return wide ? vm_exp_nonpositive(x, -746.0) : vm_exp_nonpositive_narrow(x);
+}
 
-/* The exponential of the row kernels: one place to swap in another. */
-static inline __attribute__((always_inline)) double softmax_exp(double x, double floor) { return vm_exp_nonpositive(x, floor); }
+/* The largest of len >= 1 float32s, as the largest of their bits mapped to
+ * ordered integers (a loop that vectorises, where a float maximum with NaN
+ * rules does not). A NaN may or may not win: either way exp(x - max) of the
+ * NaN element makes the sum, and so the whole slice, NaN. */
+static inline __attribute__((always_inline)) float softmax_max_f32(const float *x, int64_t len) {
+  int32_t m = INT32_MIN;
+  for (int64_t i = 0; i < len; i++) {
+    int32_t b;
+    memcpy(&b, &x[i], sizeof b);
+    int32_t key = b ^ (int32_t)((uint32_t)(b >> 31) >> 1); /* negatives: magnitude bits flipped */
+    m = key > m ? key : m;
+  }
+  m ^= (int32_t)((uint32_t)(m >> 31) >> 1);
+  float f;
+  memcpy(&f, &m, sizeof f);
+  return f;
+}
 
 typedef struct softmax_job {
   const uint8_t *x;
@@ -50,21 +67,28 @@ typedef struct softmax_job {
 #define SOFTMAX_KERNELS(S, T, DT, LOAD, STORE)                                                    \
   /* One contiguous row of len elements; e: len doubles of scratch (Softmax). */                  \
   static inline __attribute__((always_inline)) void softmax_row_##S(const T *x, T *y, int64_t len, double *e, bool log_form,     \
-                                     double floor) {                                              \
+                                     bool wide) {                                                 \
     double lane[LANES];                                                                           \
-    for (int j = 0; j < LANES; j++) lane[j] = -INFINITY;                                          \
     int64_t body = len - len % LANES;                                                             \
-    for (int64_t i = 0; i < body; i += LANES)                                                     \
-      for (int j = 0; j < LANES; j++) lane[j] = REDUCE_FMAX(lane[j], LOAD(x[i + j]));             \
     double m = -INFINITY;                                                                         \
-    for (int j = 0; j < LANES; j++) m = REDUCE_FMAX(m, lane[j]);                                  \
-    for (int64_t i = body; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                          \
-    for (int64_t i = 0; i < len; i++) e[i] = softmax_exp(LOAD(x[i]) - m, floor);                \
+    if (DT == DK_DTYPE_FLOAT32) {                                                                 \
+      m = softmax_max_f32((const float *)x, len);                                                 \
+    } else {                                                                                      \
+      for (int j = 0; j < LANES; j++) lane[j] = -INFINITY;                                        \
+      for (int64_t i = 0; i < body; i += LANES)                                                   \
+        for (int j = 0; j < LANES; j++) lane[j] = REDUCE_FMAX(lane[j], LOAD(x[i + j]));           \
+      for (int j = 0; j < LANES; j++) m = REDUCE_FMAX(m, lane[j]);                                \
+      for (int64_t i = body; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                        \
+    }                                                                                             \
     for (int j = 0; j < LANES; j++) lane[j] = 0.0;                                                \
     for (int64_t i = 0; i < body; i += LANES)                                                     \
-      for (int j = 0; j < LANES; j++) lane[j] += e[i + j];                                        \
+      for (int j = 0; j < LANES; j++) {                                                           \
+        double v = softmax_exp(LOAD(x[i + j]) - m, wide);                                         \
+        e[i + j] = v;                                                                             \
+        lane[j] += v;                                                                             \
+      }                                                                                           \
     double s = 0.0;                                                                               \
-    for (int64_t i = body; i < len; i++) s += e[i];                                               \
+    for (int64_t i = body; i < len; i++) s += e[i] = softmax_exp(LOAD(x[i]) - m, wide);           \
     s += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])); \
     if (log_form) {                                                                               \
       double log_s = log(s);                                                                      \
@@ -81,16 +105,16 @@ typedef struct softmax_job {
       __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                        \
       return;                                                                                     \
     }                                                                                             \
-    double floor = DT == DK_DTYPE_FLOAT64 ? EXP_FLOOR_F64 : EXP_FLOOR_NARROW;                     \
+    bool wide = DT == DK_DTYPE_FLOAT64;                     \
     for (int64_t r = begin; r < end; r++)                                                         \
       softmax_row_##S((const T *)job->x + r * job->len, (T *)job->y + r * job->len, job->len, e,  \
-                      job->log_form, floor);                                                      \
+                      job->log_form, wide);                                                      \
     free(e);                                                                                      \
   }                                                                                               \
   /* The len x inner block at x, in tiles of `width` inner positions; m and s hold                \
    * width running values, e (Softmax only) len x width exponentials. */                          \
   static void softmax_block_##S(const T *x, T *y, int64_t len, int64_t inner, int64_t width,      \
-                                double *m, double *s, double *e, bool log_form, double floor) {   \
+                                double *m, double *s, double *e, bool log_form, bool wide) {   \
     for (int64_t i0 = 0; i0 < inner; i0 += width) {                                               \
       int64_t w = inner - i0 < width ? inner - i0 : width;                                        \
       const T *xt = x + i0;                                                                       \
@@ -103,7 +127,7 @@ typedef struct softmax_job {
         for (int64_t j = 0; j < w; j++) m[j] = REDUCE_FMAX(m[j], LOAD(xt[r * inner + j]));        \
       if (log_form) {                                                                             \
         for (int64_t r = 0; r < len; r++)                                                         \
-          for (int64_t j = 0; j < w; j++) s[j] += softmax_exp(LOAD(xt[r * inner + j]) - m[j], floor); \
+          for (int64_t j = 0; j < w; j++) s[j] += softmax_exp(LOAD(xt[r * inner + j]) - m[j], wide); \
         for (int64_t j = 0; j < w; j++) s[j] = log(s[j]);                                         \
         for (int64_t r = 0; r < len; r++)                                                         \
           for (int64_t j = 0; j < w; j++)                                                         \
@@ -111,7 +135,7 @@ typedef struct softmax_job {
       } else {                                                                                    \
         for (int64_t r = 0; r < len; r++) {                                                       \
           for (int64_t j = 0; j < w; j++) {                                                       \
-            double v = softmax_exp(LOAD(xt[r * inner + j]) - m[j], floor);                        \
+            double v = softmax_exp(LOAD(xt[r * inner + j]) - m[j], wide);                        \
             e[r * w + j] = v;                                                                     \
             s[j] += v;                                                                            \
           }                                                                                       \
@@ -130,12 +154,12 @@ typedef struct softmax_job {
       __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                        \
       return;                                                                                     \
     }                                                                                             \
-    double floor = DT == DK_DTYPE_FLOAT64 ? EXP_FLOOR_F64 : EXP_FLOOR_NARROW;                     \
+    bool wide = DT == DK_DTYPE_FLOAT64;                     \
     int64_t block = job->len * job->inner;                                                        \
     for (int64_t o = begin; o < end; o++)                                                         \
       softmax_block_##S((const T *)job->x + o * block, (T *)job->y + o * block, job->len,         \
                         job->inner, job->width, m, m + job->width, m + 2 * job->width,            \
-                        job->log_form, floor);                                                    \
+                        job->log_form, wide);                                                    \
     free(m);                                                                                      \
   }                                                                                               \
                                                                                                   \

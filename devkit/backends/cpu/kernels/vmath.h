@@ -4,17 +4,19 @@
  * (special values are blended in), only float/double arithmetic and bit
  * operations GCC turns into SIMD.
  *
- * vm_expf, vm_tanhf and vm_sigmoidf compute in float32 (8 lanes per AVX2
- * vector): range reduction and a polynomial, at most 1, 1 and 2 ulp from
- * the float64 result rounded to float32 over every float32 input
- * (scripts/vmath_exhaustive.c). The others take float32 and compute in
- * float64 -- range reduction and a polynomial whose truncation error is
- * below 2^-31 relative -- then round once to float32: measured over every
- * 7th float32 bit pattern, at most 1 ulp. tests/test_cpu_vmath.py repeats
- * the sweep on a sample against the bounds docs/operators.md states
+ * vm_expf, vm_tanhf, vm_sigmoidf, vm_erff and vm_gelu_erff compute in
+ * float32 (8 lanes per AVX2 vector): range reduction and polynomials, at
+ * most 1, 1, 2, 1 and 1 ulp (Gelu: past its atol, 2^-24) from the float64
+ * result rounded to float32 over every float32 input
+ * (scripts/vmath_exhaustive.c). vm_logf and vm_gelu_tanhf take float32 and
+ * compute in float64 -- range reduction and a polynomial whose truncation
+ * error is below 2^-31 relative -- then round once to float32: measured over
+ * every 7th float32 bit pattern, at most 1 ulp. tests/test_cpu_vmath.py
+ * repeats the sweep on a sample against the bounds docs/operators.md states
  * (devkit/backends/cpu/__init__.py), inside every op's tolerance.
  *
- * vm_exp_nonpositive is the double-precision exp of the Softmax rows.
+ * vm_exp_nonpositive and vm_exp_nonpositive_narrow are the double-precision
+ * exps of the Softmax rows (float64 outputs; float32 and narrower).
  *
  * Products are never fused (ISO C mode: -ffp-contract=off), so every
  * CPU_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
@@ -82,6 +84,24 @@ static inline double vm_exp_core(double x) { return vm_exp_taylor(x, 9); }
  * some point passes it, keeping subnormal arithmetic out of its loops. */
 static inline __attribute__((always_inline)) double vm_exp_nonpositive(double x, double floor) {
   return vm_exp_taylor(x < floor ? floor : x, 13); /* NaN stays NaN */
+}
+
+/* e^x, good for one rounding to float32 (or a narrower type), for x <= 0
+ * and NaN: x below -110 (where e^x is below 2^-158, under half of float32's
+ * smallest subnormal) is taken as -110, so 2^k is one normal factor; e^r by
+ * its Taylor polynomial to r^8 / 8! (truncation below 2^-32 relative). The
+ * Softmax rows' exponential: about half the operations of
+ * vm_exp_nonpositive. */
+static inline __attribute__((always_inline)) double vm_exp_nonpositive_narrow(double x) {
+  const double shifter = 0x1.8p52;
+  double xc = x < -110.0 ? -110.0 : x; /* NaN stays NaN */
+  double t = xc * 0x1.71547652b82fep0 + shifter;
+  double k = t - shifter;
+  double r = (xc - k * 0x1.62e42fee00000p-1) - k * 0x1.a39ef35793c76p-33;
+  double p = vm_inv_factorial[8];
+  for (int i = 7; i >= 0; i--) p = p * r + vm_inv_factorial[i];
+  int64_t ki = (int64_t)(vm_bits(t) - vm_bits(shifter)); /* k in [-159, 0] */
+  return p * vm_from_bits((uint64_t)(ki + 1023) << 52);
 }
 
 static inline uint32_t vm_bits32(float f) {
@@ -178,52 +198,57 @@ static inline float vm_sigmoidf(float x) {
   return (x >= 0 ? 1.0f : e) / (1.0f + e);
 }
 
-/* erf x for |x| < 3/4 by its Taylor series (to x^21: truncation below
- * 2^-38). */
-static inline double vm_erf_small(double x) {
-  static const double c[11] = {
-      1.1283791670955126, -0.37612638903183754, 0.11283791670955126, -0.026866170645131252,
-      0.005223977625442188, -0.0008548327023450852, 0.00012055332981789664, -1.492565035840625e-05,
-      1.6462114365889246e-06, -1.6365844691234924e-07, 1.4807192815879218e-08};
-  double z = x * x, p = c[10];
-  for (int i = 9; i >= 0; i--) p = p * z + c[i];
-  return x * p;
+/* erf x in float32 for |x| < 7/8: x + x R(x^2), R(z) = erf(sqrt z) / sqrt z - 1
+ * a least-squares fit over z in [0, 49/64] (relative error below 2^-32);
+ * the leading x is added last, so its rounding is the one at full weight. */
+static inline float vm_erf_smallf(float x) {
+  float z = x * x;
+  float p = 8.714060095371678e-05f;
+  p = p * z - 0.0008220518357120454f;
+  p = p * z + 0.005207621492445469f;
+  p = p * z - 0.026861969381570816f;
+  p = p * z + 0.11283741146326065f;
+  p = p * z - 0.37612637877464294f;
+  p = p * z + 0.12837916612625122f;
+  return x + x * p;
 }
 
-/* erfc u for u >= 3/4: e^-u^2 erfcx(u), erfcx(u) a degree-15 polynomial in
- * y = 2 (t - t0) / (t1 - t0) - 1, t = 1 / (1 + u) (a Chebyshev fit over
- * u in [3/4, 10.5]: relative error 3e-12); 0 beyond 10.5, where erfc is
- * below float32's smallest subnormal (and +inf gives exactly 0). */
-static inline double vm_erfc_large(double u) {
-  static const double c[16] = {
-      0.25142432813480803, 0.23181655263646295, 0.029773068336771128, -0.005547089316790042,
-      -0.0009697037032600128, 0.000491003495045532, -2.520459418813346e-05, -3.768866528749428e-05,
-      1.380151395280972e-05, -4.955297832868492e-07, -1.4801993579230884e-06, 6.64441213669236e-07,
-      -6.23005252031238e-08, -7.057942149302783e-08, 2.783177562146138e-08, -1.2081814925145704e-09};
-  double t = 1.0 / (1.0 + vm_clamp(u, 0.75, 10.5));
-  double y = t * 4.128205128205129 - 1.358974358974359, p = c[15];
-  for (int i = 14; i >= 0; i--) p = p * y + c[i];
-  double r = vm_exp_core(-vm_clamp(u * u, 0.0, 200.0)) * p;
-  return u > 10.5 ? 0.0 : r;
+/* erfc a in float32 for a >= 7/8 (and NaN): e^Q(a), Q a least-squares fit of
+ * ln erfc over a in [7/8, 4] (absolute error below 2^-30, so the relative
+ * error of erfc stays near float32's); 0 beyond 4, where erf rounds to 1 and
+ * Gelu's tail is below its atol. */
+static inline float vm_erfc_largef(float a) {
+  float t = a < 0.875f ? 0.875f : a;
+  t = t > 4.0f ? 4.0f : t;
+  float q = 1.6054320894909324e-06f;
+  q = q * t - 4.541504313237965e-05f;
+  q = q * t + 0.0005912453634664416f;
+  q = q * t - 0.004732866305857897f;
+  q = q * t + 0.026343179866671562f;
+  q = q * t - 0.10993916541337967f;
+  q = q * t - 0.6319798827171326f;
+  q = q * t - 1.1301409006118774f;
+  q = q * t + 0.00029666503542102873f;
+  float e = vm_expf(q);
+  return a > 4.0f ? 0.0f : e;
 }
 
-static inline float vm_erff(float xf) {
-  double x = xf, a = fabs(x);
-  double large = copysign(1.0 - vm_erfc_large(a), x);
-  return (float)(a < 0.75 ? vm_erf_small(x) : large);
+static inline float vm_erff(float x) {
+  float a = fabsf(x);
+  float large = copysignf(1.0f - vm_erfc_largef(a), x);
+  return a < 0.875f ? vm_erf_smallf(x) : large;
 }
 
-/* erfc z over the whole line, accurate in relative terms for z > 0 too. */
-static inline double vm_erfc(double z) {
-  double a = fabs(z), small = 1.0 - vm_erf_small(z), large = vm_erfc_large(a);
-  return a < 0.75 ? small : z > 0 ? large : 2.0 - large;
-}
-
-/* Gelu, erf form: x erfc(-x / sqrt 2) / 2 (no cancellation for x < 0; NaN
- * at -inf, the formula's -inf * 0). */
-static inline float vm_gelu_erff(float xf) {
-  double x = xf;
-  return (float)(x * (0.5 * vm_erfc(-x * 0.70710678118654752440)));
+/* Gelu, erf form, in float32: x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2,
+ * as h + h erf(z) (h = x / 2, z = x / sqrt 2) for |z| < 7/8 and
+ * x - h erfc(z) or h erfc(-z) beyond, so no form cancels where x > 0 (for
+ * x < 0 what cancels is below Gelu's atol); NaN at -inf, the formula's
+ * -inf * 0. */
+static inline float vm_gelu_erff(float x) {
+  float h = 0.5f * x, z = x * 0.70710678118654752440f, e = vm_erfc_largef(fabsf(z));
+  float large = x > 0 ? (e == 0 ? x : x - h * e) : h * e; /* +inf stays +inf */
+  float small = x == 0 ? x : h + h * vm_erf_smallf(z); /* -0 stays -0 */
+  return fabsf(z) < 0.875f ? small : large;
 }
 
 /* Gelu, tanh form: x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715 x^3);
