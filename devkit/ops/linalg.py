@@ -496,8 +496,8 @@ register(OpSpec(
         "Padding: explicit pads, or auto_pad SAME_UPPER/SAME_LOWER (ceil(in/stride) outputs) or VALID. "
         "The cpu plugin computes it as im2col + GEMM over tiles of output positions split over its threads "
         "(1x1 kernels: GEMM on X directly), float32 3x3 kernels with unit strides and dilations on outputs "
-        "of at least 48 2x2 tiles (14x14) by Winograd F(2x2, 3x3) (a result with a non-finite value is computed again by im2col), and float32 "
-        "2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
+        "of at least 48 2x2 tiles (14x14) by Winograd F(2x2, 3x3) (a result with a non-finite value is "
+        "computed again by im2col), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
         "planes of at most 4096 outputs, without dilation, by direct sums, all within the same tolerance.",
 ))
 
