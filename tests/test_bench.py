@@ -139,3 +139,13 @@ def test_a_piped_table_keeps_every_header_whole():
                    "ratio = peer time / devkit time, >1 means devkit is faster"):
         assert header in result.stdout
     assert "…" not in result.stdout
+
+
+def test_the_ops_bench_stops_numpys_blas_threads_spinning(tmp_path):
+    out = tmp_path / "ops.json"
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_THREAD_TIMEOUT"}
+    result = subprocess.run([sys.executable, "-m", "devkit.bench", "ops", "--only", "Relu", "--repeat", "1",
+                             "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["benchmark"] == "Relu 16Mi f32" and row["numpy_openblas_thread_timeout"] == "4"

@@ -10,7 +10,10 @@ faster is reported). The sides take turns, one repetition each, so a noisy
 (shared) machine slows them alike; reported are the median time of each, the
 ratios peer / devkit (above 1: devkit is faster) and the cores each side may
 use. Memory-bound cases also report their bandwidth, against a NumPy copy's
-measured in the same run (the machine's memcpy speed).
+measured in the same run (the machine's memcpy speed). NumPy's OpenBLAS runs
+with OPENBLAS_THREAD_TIMEOUT=4 (set, unless given, by rerunning the command):
+its threads then sleep right after a product instead of spinning on the
+cores devkit's turn needs.
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
                "onnxruntime_over_devkit": None if ort_s is None else ort_s / devkit_s,
                "devkit_cores": devkit_threads(),
                "numpy_cores": (blas_threads if bench.blas else 1),
+               "numpy_openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
                "onnxruntime_cores": None if ort is None else int(ort.removeprefix("onnxruntime_")[:-1]),
                "max_abs_diff_vs_numpy": error,
                **{f"{name}_ms": s * 1e3 for name, s in seconds.items() if name.startswith("onnxruntime_")}}
@@ -234,6 +238,17 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def ops_main(args) -> int:
+    if "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        # NumPy's OpenBLAS, the MatMul peer, keeps its threads spinning for
+        # about 0.1 s after each product, on the cores the next contender
+        # needs (devkit's MatMul 1024^2 right after it measured 1.8x slower).
+        # OpenBLAS reads the variable when it loads, which importing devkit
+        # has done: run again with the shortest spin it allows.
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"
+        argv = ["--plugin", args.plugin, "--repeat", str(args.repeat)]
+        argv += ["--only", args.only] if args.only else []
+        argv += ["--json", str(args.json)] if args.json else []
+        os.execv(sys.executable, [sys.executable, "-m", "devkit.bench", "ops", *argv])
     only = args.only.split(",") if args.only else None
     rows = run(args.plugin, only, args.repeat)
     print_rows(rows)
