@@ -13,13 +13,13 @@ TEST_PLUGIN_SOURCE = Path(__file__).parent / "plugins" / "test_plugin.c"
 
 
 def compile_plugin(out_dir: Path, name: str, defines=(), source: Path = TEST_PLUGIN_SOURCE,
-                   libraries=()) -> Path:
+                   libraries=(), link_args=()) -> Path:
     """Build a plugin library from C source, named as DEVKIT_PLUGIN_PATH expects."""
     path = out_dir / f"libdevkit_{name}.so"
     command = [os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Werror", "-Wno-unused-function", "-fPIC", "-shared",
                "-fvisibility=hidden", f"-I{include_dir()}", f'-DPLUGIN_NAME="{name}"',
                *(f"-D{define}" for define in defines), str(source), "-o", str(path),
-               *(f"-l{library}" for library in libraries)]
+               *(f"-l{library}" for library in libraries), *link_args]
     subprocess.run(command, check=True, capture_output=True, text=True)
     return path
 

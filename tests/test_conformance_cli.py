@@ -17,6 +17,7 @@ from xml.etree import ElementTree
 import pytest
 
 import devkit
+from devkit.backends.cpu import build as cpu_build
 from devkit.conformance_cli.reports import RunRecord, coverage_matrix, markdown_text
 from devkit.conformance_cli.results import STATUSES, Case, CaseResult
 from devkit.conformance_cli.runner import CaseRunner, collect
@@ -42,9 +43,14 @@ def statuses(report: dict) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def faulty_plugin(tmp_path_factory) -> Path:
     cpu_library = devkit.load_plugin("cpu").location
+    # The delegate links OpenBLAS, which its rpaths miss where the venv has
+    # scipy-openblas32 only through its base (devkit's loader retries with it
+    # loaded; this plugin's own dlopen cannot): the plugin needs it itself.
+    _, blas_link = cpu_build.blas()
     return compile_plugin(tmp_path_factory.mktemp("faulty"), "faulty",
                           [f'DELEGATE_LIBRARY="{cpu_library}"', "CRASH_IN=event_elapsed_ms",
-                           "HANG_IN=host_alloc"], source=FAULTY_SOURCE, libraries=["dl"])
+                           "HANG_IN=host_alloc"], source=FAULTY_SOURCE, libraries=["dl"],
+                          link_args=["-Wl,--no-as-needed", *blas_link])
 
 
 @pytest.fixture(scope="module")
@@ -361,8 +367,6 @@ def test_a_case_belongs_to_the_suite_its_module_names():
 
 
 def test_unclaimed_kernels_skip_and_cpu_fallback_runs_them_counted_in_the_reports(tmp_path):
-    from devkit.backends.cpu import build as cpu_build
-
     bare = cpu_build.build(tmp_path / "bare", kernels=[], name="bare")  # a plugin without kernels
     selection = ["--suite", "onnx-node", "-k", "test_add and not bcast and not int and not uint"]
     unclaimed = run_cli(bare, *selection, "--json", tmp_path / "unclaimed.json")
