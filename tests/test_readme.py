@@ -4,6 +4,7 @@ A block whose first line is ``# NAME.py`` is a program the README says to save
 and launch: it runs as the README's ``devkit-run -n 4 -- python NAME.py`` does
 (with 2 ranks, to stay light)."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -16,6 +17,8 @@ README = ROOT / "README.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```$", flags=re.S | re.M)
 BLOCKS = BLOCK.findall(README.read_text())
 PROGRAM = re.compile(r"# (\w+\.py)\n")
+# Extras a block may need, by the module it imports, and how to install each.
+EXTRAS = {"torch": "pip install 'devkit[torch]'", "pyopencl": "pip install 'devkit[opencl]'"}
 
 
 def test_the_readme_has_python_blocks():
@@ -26,6 +29,9 @@ def test_the_readme_has_python_blocks():
 @pytest.mark.parametrize("block", BLOCKS + BLOCK.findall((ROOT / "docs" / "arrays.md").read_text()),
                          ids=[f"block{i}" for i in range(len(BLOCKS))] + ["docs-arrays"])
 def test_readme_block_runs_as_pasted(block, tmp_path):
+    for module, install in EXTRAS.items():
+        if re.search(rf"^(import|from) {module}\b", block, re.M) and importlib.util.find_spec(module) is None:
+            pytest.skip(f"the block imports {module}, which is not installed ({install})")
     program = PROGRAM.match(block)
     if program:
         (tmp_path / program.group(1)).write_text(block)
