@@ -243,12 +243,10 @@ def ops_main(args) -> int:
         # about 0.1 s after each product, on the cores the next contender
         # needs (devkit's MatMul 1024^2 right after it measured 1.8x slower).
         # OpenBLAS reads the variable when it loads, which importing devkit
-        # has done: run again with the shortest spin it allows.
+        # has done: run the same command line again with the shortest spin
+        # it allows.
         os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"
-        argv = ["--plugin", args.plugin, "--repeat", str(args.repeat)]
-        argv += ["--only", args.only] if args.only else []
-        argv += ["--json", str(args.json)] if args.json else []
-        os.execv(sys.executable, [sys.executable, "-m", "devkit.bench", "ops", *argv])
+        os.execv(sys.executable, sys.orig_argv)
     only = args.only.split(",") if args.only else None
     rows = run(args.plugin, only, args.repeat)
     print_rows(rows)
