@@ -367,3 +367,130 @@ def test_a_failed_capture_block_leaves_nothing_behind(dev, stream, mode):
             raise RuntimeError("in the block")
     assert stream.capturing is None
     stream.synchronize()  # no longer capturing
+
+
+# -- fused captures (stream.capture(fuse=True), docs/fusion.md) ----------------------
+# The host records the block and fuses it when the block ends: the Arrays still
+# referenced then are outputs, the others may be fused away. A plugin without
+# the codegen section gets the same graph unfused. A fused kernel may reorder
+# float work (contract a multiply-add): values agree to float32 rounding.
+
+def fuses(dev) -> bool:
+    return dev.plugin.has_codegen
+
+
+def test_a_fused_capture_keeps_the_referenced_arrays_and_fuses_the_rest(dev, stream, mode):
+    x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
+    allocated = devkit.memory_stats(dev)["allocated_bytes"]
+    with stream.capture(mode, fuse=True) as graph:
+        kept = op("Add", x, w, stream=stream)
+        dropped = op("Add", kept, b, stream=stream)
+        y = op("Relu", op("Mul", dropped, dropped, stream=stream), stream=stream)
+        del dropped
+    assert graph.fuse and graph.fusion.groups == ([["Add", "Add", "Mul", "Relu"]] if fuses(dev) else [])
+    # Fused: one kernel, slots x, w, b, kept, y. Unfused: every call's tensors, in capture order.
+    assert graph.num_slots == (5 if fuses(dev) else 3 + 3 + 3 + 2)
+    # The fused-away values' memory went back when the capture ended: only kept and y stay.
+    left = devkit.memory_stats(dev)["allocated_bytes"] - allocated
+    assert left == (2 if fuses(dev) else 4) * N * 4
+    stream.synchronize()
+    for seed in (5, 6):  # every launch writes every output
+        x.buffer.copy_from_host(values(seed))
+        graph.launch(stream)
+        stream.synchronize()
+        h = values(seed) + w.numpy()
+        np.testing.assert_allclose(kept.numpy(), h, rtol=1e-6)
+        np.testing.assert_allclose(y.numpy(), np.maximum((h + b.numpy()) ** 2, 0), rtol=1e-5)
+    graph.destroy()
+
+
+def test_a_fused_capture_keeps_its_copies_in_order_and_what_they_read(dev, stream, mode):
+    source = values(1)
+    landing = np.zeros(N, np.float32)
+    device = devkit.empty(N, "float32", dev)
+    one = devkit.asarray(np.ones(N, np.float32), dev)
+    with stream.capture(mode, fuse=True) as graph:
+        device.buffer.copy_from_host(source, stream=stream)
+        result = op("Relu", op("Add", device, one, stream=stream), stream=stream)
+        result.buffer.copy_to_host(landing.view(np.uint8), stream=stream)
+        del result  # read by the copy: still written
+    for seed in (2, 3):
+        source[:] = values(seed)
+        graph.launch(stream)
+        stream.synchronize()
+        np.testing.assert_allclose(landing, np.maximum(values(seed) + 1, 0), rtol=1e-6)
+    graph.destroy()
+
+
+def test_a_fused_capture_reads_views_of_its_values_from_memory(dev, stream, mode):
+    """A view of an intermediate (here its halves) keeps it in memory, after its kernel."""
+    x = devkit.asarray(values(0, 2 * N), dev)
+    one = devkit.asarray(np.ones(2 * N, np.float32), dev)
+    with stream.capture(mode, fuse=True) as graph:
+        t = op("Exp", op("Add", x, one, stream=stream), stream=stream)
+        y = op("Sub", op("Mul", t[:N], t[N:], stream=stream), t[N:], stream=stream)
+        del t
+    graph.launch(stream)
+    stream.synchronize()
+    e = np.exp(x.numpy() + 1)
+    np.testing.assert_allclose(y.numpy(), e[:N] * e[N:] - e[N:], rtol=1e-5)
+    graph.destroy()
+
+
+def test_rebind_maps_through_the_fused_calls(dev, stream, mode):
+    x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
+    with stream.capture(mode, fuse=True) as graph:
+        y = op("Relu", op("Add", op("Add", x, w, stream=stream), b, stream=stream), stream=stream)
+    x2, y2 = devkit.asarray(values(10), dev), devkit.zeros(N, "float32", dev)
+    y.buffer.fill(0)
+    assert graph.rebind(x, x2) == 1 and graph.rebind(y, y2) == 1
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_allclose(y2.numpy(), affine(values(10), w.numpy(), b.numpy()), rtol=1e-6)
+    assert (y.numpy() == 0).all(), "the launch wrote the output it was rebound away from"
+    big = devkit.zeros(3 * N, "float32", dev)
+    big.buffer.copy_from_host(np.concatenate([values(20)] * 3))
+    assert graph.rebind(0, big.buffer, offset=N * 4) == 1  # slot 0: x, the first call's first input
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_allclose(y2.numpy(), affine(values(20), w.numpy(), b.numpy()), rtol=1e-6)
+    with pytest.raises(devkit.OutOfRangeError, match=f"slot 99 does not exist: the graph has "
+                                                     f"{4 if fuses(dev) else 8}"):
+        graph.rebind(99, x)
+    graph.destroy()
+
+
+def test_an_error_inside_a_launched_fused_graph_is_sticky_on_its_stream(dev, stream, mode):
+    if dev.plugin.kernel_entry("Gather", np.float32) is None:
+        pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 Gather")
+    data = devkit.asarray(values(0, 8), dev)
+    indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
+    one = devkit.asarray(np.ones(3, np.float32), dev)
+    with stream.capture(mode, fuse=True) as graph:
+        picked = devkit.run_op("Gather", [data, indices], stream=stream)[0]
+        y = op("Relu", op("Add", picked, one, stream=stream), stream=stream)
+        del picked
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_allclose(y.numpy(), np.maximum(data.numpy()[[0, 3, 7]] + 1, 0), rtol=1e-6)
+    indices.buffer.copy_from_host(np.array([0, 99, 1], np.int64))
+    graph.launch(stream)
+    for _ in range(2):  # sticky: reported again
+        with pytest.raises(devkit.OutOfRangeError, match="99"):
+            stream.synchronize()
+    graph.destroy()
+
+
+def test_a_fused_graph_destroyed_gives_its_memory_back(dev, mode):
+    free_before = dev.mem_get_info()[0]
+    x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
+    with dev.create_stream() as s:
+        with s.capture(mode, fuse=True) as graph:
+            y = op("Relu", op("Add", op("Add", x, w, stream=s), b, stream=s), stream=s)
+        graph.launch(s)
+        s.synchronize()
+        np.testing.assert_allclose(y.numpy(), affine(x.numpy(), w.numpy(), b.numpy()), rtol=1e-6)
+        graph.destroy()
+    del x, w, b, y, graph
+    dev.synchronize()
+    assert dev.mem_get_info()[0] == free_before
