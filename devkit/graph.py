@@ -29,6 +29,15 @@ array_or_buffer)`` moves one slot.
 
 On the host path a kernel validates its call when it is replayed: a call it
 refuses raises from ``launch()``, after the steps before it were submitted.
+
+``stream.capture(fuse=True)``: the host records the block on every plugin
+and, when it ends, fuses each run of kernels between two other steps
+(engine.fusion): the memory something besides the graph still refers to is
+an output, the rest internal (released then). The steps are then submitted
+to the plugin's capture (native) or kept for host replay. Slots are the
+tensors of the fused calls, in order; a rebind of a native fused graph
+captures it again at its next launch. ``graph.fusion`` is the report. See
+docs/fusion.md.
 """
 
 from __future__ import annotations
