@@ -494,3 +494,15 @@ def test_a_fused_graph_destroyed_gives_its_memory_back(dev, mode):
     del x, w, b, y, graph
     dev.synchronize()
     assert dev.mem_get_info()[0] == free_before
+
+
+def test_a_failed_fused_capture_block_leaves_nothing_behind(dev, stream, mode):
+    x = devkit.asarray(values(0), dev)
+    allocated = devkit.memory_stats(dev)["allocated_bytes"]
+    with pytest.raises(RuntimeError, match="in the block"):
+        with stream.capture(mode, fuse=True):
+            op("Relu", op("Exp", x, stream=stream), stream=stream)
+            raise RuntimeError("in the block")
+    assert stream.capturing is None
+    stream.synchronize()  # no longer capturing
+    assert devkit.memory_stats(dev)["allocated_bytes"] == allocated

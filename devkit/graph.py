@@ -125,11 +125,13 @@ class Graph(Destroyable):
         dev._captures.append(self)
         dev._capture_hook = _device_call
 
-    def _end(self) -> None:
+    def _end(self, complete: bool = True) -> None:
+        """Ends the capture; ``complete``: the block ran to its end (else nothing is fused or submitted)."""
         dev, stream = self.device, self._stream
         try:
             if self.fuse:
-                self._fuse_recorded()
+                if complete:
+                    self._fuse_recorded()
             elif self.native:
                 out, count = ffi.new("DK_Graph *"), ffi.new("size_t *")
                 dev.call("graph_end_capture", dev.index, stream.handle, out, count)
@@ -402,7 +404,7 @@ class Graph(Destroyable):
         if self._destroyed:
             return
         if self._stream is not None:
-            self._end()
+            self._end(complete=False)
         self._destroyed = True
         handle, self._handle = self._handle, None
         self._steps, self._slots, self._keepalive, self._recorded, self._memory = [], [], [], [], {}
@@ -494,4 +496,8 @@ def capture(stream: Stream, mode: str = "auto", fuse: bool = False):
     except BaseException:
         graph.destroy()
         raise
-    graph._end()
+    try:
+        graph._end()
+    except BaseException:  # a fused capture's kernel refused its call: nothing is left
+        graph.destroy()
+        raise
