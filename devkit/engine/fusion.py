@@ -267,8 +267,9 @@ def _decomposed(call) -> list | None:
 
 
 def _base(slot):
-    """The value ``slot`` is a view of: a slot may carry a ``base`` (a torch
-    graph's call reading another's output through a view); else itself."""
+    """The value ``slot`` is a view of: a slot may carry a ``base`` (a call of
+    a torch graph or a fused capture reading another's output through a
+    view); else itself."""
     return getattr(slot, "base", slot)
 
 
