@@ -201,56 +201,35 @@ class Graph(Destroyable):
 
     def _fuse_recorded(self) -> None:
         """The end of a fused capture: the recorded kernels fused (each run of
-        them between two other steps), with the memory the caller still
-        references as outputs; the rest of it released; the steps submitted
-        to the plugin's capture where the graph is native."""
+        them between two other steps), the memory the caller still refers to
+        an output; the rest of it released; the steps submitted to the
+        plugin's capture where the graph is native."""
+        from . import codegen
         from .engine import fusion
 
         live = self._referenced_elsewhere()
         recorded, self._recorded = self._recorded, []
         # Memory the recorded copies, memsets and events name: read or written outside the kernels.
-        named = {int(ffi.cast("uintptr_t", a)) for step in recorded if not isinstance(step[0], KernelCall)
-                 for a in step[1][1] if isinstance(a, ffi.CData)}
-        segments: list[list] = [[]]
-        for step in recorded:
-            if isinstance(step[0], KernelCall):
-                segments[-1].append(step)
-            else:
-                segments.append(step)
-                segments.append([])
-        read_in: dict[int, set] = {}  # id(allocation) -> the segments reading it
-        for index, segment in enumerate(segments):
-            for step in segment if isinstance(segment, list) else ():
-                for place in step[1]:
-                    if place is not None:
-                        read_in.setdefault(place[0], set()).add(index)
+        handles = {int(ffi.cast("uintptr_t", a)) for step in recorded if not isinstance(step[0], KernelCall)
+                   for a in step[1][1] if isinstance(a, ffi.CData)}
         named = {key for key, allocation in self._memory.items()
-                 if int(ffi.cast("uintptr_t", allocation.handle)) in named}
-        self.fusion = fusion.FusionReport(None)
+                 if int(ffi.cast("uintptr_t", allocation.handle)) in handles}
+        segments = _segments(recorded)
+        read_in: dict[int, set] = {}  # id(allocation) -> the kernel segments reading it
+        for index, segment in enumerate(segments):
+            for _, ins, _ in segment if isinstance(segment, list) else ():
+                for place in filter(None, ins):
+                    read_in.setdefault(place[0], set()).add(index)
+        self.fusion = fusion.FusionReport(codegen.dialect(self.device))
         steps = []
         for index, segment in enumerate(segments):
             if not isinstance(segment, list):
                 steps.append(segment)
                 continue
-            natural: dict[int, _Value] = {}  # id(allocation) -> the value its call wrote
-            values: dict[tuple, _Value] = {}
-            passed = []
-            for call, ins, outs in segment:
-                made = []
-                for position, place in enumerate(outs):
-                    value = natural[place[0]] = values[_key(place)] = _Value(place, position=len(passed))
-                    made.append((position, value))
-                read = []
-                for position, place in enumerate(ins):
-                    if place is not None:
-                        if _key(place) not in values:  # a view of a call's output, or memory the block reads
-                            values[_key(place)] = _Value(place, base=natural.get(place[0]))
-                        read.append((position, values[_key(place)]))
-                passed.append((call, read, made))
+            passed, natural = _fusion_steps(segment)
             kept = [value for allocation, value in natural.items()
                     if allocation in live or allocation in named or read_in.get(allocation, set()) - {index}]
             fused, report = fusion.fuse_steps(self.device, passed, [], kept)
-            self.fusion.dialect = report.dialect
             self.fusion.groups += report.groups
             self.fusion.fallbacks += report.fallbacks
             steps += fused
@@ -420,6 +399,39 @@ class Graph(Destroyable):
         return f"<devkit.Graph {kind} on {self.device}, {state}>"
 
 
+def _segments(recorded: list) -> list:
+    """A fused capture's recorded steps: each run of kernels a list, each other step on its own."""
+    segments: list = [[]]
+    for step in recorded:
+        if isinstance(step[0], KernelCall):
+            segments[-1].append(step)
+        else:
+            segments += [step, []]
+    return segments
+
+
+def _fusion_steps(segment: list) -> tuple[list, dict]:
+    """A run of recorded kernels as engine.fusion's steps, (call, [(position,
+    value)] read, [(position, value)] made), and per id(allocation) the value
+    a call of the run wrote into it."""
+    natural: dict = {}
+    values: dict[tuple, _Value] = {}  # one per memory and geometry
+    steps = []
+    for call, ins, outs in segment:
+        made = []
+        for position, place in enumerate(outs):
+            value = natural[place[0]] = values[_key(place)] = _Value(place, first=len(steps))
+            made.append((position, value))
+        read = []
+        for position, place in enumerate(ins):
+            if place is not None:
+                if _key(place) not in values:  # a view of a call's output, or memory the block reads
+                    values[_key(place)] = _Value(place, base=natural.get(place[0]))
+                read.append((position, values[_key(place)]))
+        steps.append((call, read, made))
+    return steps, natural
+
+
 def _key(place) -> tuple:
     """A fused capture's tensor: its memory and geometry."""
     allocation, slot = place
@@ -432,11 +444,11 @@ class _Value:
 
     __slots__ = ("slot", "key", "base", "first", "last")
 
-    def __init__(self, place, base=None, position: int = -1):
+    def __init__(self, place, base=None, first: int = -1):
         self.slot = place[1]
         self.key = _key(place)
         self.base = self if base is None else base
-        self.first = self.last = position
+        self.first = self.last = first
 
 
 def _require_same_layout(captured: _Slot, new: Array, what: str) -> None:
