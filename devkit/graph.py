@@ -433,9 +433,9 @@ def _fusion_steps(segment: list) -> tuple[list, dict]:
 
 
 def _key(place) -> tuple:
-    """A fused capture's tensor: its memory and geometry."""
+    """A fused capture's tensor: its memory, geometry and dtype."""
     allocation, slot = place
-    return allocation, slot.byte_offset, slot.shape, slot.strides
+    return allocation, slot.byte_offset, slot.shape, slot.strides, slot.dtype
 
 
 class _Value:

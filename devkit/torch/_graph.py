@@ -90,7 +90,7 @@ def _address(tensor) -> int:
 def _fuse(device, steps: list, count: int, kept: set) -> tuple[list, fusion.FusionReport]:
     """``steps`` (call, [(tensor, source, byte offset)], [(tensor, source, nbytes)]) with the
     fusion pass run over them; ``kept``: the sources the graph returns."""
-    values: dict = {}  # (source, delta, shape, strides) -> _Value
+    values: dict = {}  # (source, delta, shape, strides, dtype) -> _Value
     natural: dict[int, _Value] = {}  # a call's output source -> the value it writes
     sizes = {}
     passed = []
@@ -99,13 +99,13 @@ def _fuse(device, steps: list, count: int, kept: set) -> tuple[list, fusion.Fusi
         for tensor, source, nbytes in outs:
             position = next(k for k in range(call.cdata.num_outputs) if _address(call.outputs[k]) == _address(tensor))
             value = natural[source] = _Value(source, 0, first=index)
-            values[(source, 0, *fusion._tensor_info(tensor)[:2])] = value
+            values[(source, 0, *fusion._tensor_info(tensor))] = value
             sizes[source] = nbytes
             made.append((position, value))
         read = []
         positions = {_address(call.inputs[k]): k for k in range(call.cdata.num_inputs)}
         for tensor, source, delta in ins:
-            key = (source, delta, *fusion._tensor_info(tensor)[:2])
+            key = (source, delta, *fusion._tensor_info(tensor))  # a bitcast view is another value
             value = values.get(key)
             if value is None:  # a view: of a call's output, or of an input or a constant
                 value = values[key] = _Value(source, delta, natural.get(source))
