@@ -8,6 +8,9 @@ call (their consumers find them by memory). Factory nodes whose results do
 not depend on the inputs' values (``full``, ``arange``, ``full_like`` ...)
 run once and stay resident as constants.
 
+Where the plugin has the codegen section the calls are fused first
+(engine.fusion: a value another call reads through a view stays in memory;
+the compile option ``fuse`` turns it off); ``GraphPlan.fusion`` reports it.
 The plan then places every input and every call's output in one arena
 (engine.plan_memory: liveness-based reuse), points the calls at it once and
 hands them to engine.make_launcher: a native graph where the plugin has the
