@@ -373,6 +373,7 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
             assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
             assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
             assert 0 <= row[f"fused_wins_{what}"] <= 1
+        assert row["load"] is None or row["load"] >= 0
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
 
 
