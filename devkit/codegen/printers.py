@@ -128,9 +128,10 @@ class Printer:
 # kernels' (about 1.5x the throughput of glibc's vector expf on AVX2), adds
 # k to the exponent bits, which holds where e^x is a normal float: |x| <= 86;
 # an argument outside (larger, infinite or NaN) sets *slow, and the kernel
-# reruns the block with dk_expf (checked_blocks). Every float32 checked: at
-# most 1 ulp from the float64 result rounded to float32, as vmath.h's
-# vm_expf. Without hardware FMA both are libm's expf.
+# reruns the block with dk_expf (checked_blocks). Every float32 checked
+# (scripts/codegen_exp_exhaustive.py): at most 1 ulp from the float64 result
+# rounded to float32, as vmath.h's vm_expf. Without hardware FMA both are
+# libm's expf.
 _C_MATH = """\
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 /* e^r for x = k ln2 + r; k is in the low bits of *t (whose own are 0x4b400000). */
@@ -147,27 +148,18 @@ static inline float dk_expf_reduced(float x, float *t) {
   p = __builtin_fmaf(p, r, 1.0f);
   return __builtin_fmaf(p, r, 1.0f);
 }
-static inline uint32_t dk_bits(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, sizeof u);
-  return u;
-}
-static inline float dk_float(uint32_t u) {
-  float f;
-  __builtin_memcpy(&f, &u, sizeof f);
-  return f;
-}
+typedef union { float f; uint32_t u; } dk_f32; /* a float's bits: (dk_f32){.f = x}.u, and back */
 static inline float dk_expf(float x) {
   float xc = x < -104.0f ? -104.0f : x; /* NaN stays NaN */
   xc = xc > 89.0f ? 89.0f : xc;
   float t, y = dk_expf_reduced(xc, &t);
-  int32_t k = (int32_t)(dk_bits(t) - 0x4b400000u), h = k >> 1; /* k in [-150, 128] */
-  return y * dk_float((uint32_t)(h + 127) << 23) * dk_float((uint32_t)(k - h + 127) << 23);
+  int32_t k = (int32_t)((dk_f32){.f = t}.u - 0x4b400000u), h = k >> 1; /* k in [-150, 128] */
+  return y * (dk_f32){.u = (uint32_t)(h + 127) << 23}.f * (dk_f32){.u = (uint32_t)(k - h + 127) << 23}.f;
 }
 static inline float dk_expf_checked(float x, int *slow) {
   *slow |= !(fabsf(x) <= 86.0f);
   float t, y = dk_expf_reduced(x, &t);
-  return dk_float(dk_bits(y) + ((dk_bits(t) - 0x4b400000u) << 23));
+  return (dk_f32){.u = (dk_f32){.f = y}.u + (((dk_f32){.f = t}.u - 0x4b400000u) << 23)}.f;
 }
 #else
 static inline float dk_expf(float x) { return expf(x); }
