@@ -582,7 +582,7 @@ register(OpSpec(
                               doc="applied last: \"Relu\", or \"\" for none"),),
     dtypes=ALL_FLOAT,
     infer=_infer_fused_conv, reference=_ref_fused_conv, cases=_fused_conv_cases, tolerance=_DOT_TABLE,
-    doc="Conv (same inputs, attributes and numerics) with its epilogue fused, as onnxruntime's "
+    doc="Conv (same inputs, attributes and numerics) with its epilogue fused (domain devkit), as onnxruntime's "
         "com.microsoft FusedConv: Y = activation(Conv(X, W, B) + Z), Z optional and of Y's shape (no "
         "broadcasting), activation \"Relu\" or \"\" (none; other names are refused). devkit.onnx.prepare "
         "makes it from Conv [-> Add] -> Relu where the plugin has a kernel for it; the decomposition is "

@@ -654,14 +654,23 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->oh * j->ow;
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
-    /* the rest of the epilogue, on the rows of the block's tiles */
-    for (int64_t t = t0; t < t0 + count;) {
-      int64_t tx = t % j->tiles_w, run = wino_count(j->tiles_w, tx, t0 + count - t), oy = 2 * (t / j->tiles_w);
-      int64_t x0 = 2 * tx, cols = 2 * (tx + run) < j->ow ? 2 * run : j->ow - x0;
-      for (int64_t m = 0; m < mb; m++)
-        for (int64_t r = oy; r < oy + 2 && r < j->oh; r++)
-          conv_epilogue_apply(&j->rest, yg + (m * j->oh + r) * j->ow + x0, g * j->mg + m0 + m, 1, cols, j->ow);
-      t += run;
+    /* the rest of the epilogue, per filter on the block's output rows: whole tile rows are one run of y */
+    for (int64_t t = t0, end = t0 + count; t < end;) {
+      int64_t tx = t % j->tiles_w, oy = 2 * (t / j->tiles_w);
+      int64_t tiles = tx == 0 && end - t >= j->tiles_w ? (end - t) / j->tiles_w * j->tiles_w
+                                                       : wino_count(j->tiles_w, tx, end - t);
+      int64_t rows = 2 * ceil_div(tiles, j->tiles_w), x0 = 2 * tx;
+      int64_t cols = x0 + 2 * tiles < j->ow ? 2 * tiles : j->ow - x0;
+      if (oy + rows > j->oh) rows = j->oh - oy;
+      for (int64_t m = 0; m < mb; m++) {
+        float *first = yg + (m * j->oh + oy) * j->ow + x0;
+        if (cols == j->ow)
+          conv_epilogue_apply(&j->rest, first, g * j->mg + m0 + m, 1, rows * cols, cols);
+        else
+          for (int64_t r = 0; r < rows; r++)
+            conv_epilogue_apply(&j->rest, first + r * j->ow, g * j->mg + m0 + m, 1, cols, j->ow);
+      }
+      t += tiles;
     }
   }
   free(own);

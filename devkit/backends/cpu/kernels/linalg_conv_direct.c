@@ -173,13 +173,15 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
     for (int64_t m = 0; m < mb; m++) {
       int64_t channel = n * j->y_channels + g * j->mg + m0 + m;
       float bias = j->b ? j->b[g * j->mg + m0 + m] : 0.0f, *y = j->y + channel * j->oh * j->ow;
+      int64_t first = -1, last = 0; /* the outputs written: one run of y (rows between are whole) */
       for (int64_t oy = q0 / j->pw; oy * j->pw < q1; oy++) {
         int64_t lo = q0 - oy * j->pw > 0 ? q0 - oy * j->pw : 0;
         int64_t hi = q1 - oy * j->pw < j->ow ? q1 - oy * j->pw : j->ow;
         const float *src = out + m * j->span + oy * j->pw - q0;
         for (int64_t ox = lo; ox < hi; ox++) y[oy * j->ow + ox] = src[ox] + bias;
-        conv_epilogue_apply(&j->rest, y + oy * j->ow + lo, g * j->mg + m0 + m, 1, hi - lo, j->ow);
+        if (lo < hi) first = first < 0 ? oy * j->ow + lo : first, last = oy * j->ow + hi;
       }
+      if (first >= 0) conv_epilogue_apply(&j->rest, y + first, g * j->mg + m0 + m, 1, last - first, j->ow);
     }
   }
   free(out);

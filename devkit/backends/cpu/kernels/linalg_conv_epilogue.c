@@ -27,22 +27,22 @@ conv_epilogue conv_epilogue_without_bias(const cpu_kernel_args *k) {
   return e;
 }
 
-/* One pass over each row: (y + B) + Z, then the activation; Relu keeps NaN
- * (NaN < 0 is false), as the op's reference (maximum) does. */
+/* One pass over each row: (y + B) + Z, then the activation (the flags are
+ * loop-invariant: the compiler unswitches them). Relu keeps NaN (NaN < 0 is
+ * false), as the op's reference (maximum) does. */
 #define EPILOGUE(NAME, T)                                                                                \
   CPU_VECTOR_CLONES static void NAME(T *y, const T *bias, const T *z, bool relu, int64_t channels,      \
                                      int64_t cols, int64_t ld) {                                        \
     for (int64_t m = 0; m < channels; m++) {                                                            \
-      T *row = y + m * ld;                                                                              \
+      T *row = y + m * ld, add = bias ? bias[m] : (T)0;                                                 \
       const T *zr = z ? z + m * ld : NULL;                                                              \
-      if (bias) {                                                                                       \
-        T add = bias[m];                                                                                \
-        for (int64_t j = 0; j < cols; j++) row[j] += add;                                               \
+      for (int64_t j = 0; j < cols; j++) {                                                              \
+        T v = row[j];                                                                                   \
+        if (bias) v += add;                                                                             \
+        if (zr) v += zr[j];                                                                             \
+        if (relu) v = v < 0 ? (T)0 : v;                                                                 \
+        row[j] = v;                                                                                     \
       }                                                                                                 \
-      if (zr)                                                                                           \
-        for (int64_t j = 0; j < cols; j++) row[j] += zr[j];                                             \
-      if (relu)                                                                                         \
-        for (int64_t j = 0; j < cols; j++) row[j] = row[j] < 0 ? (T)0 : row[j];                         \
     }                                                                                                   \
   }
 EPILOGUE(epilogue_f32, float)
