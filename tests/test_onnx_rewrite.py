@@ -247,6 +247,23 @@ def test_no_fusion_where_the_plugin_has_no_fused_conv_kernel(monkeypatch):
         assert fusion["groups"] == 1, fusion
 
 
+def test_on_opencl_the_fold_applies_and_fusedconv_does_not():
+    """opencl runs FusedConv by decomposition only: the Conv, Add and Relu stay."""
+    pytest.importorskip("pyopencl", reason="pyopencl is not installed (scripts/install-opencl.sh)")
+    try:
+        plugin = devkit.load_plugin("opencl")
+    except devkit.PluginLoadError as exc:
+        pytest.skip(reason=f"no usable OpenCL device: {exc}")
+    rng = np.random.default_rng(10)
+    model, feed = conv_block(rng, residual=True)
+    prepared = donnx.prepare(model, plugin.device(0))
+    (got,) = prepared.run(feed)
+    assert [r.kind for r in prepared.rewrites.applied] == ["fold_batchnorm"]
+    assert "conv -> add -> relu: the plugin has no FusedConv kernel for float32" in prepared.rewrites.kept
+    (want,), _ = _runs(model, feed)
+    np.testing.assert_allclose(got, want, **ZOO_TOLERANCE)
+
+
 # -- FusedConv through the raw ABI ------------------------------------------------------------------------
 
 def _fused_conv_call(dev, z_shape=(1, 2, 4, 4), activation="Relu", z_dtype=np.float32):

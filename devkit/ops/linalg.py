@@ -485,10 +485,11 @@ def _conv_cases(dtype, rng):
 
 _CONV_ATTRS = _window_attrs(pool=False) + (
     Attr("group", "int", 1, check=lambda v: None if 1 <= v < _EXTENT_LIMIT else "must be in [1, 2^31)"),)
+_CONV_INPUTS = (Input("X"), Input("W"), Input("B", optional=True))
 
 register(OpSpec(
     name="Conv", category="linalg", opset=22,
-    inputs=(Input("X"), Input("W"), Input("B", optional=True)), outputs=("Y",),
+    inputs=_CONV_INPUTS, outputs=("Y",),
     attrs=_CONV_ATTRS,
     dtypes=ALL_FLOAT,
     infer=_infer_conv, reference=_ref_conv, cases=_conv_cases, tolerance=_DOT_TABLE,
@@ -575,8 +576,8 @@ def _fused_conv_cases(dtype, rng):
 
 register(OpSpec(
     name="FusedConv", category="linalg", domain="devkit", opset=22,
-    inputs=(Input("X"), Input("W"), Input("B", optional=True),
-            Input("Z", optional=True, doc="added to the convolution before the activation; Y's shape")),
+    inputs=_CONV_INPUTS + (Input("Z", optional=True,
+                                 doc="added to the convolution before the activation; Y's shape"),),
     outputs=("Y",),
     attrs=_CONV_ATTRS + (Attr("activation", "string", "", choices=FUSED_CONV_ACTIVATIONS,
                               doc="applied last: \"Relu\", or \"\" for none"),),
