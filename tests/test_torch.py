@@ -410,7 +410,7 @@ def test_autograd_through_replayed_ops():
         torch.testing.assert_close(wd.grad.cpu(), wc.grad)
 
 
-def _compiled_block():
+def _compiled_block(fuse=None):
     runners = []
     torch.manual_seed(0)
     block = models.gpt_block(32, 4).eval()
@@ -421,7 +421,7 @@ def _compiled_block():
         from torch._decomp import core_aten_decompositions
 
         def keep(gm, inputs):
-            runner = _compile.compile_graph(gm, inputs)
+            runner = _compile.compile_graph(gm, inputs, fuse)
             runners.append(runner)
             return runner
         return aot_autograd(fw_compiler=keep, decompositions=core_aten_decompositions())(graph_module, example_inputs)
@@ -460,6 +460,65 @@ def test_compiled_plan_reads_weights_in_place_and_copies_inputs_that_move():
             torch.testing.assert_close(compiled(x.to("devkit")).cpu(), block(x), rtol=1e-5, atol=1e-5)
     moved = [index for index, home in enumerate(plan.homes) if home is None and plan.staging[index][2]]
     assert len(moved) == 1
+    torch._dynamo.reset()
+
+
+def _plan_of(compiled, block, runners, x):
+    with torch.no_grad():
+        for _ in range(2):  # records, then runs the plan
+            got = compiled(x.to("devkit")).cpu()
+    (plan,) = [plan for runner in runners for plan in runner.plans.values()]
+    return plan, got
+
+
+def test_a_compiled_plan_is_fused_where_the_plugin_has_the_codegen_section():
+    """The GPT-style block fused and unfused: outputs within float32 tolerances of
+    torch's (a fused kernel reorders float work), the fused plan's calls fewer."""
+    if not devkit.device("cpu:0").plugin.has_codegen:
+        pytest.skip(reason="the cpu plugin found no C compiler: it has no codegen section")
+    x = torch.randn(2, 8, 32)
+    plans, outputs = {}, {}
+    for fuse in (None, False):
+        block, compiled, runners = _compiled_block(fuse)
+        plans[fuse], outputs[fuse] = _plan_of(compiled, block, runners, x)
+        with torch.no_grad():
+            torch.testing.assert_close(outputs[fuse], block(x), rtol=1e-5, atol=1e-5)
+        torch._dynamo.reset()
+    fused, unfused = plans[None], plans[False]
+    assert unfused.fusion is None and "Fused" not in [call.op for call in unfused.calls]
+    groups = fused.fusion.groups
+    assert fused.fusion.dialect == "c" and ["Mul", "Mul"] in groups  # the query's and key's scaling, views of one value
+    assert len(fused.calls) == len(unfused.calls) - fused.fusion.kernels_saved
+    assert [call.op for call in fused.calls].count("Fused") == len(groups)
+    torch.testing.assert_close(outputs[None], outputs[False], rtol=1e-5, atol=1e-5)
+
+
+def test_a_plugin_without_the_codegen_section_gets_the_unfused_plan(monkeypatch):
+    monkeypatch.setattr(devkit.Plugin, "has_codegen", property(lambda plugin: False))
+    x = torch.randn(2, 8, 32)
+    for fuse, report in ((None, None), (True, {"dialect": None, "groups": 0})):
+        block, compiled, runners = _compiled_block(fuse)
+        plan, got = _plan_of(compiled, block, runners, x)
+        with torch.no_grad():
+            torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+        assert "Fused" not in [call.op for call in plan.calls]
+        assert (plan.fusion and {k: plan.fusion.as_dict()[k] for k in ("dialect", "groups")}) == report
+        torch._dynamo.reset()
+
+
+def test_the_backend_takes_the_fuse_option_and_names_unknown_ones():
+    from devkit.torch import _compile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).eval()
+    x = torch.randn(3, 8)
+    compiled = torch.compile(copy.deepcopy(model).to("devkit"), backend="devkit", options={"fuse": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x.to("devkit")).cpu(), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'fusion'; it takes 'fuse'"):
+        _compile.devkit_backend(None, [], options={"fusion": False})
+    with pytest.raises(TypeError, match="option 'fuse' must be a bool, got str"):
+        _compile.devkit_backend(None, [], options={"fuse": "no"})
     torch._dynamo.reset()
 
 
