@@ -267,27 +267,67 @@ def test_native_replayer_serves_recorded_ops_and_leaves_the_rest_to_python():
         native.add(key, ("other",))
 
 
-def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
+def _neg_template_that_fails(owner):
+    """(native replayer, op, a, spec, kept): neg's template for ``a`` with ``owner``, whose one launch
+    returns DK_INVALID_ARGUMENT. ``kept`` must outlive the replays: the Python template, which owns
+    the calls the spec points at (the owner does otherwise), and the failing kernel function."""
     from devkit.abi import ffi
 
     native = _native_replayer()
     a = torch.randn(4).to("devkit")
     op = torch.ops.aten.neg.default
     torch.neg(a)
-    template = _template(op, a)
     failing = ffi.callback("DK_Status(const DK_KernelCall *)", lambda call: devkit.abi.C.DK_INVALID_ARGUMENT)
+    template = _template(op, a)
+    spec = list(template.native_spec())
+    spec[1] = owner
+    spec[2] = [(_replay._address(failing), *spec[2][0][1:])]
+    return native, op, a, spec, (template, failing)
 
+
+def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
     class Owner:
         def failed(self, index, status):
             raise RuntimeError(f"step {index} failed with status {status}")
 
-    spec = list(template.native_spec())
-    spec[1] = Owner()
-    spec[2] = [(_replay._address(failing), *spec[2][0][1:])]
+    native, op, a, spec, _kept = _neg_template_that_fails(Owner())
     _replay.clear()
     native.add(native.replay(op, (a,), {}), tuple(spec))
     with pytest.raises(RuntimeError, match=f"step 0 failed with status {devkit.abi.C.DK_INVALID_ARGUMENT}"):
         native.replay(op, (a,), {})
+    _replay.clear()
+    assert torch.equal(torch.neg(a).cpu(), -a.cpu())
+
+
+def test_native_replay_reads_the_plugin_error_before_it_releases_the_outputs():
+    """The ABI's error model: the host reads a failed call's message before it
+    makes any other call into the plugin on that thread. Dropping a step's
+    output buffers may free memory through the plugin, so the owner raises
+    the error (reading the message) while the replay still holds them."""
+    from devkit.driver import Buffer
+    from devkit.torch import _memory
+
+    events = []
+
+    class Owner:
+        def failed(self, index, status):
+            events.append("error read")
+            raise RuntimeError(f"step {index} failed with status {status}")
+
+    class Output(Buffer):
+        def __del__(self):
+            events.append("output released")
+
+    native, op, a, spec, _kept = _neg_template_that_fails(Owner())
+    device, nbytes = spec[2][0][3][0][1]  # the output's reuse pool: the replay takes its buffer from there
+    whole = Buffer.allocate(device, nbytes)
+    _memory._pools.setdefault((device, nbytes), []).append(Output(whole._allocation, 0, nbytes))
+    del whole
+    _replay.clear()
+    native.add(native.replay(op, (a,), {}), tuple(spec))
+    with pytest.raises(RuntimeError, match="step 0 failed"):
+        native.replay(op, (a,), {})
+    assert events == ["error read", "output released"]
     _replay.clear()
     assert torch.equal(torch.neg(a).cpu(), -a.cpu())
 
