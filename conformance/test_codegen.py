@@ -238,10 +238,6 @@ def _edge_inputs() -> np.ndarray:
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def _known_gap(op: str, why: str):
-    return pytest.param(op, marks=pytest.mark.xfail(reason=f"{op}'s rule: {why}", strict=False))
-
-
 # The float32 math rules over the edge inputs, against float64 under each
 # op's float32 tolerance. The gaps measured (devkit 2026-12): glibc's
 # vector logf and atanf are 4 and 2 ulp off in places (C), sinf and cosf 2
@@ -252,13 +248,17 @@ _MATH_REFERENCES = {"Exp": np.exp, "Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "T
                     "Cos": np.cos, "Softplus": lambda x: np.logaddexp(0, x)}
 
 
-@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Tanh", "Sqrt", "Erf",
-                                _known_gap("Log", "glibc's vector logf, up to 4 ulp in C"),
-                                _known_gap("Atan", "glibc's vector atanf, up to 2 ulp in C"),
-                                _known_gap("Sin", "up to 2 ulp (glibc's vector sinf, PoCL's sin)"),
-                                _known_gap("Cos", "up to 2 ulp (glibc's vector cosf, PoCL's cos)"),
-                                _known_gap("Softplus", "log(1 + e^x) overflows and cancels")])
-def test_a_generated_kernel_is_within_its_ops_tolerance_over_edge_inputs(dev, dialect, op):
+# The gaps known, by op and dialect (None: every dialect, the rule itself).
+# Not strict: another vendor's compiler may well be exact where these are not.
+_KNOWN_GAPS = {("Log", "c"): "glibc's vector logf, up to 4 ulp", ("Atan", "c"): "glibc's vector atanf, up to 2 ulp",
+               ("Sin", "c"): "glibc's vector sinf, up to 2 ulp", ("Cos", "c"): "glibc's vector cosf, up to 2 ulp",
+               ("Sin", "opencl-c"): "the OpenCL compiler's sin (PoCL: up to 2 ulp)",
+               ("Cos", "opencl-c"): "the OpenCL compiler's cos (PoCL: up to 2 ulp)",
+               ("Softplus", None): "log(1 + e^x) overflows above 88.7 and cancels below"}
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sigmoid", "Tanh", "Sqrt", "Erf", "Log", "Atan", "Sin", "Cos", "Softplus"])
+def test_a_generated_kernel_is_within_its_ops_tolerance_over_edge_inputs(request, dev, dialect, op):
     """A one-op group, rendered and compiled as the fusion pass does, against
     float64 under the op's own float32 tolerance (NaN for NaN, infinities
     and zeros exact): the C dialect's checked exp and its reruns included,
@@ -267,6 +267,9 @@ def test_a_generated_kernel_is_within_its_ops_tolerance_over_edge_inputs(dev, di
     from devkit.ops import spec
     from devkit.ops.testing import compare
 
+    why = _KNOWN_GAPS.get((op, dialect)) or _KNOWN_GAPS.get((op, None))
+    if why:
+        request.applymarker(pytest.mark.xfail(reason=f"{op}'s rule in {dialect}: {why}", strict=False))
     x = _edge_inputs()
     tensor = codegen.TensorArg(x.shape, (1,), np.dtype(np.float32))
     group = codegen.Group(x.shape, [tensor], [codegen.GroupOp(op, (("in", 0),), {}, (tensor.dtype,), tensor.dtype,
