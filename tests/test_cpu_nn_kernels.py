@@ -257,3 +257,16 @@ def test_reductions_split_over_the_first_axis(dev, shape, axes):
         y = devkit.run_op(op, [devkit.asarray(x, dev), np.array(axes)], {"keepdims": 0})
         want = reference(x.astype(np.float64), axis=tuple(axes)).astype(np.float32)
         np.testing.assert_array_max_ulp(y[0].numpy(), want, maxulp=1)
+
+
+# Transposes tile the two dims that swap contiguity; 4-byte elements go
+# through 8 x 8 register blocks, the rest (and the edges) one at a time, and
+# large copies split over the pool by columns of tiles. Exact.
+@pytest.mark.parametrize("shape,perm", [((37, 45), None), ((64, 96), None), ((1000, 600), None),
+                                        ((3, 40, 50), (0, 2, 1)), ((4, 5, 6, 7), (3, 1, 0, 2)),
+                                        ((9, 300, 17), (2, 1, 0))])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64, np.int8, np.float16])
+def test_transpose_matches_numpy_exactly(dev, shape, perm, dtype):
+    x = np.random.default_rng(len(shape)).integers(-100, 100, shape).astype(dtype)
+    (y,) = _run(dev, "Transpose", [x], {} if perm is None else {"perm": list(perm)})
+    np.testing.assert_array_equal(y, np.transpose(x, perm))

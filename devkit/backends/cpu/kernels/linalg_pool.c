@@ -364,23 +364,18 @@ MAX_POOL(max_pool_wide_u8, uint8_t, 0, INT_IS_NAN, int64_t)
  * best is not: !(v <= best) && best == best -- so a fold in tap order keeps
  * the first maximum's bits (of -0 and +0, of two NaNs: the first). */
 #define POOL_LANES 8
-#if defined(__GNUC__) && !defined(__clang__)
-/* The vector helpers are always inlined: no call passes a vector, so the
- * ABI GCC warns about for targets without AVX is never used. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 typedef float pool_vec __attribute__((vector_size(POOL_LANES * sizeof(float))));
 typedef int32_t pool_mask __attribute__((vector_size(POOL_LANES * sizeof(int32_t))));
 
-static inline __attribute__((always_inline)) pool_vec pool_load(const float *p) {
-  pool_vec v;
-  memcpy(&v, p, sizeof v);
-  return v;
+/* The helpers take vectors by pointer: a vector argument or result would
+ * use an ABI that differs between the clones (GCC's -Wpsabi). */
+static inline __attribute__((always_inline)) void pool_load(pool_vec *v, const float *p) {
+  memcpy(v, p, sizeof *v);
 }
 
-static inline __attribute__((always_inline)) pool_vec take_first_max(pool_vec best, pool_vec v) {
-  pool_mask take = ~(v <= best) & (best == best);
-  return (pool_vec)(((pool_mask)v & take) | ((pool_mask)best & ~take));
+static inline __attribute__((always_inline)) void take_first_max(pool_vec *best, const pool_vec *v) {
+  pool_mask take = ~(*v <= *best) & (*best == *best);
+  *best = (pool_vec)(((pool_mask)*v & take) | ((pool_mask)*best & ~take));
 }
 
 #if defined(__has_builtin)
@@ -388,8 +383,11 @@ static inline __attribute__((always_inline)) pool_vec take_first_max(pool_vec be
 #define POOL_HAS_EVEN_LANES 1
 /* p[0], p[2], ..., p[14]: a stride-2 tap of 8 outputs from two loads,
  * p[0..7] and p[7..14] (nothing past the last element used). */
-static inline __attribute__((always_inline)) pool_vec pool_load_even(const float *p) {
-  return __builtin_shufflevector(pool_load(p), pool_load(p + POOL_LANES - 1), 0, 2, 4, 6, 9, 11, 13, 15);
+static inline __attribute__((always_inline)) void pool_load_even(pool_vec *v, const float *p) {
+  pool_vec lo, hi;
+  pool_load(&lo, p);
+  pool_load(&hi, p + POOL_LANES - 1);
+  *v = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 9, 11, 13, 15);
 }
 #endif
 #endif
@@ -404,16 +402,22 @@ static inline __attribute__((always_inline)) void max_row_vectors(const float *s
   for (int64_t o = lo;; o += POOL_LANES) {
     if (o + POOL_LANES > hi) o = hi - POOL_LANES;
     const float *at = src + (o * s - pad);
-    pool_vec best;
+    pool_vec best, v;
 #ifdef POOL_HAS_EVEN_LANES
     if (s == 2) {
-      best = pool_load_even(at);
-      for (int64_t t = 1; t < taps; t++) best = take_first_max(best, pool_load_even(at + t));
+      pool_load_even(&best, at);
+      for (int64_t t = 1; t < taps; t++) {
+        pool_load_even(&v, at + t);
+        take_first_max(&best, &v);
+      }
     } else
 #endif
     {
-      best = pool_load(at);
-      for (int64_t t = 1; t < taps; t++) best = take_first_max(best, pool_load(at + t));
+      pool_load(&best, at);
+      for (int64_t t = 1; t < taps; t++) {
+        pool_load(&v, at + t);
+        take_first_max(&best, &v);
+      }
     }
     memcpy(out + o, &best, sizeof best);
     if (o + POOL_LANES == hi) return;
@@ -466,8 +470,12 @@ static inline __attribute__((always_inline)) void max_columns_vectors(const floa
                                                                       int64_t count, float *y, int64_t n) {
   for (int64_t o = 0;; o += POOL_LANES) {
     if (o + POOL_LANES > n) o = n - POOL_LANES;
-    pool_vec best = pool_load(rows + o);
-    for (int64_t i = 1; i < count; i++) best = take_first_max(best, pool_load(rows + i * step + o));
+    pool_vec best, v;
+    pool_load(&best, rows + o);
+    for (int64_t i = 1; i < count; i++) {
+      pool_load(&v, rows + i * step + o);
+      take_first_max(&best, &v);
+    }
     memcpy(y + o, &best, sizeof best);
     if (o + POOL_LANES == n) return;
   }
