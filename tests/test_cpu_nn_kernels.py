@@ -90,6 +90,44 @@ def test_pools_match_brute_force_windows(dev, shape, kernel, strides, pads, dila
         np.testing.assert_array_max_ulp(mean, want_mean, maxulp=1)
 
 
+# MaxPool without Indices over 2-D windows takes the separable path (row
+# maxima, then column maxima), float32 rows in vectors: rows with at least
+# 8 interior columns, strides 1 and 2, a last vector that overlaps the one
+# before it, border columns in the padding, and shapes that fall back.
+SEPARABLE_CASES = [
+    # (X shape, kernel, strides, pads (begin..., end...), ceil_mode)
+    ((1, 64, 24, 24), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # ResNet's stem pool, smaller
+    ((2, 3, 23, 37), (3, 3), (2, 2), (1, 1, 1, 1), 1),
+    ((1, 2, 19, 41), (2, 3), (1, 2), (0, 1, 1, 0), 0),
+    ((3, 1, 17, 26), (3, 2), (2, 1), (1, 0, 0, 1), 0),
+    ((1, 2, 12, 30), (5, 4), (1, 1), (2, 1, 2, 2), 0),
+    ((1, 1, 9, 50), (3, 3), (3, 3), (1, 1, 1, 1), 1),  # stride 3: the tap loops
+    ((1, 2, 7, 11), (3, 3), (2, 2), (1, 1, 1, 1), 0),  # under 8 interior columns
+]
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads,ceil_mode", SEPARABLE_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_values_only_matches_the_tap_walk_bit_for_bit(dev, shape, kernel, strides, pads, ceil_mode,
+                                                                dtype):
+    rng = np.random.default_rng(sum(shape))
+    # Small integers tie often; signed zeros, -inf and NaNs of distinct payloads
+    # show which tap won.
+    x = rng.integers(-3, 4, shape).astype(dtype)
+    x[rng.random(shape) < 0.3] = -0.0
+    x[rng.random(shape) < 0.02] = -np.inf
+    nan_at = rng.random(shape) < 0.01
+    uint = np.uint32 if dtype == np.float32 else np.uint64
+    nan_bits = np.array(np.nan, dtype).view(uint) | rng.integers(1, 1 << 20, shape).astype(uint)
+    x[nan_at] = nan_bits[nan_at].view(dtype)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads), "ceil_mode": ceil_mode}
+    (values,) = [y.numpy() for y in devkit.run_op("MaxPool", [devkit.asarray(x, dev)], attrs, outputs=1)]
+    walked, _ = _run(dev, "MaxPool", [x], attrs)  # with Indices: the tap walk
+    want, _, _ = _reference_pools(x, values.shape, kernel, strides, pads, (1, 1), False)
+    np.testing.assert_array_equal(values.view(uint), walked.view(uint))
+    np.testing.assert_array_equal(values.view(uint), want.view(uint))
+
+
 def test_max_pool_indices_of_minus_inf_and_nan_windows(dev):
     # A window of only -inf takes its first tap; the first NaN wins over numbers and later NaNs.
     x = np.array([[[[-np.inf, -np.inf, 1.0, 2.0],
@@ -157,3 +195,78 @@ def test_softmax_special_values(dev):
     np.testing.assert_array_max_ulp(log_y[0], log_soft[0].astype(np.float32), maxulp=1)
     assert y[0, 1] == 0 and log_y[0, 1] == -np.inf
     assert np.isnan(y[1:]).all() and np.isnan(log_y[1:]).all()
+
+
+# Gemm and MatMul with one row or one column run as a GEMV, split over
+# blocks of 64 outputs when the matrix is large: a classifier head (ResNet's
+# 1x512 by 1000x512^T), both transposes, short last blocks, a bias that
+# broadcasts, alpha and beta.
+GEMV_CASES = [
+    # (M, N, K, transA, transB)
+    (1, 1000, 512, 0, 1),
+    (1, 1001, 300, 1, 0),
+    (1, 70, 1024, 0, 0),
+    (129, 1, 777, 0, 0),
+    (1000, 1, 130, 1, 1),
+    (1, 1, 5000, 0, 1),
+]
+
+
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b", GEMV_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gemm_with_one_row_or_column_matches_float64(dev, m, n, k, trans_a, trans_b, dtype):
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    c = rng.standard_normal((n,) if m == 1 else (m, 1)).astype(dtype)
+    attrs = {"transA": trans_a, "transB": trans_b, "alpha": 0.5, "beta": -2.0}
+    (y,) = _run(dev, "Gemm", [a, b, c], attrs)
+    op_a = (a.T if trans_a else a).astype(np.float64)
+    op_b = (b.T if trans_b else b).astype(np.float64)
+    want = 0.5 * op_a @ op_b - 2.0 * c.astype(np.float64)
+    # Dot-product tolerance: the sum of |products| times a few units of roundoff.
+    bound = 8 * k * np.finfo(dtype).eps * (np.abs(op_a) @ np.abs(op_b) + np.abs(c))
+    assert y.shape == (m, n)
+    assert np.all(np.abs(y - want) <= bound)
+    (no_c,) = _run(dev, "Gemm", [a, b], {"transA": trans_a, "transB": trans_b})
+    assert np.all(np.abs(no_c - op_a @ op_b) <= bound)
+
+
+def test_matmul_vector_operands_match_float64(dev):
+    rng = np.random.default_rng(7)
+    matrix = rng.standard_normal((700, 300)).astype(np.float32)
+    row, column = rng.standard_normal(700).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    for a, b in ((row, matrix), (matrix, column), (row[None, :], matrix), (matrix, column[:, None])):
+        (y,) = _run(dev, "MatMul", [a, b], {})
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        bound = 8 * 700 * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b))
+        assert y.shape == want.shape
+        assert np.all(np.abs(y - want) <= bound)
+
+
+# Reductions whose first axis is kept split over it, each output still
+# summed in one walk: the same bits as one thread. References in float64,
+# rounded once (1 ulp, the op's tolerance); NaN and -inf reach the maxima.
+@pytest.mark.parametrize("shape,axes", [((600, 500), [-1]), ((300, 33, 17), [1, 2]), ((640, 3, 70), [1]),
+                                        ((5, 4), [1])])
+def test_reductions_split_over_the_first_axis(dev, shape, axes):
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    x[0, 0] = np.nan
+    x[-1, -1] = -np.inf
+    for op, reference in (("ReduceSum", np.sum), ("ReduceMax", np.max), ("ReduceMean", np.mean)):
+        y = devkit.run_op(op, [devkit.asarray(x, dev), np.array(axes)], {"keepdims": 0})
+        want = reference(x.astype(np.float64), axis=tuple(axes)).astype(np.float32)
+        np.testing.assert_array_max_ulp(y[0].numpy(), want, maxulp=1)
+
+
+# Transposes tile the two dims that swap contiguity; 4-byte elements go
+# through 8 x 8 register blocks, the rest (and the edges) one at a time, and
+# large copies split over the pool by columns of tiles. Exact.
+@pytest.mark.parametrize("shape,perm", [((37, 45), None), ((64, 96), None), ((1000, 600), None),
+                                        ((3, 40, 50), (0, 2, 1)), ((4, 5, 6, 7), (3, 1, 0, 2)),
+                                        ((9, 300, 17), (2, 1, 0))])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64, np.int8, np.float16])
+def test_transpose_matches_numpy_exactly(dev, shape, perm, dtype):
+    x = np.random.default_rng(len(shape)).integers(-100, 100, shape).astype(dtype)
+    (y,) = _run(dev, "Transpose", [x], {} if perm is None else {"perm": list(perm)})
+    np.testing.assert_array_equal(y, np.transpose(x, perm))

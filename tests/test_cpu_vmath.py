@@ -97,9 +97,6 @@ int main(void) {
 """
 
 
-@pytest.mark.xfail(strict=True, reason="vmath.h vm_exp_taylor: for a NaN with the sign bit set, ki - h "
-                                       "overflows int64 (undefined behaviour; the plugin's setup.py build "
-                                       "wraps it with -fwrapv, build.py's does not)")
 def test_exponentials_of_a_negative_nan_stay_defined(tmp_path):
     """vm_exp_nonpositive (Softmax's float64 rows) and vm_gelu_tanhf take NaN
     to NaN; with signed overflow checked (UBSan), a NaN with its sign bit set

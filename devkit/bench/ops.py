@@ -89,6 +89,9 @@ BENCHMARKS = [
             blas=True),
     OpBench("MatMul 2048x2048x2048 f32", "MatMul", lambda r: [_f32(r, 2048, 2048), _f32(r, 2048, 2048)], np.matmul,
             blas=True),
+    # ResNet-18's classifier: a GEMV bound by reading the 2 MB of weights.
+    OpBench("Gemm 1x512 by 1000x512^T + bias", "Gemm", lambda r: [_f32(r, 1, 512), _f32(r, 1000, 512), _f32(r, 1000)],
+            lambda a, b, c: a @ b.T + c, {"transB": 1}, blas=True),
     OpBench("Transpose 4096x4096", "Transpose", lambda r: [_f32(r, 4096, 4096)],
             lambda x: np.ascontiguousarray(x.T)),
     OpBench("LayerNormalization 4096x1024", "LayerNormalization",

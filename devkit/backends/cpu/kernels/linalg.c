@@ -118,10 +118,90 @@ static void gemm_part(void *arg, int64_t begin, int64_t end) {
  * costs tens of microseconds, and each part packs its operands again. */
 #define GEMM_SPLIT_MIN_MACS (INT64_C(1) << 22)
 
+/* ---- GEMV: a product with one row or one column ---------------------------- */
+
+/* y (len outputs, incy apart) = alpha * op(M) x + beta * y, op(M) len x k:
+ * M stored row-major with leading dimension ldm, len rows of k (trans
+ * false) or k rows of len (trans true); x k elements incx apart. A GEMM
+ * call with m or n 1 packs the whole matrix first (Gemm 1x512 by
+ * 1000x512^T: 4x the time of reading the matrix once); GEMV streams it. */
+typedef struct gemv_split {
+  linalg_real real;
+  bool trans;
+  int64_t len, k, ldm, incx, incy;
+  double alpha, beta;
+  const uint8_t *m, *x;
+  uint8_t *y;
+} gemv_split;
+
+static void gemv_part(void *arg, int64_t begin, int64_t end) {
+  const gemv_split *g = arg;
+  size_t es = g->real == LINALG_F64 ? sizeof(double) : sizeof(float);
+  /* Outputs [begin, end): rows of M, or (transposed) its columns. */
+  const uint8_t *m = g->m + (size_t)(g->trans ? begin : begin * g->ldm) * es;
+  uint8_t *y = g->y + (size_t)(begin * g->incy) * es;
+  enum CBLAS_TRANSPOSE t = g->trans ? CblasTrans : CblasNoTrans;
+  blasint rows = (blasint)(g->trans ? g->k : end - begin), cols = (blasint)(g->trans ? end - begin : g->k);
+  if (g->real == LINALG_F64)
+    scipy_cblas_dgemv(CblasRowMajor, t, rows, cols, g->alpha, (const double *)m, (blasint)g->ldm,
+                      (const double *)g->x, (blasint)g->incx, g->beta, (double *)y, (blasint)g->incy);
+  else
+    scipy_cblas_sgemv(CblasRowMajor, t, rows, cols, (float)g->alpha, (const float *)m, (blasint)g->ldm,
+                      (const float *)g->x, (blasint)g->incx, (float)g->beta, (float *)y, (blasint)g->incy);
+}
+
+/* A GEMV is split from this many multiply-adds (a matrix of 1 MiB of
+ * float32: below, a hot one takes about the hand-off's tens of
+ * microseconds), in parts of whole blocks of outputs: OpenBLAS's kernels
+ * take outputs in small blocks, so with part boundaries on block multiples
+ * each output is summed as on one thread. */
+#define GEMV_SPLIT_MIN_MACS (INT64_C(1) << 18)
+#define GEMV_PART_BLOCK 64
+
+/* Blocks [begin, end) of GEMV_PART_BLOCK outputs (the last one short). */
+static void gemv_blocks(void *arg, int64_t begin, int64_t end) {
+  const gemv_split *g = arg;
+  int64_t last = end * GEMV_PART_BLOCK;
+  gemv_part(arg, begin * GEMV_PART_BLOCK, last < g->len ? last : g->len);
+}
+
+/* The product as a GEMV when m or n is 1 and every extent fits one BLAS
+ * call; false (nothing done) otherwise. */
+static bool gemm_as_gemv(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                         double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                         void *c, int64_t ldc) {
+  const int64_t lim = LINALG_BLAS_MAX;
+  if ((m != 1 && n != 1) || k <= 0 || m > lim || n > lim || k > lim || lda > lim || ldb > lim || ldc > lim)
+    return false;
+  gemv_split g = {.real = real, .alpha = alpha, .beta = beta, .k = k, .y = c};
+  if (m == 1) { /* c (1 x n) = a (1 x k) op(B): y = op(B)^T a over c's row */
+    g.len = n, g.m = b, g.ldm = ldb, g.trans = !trans_b;
+    g.x = a, g.incx = trans_a ? lda : 1, g.incy = 1;
+  } else { /* c (m x 1) = op(A) b (k x 1): y = op(A) b down c's column */
+    g.len = m, g.m = a, g.ldm = lda, g.trans = trans_a;
+    g.x = b, g.incx = trans_b ? 1 : ldb, g.incy = ldc;
+  }
+  if (beta == 0.0) { /* y's old values, NaN included, drop out as GEMM's beta 0 makes them */
+    g.beta = 0.0;
+    size_t es = real == LINALG_F64 ? sizeof(double) : sizeof(float);
+    for (int64_t i = 0; i < g.len; i++) memset(g.y + (size_t)(i * g.incy) * es, 0, es);
+  }
+  int64_t threads = cpu_thread_count();
+  int64_t blocks = (g.len + GEMV_PART_BLOCK - 1) / GEMV_PART_BLOCK;
+  if (threads < 2 || g.len * k < GEMV_SPLIT_MIN_MACS || blocks < 2) {
+    gemv_part(&g, 0, g.len);
+    return true;
+  }
+  /* One part per thread, of whole blocks. */
+  cpu_parallel_for(blocks, (blocks + threads - 1) / threads, gemv_blocks, &g);
+  return true;
+}
+
 void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                  void *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
+  if (gemm_as_gemv(real, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   int64_t threads = cpu_thread_count();
   if (threads < 2 || k <= 0 || (double)m * (double)n * (double)k < (double)GEMM_SPLIT_MIN_MACS) {
     gemm_serial(real, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

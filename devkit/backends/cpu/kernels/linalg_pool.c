@@ -358,14 +358,164 @@ MAX_POOL(max_pool_wide_f64, double, -INFINITY, FLOAT_IS_NAN, int64_t)
 MAX_POOL(max_pool_wide_i8, int8_t, INT8_MIN, INT_IS_NAN, int64_t)
 MAX_POOL(max_pool_wide_u8, uint8_t, 0, INT_IS_NAN, int64_t)
 
+/* float32 rows in vectors of 8 (GCC vector extensions: AVX2 registers in
+ * the avx2 clone, two SSE or NEON registers elsewhere). take_first_max is
+ * MAX_TAKES lane by lane -- v beats best when it is greater, or a NaN where
+ * best is not: !(v <= best) && best == best -- so a fold in tap order keeps
+ * the first maximum's bits (of -0 and +0, of two NaNs: the first). */
+#define POOL_LANES 8
+typedef float pool_vec __attribute__((vector_size(POOL_LANES * sizeof(float))));
+typedef int32_t pool_mask __attribute__((vector_size(POOL_LANES * sizeof(int32_t))));
+
+/* The helpers take vectors by pointer: a vector argument or result would
+ * use an ABI that differs between the clones (GCC's -Wpsabi). */
+static inline __attribute__((always_inline)) void pool_load(pool_vec *v, const float *p) {
+  memcpy(v, p, sizeof *v);
+}
+
+static inline __attribute__((always_inline)) void take_first_max(pool_vec *best, const pool_vec *v) {
+  pool_mask take = ~(*v <= *best) & (*best == *best);
+  *best = (pool_vec)(((pool_mask)*v & take) | ((pool_mask)*best & ~take));
+}
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define POOL_HAS_EVEN_LANES 1
+/* p[0], p[2], ..., p[14]: a stride-2 tap of 8 outputs from two loads,
+ * p[0..7] and p[7..14] (nothing past the last element used). */
+static inline __attribute__((always_inline)) void pool_load_even(pool_vec *v, const float *p) {
+  pool_vec lo, hi;
+  pool_load(&lo, p);
+  pool_load(&hi, p + POOL_LANES - 1);
+  *v = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 9, 11, 13, 15);
+}
+#endif
+#endif
+
+/* out[o] for o in [lo, hi), hi - lo >= POOL_LANES: the maximum of `taps`
+ * taps from src + o * s - pad. The last vector overlaps the one before it
+ * instead of leaving a scalar tail (its outputs are computed again, the
+ * same). */
+static inline __attribute__((always_inline)) void max_row_vectors(const float *src, int64_t s, int64_t pad,
+                                                                  int64_t taps, float *out, int64_t lo,
+                                                                  int64_t hi) {
+  for (int64_t o = lo;; o += POOL_LANES) {
+    if (o + POOL_LANES > hi) o = hi - POOL_LANES;
+    const float *at = src + (o * s - pad);
+    pool_vec best, v;
+#ifdef POOL_HAS_EVEN_LANES
+    if (s == 2) {
+      pool_load_even(&best, at);
+      for (int64_t t = 1; t < taps; t++) {
+        pool_load_even(&v, at + t);
+        take_first_max(&best, &v);
+      }
+    } else
+#endif
+    {
+      pool_load(&best, at);
+      for (int64_t t = 1; t < taps; t++) {
+        pool_load(&v, at + t);
+        take_first_max(&best, &v);
+      }
+    }
+    memcpy(out + o, &best, sizeof best);
+    if (o + POOL_LANES == hi) return;
+  }
+}
+
+/* The maximum over the taps inside the row (width long) of a window from
+ * column `first`. */
+static inline __attribute__((always_inline)) float max_border_column(const float *src, int64_t first,
+                                                                     int64_t taps, int64_t width) {
+  float best = -INFINITY;
+  for (int64_t c = first < 0 ? 0 : first; c < first + taps && c < width; c++)
+    best = MAX_TAKES(src[c], best, FLOAT_IS_NAN) ? src[c] : best;
+  return best;
+}
+
+/* A plane's input row `src` to its column maxima `out` (grid[1] of them)
+ * with stride 1 or 2 (2 where the compiler has the lane shuffle) and no
+ * dilation: the interior columns, whose every tap lies inside the row, in
+ * vectors -- the tap count a constant for 2 and 3 -- the border ones over
+ * their taps inside, in order. False (nothing written) for other windows
+ * or fewer than POOL_LANES interior columns. */
+static inline __attribute__((always_inline)) bool max_row_float(const linalg_window *w, const float *src,
+                                                                 float *out) {
+  int64_t s = w->stride[1], taps = w->kernel[1], pad = w->pad[1], width = w->target[1], lo, hi;
+#ifdef POOL_HAS_EVEN_LANES
+  bool vector_stride = s == 1 || s == 2;
+#else
+  bool vector_stride = s == 1;
+#endif
+  if (!vector_stride) return false;
+  linalg_valid_range(-pad, s, w->grid[1], width - (taps - 1), &lo, &hi);
+  if (hi - lo < POOL_LANES) return false;
+  if (taps == 2)
+    max_row_vectors(src, s, pad, 2, out, lo, hi);
+  else if (taps == 3)
+    max_row_vectors(src, s, pad, 3, out, lo, hi);
+  else
+    max_row_vectors(src, s, pad, taps, out, lo, hi);
+  for (int64_t o = 0; o < lo; o++) out[o] = max_border_column(src, o * s - pad, taps, width);
+  for (int64_t o = hi; o < w->grid[1]; o++) out[o] = max_border_column(src, o * s - pad, taps, width);
+  return true;
+}
+
+/* y[o] = the maximum over `count` >= 1 rows, `step` apart, from `rows`, of
+ * row[o], folded in row order; false (nothing written) below POOL_LANES
+ * columns. (The first row stands for the fold's start, -inf: beating -inf,
+ * or equal to it, it gives the same bits.) */
+static inline __attribute__((always_inline)) void max_columns_vectors(const float *rows, int64_t step,
+                                                                      int64_t count, float *y, int64_t n) {
+  for (int64_t o = 0;; o += POOL_LANES) {
+    if (o + POOL_LANES > n) o = n - POOL_LANES;
+    pool_vec best, v;
+    pool_load(&best, rows + o);
+    for (int64_t i = 1; i < count; i++) {
+      pool_load(&v, rows + i * step + o);
+      take_first_max(&best, &v);
+    }
+    memcpy(y + o, &best, sizeof best);
+    if (o + POOL_LANES == n) return;
+  }
+}
+
+static inline __attribute__((always_inline)) bool max_columns_float(const float *rows, int64_t step,
+                                                                     int64_t count, float *y, int64_t n) {
+  if (count < 1 || n < POOL_LANES) return false;
+  if (count == 2)
+    max_columns_vectors(rows, step, 2, y, n);
+  else if (count == 3)
+    max_columns_vectors(rows, step, 3, y, n);
+  else
+    max_columns_vectors(rows, step, count, y, n);
+  return true;
+}
+
+/* The other dtypes' rows: the tap loops. */
+#define NO_FAST_ROW(T)                                                                           \
+  static inline bool max_row_##T(const linalg_window *w, const T *src, T *out) {                \
+    (void)w, (void)src, (void)out;                                                               \
+    return false;                                                                                \
+  }                                                                                              \
+  static inline bool max_columns_##T(const T *rows, int64_t step, int64_t count, T *y, int64_t n) { \
+    (void)rows, (void)step, (void)count, (void)y, (void)n;                                       \
+    return false;                                                                                \
+  }
+NO_FAST_ROW(double)
+NO_FAST_ROW(int8_t)
+NO_FAST_ROW(uint8_t)
+
 /* MaxPool without Indices over 2-D windows with no dilation, a plane at a
  * time: a window's maximum is the maximum, over its rows, of each row's
  * maximum over its columns, so each input row gets its column maxima once
  * (kw taps per output column) and each output row takes the maximum of kh
  * of those rows: kh + kw instead of kh * kw compares per output, each a
- * contiguous (or constant-stride) loop. Among equal maxima the first row's
- * first wins, and a row's first NaN, and the first row with a NaN: the
- * first in row-major order, as the tap walk gives (the same bits). */
+ * contiguous (or constant-stride) loop -- for float32 in vectors
+ * (max_row_float, max_columns_float). Among equal maxima the first row's first
+ * wins, and a row's first NaN, and the first row with a NaN: the first in
+ * row-major order, as the tap walk gives (the same bits). */
 #define MAX_POOL_SEPARABLE(NAME, T, LOWEST, IS_NAN)                                                \
   static inline __attribute__((always_inline)) void NAME##_tap(const T *src, int64_t s, int64_t count, \
                                                                T *best) {                         \
@@ -384,23 +534,26 @@ MAX_POOL(max_pool_wide_u8, uint8_t, 0, INT_IS_NAN, int64_t)
     for (int64_t p = begin; p < end; p++) {                                                       \
       const T *plane = (const T *)job->x + p * job->in_plane;                                     \
       T *y = (T *)job->y + p * job->out_plane;                                                    \
-      for (int64_t o = 0; o < height * ow; o++) rows[o] = LOWEST;                                 \
-      for (int64_t t = 0; t < w->kernel[1]; t++) {                                                \
-        int64_t base, lo, hi;                                                                     \
-        tap_columns(w, t, &base, &lo, &hi);                                                       \
-        for (int64_t r = 0; r < height; r++) {                                                    \
+      for (int64_t r = 0; r < height; r++) {                                                      \
+        T *out = rows + r * ow;                                                                   \
+        if (max_row_##T(w, plane + r * width, out)) continue;                                     \
+        for (int64_t o = 0; o < ow; o++) out[o] = LOWEST;                                         \
+        for (int64_t t = 0; t < w->kernel[1]; t++) {                                              \
+          int64_t base, lo, hi;                                                                   \
+          tap_columns(w, t, &base, &lo, &hi);                                                     \
           const T *src = plane + r * width + base + lo * s;                                       \
           if (s == 1)                                                                             \
-            NAME##_tap(src, 1, hi - lo, rows + r * ow + lo);                                      \
+            NAME##_tap(src, 1, hi - lo, out + lo);                                                \
           else if (s == 2)                                                                        \
-            NAME##_tap(src, 2, hi - lo, rows + r * ow + lo);                                      \
+            NAME##_tap(src, 2, hi - lo, out + lo);                                                \
           else                                                                                    \
-            NAME##_tap(src, s, hi - lo, rows + r * ow + lo);                                      \
+            NAME##_tap(src, s, hi - lo, out + lo);                                                \
         }                                                                                         \
       }                                                                                           \
       for (int64_t q = 0; q < oh; q++, y += ow) {                                                 \
         int64_t first = q * w->stride[0] - w->pad[0], lo, hi;                                     \
         linalg_valid_range(first, 1, w->kernel[0], height, &lo, &hi);                             \
+        if (max_columns_##T(rows + (first + lo) * ow, ow, hi - lo, y, ow)) continue;              \
         for (int64_t o = 0; o < ow; o++) y[o] = LOWEST;                                           \
         for (int64_t i = lo; i < hi; i++) NAME##_tap(rows + (first + i) * ow, 1, ow, y);          \
       }                                                                                           \

@@ -64,28 +64,100 @@ static bool merge_dims(int32_t ndim, const int64_t *shape, const int64_t *dst, c
 }
 
 /* Dims 0 and 1 of `m` in TILE x TILE blocks: dim 0 is contiguous in dst and
- * dim 1 in src, so each block reads and writes whole cache lines. */
-static void copy_tiled(const merged_dims *m, uint8_t *dst, const uint8_t *src, int32_t itemsize) {
-  const int64_t d0 = m->dst[0], d1 = m->dst[1], s0 = m->src[0], s1 = m->src[1];
-#define TILED(SIZE)                                                               \
-  for (int64_t j0 = 0; j0 < m->size[1]; j0 += TILE) {                             \
-    int64_t j1 = m->size[1] - j0 < TILE ? m->size[1] : j0 + TILE;                 \
-    for (int64_t i0 = 0; i0 < m->size[0]; i0 += TILE) {                           \
-      int64_t i1 = m->size[0] - i0 < TILE ? m->size[0] : i0 + TILE;               \
-      for (int64_t j = j0; j < j1; j++)                                           \
-        for (int64_t i = i0; i < i1; i++)                                         \
-          memcpy(dst + j * d1 + i * d0, src + j * s1 + i * s0, SIZE);             \
-    }                                                                             \
-  }                                                                               \
+ * dim 1 in src, so each block reads and writes whole cache lines. Large
+ * copies split over the thread pool by columns of blocks. */
+typedef struct tiled_copy {
+  const merged_dims *m;
+  uint8_t *dst;
+  const uint8_t *src;
+  int32_t itemsize;
+} tiled_copy;
+
+/* Elements (i, j) for i in [i0, i1), j in [j0, j1), one at a time. */
+static void copy_block(const tiled_copy *t, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  const int64_t d0 = t->m->dst[0], d1 = t->m->dst[1], s0 = t->m->src[0], s1 = t->m->src[1];
+  uint8_t *dst = t->dst;
+  const uint8_t *src = t->src;
+#define BLOCK(SIZE)                                               \
+  for (int64_t j = j0; j < j1; j++)                               \
+    for (int64_t i = i0; i < i1; i++)                             \
+      memcpy(dst + j * d1 + i * d0, src + j * s1 + i * s0, SIZE); \
   break;
-  switch (itemsize) {
-    case 1: TILED(1)
-    case 2: TILED(2)
-    case 4: TILED(4)
-    case 8: TILED(8)
-    default: TILED((size_t)itemsize)
+  switch (t->itemsize) {
+    case 1: BLOCK(1)
+    case 2: BLOCK(2)
+    case 4: BLOCK(4)
+    case 8: BLOCK(8)
+    default: BLOCK((size_t)t->itemsize)
   }
-#undef TILED
+#undef BLOCK
+}
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define MOVEMENT_HAS_SHUFFLE 1
+/* 4-byte elements in 8 x 8 blocks through vector registers (GCC vector
+ * extensions: AVX2 in the avx2 clone): 8 loads of 8 along src's contiguous
+ * dim, the transpose in three rounds of two-vector shuffles (unpack,
+ * pairs, halves), 8 stores along dst's. */
+typedef uint32_t tile_vec __attribute__((vector_size(8 * sizeof(uint32_t))));
+
+static inline __attribute__((always_inline)) void transpose_8x8(uint8_t *dst, int64_t d1, const uint8_t *src,
+                                                                int64_t s0) {
+  tile_vec r[8], t[8], u[8];
+  for (int k = 0; k < 8; k++) memcpy(&r[k], src + k * s0, sizeof r[k]); /* r[k][j]: element (i0 + k, j0 + j) */
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = __builtin_shufflevector(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[k + 1] = __builtin_shufflevector(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int k = 0; k < 8; k += 4)
+    for (int h = 0; h < 2; h++) {
+      u[k + 2 * h] = __builtin_shufflevector(t[k + h], t[k + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[k + 2 * h + 1] = __builtin_shufflevector(t[k + h], t[k + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int j = 0; j < 4; j++) { /* u[j] and u[j + 4] hold column j's and j + 4's halves */
+    tile_vec lo = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    tile_vec hi = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    memcpy(dst + j * d1, &lo, sizeof lo);
+    memcpy(dst + (j + 4) * d1, &hi, sizeof hi);
+  }
+}
+#endif
+#endif
+
+/* Columns of blocks [begin, end). */
+CPU_VECTOR_CLONES static void copy_tiles(void *ctx, int64_t begin, int64_t end) {
+  const tiled_copy *t = ctx;
+  const merged_dims *m = t->m;
+  int64_t last = end * TILE < m->size[1] ? end * TILE : m->size[1];
+  for (int64_t j0 = begin * TILE; j0 < last; j0 += TILE) {
+    int64_t j1 = last - j0 < TILE ? last : j0 + TILE;
+    for (int64_t i0 = 0; i0 < m->size[0]; i0 += TILE) {
+      int64_t i1 = m->size[0] - i0 < TILE ? m->size[0] : i0 + TILE;
+      int64_t i8 = i0, j8 = j0; /* the ends of the 8 x 8 blocks */
+#ifdef MOVEMENT_HAS_SHUFFLE
+      if (t->itemsize == 4) {
+        i8 = i0 + (i1 - i0) / 8 * 8, j8 = j0 + (j1 - j0) / 8 * 8;
+        for (int64_t j = j0; j < j8; j += 8)
+          for (int64_t i = i0; i < i8; i += 8)
+            transpose_8x8(t->dst + j * m->dst[1] + i * m->dst[0], m->dst[1], t->src + j * m->src[1] + i * m->src[0],
+                          m->src[0]);
+      }
+#endif
+      copy_block(t, i8, i1, j0, j8); /* the rows below the 8 x 8 blocks ... */
+      copy_block(t, i0, i1, j8, j1); /* ... and the columns right of them */
+    }
+  }
+}
+
+/* A tiled copy splits from this many bytes. */
+#define TILED_SPLIT_BYTES ((int64_t)1 << 20)
+
+static void copy_tiled(const merged_dims *m, uint8_t *dst, const uint8_t *src, int32_t itemsize) {
+  tiled_copy t = {.m = m, .dst = dst, .src = src, .itemsize = itemsize};
+  int64_t columns = (m->size[1] + TILE - 1) / TILE, column_bytes = m->size[0] * TILE * itemsize;
+  cpu_parallel_for(columns, column_bytes >= TILED_SPLIT_BYTES ? 1 : TILED_SPLIT_BYTES / column_bytes, copy_tiles,
+                   &t);
 }
 
 void movement_copy(int32_t ndim, const int64_t *shape, uint8_t *dst, const int64_t *dst_strides,

@@ -187,6 +187,31 @@ static DK_Status out_of_memory(const cpu_kernel_args *k, int64_t n) {
                          (long long)n);
 }
 
+/* The walk over x's first-axis indices [begin, end) (all of x when its
+ * first axis is reduced: then one chunk, [0, 1)). */
+typedef struct reduce_walk {
+  const cpu_tensor *x;
+  cpu_inner_loop accumulate;
+  acc *a;
+  int64_t strides[2][CPU_MAX_DIMS]; /* bytes: the accumulators', x's */
+} reduce_walk;
+
+/* Input elements per chunk of a split reduction. */
+#define REDUCE_CHUNK ((int64_t)1 << 16)
+
+static void reduce_rows(void *ctx, int64_t begin, int64_t end) {
+  const reduce_walk *w = ctx;
+  int64_t shape[CPU_MAX_DIMS];
+  memcpy(shape, w->x->shape, sizeof shape);
+  uint8_t *base[2] = {(uint8_t *)w->a, w->x->data};
+  if (w->x->ndim > 0 && w->strides[0][0] != 0) {
+    shape[0] = end - begin;
+    base[0] += begin * w->strides[0][0];
+    base[1] += begin * w->strides[1][0];
+  }
+  cpu_nd_loop(2, w->x->ndim, shape, (const int64_t(*)[CPU_MAX_DIMS])w->strides, base, w->accumulate, NULL);
+}
+
 static DK_Status reduce_run(const cpu_kernel_args *k, const reduce_op *op) {
   reduce_layout layout;
   DK_Status st = reduce_layout_of(k, &layout);
@@ -197,12 +222,15 @@ static DK_Status reduce_run(const cpu_kernel_args *k, const reduce_op *op) {
   if (!a) return out_of_memory(k, layout.out_size);
   for (int64_t i = 0; i < layout.out_size; i++) a[i] = op->init;
   const cpu_tensor *x = &k->in[0];
-  int64_t strides[2][CPU_MAX_DIMS];
-  memcpy(strides[0], layout.acc_strides, sizeof strides[0]);
-  memcpy(strides[1], layout.in_strides, sizeof strides[1]);
-  uint8_t *base[2] = {(uint8_t *)a, x->data};
-  cpu_nd_loop(2, x->ndim, x->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, op->accumulate,
-              NULL);
+  reduce_walk walk = {.x = x, .accumulate = op->accumulate, .a = a};
+  memcpy(walk.strides[0], layout.acc_strides, sizeof walk.strides[0]);
+  memcpy(walk.strides[1], layout.in_strides, sizeof walk.strides[1]);
+  /* Split over the first axis when it is kept: each chunk then owns its
+   * accumulators and folds them in the same order as one thread would. */
+  int64_t rows = x->ndim > 0 && layout.acc_strides[0] != 0 ? x->shape[0] : 1;
+  int64_t row_size = rows > 0 ? x->size / rows : 0;
+  cpu_parallel_for(rows, row_size >= REDUCE_CHUNK ? 1 : REDUCE_CHUNK / (row_size > 0 ? row_size : 1),
+                   reduce_rows, &walk);
   op->finish(layout.out_size, a, k->out[0].data, layout.count);
   free(a);
   return DK_OK;

@@ -69,10 +69,12 @@ static inline __attribute__((always_inline)) double vm_exp_taylor(double x, int 
   double p = vm_inv_factorial[degree];
   for (int i = degree - 1; i >= 0; i--) p = p * r + vm_inv_factorial[i];
   /* k in [-1077, 1023] as an integer, from t's low bits; h = floor((k +
-   * 2048) / 2) - 1024 keeps both exponents in range. */
-  int64_t ki = (int64_t)(vm_bits(t) - vm_bits(shifter));
-  int64_t h = (int64_t)((uint64_t)(ki + 2048) >> 1) - 1024;
-  double s1 = vm_from_bits((uint64_t)(h + 1023) << 52), s2 = vm_from_bits((uint64_t)(ki - h + 1023) << 52);
+   * 2048) / 2) - 1024 keeps both exponents in range. Unsigned (two's
+   * complement, wrapping): a NaN's bits give any k, and signed arithmetic
+   * on it could overflow; p is NaN then, whatever the scales. */
+  uint64_t ki = vm_bits(t) - vm_bits(shifter);
+  uint64_t h = ((ki + 2048) >> 1) - 1024;
+  double s1 = vm_from_bits((h + 1023) << 52), s2 = vm_from_bits((ki - h + 1023) << 52);
   return p * s1 * s2;
 }
 
