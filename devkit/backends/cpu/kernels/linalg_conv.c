@@ -732,7 +732,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * outputs whose windows hold it, as there (0 * inf in the padding is NaN). */
 #define PACKED_MB 6
 #define PACKED_NV 16
-/* k = (channel, tap) steps per pass: a block of positions keeps its
+/* k = (channel, tap) steps per pass (at most; passes of even length): a block of positions keeps its
  * PACKED_NV-wide input rows for them near the core while the pass runs
  * through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
  * machine: 256 steps about 5% faster than 128, 512 and 1024 within the
@@ -742,8 +742,13 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * blocks of positions whose outputs do too. */
 #define PACKED_RUN_BLOCKS 16
 #define PACKED_OUT_BYTES ((int64_t)64 << 10)
-/* What goes this way: at most this many output positions, at least this
- * many (channel, tap) steps and filters per group. */
+/* What goes this way: unit strides, at most this many output positions, at
+ * least this many (channel, tap) steps and filters per group. Measured per
+ * layer on one thread against the paths they would take (a loaded 2-core
+ * Zen 3): ResNet's 14x14 3x3 0.85x Winograd's time, 7x7 1.0x im2col +
+ * GEMM's, with the 2 threads split by runs of filters; its 28x28 and 56x56
+ * 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and 1x1 1.1-1.2x im2col +
+ * GEMM's, the 7x7/2 stem 1.05x. */
 #define PACKED_MAX_POSITIONS 256
 #define PACKED_MIN_STEPS 256
 #define PACKED_MIN_FILTERS 32
@@ -751,7 +756,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 typedef struct packed_job {
   int64_t cg, mg, x_channels, y_channels, h, wd, oh, ow, sh, sw, pad_h, pad_w, kw;
   int64_t rows, shifts, plane; /* a shift plane's rows; planes per channel; floats per plane, with slack */
-  int64_t k, positions, pblock, pblocks, mrun, mruns;
+  int64_t k, pass, positions, pblock, pblocks, mrun, mruns;
   const float *x, *wt, *b;
   float *y;
   float *xs;       /* one image's shift planes, [channel][shift][plane] */
@@ -868,8 +873,8 @@ static void packed_parts(void *arg, int64_t begin, int64_t end) {
     int64_t m0 = mi * j->mrun, m1 = m0 + j->mrun < j->mg ? m0 + j->mrun : j->mg;
     const float *xg = j->xs + g * j->cg * j->shifts * j->plane, *wg = j->wt + g * j->mg * j->k;
     float *yg = j->y + g * j->mg * j->positions;
-    for (int64_t k0 = 0; k0 < j->k; k0 += PACKED_KC) {
-      int64_t count = j->k - k0 < PACKED_KC ? j->k - k0 : PACKED_KC;
+    for (int64_t k0 = 0; k0 < j->k; k0 += j->pass) {
+      int64_t count = j->k - k0 < j->pass ? j->k - k0 : j->pass;
       for (int64_t p = p0; p < p1; p += PACKED_NV)
         for (int64_t m = m0; m < m1; m += PACKED_MB)
           packed_block(j, xg, p, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count, wg + m * j->k + k0,
@@ -891,6 +896,7 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   j.shifts = phases * j.kw;
   j.plane = j.rows * j.ow + PACKED_NV;
   j.k = j.cg * taps;
+  j.pass = ceil_div(j.k, ceil_div(j.k, PACKED_KC)); /* passes of even length */
   j.positions = j.oh * j.ow;
   int64_t mblocks = ceil_div(j.mg, PACKED_MB), runs = ceil_div(mblocks, PACKED_RUN_BLOCKS);
   j.mrun = ceil_div(mblocks, runs) * PACKED_MB;
