@@ -820,29 +820,15 @@ static bool packed_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, i
 /* The shift planes of channels [begin, end) of the image at j->x. */
 static void packed_shift_planes(void *arg, int64_t begin, int64_t end) {
   packed_job *j = arg;
-  for (int64_t c = begin; c < end; c++) {
-    const float *src = j->x + c * j->h * j->wd;
+  for (int64_t c = begin; c < end; c++)
     for (int64_t s = 0; s < j->shifts; s++) {
-      int64_t ry = s / j->kw, kx = s % j->kw, lo, hi;
+      int64_t ry = s / j->kw, kx = s % j->kw;
       float *out = j->xs + (c * j->shifts + s) * j->plane;
-      linalg_valid_range(kx - j->pad_w, j->sw, j->ow, j->wd, &lo, &hi);
-      for (int64_t r = 0; r < j->rows; r++, out += j->ow) {
-        int64_t iy = r * j->sh + ry - j->pad_h;
-        if (iy < 0 || iy >= j->h || lo == hi) {
-          memset(out, 0, (size_t)j->ow * sizeof *out);
-          continue;
-        }
-        const float *in = src + iy * j->wd + kx - j->pad_w; /* in[ox * sw]: under output column ox */
-        memset(out, 0, (size_t)lo * sizeof *out);
-        if (j->sw == 1)
-          memcpy(out + lo, in + lo, (size_t)(hi - lo) * sizeof *out);
-        else
-          gather_f32(out + lo, in + lo * j->sw, j->sw, hi - lo);
-        memset(out + hi, 0, (size_t)(j->ow - hi) * sizeof *out);
-      }
+      for (int64_t r = 0; r < j->rows; r++, out += j->ow)
+        linalg_padded_row(out, j->x + c * j->h * j->wd, j->h, j->wd, r * j->sh + ry - j->pad_h, kx - j->pad_w,
+                          j->sw, j->ow);
       memset(out, 0, (size_t)(j->plane - j->rows * j->ow) * sizeof *out); /* the slack the last block reads */
     }
-  }
 }
 
 /* out (rows x cols, ld apart) (+)= the block at position p of filters wm
