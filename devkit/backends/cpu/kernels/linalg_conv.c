@@ -713,7 +713,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 /* ---- Register-blocked direct Conv (x86-64 with AVX2 and FMA) ----------------------- */
 
 /* A float32 2-D Conv with unit strides and dilations on a small plane with
- * many channels (ResNet's 14x14 and 7x7 3x3 layers), summed over (channel,
+ * many channels (ResNet's 14x14 3x3 layers), summed over (channel,
  * tap) by an AVX2 register block of PACKED_MB output channels by PACKED_NV
  * output positions (12 accumulators), each weight broadcast from W's rows
  * as stored: no im2col, and no GEMM packing, which reads and writes every
@@ -742,13 +742,15 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * blocks of positions whose outputs do too. */
 #define PACKED_RUN_BLOCKS 16
 #define PACKED_OUT_BYTES ((int64_t)64 << 10)
-/* What goes this way: unit strides, at most this many output positions, at
+/* What goes this way: unit strides, output positions in this range, at
  * least this many (channel, tap) steps and filters per group. Measured per
- * layer on one thread against the paths they would take (a loaded 2-core
- * Zen 3): ResNet's 14x14 3x3 0.85x Winograd's time, 7x7 1.0x im2col +
- * GEMM's, with the 2 threads split by runs of filters; its 28x28 and 56x56
- * 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and 1x1 1.1-1.2x im2col +
- * GEMM's, the 7x7/2 stem 1.05x. */
+ * layer against the paths they would take (a loaded 2-core Zen 3, so
+ * within about 10%): ResNet's 14x14 3x3 0.85x Winograd's time on one
+ * thread and on two; its 7x7 3x3 (49 positions, 9.4 MB of weights read
+ * for 4 blocks of positions) 1.0-1.07x im2col + GEMM's on one, 1.13x on
+ * two; its 28x28 and 56x56 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and
+ * 1x1 1.1-1.2x im2col + GEMM's, the 7x7/2 stem 1.05x, all on one. */
+#define PACKED_MIN_POSITIONS 100
 #define PACKED_MAX_POSITIONS 256
 #define PACKED_MIN_STEPS 256
 #define PACKED_MIN_FILTERS 32
@@ -813,7 +815,8 @@ static bool packed_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, i
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !packed_supported()) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->stride[d] != 1 || w->dilation[d] != 1) return false;
-  return w->grid[0] * w->grid[1] <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
+  int64_t positions = w->grid[0] * w->grid[1];
+  return positions >= PACKED_MIN_POSITIONS && positions <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
          mg >= PACKED_MIN_FILTERS;
 }
 
