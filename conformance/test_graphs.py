@@ -57,16 +57,20 @@ def capture_affine(stream, mode, x, w, b):
     return graph, y
 
 
-def capture_gather(dev, stream, mode):
+def capture_gather(dev, stream, mode, fuse=False):
     """A captured Gather of data[[0, 3, 7]]: (graph, data, indices, picked). Bad
-    indices written into ``indices`` make its launches fail."""
+    indices written into ``indices`` make its launches fail. ``fuse``: a fused
+    capture, picked = gathered * 1 + 0 (exact) in a generated kernel."""
     if dev.plugin.kernel_entry("Gather", np.float32) is None:
         pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 Gather, whose bad indices "
                            f"make the launched graph fail")
     data = devkit.asarray(values(0, 8), dev)
     indices = devkit.asarray(np.array([0, 3, 7], np.int64), dev)
-    with stream.capture(mode) as graph:
+    one, zero = devkit.asarray(np.ones(3, np.float32), dev), devkit.zeros(3, "float32", dev)
+    with stream.capture(mode, fuse=fuse) as graph:
         picked = devkit.run_op("Gather", [data, indices], stream=stream)[0]
+        if fuse:
+            picked = op("Add", op("Mul", picked, one, stream=stream), zero, stream=stream)
     return graph, data, indices, picked
 
 
@@ -164,20 +168,22 @@ def test_captured_event_record_is_redone_by_every_launch(dev, stream, mode):
         graph.destroy()
 
 
-def test_captured_host_copies_read_and_write_host_memory_at_every_launch(dev, stream, mode):
+@pytest.mark.parametrize("fuse", [False, True], ids=["capture", "fused"])
+def test_captured_host_copies_read_and_write_host_memory_at_every_launch(dev, stream, mode, fuse):
     source = values(1)
     landing = np.zeros(N, np.float32)
     device = devkit.empty(N, "float32", dev)
     one = devkit.asarray(np.ones(N, np.float32), dev)
-    with stream.capture(mode) as graph:
+    with stream.capture(mode, fuse=fuse) as graph:
         device.buffer.copy_from_host(source, stream=stream)
-        result = op("Add", device, one, stream=stream)
+        result = op("Relu", op("Add", device, one, stream=stream), stream=stream)
         result.buffer.copy_to_host(landing.view(np.uint8), stream=stream)
+        del result  # read by the copy: written by a fused capture too
     for seed in (2, 3):
         source[:] = values(seed)
         graph.launch(stream)
         stream.synchronize()
-        np.testing.assert_array_equal(landing, values(seed) + 1)
+        np.testing.assert_allclose(landing, np.maximum(values(seed) + 1, 0), rtol=1e-6 if fuse else 0)
     graph.destroy()
 
 
@@ -323,8 +329,10 @@ def test_raw_calls_refused_while_capturing(plugin, dev, stream, native):
     memory.buffer.free()  # allowed again
 
 
-def test_error_inside_a_launched_graph_is_sticky_on_its_stream(dev, stream, mode):
-    graph, data, indices, picked = capture_gather(dev, stream, mode)
+@pytest.mark.parametrize("fuse", [False, True], ids=["capture", "fused"])
+def test_error_inside_a_launched_graph_is_sticky_on_its_stream(dev, stream, mode, fuse):
+    graph, data, indices, picked = capture_gather(dev, stream, mode, fuse)
+    assert not fuse or graph.fusion.groups == ([["Mul", "Add"]] if fuses(dev) else [])
     graph.launch(stream)
     stream.synchronize()
     np.testing.assert_array_equal(picked.numpy(), data.numpy()[[0, 3, 7]])
@@ -336,11 +344,12 @@ def test_error_inside_a_launched_graph_is_sticky_on_its_stream(dev, stream, mode
     graph.destroy()
 
 
-def test_destroy_with_a_launch_pending_and_memory_back_to_baseline(dev, mode):
+@pytest.mark.parametrize("fuse", [False, True], ids=["capture", "fused"])
+def test_destroy_with_a_launch_pending_and_memory_back_to_baseline(dev, mode, fuse):
     free_before = dev.mem_get_info()[0]
     x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
     with dev.create_stream() as s:
-        with s.capture(mode) as graph:
+        with s.capture(mode, fuse=fuse) as graph:
             y = op("Relu", op("Add", op("Add", x, w, stream=s), b, stream=s), stream=s)
             scratch = devkit.empty(4096, "uint8", dev, stream=s)
             del scratch  # freed during the capture: released when it ends
@@ -351,7 +360,7 @@ def test_destroy_with_a_launch_pending_and_memory_back_to_baseline(dev, mode):
         graph.destroy()  # twice is harmless
         gate.set()
         s.synchronize()
-        np.testing.assert_array_equal(y.numpy(), affine(x.numpy(), w.numpy(), b.numpy()))
+        np.testing.assert_allclose(y.numpy(), affine(x.numpy(), w.numpy(), b.numpy()), rtol=1e-6 if fuse else 0)
         with pytest.raises(ValueError, match="destroyed"):
             graph.launch(s)
     del x, w, b, y, graph
@@ -367,3 +376,89 @@ def test_a_failed_capture_block_leaves_nothing_behind(dev, stream, mode):
             raise RuntimeError("in the block")
     assert stream.capturing is None
     stream.synchronize()  # no longer capturing
+
+
+# -- fused captures (stream.capture(fuse=True), docs/fusion.md) ----------------------
+# The host records the block and fuses it when the block ends: the Arrays still
+# referenced then are outputs, the others may be fused away. A plugin without
+# the codegen section gets the same graph unfused. A fused kernel may reorder
+# float work (contract a multiply-add): values agree to float32 rounding.
+
+def fuses(dev) -> bool:
+    return dev.plugin.has_codegen
+
+
+def test_a_fused_capture_keeps_the_referenced_arrays_and_fuses_the_rest(dev, stream, mode):
+    x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
+    allocated = devkit.memory_stats(dev)["allocated_bytes"]
+    with stream.capture(mode, fuse=True) as graph:
+        kept = op("Add", x, w, stream=stream)
+        dropped = op("Add", kept, b, stream=stream)
+        y = op("Relu", op("Mul", dropped, dropped, stream=stream), stream=stream)
+        op("Exp", y, stream=stream)  # nothing can read it
+        del dropped
+    assert graph.fuse and graph.fusion.groups == ([["Add", "Add", "Mul", "Relu", "Exp"]] if fuses(dev) else [])
+    # Fused: one kernel, slots x, w, b, kept, y. Unfused: every call's tensors, in capture order.
+    assert graph.num_slots == (5 if fuses(dev) else 3 + 3 + 3 + 2 + 2)
+    # The fused-away values' memory went back when the capture ended: only kept and y stay.
+    left = devkit.memory_stats(dev)["allocated_bytes"] - allocated
+    assert left == (2 if fuses(dev) else 5) * N * 4
+    stream.synchronize()
+    for seed in (5, 6):  # every launch writes every output
+        x.buffer.copy_from_host(values(seed))
+        graph.launch(stream)
+        stream.synchronize()
+        h = values(seed) + w.numpy()
+        np.testing.assert_allclose(kept.numpy(), h, rtol=1e-6)
+        np.testing.assert_allclose(y.numpy(), np.maximum((h + b.numpy()) ** 2, 0), rtol=1e-5)
+    graph.destroy()
+
+
+def test_a_fused_capture_reads_views_of_its_values_from_memory(dev, stream, mode):
+    """A view of an intermediate (here its halves) keeps it in memory, after its kernel."""
+    x = devkit.asarray(values(0, 2 * N), dev)
+    one = devkit.asarray(np.ones(2 * N, np.float32), dev)
+    with stream.capture(mode, fuse=True) as graph:
+        t = op("Exp", op("Add", x, one, stream=stream), stream=stream)
+        y = op("Sub", op("Mul", t[:N], t[N:], stream=stream), t[N:], stream=stream)
+        del t
+    graph.launch(stream)
+    stream.synchronize()
+    e = np.exp(x.numpy() + 1)
+    np.testing.assert_allclose(y.numpy(), e[:N] * e[N:] - e[N:], rtol=1e-5)
+    graph.destroy()
+
+
+def test_rebind_maps_through_the_fused_calls(dev, stream, mode):
+    x, w, b = (devkit.asarray(values(i), dev) for i in range(3))
+    with stream.capture(mode, fuse=True) as graph:
+        y = op("Relu", op("Add", op("Add", x, w, stream=stream), b, stream=stream), stream=stream)
+    x2, y2 = devkit.asarray(values(10), dev), devkit.zeros(N, "float32", dev)
+    y.buffer.fill(0)
+    assert graph.rebind(x, x2) == 1 and graph.rebind(y, y2) == 1
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_allclose(y2.numpy(), affine(values(10), w.numpy(), b.numpy()), rtol=1e-6)
+    assert (y.numpy() == 0).all(), "the launch wrote the output it was rebound away from"
+    big = devkit.zeros(3 * N, "float32", dev)
+    big.buffer.copy_from_host(np.concatenate([values(20)] * 3))
+    assert graph.rebind(0, big.buffer, offset=N * 4) == 1  # slot 0: x, the first call's first input
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_allclose(y2.numpy(), affine(values(20), w.numpy(), b.numpy()), rtol=1e-6)
+    with pytest.raises(devkit.OutOfRangeError, match=f"slot 99 does not exist: the graph has "
+                                                     f"{4 if fuses(dev) else 8}"):
+        graph.rebind(99, x)
+    graph.destroy()
+
+
+def test_a_failed_fused_capture_block_leaves_nothing_behind(dev, stream, mode):
+    x = devkit.asarray(values(0), dev)
+    allocated = devkit.memory_stats(dev)["allocated_bytes"]
+    with pytest.raises(RuntimeError, match="in the block"):
+        with stream.capture(mode, fuse=True):
+            op("Relu", op("Exp", x, stream=stream), stream=stream)
+            raise RuntimeError("in the block")
+    assert stream.capturing is None
+    stream.synchronize()  # no longer capturing
+    assert devkit.memory_stats(dev)["allocated_bytes"] == allocated

@@ -188,13 +188,15 @@ class Stream(Destroyable):
             raise ValueError("stream has been destroyed")
         return self._handle
 
-    def capture(self, mode: str = "auto"):
+    def capture(self, mode: str = "auto", *, fuse: bool = False):
         """``with stream.capture() as graph:`` records the block's work on this
         stream into a graph (devkit/graph.py); ``mode`` "host" replays it on the
-        host even where the plugin has the graph section."""
+        host even where the plugin has the graph section. ``fuse``: the host
+        records the block and fuses its elementwise kernels when it ends, every
+        Array still referenced then an output (docs/fusion.md)."""
         from .graph import capture
 
-        return capture(self, mode)
+        return capture(self, mode, fuse)
 
     def retain(self, *objects) -> None:
         """Keep ``objects`` alive until work submitted so far has completed

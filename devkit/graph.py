@@ -29,17 +29,29 @@ array_or_buffer)`` moves one slot.
 
 On the host path a kernel validates its call when it is replayed: a call it
 refuses raises from ``launch()``, after the steps before it were submitted.
+
+``stream.capture(fuse=True)``: the host records the block on every plugin
+and, when it ends, fuses each run of kernels between two other steps
+(engine.fusion): the memory something besides the graph still refers to is
+an output, the rest internal (released then). The steps are then submitted
+to the plugin's capture (native) or kept for host replay. Slots are the
+tensors of the fused calls, in order; a rebind of a native fused graph
+captures it again at its next launch. ``graph.fusion`` is the report. See
+docs/fusion.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import weakref
 
 from .abi import C, ffi
+from .engine.calls import KernelCall
 from .errors import error_for_status
 from .plugin import check
+from .driver import _allocation_of
 from .runtime import Array, Buffer, Destroyable, Device, Stream, _stream_handle
 
 MODES = ("auto", "native", "host")
@@ -81,9 +93,17 @@ def _refused(dev: Device, function: str, why: str):
 class Graph(Destroyable):
     """Captured work of one device; obtained from ``Stream.capture()``."""
 
-    def __init__(self, stream: Stream, native: bool):
+    def __init__(self, stream: Stream, native: bool, fuse: bool = False):
         self.device: Device = stream.device
         self.native = native
+        self.fuse = fuse
+        self.fusion = None                    # fused: engine.fusion's report, once the capture ends
+        # Fused: the block's work as the host recorded it, the memory it uses, and the
+        # native graph's own capture stream (a rebind captures the calls again).
+        self._recorded: list = []
+        self._memory: dict[int, object] = {}  # id(allocation) -> driver._Allocation
+        self._native_stream: Stream | None = None
+        self._stale = False
         self._stream: Stream | None = None    # while capturing
         self._handle = None                   # native: the DK_Graph
         self._steps: list = []                # host replay: what launch() calls, in order
@@ -98,17 +118,21 @@ class Graph(Destroyable):
         dev = self.device
         if stream.capturing is not None:
             raise _refused(dev, "graph_begin_capture", "the stream is already capturing a graph")
-        if self.native:
+        if self.native and not self.fuse:
             dev.call("graph_begin_capture", dev.index, stream.handle)
         self._stream = stream
         stream.capturing = self
         dev._captures.append(self)
         dev._capture_hook = _device_call
 
-    def _end(self) -> None:
+    def _end(self, complete: bool = True) -> None:
+        """Ends the capture; ``complete``: the block ran to its end (else nothing is fused or submitted)."""
         dev, stream = self.device, self._stream
         try:
-            if self.native:
+            if self.fuse:
+                if complete:
+                    self._fuse_recorded()
+            elif self.native:
                 out, count = ffi.new("DK_Graph *"), ffi.new("size_t *")
                 dev.call("graph_end_capture", dev.index, stream.handle, out, count)
                 self._handle = out[0]
@@ -124,12 +148,31 @@ class Graph(Destroyable):
                 for handle in deferred:
                     dev.plugin.call("mem_free", dev.index, handle)
 
+    @property
+    def records_on_host(self) -> bool:
+        """Whether the host records the block's work (host replay, or a fused capture)."""
+        return not self.native or self.fuse
+
     def keep(self, objects) -> None:
         """Keep ``objects`` alive as long as the graph (Stream.retain while capturing)."""
+        if self.fuse:  # the memory, not the Arrays: the capture's end tells which the caller holds
+            objects = [obj for obj in objects if self._hold(obj) is None]
         self._keepalive.extend(objects)
+
+    def _hold(self, obj):
+        """A fused capture keeps the allocation an Array or Buffer lies in (else None)."""
+        allocation = _allocation_of(obj)
+        if allocation is not None:
+            self._memory[id(allocation)] = allocation
+        return allocation
 
     def add_kernel(self, entry, call, keep: list, inputs: list, outputs: list, label: str) -> None:
         """A kernel call submitted to the capturing stream (devkit.ops' launch point)."""
+        if self.fuse:
+            kernel_call = next(k for k in keep if isinstance(k, KernelCall))
+            self._recorded.append((kernel_call, [self._place(a) for a in inputs], [self._place(a) for a in outputs]))
+            self._keepalive.append(keep)
+            return
         arrays = [*inputs, *outputs]
         tensors = [call.inputs[i] for i in range(len(inputs))] + \
                   [call.outputs[i] for i in range(len(outputs))]
@@ -143,8 +186,100 @@ class Graph(Destroyable):
         self._keepalive.extend(a for a in arrays if a is not None)
 
     def _record_call(self, function: str, args: tuple, position: int) -> None:
-        self._steps.append((_launch_call, (function, list(args), position)))
+        step = (_launch_call, (function, list(args), position))
+        (self._recorded if self.fuse else self._steps).append(step)
         self._keepalive.append(args)
+
+    def _place(self, array: Array | None):
+        """Where a fused capture's kernel tensor lies: (id(allocation), _Slot), or None."""
+        if array is None:
+            return None
+        # The slot names its allocation once the capture ends: until then only _memory refers to it.
+        return id(self._hold(array)), dataclasses.replace(_slot_of(array), allocation=None)
+
+    # -- fusion (capture(fuse=True)) ----------------------------------------------
+
+    def _fuse_recorded(self) -> None:
+        """The end of a fused capture: the recorded kernels fused (each run of
+        them between two other steps), the memory the caller still refers to
+        an output; the rest of it released; the steps submitted to the
+        plugin's capture where the graph is native."""
+        from . import codegen
+        from .engine import fusion
+
+        live = self._referenced_elsewhere()
+        recorded, self._recorded = self._recorded, []
+        # Memory the recorded copies, memsets and events name: read or written outside the kernels.
+        handles = {int(ffi.cast("uintptr_t", a)) for step in recorded if not isinstance(step[0], KernelCall)
+                   for a in step[1][1] if isinstance(a, ffi.CData)}
+        named = {key for key, allocation in self._memory.items()
+                 if int(ffi.cast("uintptr_t", allocation.handle)) in handles}
+        segments = _segments(recorded)
+        read_in: dict[int, set] = {}  # id(allocation) -> the kernel segments reading it
+        for index, segment in enumerate(segments):
+            for _, ins, _ in segment if isinstance(segment, list) else ():
+                for place in filter(None, ins):
+                    read_in.setdefault(place[0], set()).add(index)
+        self.fusion = fusion.FusionReport(codegen.dialect(self.device))
+        steps = []
+        for index, segment in enumerate(segments):
+            if not isinstance(segment, list):
+                steps.append(segment)
+                continue
+            passed, natural = _fusion_steps(segment)
+            kept = [value for allocation, value in natural.items()
+                    if allocation in live or allocation in named or read_in.get(allocation, set()) - {index}]
+            fused, report = fusion.fuse_steps(self.device, passed, [], kept)
+            self.fusion.groups += report.groups
+            self.fusion.fallbacks += report.fallbacks
+            steps += fused
+        self._steps, self._slots = [], []
+        used = live | named
+        for step in steps:
+            if not isinstance(step[0], (KernelCall, fusion.FusedCall)):
+                self._steps.append(step)
+                continue
+            call, read, made = step
+            self._steps.append((_launch_kernel, (call.fn, call.cdata, call.label())))
+            for tensors, pieces in ((call.inputs, read), (call.outputs, made)):
+                for position, value in sorted(pieces, key=lambda piece: piece[0]):
+                    allocation = value.key[0]
+                    self._slots.append(dataclasses.replace(value.slot, allocation=self._memory[allocation],
+                                                           tensor=tensors[position]))
+                    used.add(allocation)
+        # The memory only fused-away values used goes back with the capture's end.
+        self._keepalive += [allocation for key, allocation in self._memory.items() if key in used]
+        self._memory = {}
+        if self.native:
+            self._capture_natively()
+
+    def _referenced_elsewhere(self) -> set:
+        """The ids of the recorded memory something besides this graph refers to."""
+        self._memory[0] = object()  # a probe held as the allocations are: its count is the graph's own
+        counts = {key: sys.getrefcount(self._memory[key]) for key in list(self._memory)}
+        del self._memory[0]
+        baseline = counts.pop(0)
+        return {key for key, count in counts.items() if count > baseline}
+
+    def _capture_natively(self) -> None:
+        """A fused graph's steps captured into a native graph, on a stream of the graph's own."""
+        dev = self.device
+        if self._native_stream is None:
+            self._native_stream = dev.create_stream()
+        handle = self._native_stream.handle
+        dev.call("graph_begin_capture", dev.index, handle)
+        out, count = ffi.new("DK_Graph *"), ffi.new("size_t *")
+        try:
+            for step, arguments in self._steps:
+                step(dev, handle, *arguments)
+        except BaseException:
+            dev.call("graph_end_capture", dev.index, handle, out, count)
+            dev.call("graph_destroy", dev.index, out[0])
+            raise
+        dev.call("graph_end_capture", dev.index, handle, out, count)
+        previous, self._handle, self._stale = self._handle, out[0], False
+        if previous is not None:
+            dev.call("graph_destroy", dev.index, previous)
 
     # -- use ----------------------------------------------------------------------
 
@@ -160,6 +295,8 @@ class Graph(Destroyable):
         if stream is not None and stream.capturing is not None:
             raise _refused(dev, "graph_launch", "the stream is capturing a graph")
         handle = _stream_handle(stream, dev)
+        if self._stale:
+            self._capture_natively()
         if self.native:
             dev.call("graph_launch", dev.index, self._handle, handle)
         else:
@@ -186,7 +323,7 @@ class Graph(Destroyable):
             moves = self._moves_for_array(target, new)
         else:
             moves = [self._move_for_slot(int(target), new, offset)]
-        for stream in list(self._launched_on) if self.native else ():
+        for stream in list(self._launched_on) if self.native and not self.fuse else ():
             stream.synchronize()
         self._launched_on = weakref.WeakSet()
         for slot, allocation, byte_offset in moves:
@@ -227,9 +364,10 @@ class Graph(Destroyable):
         dev = self.device
         if allocation.device is not dev:
             raise ValueError(f"graph_rebind: the memory is on {allocation.device}, the graph on {dev}")
-        if self.native:
+        if self.native and not self.fuse:
             dev.call("graph_rebind", dev.index, self._handle, slot, allocation.handle, byte_offset)
-        else:
+        else:  # a fused native graph is captured again at its next launch
+            self._stale = self.native
             tensor = self._slots[slot].tensor
             tensor.data, tensor.byte_offset = allocation.handle, byte_offset
         self._slots[slot].allocation, self._slots[slot].byte_offset = allocation, byte_offset
@@ -245,17 +383,72 @@ class Graph(Destroyable):
         if self._destroyed:
             return
         if self._stream is not None:
-            self._end()
+            self._end(complete=False)
         self._destroyed = True
         handle, self._handle = self._handle, None
-        self._steps, self._slots, self._keepalive = [], [], []
+        self._steps, self._slots, self._keepalive, self._recorded, self._memory = [], [], [], [], {}
         if handle is not None:
             self.device.call("graph_destroy", self.device.index, handle)
+        if self._native_stream is not None:
+            self._native_stream.destroy()
+            self._native_stream = None
 
     def __repr__(self) -> str:
         state = "destroyed" if self._destroyed else "capturing" if self._stream else "ready"
         kind = "native" if self.native else "host replay"
         return f"<devkit.Graph {kind} on {self.device}, {state}>"
+
+
+def _segments(recorded: list) -> list:
+    """A fused capture's recorded steps: each run of kernels a list, each other step on its own."""
+    segments: list = [[]]
+    for step in recorded:
+        if isinstance(step[0], KernelCall):
+            segments[-1].append(step)
+        else:
+            segments += [step, []]
+    return segments
+
+
+def _fusion_steps(segment: list) -> tuple[list, dict]:
+    """A run of recorded kernels as engine.fusion's steps, (call, [(position,
+    value)] read, [(position, value)] made), and per id(allocation) the value
+    a call of the run wrote into it."""
+    natural: dict = {}
+    values: dict[tuple, _Value] = {}  # one per memory and geometry
+    steps = []
+    for call, ins, outs in segment:
+        made = []
+        for position, place in enumerate(outs):
+            value = natural[place[0]] = values[_key(place)] = _Value(place, first=len(steps))
+            made.append((position, value))
+        read = []
+        for position, place in enumerate(ins):
+            if place is not None:
+                if _key(place) not in values:  # a view of a call's output, or memory the block reads
+                    values[_key(place)] = _Value(place, base=natural.get(place[0]))
+                read.append((position, values[_key(place)]))
+        steps.append((call, read, made))
+    return steps, natural
+
+
+def _key(place) -> tuple:
+    """A fused capture's tensor: its memory, geometry and dtype."""
+    allocation, slot = place
+    return allocation, slot.byte_offset, slot.shape, slot.strides, slot.dtype
+
+
+class _Value:
+    """A fused capture's kernel tensor as the fusion pass sees it: its _Slot,
+    and ``base``, the value its memory's producing call wrote (else itself)."""
+
+    __slots__ = ("slot", "key", "base", "first", "last")
+
+    def __init__(self, place, base=None, first: int = -1):
+        self.slot = place[1]
+        self.key = _key(place)
+        self.base = self if base is None else base
+        self.first = self.last = first
 
 
 def _require_same_layout(captured: _Slot, new: Array, what: str) -> None:
@@ -280,7 +473,7 @@ def _device_call(dev: Device, function: str, args: tuple) -> int:
     if function == "mem_free":  # refused by the ABI while capturing: freed when the capture ends
         dev._deferred_frees.append(args[1])
         return C.DK_OK
-    host_captures = [g for g in dev._captures if not g.native]
+    host_captures = [g for g in dev._captures if g.records_on_host]
     if function == "device_synchronize" and host_captures:
         raise _refused(dev, function, "a stream of the device is capturing a graph")
     position = _RECORDED.get(function, _REFUSED.get(function))
@@ -296,10 +489,11 @@ def _device_call(dev: Device, function: str, args: tuple) -> int:
 
 
 @contextlib.contextmanager
-def capture(stream: Stream, mode: str = "auto"):
+def capture(stream: Stream, mode: str = "auto", fuse: bool = False):
     """``with capture(stream) as graph:`` records the stream's work into ``graph``.
 
-    If the block raises, the partial graph is destroyed."""
+    ``fuse``: the host records the block's work and fuses it when the block
+    ends (see the module doc). If the block raises, the partial graph is destroyed."""
     if mode not in MODES:
         raise ValueError(f"capture mode {mode!r}: expected one of {', '.join(MODES)}")
     plugin = stream.device.plugin
@@ -307,11 +501,15 @@ def capture(stream: Stream, mode: str = "auto"):
         raise error_for_status(C.DK_UNIMPLEMENTED, (
             f"{plugin.name}: the plugin has no graph section (ABI 1.1); capture(mode='host') "
             f"replays the work on the host"))
-    graph = Graph(stream, plugin.has_graphs if mode == "auto" else mode == "native")
+    graph = Graph(stream, plugin.has_graphs if mode == "auto" else mode == "native", bool(fuse))
     graph._begin(stream)
     try:
         yield graph
     except BaseException:
         graph.destroy()
         raise
-    graph._end()
+    try:
+        graph._end()
+    except BaseException:  # a fused capture's kernel refused its call: nothing is left
+        graph.destroy()
+        raise

@@ -79,3 +79,47 @@ def test_float32_ulp_error_is_within_the_stated_bound(op, approximate):
     ulp[np.abs(got.astype(np.float64) - want) <= _ATOL.get(op, 0.0)] = 0
     worst = int(np.argmax(ulp))
     assert ulp[worst] <= FLOAT32_ULP_BOUNDS[op], f"{op}({inputs[worst]!r}) = {got[worst]!r}, want {want[worst]!r}"
+
+
+# A NaN with its sign bit set is what x86 arithmetic makes (inf - inf, 0 * inf): Softmax's
+# x - max of a row of -inf, for one.
+_NEGATIVE_NAN_PROBE = r"""
+#include <stdio.h>
+#include "vmath.h"
+int main(void) {
+  volatile double nan = -__builtin_nan("");
+  volatile float nanf = -__builtin_nanf("");
+  double e = vm_exp_nonpositive(nan, -746.0);
+  float g = vm_gelu_tanhf(nanf);
+  printf("%d %d\n", e != e, g != g);
+  return 0;
+}
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="vmath.h vm_exp_taylor: for a NaN with the sign bit set, ki - h "
+                                       "overflows int64 (undefined behaviour; the plugin's setup.py build "
+                                       "wraps it with -fwrapv, build.py's does not)")
+def test_exponentials_of_a_negative_nan_stay_defined(tmp_path):
+    """vm_exp_nonpositive (Softmax's float64 rows) and vm_gelu_tanhf take NaN
+    to NaN; with signed overflow checked (UBSan), a NaN with its sign bit set
+    must not overflow the exponent arithmetic."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the probe")
+    kernels = Path(devkit.__file__).parent / "backends" / "cpu" / "kernels"
+    source = tmp_path / "probe.c"
+    source.write_text(_NEGATIVE_NAN_PROBE)
+    binary = tmp_path / "probe"
+    build = subprocess.run([compiler, "-std=c11", "-O1", "-fsanitize=signed-integer-overflow",
+                            "-fno-sanitize-recover=all", f"-I{kernels}", str(source), "-o", str(binary), "-lm"],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"the compiler cannot build with UBSan here: {build.stderr.strip()[:200]}")
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1", "1"]

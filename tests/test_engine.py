@@ -274,6 +274,40 @@ def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
     graph.destroy()
 
 
+def test_a_graph_launch_checks_no_memory_for_an_empty_tensor():
+    """An empty tensor reaches no memory, so a kernel call may leave its data
+    NULL (the launch accepts it): a graph that captured such a call launches
+    wherever the call sits, not only when no earlier slot has memory."""
+    from devkit.engine import calls
+
+    dev = devkit.device("cpu:0")
+    api = dev.plugin.api
+    entry = next(e for e in dev.plugin.kernel_entries("Add") if calls.key_dtype_of(e) == np.float32)
+    x = devkit.asarray(np.arange(4, dtype=np.float32), dev)
+    empty = devkit.asarray(np.zeros(0, np.float32), dev)
+    with dev.create_stream() as stream:
+        handle = stream._handle
+        y = devkit.empty((4,), np.float32, dev)
+        add = calls.KernelCall(dev, entry, "Add", [x, x], [y], [], handle)
+        add_empty = calls.KernelCall(dev, entry, "Add", [empty, empty], [devkit.empty((0,), np.float32, dev)], [],
+                                     handle)
+        for tensor in (*add_empty.inputs, add_empty.outputs[0]):
+            tensor.data = ffi.NULL
+        assert add_empty.fn(add_empty.cdata) == C.DK_OK
+        for captured in ([add_empty], [add, add_empty]):
+            graph, num_slots = ffi.new("DK_Graph *"), ffi.new("size_t *")
+            assert api.graph_begin_capture(dev.index, handle) == C.DK_OK
+            for call in captured:
+                assert call.fn(call.cdata) == C.DK_OK
+            assert api.graph_end_capture(dev.index, handle, graph, num_slots) == C.DK_OK
+            assert num_slots[0] == 3 * len(captured)
+            status = api.graph_launch(dev.index, graph[0], handle)
+            assert status == C.DK_OK, dev.plugin.last_error_message()
+            assert api.stream_synchronize(dev.index, handle) == C.DK_OK
+            assert api.graph_destroy(dev.index, graph[0]) == C.DK_OK
+    np.testing.assert_array_equal(y.numpy(), 2 * np.arange(4, dtype=np.float32))
+
+
 def test_what_cannot_be_planned_runs_in_the_interpreter():
     """Reshape's target fed as an input is only known on the device; NonZero's
     output size depends on its input values: both say so and still run."""

@@ -298,25 +298,30 @@ def test_a_row_kernel_divides_by_a_row_scalar_through_its_reciprocal():
     np.testing.assert_allclose(got, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w, rtol=2e-6, atol=1e-6)
 
 
-def test_captured_graphs_keep_every_kernel_because_every_captured_array_can_be_read():
-    """Stream.capture() records devkit.ops calls as they are made: each op's
-    output is an Array the caller holds and may read after any launch, and
-    the graph's slots are the calls' tensors in capture order, so the graph
-    cannot drop an intermediate or renumber its slots (docs/fusion.md). A
+def test_captured_graphs_keep_every_kernel_unless_fused_and_then_every_referenced_array_is_an_output():
+    """A plain Stream.capture() records devkit.ops calls as they are made and
+    keeps every kernel, its slots the calls' tensors in capture order. With
+    fuse=True the host fuses the block when it ends: the Arrays still
+    referenced then are outputs (t here), the others (u) are fused away, and
+    the slots are renumbered over the fused calls (docs/fusion.md). A
     captured prepared plan is fused: its graph holds the generated kernel."""
     dev = _cpu()
     stream = dev.create_stream()
     x = devkit.asarray(np.linspace(-2, 2, 12, dtype=np.float32), dev)
     b = devkit.asarray(np.full(12, 0.5, np.float32), dev)
-    with stream.capture(mode="host") as graph:
-        t = devkit.ops.Add(x, b, stream=stream)
-        y = devkit.ops.Relu(t, stream=stream)
-    graph.launch(stream)
-    stream.synchronize()
-    assert graph.num_slots == 5  # Add: x, b, t; Relu: t, y
-    np.testing.assert_array_equal(t.numpy(), x.numpy() + 0.5)
-    np.testing.assert_array_equal(y.numpy(), np.maximum(x.numpy() + 0.5, 0))
-    graph.destroy()
+    for fuse in (False, True):
+        with stream.capture(mode="host", fuse=fuse) as graph:
+            t = devkit.ops.Add(x, b, stream=stream)
+            u = devkit.ops.Mul(t, t, stream=stream)
+            y = devkit.ops.Relu(u, stream=stream)
+            del u
+        graph.launch(stream)
+        stream.synchronize()
+        assert graph.num_slots == (4 if fuse else 8)  # fused: x, b; t, y. Else Add: x, b, t; Mul: t, t, u; Relu: u, y
+        assert (graph.fusion.groups if fuse else graph.fusion) == ([["Add", "Mul", "Relu"]] if fuse else None)
+        np.testing.assert_array_equal(t.numpy(), x.numpy() + 0.5)
+        np.testing.assert_allclose(y.numpy(), (x.numpy() + 0.5) ** 2, rtol=1e-6)
+        graph.destroy()
 
     model, feed = patterns.gelu(2, 16)
     prepared = devkit.onnx.prepare(model, dev, fuse=True)

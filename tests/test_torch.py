@@ -267,27 +267,67 @@ def test_native_replayer_serves_recorded_ops_and_leaves_the_rest_to_python():
         native.add(key, ("other",))
 
 
-def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
+def _neg_template_that_fails(owner):
+    """(native replayer, op, a, spec, kept): neg's template for ``a`` with ``owner``, whose one launch
+    returns DK_INVALID_ARGUMENT. ``kept`` must outlive the replays: the Python template, which owns
+    the calls the spec points at (the owner does otherwise), and the failing kernel function."""
     from devkit.abi import ffi
 
     native = _native_replayer()
     a = torch.randn(4).to("devkit")
     op = torch.ops.aten.neg.default
     torch.neg(a)
-    template = _template(op, a)
     failing = ffi.callback("DK_Status(const DK_KernelCall *)", lambda call: devkit.abi.C.DK_INVALID_ARGUMENT)
+    template = _template(op, a)
+    spec = list(template.native_spec())
+    spec[1] = owner
+    spec[2] = [(_replay._address(failing), *spec[2][0][1:])]
+    return native, op, a, spec, (template, failing)
 
+
+def test_native_replay_raises_the_plugin_error_of_a_failed_launch():
     class Owner:
         def failed(self, index, status):
             raise RuntimeError(f"step {index} failed with status {status}")
 
-    spec = list(template.native_spec())
-    spec[1] = Owner()
-    spec[2] = [(_replay._address(failing), *spec[2][0][1:])]
+    native, op, a, spec, _kept = _neg_template_that_fails(Owner())
     _replay.clear()
     native.add(native.replay(op, (a,), {}), tuple(spec))
     with pytest.raises(RuntimeError, match=f"step 0 failed with status {devkit.abi.C.DK_INVALID_ARGUMENT}"):
         native.replay(op, (a,), {})
+    _replay.clear()
+    assert torch.equal(torch.neg(a).cpu(), -a.cpu())
+
+
+def test_native_replay_reads_the_plugin_error_before_it_releases_the_outputs():
+    """The ABI's error model: the host reads a failed call's message before it
+    makes any other call into the plugin on that thread. Dropping a step's
+    output buffers may free memory through the plugin, so the owner raises
+    the error (reading the message) while the replay still holds them."""
+    from devkit.driver import Buffer
+    from devkit.torch import _memory
+
+    events = []
+
+    class Owner:
+        def failed(self, index, status):
+            events.append("error read")
+            raise RuntimeError(f"step {index} failed with status {status}")
+
+    class Output(Buffer):
+        def __del__(self):
+            events.append("output released")
+
+    native, op, a, spec, _kept = _neg_template_that_fails(Owner())
+    device, nbytes = spec[2][0][3][0][1]  # the output's reuse pool: the replay takes its buffer from there
+    whole = Buffer.allocate(device, nbytes)
+    _memory._pools.setdefault((device, nbytes), []).append(Output(whole._allocation, 0, nbytes))
+    del whole
+    _replay.clear()
+    native.add(native.replay(op, (a,), {}), tuple(spec))
+    with pytest.raises(RuntimeError, match="step 0 failed"):
+        native.replay(op, (a,), {})
+    assert events == ["error read", "output released"]
     _replay.clear()
     assert torch.equal(torch.neg(a).cpu(), -a.cpu())
 
@@ -410,7 +450,7 @@ def test_autograd_through_replayed_ops():
         torch.testing.assert_close(wd.grad.cpu(), wc.grad)
 
 
-def _compiled_block():
+def _compiled_block(fuse=None):
     runners = []
     torch.manual_seed(0)
     block = models.gpt_block(32, 4).eval()
@@ -421,7 +461,7 @@ def _compiled_block():
         from torch._decomp import core_aten_decompositions
 
         def keep(gm, inputs):
-            runner = _compile.compile_graph(gm, inputs)
+            runner = _compile.compile_graph(gm, inputs, fuse)
             runners.append(runner)
             return runner
         return aot_autograd(fw_compiler=keep, decompositions=core_aten_decompositions())(graph_module, example_inputs)
@@ -460,6 +500,65 @@ def test_compiled_plan_reads_weights_in_place_and_copies_inputs_that_move():
             torch.testing.assert_close(compiled(x.to("devkit")).cpu(), block(x), rtol=1e-5, atol=1e-5)
     moved = [index for index, home in enumerate(plan.homes) if home is None and plan.staging[index][2]]
     assert len(moved) == 1
+    torch._dynamo.reset()
+
+
+def _plan_of(compiled, block, runners, x):
+    with torch.no_grad():
+        for _ in range(2):  # records, then runs the plan
+            got = compiled(x.to("devkit")).cpu()
+    (plan,) = [plan for runner in runners for plan in runner.plans.values()]
+    return plan, got
+
+
+def test_a_compiled_plan_is_fused_where_the_plugin_has_the_codegen_section():
+    """The GPT-style block fused and unfused: outputs within float32 tolerances of
+    torch's (a fused kernel reorders float work), the fused plan's calls fewer."""
+    if not devkit.device("cpu:0").plugin.has_codegen:
+        pytest.skip(reason="the cpu plugin found no C compiler: it has no codegen section")
+    x = torch.randn(2, 8, 32)
+    plans, outputs = {}, {}
+    for fuse in (None, False):
+        block, compiled, runners = _compiled_block(fuse)
+        plans[fuse], outputs[fuse] = _plan_of(compiled, block, runners, x)
+        with torch.no_grad():
+            torch.testing.assert_close(outputs[fuse], block(x), rtol=1e-5, atol=1e-5)
+        torch._dynamo.reset()
+    fused, unfused = plans[None], plans[False]
+    assert unfused.fusion is None and "Fused" not in [call.op for call in unfused.calls]
+    groups = fused.fusion.groups
+    assert fused.fusion.dialect == "c" and ["Mul", "Mul"] in groups  # the query's and key's scaling, views of one value
+    assert len(fused.calls) == len(unfused.calls) - fused.fusion.kernels_saved
+    assert [call.op for call in fused.calls].count("Fused") == len(groups)
+    torch.testing.assert_close(outputs[None], outputs[False], rtol=1e-5, atol=1e-5)
+
+
+def test_a_plugin_without_the_codegen_section_gets_the_unfused_plan(monkeypatch):
+    monkeypatch.setattr(devkit.Plugin, "has_codegen", property(lambda plugin: False))
+    x = torch.randn(2, 8, 32)
+    for fuse, report in ((None, None), (True, {"dialect": None, "groups": 0})):
+        block, compiled, runners = _compiled_block(fuse)
+        plan, got = _plan_of(compiled, block, runners, x)
+        with torch.no_grad():
+            torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+        assert "Fused" not in [call.op for call in plan.calls]
+        assert (plan.fusion and {k: plan.fusion.as_dict()[k] for k in ("dialect", "groups")}) == report
+        torch._dynamo.reset()
+
+
+def test_the_backend_takes_the_fuse_option_and_names_unknown_ones():
+    from devkit.torch import _compile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8)).eval()
+    x = torch.randn(3, 8)
+    compiled = torch.compile(copy.deepcopy(model).to("devkit"), backend="devkit", options={"fuse": False})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x.to("devkit")).cpu(), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'fusion'; it takes 'fuse'"):
+        _compile.devkit_backend(None, [], options={"fusion": False})
+    with pytest.raises(TypeError, match="option 'fuse' must be a bool, got str"):
+        _compile.devkit_backend(None, [], options={"fuse": "no"})
     torch._dynamo.reset()
 
 

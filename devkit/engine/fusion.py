@@ -266,9 +266,18 @@ def _decomposed(call) -> list | None:
     return ops
 
 
+def _base(slot):
+    """The value ``slot`` is a view of: a slot may carry a ``base`` (a call of
+    a torch graph or a fused capture reading another's output through a
+    view); else itself."""
+    return getattr(slot, "base", slot)
+
+
 def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[list, FusionReport]:
     """The plan's steps with its fusable runs replaced by FusedCalls (see the
-    module doc); ``slots`` loses the values that only a group read."""
+    module doc); ``slots`` loses the values that only a group read. A read of
+    a view of a value (a slot whose ``base`` is another) keeps that value in
+    memory, and a step making the view's base ends the run before the reader."""
     dialect = codegen.dialect(device)
     report = FusionReport(dialect)
     if dialect is None or dialect not in OPTIONS:
@@ -276,7 +285,7 @@ def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[l
     readers: dict[int, int] = {}
     for _, inputs, _ in steps:
         for _, slot in inputs:
-            readers[id(slot)] = readers.get(id(slot), 0) + 1
+            readers[id(_base(slot))] = readers.get(id(_base(slot)), 0) + 1
     kept = {id(value) for value in graph_outputs}
     result, run, domain, rows = [], [], None, False
     # Steps that read nothing the open run makes, moved ahead of it so that
@@ -301,7 +310,7 @@ def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[l
     for step in steps:
         kind = _fusable(step[0], dialect)
         if kind is None:
-            if run and len(hoisted) < _MAX_HOISTED and not any(id(slot) in made_by_run for _, slot in step[1]):
+            if run and len(hoisted) < _MAX_HOISTED and not any(id(_base(slot)) in made_by_run for _, slot in step[1]):
                 hoisted.append(step)
                 pending.append(step)
                 continue
@@ -309,6 +318,8 @@ def fuse_steps(device, steps: list, slots: list, graph_outputs: list) -> tuple[l
             result.append(step)
             continue
         how, shape = kind
+        if any(slot is not _base(slot) and id(_base(slot)) in made_by_run for _, slot in step[1]):
+            flush()  # it reads a view of what the run makes: from memory, after the run's kernel
         reduces = how in ("reduce", "decomposed-rows")
         if run and reduces and shape == domain:
             rows = True

@@ -1,10 +1,14 @@
 """``torch.compile(model, backend="devkit")``: aot_autograd with torch's core-ATen
 decompositions; each FX graph then runs as one devkit plan (``_graph``), or,
 where it cannot be planned, op by op, every aten node calling its devkit
-lowering directly (no dispatcher or autograd on the way)."""
+lowering directly (no dispatcher or autograd on the way).
+
+``options={"fuse": False}`` keeps every call of a plan; by default a plan is
+fused where the plugin has the codegen section (engine.fusion)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -21,9 +25,13 @@ def _has_devkit_tensor(values) -> bool:
     return False
 
 
-def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
+OPTIONS = ("fuse",)
+
+
+def compile_graph(graph_module: torch.fx.GraphModule, example_inputs, fuse: bool | None = None):
     """A boxed callable running ``graph_module`` on devkit: as one plan per input
-    geometry where it can be planned (``_graph``), else node by node."""
+    geometry where it can be planned (``_graph``), else node by node. ``fuse``:
+    as GraphPlan's (None: where the plugin has the codegen section)."""
     nodes = list(graph_module.graph.nodes)
     steps = []
     for node in nodes:
@@ -72,7 +80,7 @@ def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
         with _replay.recording(_graph.GraphRecorder(inputs)) as recorder:
             results = run_nodes(inputs, recorder)
         try:
-            plans[key] = _graph.GraphPlan(recorder, list(results))
+            plans[key] = _graph.GraphPlan(recorder, list(results), fuse)
         except _graph.NotPlannable:
             plans[key] = None
         return results
@@ -82,18 +90,27 @@ def compile_graph(graph_module: torch.fx.GraphModule, example_inputs):
     return run
 
 
-def devkit_backend(graph_module: torch.fx.GraphModule, example_inputs):
-    """The "devkit" torch.compile backend (found through the torch_dynamo_backends entry point)."""
+def devkit_backend(graph_module: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+    """The "devkit" torch.compile backend (found through the torch_dynamo_backends entry point).
+    ``options`` (torch.compile's): ``fuse`` (bool) runs the fusion pass over each plan, or not."""
     from torch._dynamo.backends.common import aot_autograd
 
-    global _aot
-    if _aot is None:
-        _aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                            decompositions=core_aten_decompositions())
-    return _aot(graph_module, example_inputs)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"devkit backend: unknown option(s) {', '.join(map(repr, unknown))}; "
+                         f"it takes {', '.join(map(repr, OPTIONS))}")
+    fuse = options.get("fuse")
+    if fuse is not None and not isinstance(fuse, bool):
+        raise TypeError(f"devkit backend: option 'fuse' must be a bool, got {type(fuse).__name__}")
+    if fuse not in _aot:
+        compiler = functools.partial(compile_graph, fuse=fuse)
+        _aot[fuse] = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                                  decompositions=core_aten_decompositions())
+    return _aot[fuse](graph_module, example_inputs)
 
 
-_aot = None
+_aot: dict = {}  # per value of the fuse option
 
 
 def register_backend() -> None:

@@ -8,6 +8,9 @@ call (their consumers find them by memory). Factory nodes whose results do
 not depend on the inputs' values (``full``, ``arange``, ``full_like`` ...)
 run once and stay resident as constants.
 
+Where the plugin has the codegen section the calls are fused first
+(engine.fusion: a value another call reads through a view stays in memory;
+the compile option ``fuse`` turns it off); ``GraphPlan.fusion`` reports it.
 The plan then places every input and every call's output in one arena
 (engine.plan_memory: liveness-based reuse), points the calls at it once and
 hands them to engine.make_launcher: a native graph where the plugin has the
@@ -23,7 +26,8 @@ import threading
 
 import torch
 
-from ..engine import Lifetime, make_launcher, plan_memory
+from ..abi import ffi
+from ..engine import Lifetime, fusion, make_launcher, plan_memory
 from . import _memory, _replay
 
 aten = torch.ops.aten
@@ -70,10 +74,58 @@ def input_key(tensors) -> tuple | None:
     return tuple(parts)
 
 
-class GraphPlan:
-    """A recorded graph run: see the module doc."""
+class _Value:
+    """What the fusion pass sees of one source read through one geometry:
+    ``base`` is the value its producing call wrote (itself for that value and
+    for an input's or constant's reads); ``first``/``last`` are the pass's."""
 
-    def __init__(self, recording: GraphRecorder, results: list):
+    __slots__ = ("source", "delta", "base", "first", "last")
+
+    def __init__(self, source: int, delta: int, base=None, first: int = -1):
+        self.source, self.delta, self.base = source, delta, self if base is None else base
+        self.first = self.last = first
+
+
+def _address(tensor) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(tensor)))
+
+
+def _fuse(device, steps: list, count: int, kept: set) -> tuple[list, fusion.FusionReport]:
+    """``steps`` (call, [(tensor, source, byte offset)], [(tensor, source, nbytes)]) with the
+    fusion pass run over them; ``kept``: the sources the graph returns."""
+    values: dict = {}  # (source, delta, shape, strides, dtype) -> _Value
+    natural: dict[int, _Value] = {}  # a call's output source -> the value it writes
+    sizes = {}
+    passed = []
+    for index, (call, ins, outs) in enumerate(steps):
+        made = []
+        for tensor, source, nbytes in outs:
+            position = next(k for k in range(call.cdata.num_outputs) if _address(call.outputs[k]) == _address(tensor))
+            value = natural[source] = _Value(source, 0, first=index)
+            values[(source, 0, *fusion._tensor_info(tensor))] = value
+            sizes[source] = nbytes
+            made.append((position, value))
+        read = []
+        positions = {_address(call.inputs[k]): k for k in range(call.cdata.num_inputs)}
+        for tensor, source, delta in ins:
+            key = (source, delta, *fusion._tensor_info(tensor))  # a bitcast view is another value
+            value = values.get(key)
+            if value is None:  # a view: of a call's output, or of an input or a constant
+                value = values[key] = _Value(source, delta, natural.get(source))
+            value.last = index
+            read.append((positions[_address(tensor)], value))
+        passed.append((call, read, made))
+    fused, report = fusion.fuse_steps(device, passed, [], [natural[source] for source in kept])
+    return [(call, [(call.inputs[k], v.source, v.delta) for k, v in read],
+             [(call.outputs[k], v.source, sizes[v.source]) for k, v in made]) for call, read, made in fused], report
+
+
+class GraphPlan:
+    """A recorded graph run: see the module doc. ``fuse`` (default: where the
+    plugin has the codegen section) runs engine.fusion over the calls;
+    ``fusion`` is its report (None unfused)."""
+
+    def __init__(self, recording: GraphRecorder, results: list, fuse: bool | None = None):
         if not recording.replayable:
             raise NotPlannable("the graph has an op a plan cannot redo")
         devices = {device for step in recording.steps for _, _, device in step.outputs}
@@ -84,29 +136,40 @@ class GraphPlan:
         self.resident = recording.resident
         inputs = recording.tensors
         count = len(inputs)
-        steps = recording.steps
+        # Per call: (call, [(tensor, source, byte offset from the source's start)], [(tensor, source, nbytes)]).
+        steps, source = [], count
+        for step in recording.steps:
+            outs = []
+            for tensor, nbytes, _ in step.outputs:
+                outs.append((tensor, source, nbytes))
+                source += 1
+            steps.append((step.call, step.inputs, outs))
+        output_sizes = [nbytes for _, _, outs in steps for _, _, nbytes in outs]
+        self.results = [self._result(recording, value, count) for value in results]
+        returned = {result[1] for result in self.results if result is not None and result[0] == "output"}
+        self.fusion = None
+        if device.plugin.has_codegen if fuse is None else fuse:
+            steps, self.fusion = _fuse(device, steps, count, returned)
         # Where each input's bytes lie: (byte offset of the tensor from its extent's start, extent size).
         extents = []
         for tensor in inputs:
             array = _memory.to_array(tensor)
             low, high = array._extent()
             extents.append((array.offset - low, high - low))
-        output_sizes = [nbytes for step in steps for _, nbytes, _ in step.outputs]
         last_read = [-1] * (count + len(output_sizes))
-        for index, step in enumerate(steps):
-            for _, source, _ in step.inputs:
+        first_written = [None] * len(output_sizes)  # None: fused away, it takes no memory
+        for index, (_, ins, outs) in enumerate(steps):
+            for _, source, _ in ins:
                 if source >= 0:
                     last_read[source] = index
-        first_written = []
-        for index, step in enumerate(steps):
-            first_written += [index] * len(step.outputs)
-        self.results = []
-        for value in results:
-            self.results.append(self._result(recording, value, count, last_read, len(steps)))
+            for _, source, _ in outs:
+                first_written[source - count] = index
+        for source in returned:  # copied out after the last call
+            last_read[source] = len(steps)
         lifetimes = [Lifetime(size, -1, last_read[i]) for i, (_, size) in enumerate(extents)]
         # An output nothing reads is still written: it lives for its own step.
-        lifetimes += [Lifetime(size, first_written[i], max(first_written[i], last_read[count + i]))
-                      for i, size in enumerate(output_sizes)]
+        lifetimes += [Lifetime(0, 0, 0) if first is None else Lifetime(size, first, max(first, last_read[count + i]))
+                      for i, (size, first) in enumerate(zip(output_sizes, first_written))]
         alignment = max(64, int(device.properties.alloc_alignment or 0))
         self.memory = plan_memory(lifetimes, alignment)
         self.arena = arena = device.alloc(max(self.memory.arena_bytes, 1))
@@ -114,8 +177,8 @@ class GraphPlan:
         handle = arena.handle
         # Per input, the (slot, byte offset from the input's start) of every call that reads it.
         self.readers: list[list] = [[] for _ in inputs]
-        for step in steps:
-            for slot, source, delta in step.inputs:
+        for _, ins, outs in steps:
+            for slot, source, delta in ins:
                 if source < 0:  # a resident constant
                     constant = _memory.to_array(self.constants[-source - 1])
                     slot.data = constant.buffer.handle
@@ -125,12 +188,9 @@ class GraphPlan:
                 else:
                     slot.data = handle
                     slot.byte_offset = arena.offset + offsets[source] + delta
-        out_index = count
-        for step in steps:
-            for slot, _, _ in step.outputs:
+            for slot, source, _ in outs:
                 slot.data = handle
-                slot.byte_offset = arena.offset + offsets[out_index]
-                out_index += 1
+                slot.byte_offset = arena.offset + offsets[source]
         # Inputs no call reads are not copied in.
         self.staging = [(arena.view(offsets[i], size), lead, size if last_read[i] >= 0 else 0, tensor.element_size())
                         for i, ((lead, size), tensor) in enumerate(zip(extents, inputs))]
@@ -143,7 +203,7 @@ class GraphPlan:
                 self.homes[index] = self._bind_in_place(index, tensor)
         self.output_sizes = output_sizes
         self.count = count
-        self.calls = [step.call for step in steps]
+        self.calls = [call for call, _, _ in steps]
         self.launcher = make_launcher(device, self.calls)
         self.stream = device.create_stream()
         self.lock = threading.Lock()
@@ -165,7 +225,7 @@ class GraphPlan:
             slot.byte_offset = staged.offset + lead + delta
 
     @staticmethod
-    def _result(recording, value, count, last_read, end):
+    def _result(recording, value, count):
         """How the plan makes one graph output: None, an input, a view of one, or an output of a call."""
         if value is None:
             return None
@@ -181,7 +241,6 @@ class GraphPlan:
         geometry = (tuple(value.shape), tuple(value.stride()))
         if source < count:
             return ("input view", source, geometry, delta // value.element_size())
-        last_read[source] = end  # copied out after the last call
         return ("output", source, (value.dtype, *geometry, value.storage_offset()))
 
     def run(self, inputs: list) -> list:

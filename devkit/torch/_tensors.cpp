@@ -181,17 +181,17 @@ Py_ssize_t reap_dead() {
   Py_ssize_t dropped = 0;
   for (size_t taken = 0; taken < tokens.size(); ++taken) {
     PyObject* key = PyLong_FromLongLong(tokens[taken]);
-    // On an error, the tokens not taken in yet wait for the next reap.
-    auto fail = [&tokens, taken]() -> Py_ssize_t {
+    // On an error, the tokens not taken in yet (from ``first``) wait for the next reap.
+    auto fail = [&tokens](size_t first) -> Py_ssize_t {
       std::lock_guard<std::mutex> guard(dead_lock);
-      dead.insert(dead.end(), tokens.begin() + taken + 1, tokens.end());
+      dead.insert(dead.end(), tokens.begin() + first, tokens.end());
       return -1;
     };
-    if (key == nullptr) return fail();
+    if (key == nullptr) return fail(taken);
     PyObject* entry = PyDict_GetItemWithError(memory.live, key);
     if (entry == nullptr) {
       Py_DECREF(key);
-      if (PyErr_Occurred()) return fail();
+      if (PyErr_Occurred()) return fail(taken);
       continue;
     }
     PyObject* whole = PyTuple_GET_ITEM(entry, 0);
@@ -200,7 +200,7 @@ Py_ssize_t reap_dead() {
     Py_DECREF(key);
     if (failed) {
       Py_DECREF(whole);
-      return fail();
+      return fail(taken + 1);
     }
     PyObject* allocation = PyObject_GetAttr(whole, s_allocation);
     bool pooled = false;
@@ -225,7 +225,7 @@ Py_ssize_t reap_dead() {
       Py_DECREF(allocation);
     }
     Py_DECREF(whole);
-    if (PyErr_Occurred()) return fail();
+    if (PyErr_Occurred()) return fail(taken + 1);
     if (!pooled) ++dropped;
   }
   return dropped;
@@ -587,6 +587,8 @@ int give_back(PyObject* buffer, const Output& output) {
 }
 
 // The plugin's error for step ``index``, which returned ``status``: the Python template raises it.
+// Called before anything else can call into the plugin on this thread (dropping the outputs may
+// free memory through it), as the ABI requires of reading the message.
 PyObject* failed(const Template& recorded, size_t index, int32_t status) {
   PyObject* raised = PyObject_CallMethod(recorded.owner, "failed", "ni", static_cast<Py_ssize_t>(index), status);
   Py_XDECREF(raised);
@@ -624,8 +626,9 @@ PyObject* run_calls(Replayer* self, const Template& recorded, const Tensors& ten
       status = step.copy_d2d(step.device, to.handle, to.byte_offset, from.handle, 0, step.nbytes, nullptr);
       Py_END_ALLOW_THREADS
       if (status != self->ok && status != self->not_ready) {
+        PyObject* error = failed(recorded, index, status);
         release();
-        return failed(recorded, index, status);
+        return error;
       }
       continue;
     }
@@ -654,8 +657,9 @@ PyObject* run_calls(Replayer* self, const Template& recorded, const Tensors& ten
     status = step.fn(step.call);
     Py_END_ALLOW_THREADS
     if (status != self->ok && status != self->not_ready) {
+      PyObject* error = failed(recorded, index, status);
       release();
-      return failed(recorded, index, status);
+      return error;
     }
   }
   for (size_t index : recorded.scratch)  // later work on the device's queue runs after these calls

@@ -11,8 +11,8 @@
  * rebind re-resolves one.
  *
  * Launch: one work item on the stream's worker that runs every node in
- * capture order. Before submitting, the launch checks that every slot's and
- * every copy operand's memory is still allocated.
+ * capture order. Before submitting, the launch checks that every non-empty
+ * slot's and every copy operand's memory is still allocated.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,15 +124,20 @@ DK_Status cpu_graph_add_mem(cpu_graph *g, DK_Mem mem, size_t offset, size_t size
   return ok ? DK_OK : cpu_set_error(DK_RESOURCE_EXHAUSTED, "copy: host out of memory capturing it");
 }
 
-/* The byte extent of t's elements relative to element 0's address. */
+/* The byte extent of t's elements relative to element 0's address: the
+ * launch checked that it fits int64, except for an empty tensor, whose
+ * strides may be anything (it reaches no memory). */
 static void tensor_extent(const cpu_tensor *t, int64_t *low, size_t *span) {
+  *low = 0;
+  *span = 0;
+  if (!t->size) return;
   int64_t lo = 0, hi = 0;
   for (int32_t k = 0; k < t->ndim; k++) {
     int64_t reach = (t->shape[k] - 1) * t->strides[k];
     if (reach < 0) lo += reach; else hi += reach;
   }
-  *low = t->size ? lo * t->itemsize : 0;
-  *span = t->size ? (size_t)((hi - lo + 1) * t->itemsize) : 0;
+  *low = lo * t->itemsize;
+  *span = (size_t)((hi - lo + 1) * t->itemsize);
 }
 
 DK_Status cpu_graph_add_tensors(cpu_graph *g, const DK_KernelCall *call, cpu_tensor *tensors) {
@@ -346,12 +351,17 @@ static void destroy_launch(void *arg) {
  * slots mostly lie in one (a plan's arena). The caller holds d->mem_mu. */
 static bool range_live(cpu_device *d, DK_Mem mem, size_t offset, size_t size, DK_Mem *last,
                        size_t *last_size) {
+  if (!mem) return false;
   if (mem != *last) {
-    if (!mem || !cpu_table_find(&d->mems, (uintptr_t)mem, last_size)) return false;
+    if (!cpu_table_find(&d->mems, (uintptr_t)mem, last_size)) return false;
     *last = mem;
   }
   return offset <= *last_size && size <= *last_size - offset;
 }
+
+/* An empty tensor reaches no memory: the kernel launch accepted any data
+ * for it (NULL too), so the launch checks none. */
+static bool slot_reaches_memory(const graph_slot *s) { return s->span != 0; }
 
 /* The fast check of check_memory: every range under one hold of the
  * device's memory lock, each allocation looked up once per run of ranges
@@ -364,7 +374,8 @@ static bool memory_live(cpu_graph *g) {
   pthread_mutex_lock(&d->mem_mu);
   for (size_t i = 0; live && i < g->num_slots; i++) {
     const graph_slot *s = &g->slots[i];
-    live = range_live(d, s->mem, (size_t)((int64_t)s->offset + s->low), s->span, &last, &last_size);
+    live = !slot_reaches_memory(s) ||
+           range_live(d, s->mem, (size_t)((int64_t)s->offset + s->low), s->span, &last, &last_size);
   }
   for (size_t i = 0; live && i < g->num_mems; i++)
     live = range_live(d, g->mems[i].mem, g->mems[i].offset, g->mems[i].size, &last, &last_size);
@@ -381,8 +392,9 @@ static DK_Status check_memory(const char *fn, cpu_graph *g) {
   DK_Status st = DK_OK;
   for (size_t i = 0; st == DK_OK && i < g->num_slots; i++) {
     const graph_slot *s = &g->slots[i];
-    st = cpu_mem_range(fn, "a slot's", g->device, s->mem, (size_t)((int64_t)s->offset + s->low),
-                       s->span, &unused);
+    if (slot_reaches_memory(s))
+      st = cpu_mem_range(fn, "a slot's", g->device, s->mem, (size_t)((int64_t)s->offset + s->low),
+                         s->span, &unused);
   }
   for (size_t i = 0; st == DK_OK && i < g->num_mems; i++)
     st = cpu_mem_range(fn, "a copy's", g->device, g->mems[i].mem, g->mems[i].offset,
