@@ -717,7 +717,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * tap) by an AVX2 register block of PACKED_MB output channels by PACKED_NV
  * output positions (12 accumulators), each weight broadcast from W's rows
  * as stored: no im2col, and no GEMM packing, which reads and writes every
- * weight on each call (9.4 MB on the 512-channel layers), nor Winograd's
+ * weight on each call (2.4 MB on the 256-channel layers), nor Winograd's
  * filter transforms, which on a 49-tile plane cost about what they save.
  * The input is first copied into one shift plane per kernel column kx and
  * row phase ry (strides sh, sw; a general window, though only unit strides
@@ -732,9 +732,9 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * outputs whose windows hold it, as there (0 * inf in the padding is NaN). */
 #define PACKED_MB 6
 #define PACKED_NV 16
-/* k = (channel, tap) steps per pass (at most; passes of even length): a block of positions keeps its
- * PACKED_NV-wide input rows for them near the core while the pass runs
- * through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
+/* k = (channel, tap) steps per pass (at most; the passes are of even
+ * length): a block of positions keeps its PACKED_NV-wide input rows for
+ * them near the core while the pass runs through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
  * machine: 256 steps about 5% faster than 128, 512 and 1024 within the
  * noise of it, the whole 2304 about 15% slower). */
 #define PACKED_KC 256
@@ -747,8 +747,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * layer against the paths they would take (a loaded 2-core Zen 3, so
  * within about 10%): ResNet's 14x14 3x3 0.85x Winograd's time on one
  * thread and on two; its 7x7 3x3 (49 positions, 9.4 MB of weights read
- * for 4 blocks of positions) 1.0-1.07x im2col + GEMM's on one, 1.13x on
- * two; its 28x28 and 56x56 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and
+ * for 4 blocks of positions) 1.0-1.13x im2col + GEMM's, no gain; its 28x28 and 56x56 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and
  * 1x1 1.1-1.2x im2col + GEMM's, the 7x7/2 stem 1.05x, all on one. */
 #define PACKED_MIN_POSITIONS 100
 #define PACKED_MAX_POSITIONS 256
