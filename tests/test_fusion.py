@@ -40,7 +40,8 @@ def test_every_elementwise_primitive_with_a_rule_renders_in_every_dialect():
 
 def test_the_printer_picks_each_dialects_math_names_and_literals():
     c, cl, cuda = (codegen.printer(d) for d in ("c", "opencl-c", "cuda-c"))
-    assert c.call("exp", F32, "x") == "expf(x)" and c.call("exp", np.float64, "x") == "exp(x)"
+    assert c.call("exp", F32, "x") == "dk_expf(x)" and c.call("exp", np.float64, "x") == "exp(x)"
+    assert c.call("tanh", F32, "x") == "tanhf(x)"
     assert cl.call("exp", F32, "x") == "exp(x)"  # OpenCL C overloads
     assert cuda.call("tanh", F32, "x") == "tanhf(x)"
     assert c.literal(0.5, F32) == "0.5f" and c.literal(0.5, np.float64) == "0.5"
@@ -254,6 +255,41 @@ def test_a_broadcast_elementwise_kernel_loops_rows_and_columns_from_any_chunk_st
     np.testing.assert_allclose(out.numpy(), want, rtol=2e-6, atol=1e-6)
 
 
+def test_the_c_exp_runs_a_checked_fast_path_and_reruns_a_flagged_block():
+    """SwiGLU written as primitives: in C its float32 Exp is dk_expf_checked
+    over blocks of 1024 items, and a block where an argument leaves the fast
+    path's range (inf, NaN, +-100, +-1e30, here all in the second block)
+    runs again with dk_expf. Every element, in the fast blocks and the
+    rerun one, matches the ops computed one by one in float32 (Exp from
+    float64, rounded): within 4 ulp (the Exp's ulp, then the Add, Div and
+    Mul round after it)."""
+    dev = _cpu()
+    model, feed = patterns.swiglu(4, 1024)
+    edges = np.array([np.inf, -np.inf, np.nan, -100, 100, 1e30, -1e30, 86.5, -86.5, 1e-40, -1e-40, 0.0, -0.0],
+                     np.float32)
+    feed["a"][1, :edges.size] = edges
+    sources = []
+    real = codegen.compile_module
+
+    def spy(device, source, options=""):
+        sources.append(source)
+        return real(device, source, options)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(fusion.codegen, "compile_module", spy):
+        got = devkit.onnx.prepare(model, dev, fuse=True).run(feed)[0]
+    (source,) = sources
+    assert "dk_expf_checked(v0, &slow)" in source and "if (slow) {" in source and "dk_expf(v0)" in source
+    assert "checked" not in codegen.render(_group("Exp", 1), codegen.printer("opencl-c")).source
+    a, b = feed["a"], feed["b"]
+    with np.errstate(all="ignore"):
+        e = np.exp(-a.astype(np.float64)).astype(np.float32)
+        want = a / (e + np.float32(1)) * b
+    np.testing.assert_allclose(got, want, rtol=4 * 2.0 ** -23, atol=0, equal_nan=True)
+    np.testing.assert_array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0]))
+
+
 def test_a_row_kernel_reads_a_compact_input_at_the_row_times_its_length():
     """Over several outer axes a compact input's row starts at r * n (no
     division and remainder per axis); a row of a broadcast input still
@@ -342,6 +378,7 @@ def test_the_fusion_bench_times_every_pattern_three_ways():
             assert row[f"unfused_{what}_ms"] > 0 and row[f"fused_{what}_ms"] > 0
             assert row[f"speedup_{what}"] == row[f"unfused_{what}_ms"] / row[f"fused_{what}_ms"]
             assert 0 <= row[f"fused_wins_{what}"] <= 1
+        assert row["load"] is None or row["load"] >= 0
     assert set(rows[0]) >= {f"fused_vs_native_{what}" for what in patterns.TIMES}
 
 

@@ -20,7 +20,7 @@ back too). Each
 contender is timed in turn within every repetition (interleaved); figures
 are medians; ratios are unfused / fused (above 1: fusion is faster);
 fused_wins_* is the share of repetitions in which the fused time was the
-lower.
+lower; "load" the machine's 1-minute load average when the row was done.
 """
 
 from __future__ import annotations
@@ -175,7 +175,10 @@ def _row(name: str, plugin: str, model, feed, repeat: int, native=None) -> dict:
            # shared machine steadier than a ratio of medians near 1
            **{f"fused_wins_{what}": _wins(samples[f"fused_{what}"], samples[f"unfused_{what}"]) for what in TIMES},
            "groups": fusion.get("groups", 0), "ops_per_group": fusion.get("ops_per_group", []),
-           "kernels_saved": fusion.get("kernels_saved", 0)}
+           "kernels_saved": fusion.get("kernels_saved", 0),
+           # the machine's 1-minute load average when the row was done (None where
+           # the OS has none): on a shared machine, how loaded it was while measured
+           "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
     if native is not None:
         row.update({f"fused_vs_native_{what}": ms[f"fused_{what}"] / ms[f"native_{what}"] for what in TIMES})
     return row

@@ -213,6 +213,20 @@ class _Body:
         return lines
 
     def elementwise_kernel(self) -> list[str]:
+        """The loops over the call's items; where the printer has checked
+        math calls and the group makes one, those loops over each block, and
+        the plain ones again over a block in which a checked call flagged
+        an argument (Printer.checked)."""
+        accurate = self._elementwise_loops()
+        checked = self.p.checked()
+        if checked is None:
+            return accurate
+        fast = _Body(self.g, checked)._elementwise_loops()
+        if not checked.used:
+            return accurate
+        return self.p.checked_blocks(fast, accurate)
+
+    def _elementwise_loops(self) -> list[str]:
         refs = self._needed([("op", m) for m, _ in self.g.outputs], full_only=False)
         if self.split:
             width = self.g.domain[-1]

@@ -45,8 +45,11 @@ def _math(name):
 
 
 def _sigmoid(p, x, out):
+    """Through e^-|x|, which never overflows: 1 / (1 + e^-x) would give 0
+    below x = -88.7, where the sigmoid is e^x, a subnormal."""
     one = p.literal(1, out)
-    return f"({one} / ({one} + {p.call('exp', out, f'-({x})')}))"
+    e = p.call("exp", out, f"-{p.call('fabs', out, x)}")
+    return f"((({x}) >= 0 ? {one} : {e}) / ({one} + {e}))"
 
 
 def _cast(p, args, attrs, dtypes, out):

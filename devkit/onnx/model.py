@@ -34,12 +34,13 @@ import numpy as np
 from .. import dtypes as _dtypes
 from ..engine.plan import (HOST_VALUE_LIMIT, SHAPE_OPS, Node, NotPlannable, Plan, build_plan, fits_host,
                            host_eval, shape_eval)
-from ..ops import dispatch
+from ..ops import dispatch, resolution
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, asarray
 from ..runtime import device as _device
-from .nodes import (InvalidModelError, UnsupportedNodeError, _constant, _describe, check_node, node_attributes,
-                    onnx_dtype, to_numpy)
+from . import rewrite as _rewrite
+from .nodes import (InvalidModelError, Step, UnsupportedNodeError, _constant, _describe, check_node,
+                    node_attributes, onnx_dtype, to_numpy)
 
 MIN_OPSET, MAX_OPSET = 13, 23
 
@@ -76,18 +77,7 @@ def _onnx_opset(model) -> int:
     raise UnsupportedNodeError("the model imports no ONNX opset")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """One node, checked: its spec and attributes, or for a Constant (spec
-    None) its value."""
-
-    node: object
-    spec: _spec.OpSpec | None
-    attrs: dict
-    constant: np.ndarray | None = None
-
-
-def _check_step(node) -> _Step:
+def _check_step(node) -> Step:
     spec = check_node(node)
     if spec is None:
         value = _constant(node)
@@ -95,25 +85,43 @@ def _check_step(node) -> _Step:
             _dtypes.normalize(value.dtype)
         except TypeError as exc:
             raise UnsupportedNodeError(f"{_describe(node)}: {exc}") from None
-        return _Step(node, None, {}, value)
+        return Step(node, None, {}, value)
     attrs = node_attributes(node, spec)
     try:
         dispatch.resolve_attrs(spec, attrs)  # attribute values outside the spec's choices or checks
     except (TypeError, ValueError) as exc:
         raise UnsupportedNodeError(f"{_describe(node)}: {exc}") from None
-    return _Step(node, spec, attrs)
+    return Step(node, spec, attrs)
 
 
-def _check_key_dtypes(model, steps: list[_Step]) -> None:
-    """ONNX's type inference gives the dtype of most values: a node whose key
-    input has a dtype the op does not take fails here, not in the middle of a run."""
+def _inferred_values(model) -> tuple[dict[str, int], dict[str, _rewrite.ValueInfo]]:
+    """What ONNX's type and shape inference knows of each value: its element
+    type code (0: not inferred; initializers' own), and its dtype and shape
+    (symbolic dims by name) for the rewrites."""
     from onnx import shape_inference
 
     inferred = shape_inference.infer_shapes(model).graph
-    types = {value.name: value.type.tensor_type.elem_type
-             for value in [*inferred.value_info, *inferred.input, *inferred.output]
-             if value.type.HasField("tensor_type")}
+    types, infos = {}, {}
+    for value in [*inferred.value_info, *inferred.input, *inferred.output]:
+        if not value.type.HasField("tensor_type"):
+            continue
+        tensor = value.type.tensor_type
+        types[value.name] = tensor.elem_type
+        try:
+            dtype = onnx_dtype(tensor.elem_type) if tensor.elem_type else None
+        except UnsupportedNodeError:
+            dtype = None
+        shape = (tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim)
+                 if tensor.HasField("shape") else None)
+        infos[value.name] = _rewrite.ValueInfo(dtype, shape)
     types.update({init.name: init.data_type for init in model.graph.initializer})
+    return types, infos
+
+
+def _check_key_dtypes(types: dict[str, int], steps: list[Step]) -> None:
+    """ONNX's type inference gives the dtype of most values (``types``): a
+    node whose key input has a dtype the op does not take fails here, not in
+    the middle of a run."""
     for step in steps:
         spec, node = step.spec, step.node
         if spec is None:
@@ -213,7 +221,8 @@ class _Checked:
         self.model = model
         graph = model.graph
         self.steps = [_check_step(node) for node in _graph_order(graph)]
-        _check_key_dtypes(model, self.steps)
+        types, self.value_infos = _inferred_values(model)
+        _check_key_dtypes(types, self.steps)
         for init in graph.initializer:
             try:
                 onnx_dtype(init.data_type)
@@ -255,9 +264,14 @@ class PreparedModel:
     With ``plan`` (the default) each set of input shapes is compiled into a
     devkit.engine Plan at its first run and replayed after; ``plans`` maps
     each signature (fed names and shapes) to its Plan, or to why the
-    interpreter runs it instead. ``plan=False`` runs node by node."""
+    interpreter runs it instead. ``plan=False`` runs node by node.
 
-    def __init__(self, model, device: str | Device | None = None, plan: bool = True, fuse: bool | None = None):
+    ``rewrites`` (a devkit.onnx.rewrite.RewriteReport; ``as_dict()``) says
+    which graph rewrites prepare made and which candidates it left, and why;
+    ``optimize=False`` makes none."""
+
+    def __init__(self, model, device: str | Device | None = None, plan: bool = True, fuse: bool | None = None,
+                 optimize: bool = True):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
@@ -266,10 +280,16 @@ class PreparedModel:
         self.input_names = checked.input_names
         self.feed_names = checked.feed_names
         self.output_names = checked.output_names
-        self._steps = checked.steps
+        steps, initializers = checked.steps, checked.initializers
+        self.rewrites = _rewrite.RewriteReport(enabled=False)
+        if optimize:  # the same rewritten steps for plans and the interpreter
+            steps, initializers, self.rewrites = _rewrite.optimize(
+                steps, initializers, checked.input_names, checked.output_names, checked.value_infos,
+                self._has_fused_conv)
+        self._steps = steps
         self._input_types = checked.input_types
-        self._initializers = {name: asarray(array, self.device) for name, array in checked.initializers.items()}
-        self._host_twins = {name: array for name, array in checked.initializers.items()
+        self._initializers = {name: asarray(array, self.device) for name, array in initializers.items()}
+        self._host_twins = {name: array for name, array in initializers.items()
                             if array.size <= HOST_VALUE_LIMIT}
         self._liveness: dict[frozenset, _Liveness] = {}
         self._shape_values: dict[tuple, dict[str, np.ndarray]] = {}
@@ -283,6 +303,11 @@ class PreparedModel:
         self._feed_set = frozenset(self.feed_names)
         self._sorted_feed_names = sorted(self.feed_names)
         self._accepted_shapes: dict[str, set] = {name: set() for name in self.feed_names}
+
+    def _has_fused_conv(self, dtype: np.dtype) -> bool:
+        """Whether the device's plugin has a native FusedConv kernel at ``dtype``."""
+        return (dtype in _spec.get("FusedConv").dtypes
+                and resolution.explain("FusedConv", dtype, self.device).how == resolution.NATIVE)
 
     # -- inputs ------------------------------------------------------------------------
 
@@ -430,7 +455,7 @@ class PreparedModel:
         return [np.array(value) if isinstance(value, np.ndarray) else to_numpy(value)
                 for value in (values[name] for name in self.output_names)]
 
-    def _run_step(self, step: _Step, values: dict, host_twins: dict) -> list:
+    def _run_step(self, step: Step, values: dict, host_twins: dict) -> list:
         node, spec, attrs = step.node, step.spec, step.attrs
         if spec is None:  # Constant: a host value unless it is too big for one
             value = step.constant
@@ -455,11 +480,15 @@ class PreparedModel:
 
 
 def prepare(model, device: str | Device | None = None, plan: bool = True,
-            fuse: bool | None = None) -> PreparedModel:
+            fuse: bool | None = None, optimize: bool = True) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node. ``plan``:
     compile each set of input shapes into a plan (see PreparedModel).
     ``fuse``: fuse elementwise chains into generated kernels (docs/fusion.md;
-    default: where the plugin has the codegen section); ``fusion`` reports it."""
-    return PreparedModel(model, device, plan, fuse)
+    default: where the plugin has the codegen section); ``fusion`` reports it.
+    ``optimize``: the graph rewrites of devkit.onnx.rewrite (BatchNormalization
+    folded into Conv; Conv [-> Add] -> Relu as FusedConv where the plugin has
+    its kernel), once, for plans and the interpreter alike; ``rewrites``
+    reports them."""
+    return PreparedModel(model, device, plan, fuse, optimize)

@@ -3,6 +3,7 @@ node runner (the nodes of a graph, in the topological order ONNX requires)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -34,10 +35,26 @@ def onnx_dtype(elem_type: int) -> np.dtype:
         raise UnsupportedNodeError(f"element type {name} is not a devkit dtype") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One node, checked: its spec and attributes, or for a Constant (spec
+    None) its value."""
+
+    node: object
+    spec: _spec.OpSpec | None
+    attrs: dict
+    constant: np.ndarray | None = None
+
+
+def node_label(node) -> str:
+    """The node's name, or for a nameless node the name of its first output."""
+    return node.name or next((output for output in node.output if output), "")
+
+
 def _describe(node, index: int | None = None) -> str:
     """The node by its index in the graph (where known) and its name, or for
     a nameless node the name of its first output."""
-    name = node.name or next((output for output in node.output if output), "")
+    name = node_label(node)
     where = "node" if index is None else f"node {index}"
     return f"{where} '{name}' ({node.op_type})" if name else f"{where} ({node.op_type}, nameless)"
 

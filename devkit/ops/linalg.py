@@ -1,5 +1,5 @@
-"""Linear algebra and windowed ops: MatMul, Gemm, Conv, ConvTranspose,
-MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Einsum.
+"""Linear algebra and windowed ops: MatMul, Gemm, Conv, FusedConv (domain
+devkit), ConvTranspose, MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool, Einsum.
 
 Numerics shared by the family:
 
@@ -485,10 +485,11 @@ def _conv_cases(dtype, rng):
 
 _CONV_ATTRS = _window_attrs(pool=False) + (
     Attr("group", "int", 1, check=lambda v: None if 1 <= v < _EXTENT_LIMIT else "must be in [1, 2^31)"),)
+_CONV_INPUTS = (Input("X"), Input("W"), Input("B", optional=True))
 
 register(OpSpec(
     name="Conv", category="linalg", opset=22,
-    inputs=(Input("X"), Input("W"), Input("B", optional=True)), outputs=("Y",),
+    inputs=_CONV_INPUTS, outputs=("Y",),
     attrs=_CONV_ATTRS,
     dtypes=ALL_FLOAT,
     infer=_infer_conv, reference=_ref_conv, cases=_conv_cases, tolerance=_DOT_TABLE,
@@ -501,6 +502,96 @@ register(OpSpec(
         "dilations on planes of 100 to 256 outputs with many channels (at least 256 input channels x taps and "
         "32 filters per group) by register-blocked direct sums (ahead of Winograd), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
         "planes of at most 4096 outputs, without dilation, by direct sums, all within the same tolerance.",
+))
+
+
+# -- FusedConv (domain devkit) --------------------------------------------------------------
+
+# The activations FusedConv applies after the Conv (and Z); "" applies none.
+FUSED_CONV_ACTIVATIONS = ("", "Relu")
+
+
+def _infer_fused_conv(inputs, attrs):
+    x, w, b, z = (list(inputs) + [None] * 4)[:4]
+    require_same_dtype(inputs, ["X", "W", "B", "Z"])
+    conv_attrs = {name: value for name, value in attrs.items() if name != "activation"}
+    ((shape, dtype),) = _infer_conv([x, w, b], conv_attrs)
+    if z is not None and z.shape != shape:
+        raise ValueError(f"Z has shape {z.shape}; it must have the output's shape {shape}")
+    return [(shape, dtype)]
+
+
+def _ref_fused_conv(x, attrs):
+    x, w, b, z = (list(x) + [None] * 4)[:4]
+    (y,) = _ref_conv([x, w, b], attrs)
+    if z is not None:
+        y = y + z
+    if attrs.get("activation") == "Relu":
+        y = np.maximum(y, 0.0)
+    return [y]
+
+
+def _fused_conv_cases(dtype, rng):
+    r = lambda *shape: t.random(rng, shape, dtype)
+
+    def case(name, x, w, b=None, z=True, activation="Relu", **attrs):
+        """``z``: an array, True (random, of the output's shape) or None. The
+        output sums K products plus B and Z: the Conv tolerance for K + 2
+        terms, with |B| and |Z| counted in S."""
+        geometry = {"group": 1, "auto_pad": "NOTSET", **attrs}
+        if z is True:
+            z = r(*_ref_conv([np.zeros(x.shape), np.zeros(w.shape)], geometry)[0].shape)
+        terms = w.shape[1] * math.prod(w.shape[2:]) + 2
+        sums = _ref_fused_conv([magnitude(x), magnitude(w), None if b is None else magnitude(b),
+                                None if z is None else magnitude(z)], geometry)[0]
+        inputs = [x, w, b, z] if z is not None else [x, w, b] if b is not None else [x, w]
+        return Case(name, inputs, {"activation": activation, **attrs},
+                    tolerance=dot_tolerance(dtype, terms, _largest(sums)))
+
+    special_z = r(1, 3, 7, 6)
+    special_z[0, 0, 1, 1], special_z[0, 1, 3, 2], special_z[0, 2, 4, 4] = np.nan, np.inf, -np.inf
+    special_x = r(1, 16, 16, 16)
+    special_x[0, 3, 5, 5] = np.inf
+    return [
+        case("bias_z_relu", r(2, 3, 7, 6), r(4, 3, 3, 3), r(4), pads=[1, 1, 1, 1]),
+        case("relu_only", r(1, 2, 5, 5), r(3, 2, 3, 3), z=None, pads=[1, 1, 1, 1]),
+        case("bias_relu", r(2, 3, 7, 6), r(4, 3, 3, 3), r(4), z=None, strides=[2, 2]),
+        case("z_without_bias", r(1, 2, 7, 6), r(3, 2, 3, 3), pads=[1, 1, 1, 1]),
+        case("z_no_activation", r(1, 2, 7, 6), r(3, 2, 3, 3), r(3), activation="", pads=[1, 1, 1, 1]),
+        case("pointwise", r(2, 8, 5, 7), r(6, 8, 1, 1), r(6)),
+        case("pointwise_strided", r(2, 8, 5, 7), r(6, 8, 1, 1), r(6), strides=[2, 2]),
+        case("group", r(2, 4, 6, 6), r(6, 2, 3, 3), r(6), group=2, pads=[1, 1, 1, 1]),
+        case("conv1d", r(2, 3, 20), r(4, 3, 5), r(4), strides=[3], pads=[2, 1], dilations=[2]),
+        case("conv3d", r(1, 2, 5, 6, 4), r(3, 2, 3, 2, 2), r(3), pads=[1, 0, 1, 1, 1, 0], strides=[2, 1, 2]),
+        # cpu: every path (direct sums, Winograd, im2col tiles, small planes whole on 2 threads)
+        case("odd_blocking", r(1, 13, 11, 9), r(17, 13, 3, 3), r(17), pads=[1, 1, 1, 1]),
+        case("large", r(2, 16, 40, 40), r(32, 16, 3, 3), r(32), pads=[1, 1, 1, 1]),
+        case("wide_channels", r(1, 40, 18, 18), r(16, 40, 3, 3), r(16), pads=[1, 1, 1, 1]),
+        case("small_plane", r(1, 64, 7, 7), r(32, 64, 3, 3), r(32), pads=[1, 1, 1, 1]),
+        case("strided_phases", r(2, 5, 11, 13), r(6, 5, 3, 3), r(6), strides=[3, 2], pads=[1, 2, 0, 1]),
+        case("empty_batch", r(0, 3, 5, 5), r(2, 3, 3, 3), r(2)),
+        case("empty_channels", r(1, 0, 5, 5), r(4, 0, 3, 3), r(4)),
+        case("special", r(1, 2, 7, 6), r(3, 2, 3, 3), r(3), special_z, pads=[1, 1, 1, 1]),
+        case("special_winograd", special_x, r(8, 16, 3, 3), r(8), pads=[1, 1, 1, 1]),
+    ]
+
+
+register(OpSpec(
+    name="FusedConv", category="linalg", domain="devkit", opset=22,
+    inputs=_CONV_INPUTS + (Input("Z", optional=True,
+                                 doc="added to the convolution before the activation; Y's shape"),),
+    outputs=("Y",),
+    attrs=_CONV_ATTRS + (Attr("activation", "string", "", choices=FUSED_CONV_ACTIVATIONS,
+                              doc="applied last: \"Relu\", or \"\" for none"),),
+    dtypes=ALL_FLOAT,
+    infer=_infer_fused_conv, reference=_ref_fused_conv, cases=_fused_conv_cases, tolerance=_DOT_TABLE,
+    doc="Conv (same inputs, attributes and numerics) with its epilogue fused (domain devkit), as onnxruntime's "
+        "com.microsoft FusedConv: Y = activation(Conv(X, W, B) + Z), Z optional and of Y's shape (no "
+        "broadcasting), activation \"Relu\" or \"\" (none; other names are refused). devkit.onnx.prepare "
+        "makes it from Conv [-> Add] -> Relu where the plugin has a kernel for it; the decomposition is "
+        "Conv, Add, Relu. The tolerance is Conv's over K + 2 terms (B and Z count as two more addends). The "
+        "cpu plugin applies B, Z and the activation to each block of outputs while it is in cache, on every "
+        "Conv path.",
 ))
 
 

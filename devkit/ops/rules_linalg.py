@@ -3,7 +3,8 @@
 Conv is im2col: a strided Slice of the zero-padded input per kernel tap,
 stacked, then one MatMul with the reshaped weights. ConvTranspose is the
 Conv of the input spread by the stride (zeros between) with the weights
-flipped and their channel axes swapped. The pools take the same per-tap
+flipped and their channel axes swapped. FusedConv is its Conv, then the Add
+of Z and the activation. The pools take the same per-tap
 Slices and reduce them; the positions each tap reads (for MaxPool's indices
 and AveragePool's divisor) come from ramps on the device. Einsum takes
 diagonals with a Gather, sums lone labels, and contracts operand pairs with
@@ -76,6 +77,16 @@ def _conv(b, xs, a):
         y = reshape(b, b("MatMul", weights, stacked), (batch, m) + out)
     if bias is not None:
         y = b("Add", y, reshape(b, bias, [m] + [1] * len(kernel)))
+    return [y]
+
+
+def _fused_conv(b, xs, a):
+    x, w, bias, z = (list(xs) + [None] * 4)[:4]
+    y = b("Conv", x, w, bias, **{name: value for name, value in a.items() if name != "activation"})
+    if z is not None:
+        y = b("Add", y, z)
+    if a["activation"] == "Relu":
+        y = b("Relu", y)
     return [y]
 
 
@@ -272,6 +283,7 @@ _POSITIONS = ("Expand[int64]", "CumSum[int64]", "Reshape[int64]", "Mul[int64]", 
 set_decompositions({
     "Gemm": Decomposition(_gemm, ("Transpose", "MatMul", "Mul", "Add"), **_WIDE),
     "Conv": Decomposition(_conv, ("Expand", "Pad", "Slice", "Reshape", "Concat", "MatMul", "Add"), **_WIDE),
+    "FusedConv": Decomposition(_fused_conv, ("Conv", "Add", "Relu")),
     "ConvTranspose": Decomposition(_conv_transpose, ("Expand", "Add", "Reshape", "Concat", "Slice", "Pad",
                                                      "Transpose", "Conv"), float32=()),
     "MaxPool": Decomposition(_max_pool, lambda d: ("Expand", "Pad", "Slice", "Reshape", "Concat", "ReduceMax",

@@ -164,6 +164,11 @@ void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
  * with the message already in the caller's error buffer. Submission itself
  * cannot fail; the item is freed once it has run. */
 DK_Status cpu_work_submit(cpu_stream *s, void *arg);
+/* cpu_work_submit to pinned stream `s` for an item a graph may not hold (a
+ * graph launch, a callback): false, the caller still owning the item, when
+ * `s` is capturing -- checked under the stream's lock, so this closes the
+ * gap after the caller's own cpu_stream_capture check. */
+bool cpu_work_submit_uncaptured(cpu_stream *s, void *arg);
 /* Frees an item that will not be submitted, without calling destroy. */
 void cpu_work_discard(void *arg);
 /* Called from a run function: reports that the item failed with `status`

@@ -405,25 +405,31 @@ static DK_Status check_memory(const char *fn, cpu_graph *g) {
 /* Binds the launch's event items in node order, under every event's lock,
  * and submits it (on a stream, still under the locks: a concurrent wait on
  * the stream then cannot capture one of its records and be queued ahead of
- * it). False when out of memory; the items bound so far are then run at once
- * so that their records complete. */
-static bool bind_and_submit(cpu_graph *g, launch_args *a, cpu_stream *s, DK_Status *st) {
+ * it). On failure -- out of memory, or `s` began capturing since the
+ * caller's check -- the items bound so far are run at once so that their
+ * records complete, and false tells the caller it still owns the launch
+ * item. *st: the failure, or a default-stream run's status. */
+static bool bind_and_submit(const char *fn, cpu_graph *g, launch_args *a, cpu_stream *s, DK_Status *st) {
   for (size_t i = 0; i < g->num_events; i++) cpu_event_lock(g->events[i]);
   size_t b = 0;
-  bool ok = true;
-  for (size_t i = 0; ok && i < g->num_nodes; i++) {
+  bool bound = true, queued = false;
+  for (size_t i = 0; bound && i < g->num_nodes; i++) {
     if (g->nodes[i].kind == NODE_WORK) continue;
     a->bound[b] = cpu_event_bind(g->nodes[i].event, g->nodes[i].kind == NODE_RECORD);
-    ok = a->bound[b++] != NULL;
+    bound = a->bound[b] != NULL;
+    b += bound;
   }
-  if (ok && s) *st = cpu_work_submit(s, a);
+  if (bound && s) queued = cpu_work_submit_uncaptured(s, a);
   for (size_t i = g->num_events; i-- > 0;) cpu_event_unlock(g->events[i]);
-  if (!ok) {
-    for (size_t i = 0; i + 1 < b; i++) cpu_work_run_once(a->bound[i]);
-    return false;
+  if (bound && !s) {
+    *st = cpu_work_submit(NULL, a); /* runs here: records take the event locks */
+    return true;
   }
-  if (!s) *st = cpu_work_submit(NULL, a); /* runs here: records take the event locks */
-  return true;
+  if (queued) return true;
+  for (size_t i = 0; i < b; i++) cpu_work_run_once(a->bound[i]);
+  *st = bound ? cpu_capture_refused(fn, s)
+              : cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory binding its events", fn);
+  return false;
 }
 
 /* A launch item for g holding a reference to it, once its memory checks
@@ -456,10 +462,9 @@ DK_Status cpu_graph_launch(int32_t dev, DK_Graph graph, DK_Stream stream) {
   if ((st = cpu_stream_acquire(fn, d, stream, &s)) == DK_OK && cpu_stream_capture(s))
     st = cpu_capture_refused(fn, s);
   launch_args *a = st == DK_OK ? new_launch(fn, g, &st) : NULL;
-  if (a && !bind_and_submit(g, a, s, &st)) {
+  if (a && !bind_and_submit(fn, g, a, s, &st)) {
     destroy_launch(a);
     cpu_work_discard(a);
-    st = cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory binding its events", fn);
   }
   graph_put(g);
   cpu_stream_release(s);

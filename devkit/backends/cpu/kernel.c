@@ -222,11 +222,14 @@ static int32_t itemsize_of(DK_DataType t) {
   return t.bits / 8;
 }
 
+/* Only an empty tensor's shape can overflow the steps (cpu_resolve_tensor
+ * refuses a non-empty one first): no element is addressed through its
+ * strides, and those past the overflow are 0. */
 void cpu_compact_strides(int32_t ndim, const int64_t *shape, int64_t *strides) {
   int64_t step = 1;
   for (int32_t d = ndim - 1; d >= 0; d--) {
     strides[d] = step;
-    step *= shape[d] > 1 ? shape[d] : 1;
+    if (__builtin_mul_overflow(step, shape[d] > 1 ? shape[d] : 1, &step)) step = 0;
   }
 }
 
@@ -273,7 +276,9 @@ DK_Status cpu_resolve_tensor(const char *op, cpu_device *d, int32_t dev, bool st
 #else
   const bool honour_strides = true;
 #endif
-  if (t->strides && honour_strides) {
+  /* An empty tensor keeps compact strides: it addresses nothing, and the
+   * kernels' stride arithmetic must not overflow on strides given for it. */
+  if (t->strides && honour_strides && !empty) {
     for (int32_t k = 0; k < t->ndim; k++) {
       if (!strided && r->shape[k] > 1 && t->strides[k] != r->strides[k])
         return cpu_set_error(DK_INVALID_ARGUMENT,

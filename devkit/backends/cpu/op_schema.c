@@ -160,6 +160,17 @@ static const cpu_attr_rule EyeLike_attrs[] = {
 static const cpu_attr_rule Flatten_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
+static const char *const FusedConv_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
+static const char *const FusedConv_activation_strings[] = {"", "Relu", NULL};
+static const cpu_attr_rule FusedConv_attrs[] = {
+    {"auto_pad", DK_ATTR_STRING, true, FusedConv_auto_pad_strings, NULL, 0},
+    {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
+    {"kernel_shape", DK_ATTR_INTS, false, NULL, NULL, 0},
+    {"pads", DK_ATTR_INTS, false, NULL, NULL, 0},
+    {"strides", DK_ATTR_INTS, false, NULL, NULL, 0},
+    {"group", DK_ATTR_INT, true, NULL, NULL, 0},
+    {"activation", DK_ATTR_STRING, true, FusedConv_activation_strings, NULL, 0},
+};
 static const cpu_attr_rule Gather_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
@@ -503,6 +514,7 @@ static const cpu_op_schema op_schemas[] = {
     {"EyeLike", 1, 1, 1, 1, 0, EyeLike_attrs, 2},
     {"Flatten", 1, 1, 1, 1, 0, Flatten_attrs, 1},
     {"Floor", 1, 1, 1, 1, 0, NULL, 0},
+    {"FusedConv", 2, 4, 1, 1, 0, FusedConv_attrs, 7},
     {"Gather", 2, 2, 1, 1, 0, Gather_attrs, 1},
     {"GatherElements", 2, 2, 1, 1, 0, GatherElements_attrs, 1},
     {"GatherND", 2, 2, 1, 1, 0, GatherND_attrs, 1},

@@ -136,15 +136,17 @@ DK_Status cpu_work_rerun(void *arg) { return work_rerun(work_of(arg)); }
 DK_Status cpu_work_run_once(void *arg) { return work_run(work_of(arg)); }
 void cpu_work_free(void *arg) { work_free(work_of(arg)); }
 
-DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
-  cpu_work *w = work_of(arg);
-  if (!s) return work_run(w); /* its message is already this thread's */
+/* Queues w on s, or hands it to s's capture; with `recordable` false a
+ * capturing stream refuses it (false), the caller keeping w. The capture is
+ * read under s->mu, so a capture begun by another thread after the caller's
+ * own check cannot take an item it must not hold. */
+static bool work_queue(cpu_stream *s, cpu_work *w, bool recordable) {
   pthread_mutex_lock(&s->mu);
   cpu_graph *g = atomic_load(&s->capture);
   if (g) { /* recorded, not run: the graph owns the item from now on */
-    cpu_graph_add_work(g, arg);
+    if (recordable) cpu_graph_add_work(g, w->arg);
     pthread_mutex_unlock(&s->mu);
-    return DK_OK;
+    return recordable;
   }
   if (s->tail)
     s->tail->next = w;
@@ -155,8 +157,17 @@ DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
   /* The worker only sleeps on an empty queue. */
   if (s->head == w) pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
+  return true;
+}
+
+DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
+  cpu_work *w = work_of(arg);
+  if (!s) return work_run(w); /* its message is already this thread's */
+  work_queue(s, w, true);
   return DK_OK;
 }
+
+bool cpu_work_submit_uncaptured(cpu_stream *s, void *arg) { return work_queue(s, work_of(arg), false); }
 
 /* Keeps the first failure; the message is copied out of this (the worker's)
  * thread-local buffer. Runs before `completed` advances, so a waiter that
@@ -483,9 +494,13 @@ DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
                          "%s: host out of memory queuing the callback", fname);
   }
   *a = (callback_args){fn, user_data};
-  cpu_work_submit(s, a);
+  st = DK_OK;
+  if (!cpu_work_submit_uncaptured(s, a)) { /* a capture began since the check above */
+    cpu_work_discard(a);
+    st = cpu_capture_refused(fname, s);
+  }
   cpu_stream_release(s);
-  return DK_OK;
+  return st;
 }
 
 /* ======================================================================== */

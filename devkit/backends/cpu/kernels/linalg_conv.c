@@ -5,7 +5,7 @@
  * plugin's thread pool; 1x1 kernels with unit strides and no padding
  * multiply the image directly. float16/bfloat16 run as float32.
  */
-#include "linalg.h"
+#include "linalg_conv_epilogue.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -239,15 +239,13 @@ static const cpu_tensor *bias_of(const cpu_kernel_args *k) {
 }
 
 /* With no input channels or no input positions nothing is summed: y is the
- * bias (or 0). Handled first, so no pointer is formed from an empty (NULL)
- * tensor's data. */
-static bool nothing_summed(linalg_real real, const cpu_tensor *x, const cpu_tensor *y,
-                           const cpu_tensor *b, int64_t plane) {
+ * epilogue of 0 (the bias, Z, the activation). Handled first, so no pointer
+ * is formed from an empty (NULL) tensor's data. */
+static bool nothing_summed(const cpu_tensor *x, const cpu_tensor *y, const conv_epilogue *e, int64_t plane) {
   if (x->size) return false;
   memset(y->data, 0, (size_t)(y->size * y->itemsize));
-  if (b)
-    for (int64_t n = 0; n < y->shape[0]; n++)
-      add_bias(real, y->data + n * y->shape[1] * plane * y->itemsize, b->data, y->shape[1], plane, plane);
+  for (int64_t n = 0; n < y->shape[0]; n++)
+    conv_epilogue_apply(e, y->data + n * y->shape[1] * plane * y->itemsize, 0, y->shape[1], plane, plane);
   return true;
 }
 
@@ -304,7 +302,8 @@ typedef struct conv_job {
   conv_split s;
   bool direct;
   int64_t cg, mg, rows, in_plane, out_plane, x_channels, y_channels;
-  const uint8_t *x, *wt, *b;
+  const uint8_t *x, *wt;
+  const conv_epilogue *ep; /* B, Z and the activation */
   uint8_t *y;
   uint8_t *col; /* the shared column buffer of a whole plane */
   int64_t p0, count;
@@ -330,7 +329,7 @@ static void conv_tiles(void *arg, int64_t begin, int64_t end) {
       linalg_gemm(j->s.real, false, false, j->mg, count, j->rows, 1.0, wg, j->rows, col, count, 0.0, yg,
                   j->out_plane);
     }
-    if (j->b) add_bias(j->s.real, yg, j->b + g * j->mg * es, j->mg, count, j->out_plane);
+    conv_epilogue_apply(j->ep, yg, g * j->mg, j->mg, count, j->out_plane);
   }
   free(col);
 }
@@ -369,7 +368,7 @@ static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch
           linalg_gemm(j->s.real, false, false, j->mg, part.count, j->rows, 1.0, wg, j->rows, col, part.count,
                       0.0, yg + p0 * es, j->out_plane);
         }
-        if (j->b) add_bias(j->s.real, yg + p0 * es, j->b + g * j->mg * es, j->mg, part.count, j->out_plane);
+        conv_epilogue_apply(j->ep, yg + p0 * es, g * j->mg, j->mg, part.count, j->out_plane);
       }
     }
   }
@@ -406,6 +405,7 @@ typedef struct wino_job {
   int64_t batch, cg, mg, x_channels, y_channels;
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
   const float *x, *b;
+  conv_epilogue rest; /* Z and the activation (b is added in the output transform) */
   float *u; /* [group][16][mg][cg] */
   float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
   const float *wt;
@@ -654,6 +654,24 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->oh * j->ow;
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
+    /* the rest of the epilogue, per filter on the block's output rows: whole tile rows are one run of y */
+    for (int64_t t = t0, end = t0 + count; t < end;) {
+      int64_t tx = t % j->tiles_w, oy = 2 * (t / j->tiles_w);
+      int64_t tiles = tx == 0 && end - t >= j->tiles_w ? (end - t) / j->tiles_w * j->tiles_w
+                                                       : wino_count(j->tiles_w, tx, end - t);
+      int64_t rows = 2 * ceil_div(tiles, j->tiles_w), x0 = 2 * tx;
+      int64_t cols = x0 + 2 * tiles < j->ow ? 2 * tiles : j->ow - x0;
+      if (oy + rows > j->oh) rows = j->oh - oy;
+      for (int64_t m = 0; m < mb; m++) {
+        float *first = yg + (m * j->oh + oy) * j->ow + x0;
+        if (cols == j->ow)
+          conv_epilogue_apply(&j->rest, first, g * j->mg + m0 + m, 1, rows * cols, cols);
+        else
+          for (int64_t r = 0; r < rows; r++)
+            conv_epilogue_apply(&j->rest, first + r * j->ow, g * j->mg + m0 + m, 1, cols, j->ow);
+      }
+      t += tiles;
+    }
   }
   free(own);
 }
@@ -669,6 +687,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
                 .wt = (const float *)wt->data, .y = (float *)y->data};
   atomic_init(&j.s.failed, false);
   atomic_init(&j.non_finite, false);
+  j.rest = conv_epilogue_without_bias(k);
   j.tiles_w = ceil_div(j.ow, 2);
   j.tiles = ceil_div(j.oh, 2) * j.tiles_w;
   /* Blocks of tiles whose transforms fit WINO_BYTES; with few, more blocks
@@ -927,13 +946,14 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = cpu_attr_int(k, "group", 1);
+  conv_epilogue ep = conv_epilogue_of(k);
   conv_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
                 .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = y->shape[1] / group,
                 .in_plane = linalg_prod(w.target, w.n), .out_plane = linalg_prod(w.grid, w.n),
                 .x_channels = x->shape[1], .y_channels = y->shape[1],
-                .x = x->data, .wt = wt->data, .b = b ? b->data : NULL, .y = y->data};
+                .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
-  if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
+  if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
   if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
   if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, b, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
@@ -1054,7 +1074,8 @@ static DK_Status conv_transpose_float(const cpu_kernel_args *k) {
                           .out_plane = linalg_prod(w.target, w.n), .x_channels = x->shape[1],
                           .y_channels = y->shape[1], .x = x->data, .wt = wt->data, .b = b ? b->data : NULL,
                           .y = y->data};
-  if (nothing_summed(real, x, y, b, j.out_plane)) return DK_OK;
+  conv_epilogue ep = conv_epilogue_of(k);
+  if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
   atomic_init(&j.s.failed, false);
   /* Runs of channels: enough for a few chunks per thread. */
   int64_t threads = cpu_thread_count(), images = x->shape[0] * group;
@@ -1076,6 +1097,10 @@ static const cpu_kernel_def k_linalg_conv[] = {
     {"Conv", DK_DTYPE_FLOAT64, conv_float, 0},
     {"Conv", DK_DTYPE_FLOAT16, conv_low, 0},
     {"Conv", DK_DTYPE_BFLOAT16, conv_low, 0},
+    {"FusedConv", DK_DTYPE_FLOAT32, conv_float, 0}, /* Conv with Z and the activation in its epilogue */
+    {"FusedConv", DK_DTYPE_FLOAT64, conv_float, 0},
+    {"FusedConv", DK_DTYPE_FLOAT16, conv_low, 0},
+    {"FusedConv", DK_DTYPE_BFLOAT16, conv_low, 0},
     {"ConvTranspose", DK_DTYPE_FLOAT32, conv_transpose_float, 0},
     {"ConvTranspose", DK_DTYPE_FLOAT64, conv_transpose_float, 0},
     {"ConvTranspose", DK_DTYPE_FLOAT16, conv_transpose_low, 0},
@@ -1098,9 +1123,14 @@ static DK_Status validate_conv_common(const cpu_kernel_args *k, bool transpose) 
 
 static DK_Status validate_conv(const cpu_kernel_args *k) { return validate_conv_common(k, false); }
 static DK_Status validate_conv_transpose(const cpu_kernel_args *k) { return validate_conv_common(k, true); }
+static DK_Status validate_fused_conv(const cpu_kernel_args *k) {
+  DK_Status st = validate_conv(k);
+  return st != DK_OK ? st : conv_epilogue_validate(k);
+}
 
 static const cpu_validator v_linalg_conv[] = {
     {"Conv", validate_conv},
+    {"FusedConv", validate_fused_conv},
     {"ConvTranspose", validate_conv_transpose},
 };
 CPU_REGISTER_VALIDATORS(v_linalg_conv)

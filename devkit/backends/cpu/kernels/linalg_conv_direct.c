@@ -16,7 +16,7 @@
  * the channels (within the op's dot-product tolerance; 0 * inf in the
  * padding gives NaN as the im2col path's product does).
  */
-#include "linalg.h"
+#include "linalg_conv_epilogue.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -54,6 +54,7 @@ typedef struct direct_job {
   int64_t mblocks, span, spans; /* filter blocks; flat positions per part (whole blocks), parts per plane */
   int64_t offset[DIRECT_MAX_TAPS]; /* per tap: its phase plane's start plus its shift there */
   const float *x, *wt, *b;
+  conv_epilogue rest; /* Z and the activation, after b */
   float *y;
   float *xp; /* [image][cg][phases][plane] */
   float *wp; /* [group][mblock][cg][taps][DIRECT_MB] */
@@ -173,12 +174,15 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
     for (int64_t m = 0; m < mb; m++) {
       int64_t channel = n * j->y_channels + g * j->mg + m0 + m;
       float bias = j->b ? j->b[g * j->mg + m0 + m] : 0.0f, *y = j->y + channel * j->oh * j->ow;
+      int64_t first = -1, last = 0; /* the outputs written: one run of y (rows between are whole) */
       for (int64_t oy = q0 / j->pw; oy * j->pw < q1; oy++) {
         int64_t lo = q0 - oy * j->pw > 0 ? q0 - oy * j->pw : 0;
         int64_t hi = q1 - oy * j->pw < j->ow ? q1 - oy * j->pw : j->ow;
         const float *src = out + m * j->span + oy * j->pw - q0;
         for (int64_t ox = lo; ox < hi; ox++) y[oy * j->ow + ox] = src[ox] + bias;
+        if (lo < hi) first = first < 0 ? oy * j->ow + lo : first, last = oy * j->ow + hi;
       }
+      if (first >= 0) conv_epilogue_apply(&j->rest, y + first, g * j->mg + m0 + m, 1, last - first, j->ow);
     }
   }
   free(out);
@@ -193,6 +197,7 @@ DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, cons
                   .x = (const float *)x->data, .wt = (const float *)wt->data,
                   .b = b ? (const float *)b->data : NULL, .y = (float *)y->data};
   atomic_init(&j.failed, false);
+  j.rest = conv_epilogue_without_bias(k);
   j.taps = j.kh * j.kw;
   j.phases_w = j.sw < j.kw ? j.sw : j.kw;
   j.phases = (j.sh < j.kh ? j.sh : j.kh) * j.phases_w;
