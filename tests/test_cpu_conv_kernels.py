@@ -187,3 +187,20 @@ def test_conv_grad_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs
     terms = [w_shape[0] // full["group"] * math.prod(w_shape[2:]), y_shape[0] * math.prod(y_shape[2:])]
     for out, ref, bound, k in zip(got, refs, bounds, terms + terms[1:]):
         _check(out, ref, k, float(bound.max()))
+
+
+def test_register_blocked_path_applies_fused_conv_epilogue(dev):
+    """FusedConv on a plane the register blocks take: B, Z and the Relu on
+    each block of outputs, as Relu(Conv + Z)."""
+    rng = np.random.default_rng(7)
+    x = testing.random(rng, (1, 64, 12, 12), np.float32)
+    w = testing.random(rng, (40, 64, 3, 3), np.float32)
+    b = testing.random(rng, (40,), np.float32)
+    z = testing.random(rng, (1, 40, 12, 12), np.float32)
+    attrs = {"pads": [1, 1, 1, 1]}
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+    _check(got, np.maximum(conv + z, 0), 64 * 9, float(sums.max()))

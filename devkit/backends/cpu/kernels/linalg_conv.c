@@ -777,7 +777,8 @@ typedef struct packed_job {
   int64_t cg, mg, x_channels, y_channels, h, wd, oh, ow, sh, sw, pad_h, pad_w, kw;
   int64_t rows, shifts, plane; /* a shift plane's rows; planes per channel; floats per plane, with slack */
   int64_t k, pass, positions, pblock, pblocks, mrun, mruns;
-  const float *x, *wt, *b;
+  const float *x, *wt;
+  const conv_epilogue *ep; /* B, Z and the activation */
   float *y;
   float *xs;       /* one image's shift planes, [channel][shift][plane] */
   int64_t *offset; /* per step k = c * taps + t: its element's offset from position 0 of the group's planes */
@@ -871,7 +872,7 @@ static void packed_block(const packed_job *j, const float *xg, int64_t p, int64_
 }
 
 /* Items [begin, end) of one image: (group, run of filters, block of
- * positions), summed in passes of PACKED_KC steps, then the bias added. */
+ * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z, the activation). */
 static void packed_parts(void *arg, int64_t begin, int64_t end) {
   packed_job *j = arg;
   for (int64_t i = begin; i < end; i++) {
@@ -887,17 +888,16 @@ static void packed_parts(void *arg, int64_t begin, int64_t end) {
           packed_block(j, xg, p, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count, wg + m * j->k + k0,
                        m1 - m < PACKED_MB ? m1 - m : PACKED_MB, yg + m * j->positions + p);
     }
-    if (j->b)
-      add_bias(LINALG_F32, yg + m0 * j->positions + p0, j->b + g * j->mg + m0, m1 - m0, p1 - p0, j->positions);
+    conv_epilogue_apply(j->ep, yg + m0 * j->positions + p0, g * j->mg + m0, m1 - m0, p1 - p0, j->positions);
   }
 }
 
 static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                             const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group) {
+                             const conv_epilogue *ep, const cpu_tensor *y, const linalg_window *w, int64_t group) {
   packed_job j = {.cg = x->shape[1] / group, .mg = y->shape[1] / group, .x_channels = x->shape[1],
                   .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1], .oh = w->grid[0],
                   .ow = w->grid[1], .sh = w->stride[0], .sw = w->stride[1], .pad_h = w->pad[0], .pad_w = w->pad[1],
-                  .kw = w->kernel[1], .wt = (const float *)wt->data, .b = b ? (const float *)b->data : NULL};
+                  .kw = w->kernel[1], .wt = (const float *)wt->data, .ep = ep};
   int64_t kh = w->kernel[0], taps = kh * j.kw, phases = j.sh < kh ? j.sh : kh;
   j.rows = j.oh + (kh - 1) / j.sh;
   j.shifts = phases * j.kw;
@@ -955,7 +955,7 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
   if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
-  if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, b, y, &w, group);
+  if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
     bool redo = false;
     DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);
