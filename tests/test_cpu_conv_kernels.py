@@ -4,7 +4,9 @@ batches, and its fallback when a value is not finite (Conv, and ConvGrad's
 dX, the Conv of dY with the flipped kernels); the tiled im2col path
 and the whole-plane path for small planes; the direct path for few channels
 (stride phases, filter blocks cut by the channel count, 7x7 kernels, its
-bounds); ConvTranspose and ConvGrad split
+bounds); the register-blocked path for small planes with many channels
+(blocks cut by the plane and the filter count, passes over the steps,
+groups, batches, non-finite values); ConvTranspose and ConvGrad split
 by runs of channels that do not divide evenly. References are the op specs'
 float64 ones; tolerances the ops' own dot-product bound (K products summing
 to at most S), and NaN and infinities where the reference has them."""
@@ -115,6 +117,33 @@ def test_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, special
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 256, 14, 14), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}),  # ResNet's 14x14 layer
+    ((1, 512, 10, 10), (48, 512, 3, 3), {"pads": [1, 1, 1, 1]}),  # 18 passes; a last block of 4 positions
+    ((1, 40, 11, 13), (37, 40, 3, 3), {"pads": [1, 1, 1, 1]}),  # odd plane; a filter block cut by 37
+    ((1, 64, 12, 12), (33, 64, 3, 3), {"pads": [0, 1, 2, 0]}),  # asymmetric pads: 12 x 11 outputs
+    ((2, 96, 10, 11), (64, 48, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # batch and groups
+    ((1, 16, 10, 10), (32, 16, 5, 5), {"pads": [2, 2, 2, 2]}),  # a 5x5 kernel
+    ((1, 300, 9, 9), (32, 300, 1, 1), {"pads": [1, 1, 1, 1]}),  # 1x1 with padding: not pointwise
+])
+@pytest.mark.parametrize("special", [None, "x-inf", "x-nan", "w-inf"])
+def test_register_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
+    """Small planes with many channels (100 to 256 outputs, at least 256
+    channel-taps and 32 filters per group), on x86-64 with AVX2 and FMA: the register
+    blocks over shift planes, with bias; a non-finite input reaches the
+    outputs whose windows hold it, and an infinite weight meets the padding's
+    zeros as NaN, as in the im2col product."""
+    rng = np.random.default_rng(6)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[-1, 2, 0, 3] = np.inf
+    elif special == "x-nan":
+        x[0, 5, 4, 4] = np.nan
+    elif special == "w-inf":
+        w[7, 1, 0, 0] = -np.inf
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 12, 9, 9), (12, 7, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
     ((2, 6, 5, 7), (6, 5, 3, 2), {"group": 2, "strides": [2, 1]}),
     ((1, 10, 8, 8), (10, 13, 1, 1), {}),  # pointwise
@@ -158,3 +187,20 @@ def test_conv_grad_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs
     terms = [w_shape[0] // full["group"] * math.prod(w_shape[2:]), y_shape[0] * math.prod(y_shape[2:])]
     for out, ref, bound, k in zip(got, refs, bounds, terms + terms[1:]):
         _check(out, ref, k, float(bound.max()))
+
+
+def test_register_blocked_path_applies_fused_conv_epilogue(dev):
+    """FusedConv on a plane the register blocks take: B, Z and the Relu on
+    each block of outputs, as Relu(Conv + Z)."""
+    rng = np.random.default_rng(7)
+    x = testing.random(rng, (1, 64, 12, 12), np.float32)
+    w = testing.random(rng, (40, 64, 3, 3), np.float32)
+    b = testing.random(rng, (40,), np.float32)
+    z = testing.random(rng, (1, 40, 12, 12), np.float32)
+    attrs = {"pads": [1, 1, 1, 1]}
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+    _check(got, np.maximum(conv + z, 0), 64 * 9, float(sums.max()))

@@ -498,7 +498,9 @@ register(OpSpec(
         "The cpu plugin computes it as im2col + GEMM over tiles of output positions split over its threads "
         "(1x1 kernels: GEMM on X directly), float32 3x3 kernels with unit strides and dilations on outputs "
         "of at least 48 2x2 tiles (14x14) by Winograd F(2x2, 3x3) (a result with a non-finite value is "
-        "computed again by im2col), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
+        "computed again by im2col), on x86-64 with AVX2 and FMA float32 2-D kernels with unit strides and "
+        "dilations on planes of 100 to 256 outputs with many channels (at least 256 input channels x taps and "
+        "32 filters per group) by register-blocked direct sums (ahead of Winograd), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
         "planes of at most 4096 outputs, without dilation, by direct sums, all within the same tolerance.",
 ))
 

@@ -93,6 +93,12 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
                                const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
                                bool *redo);
 
+/* One row of a zero-padded, strided copy of a float32 plane (h x wd), as the
+ * direct Convs lay out their inputs: dst[j] = plane[iy][x0 + j * step] for
+ * j in [0, count), 0 outside the plane (linalg_conv_direct.c). */
+void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, int64_t iy, int64_t x0,
+                       int64_t step, int64_t count);
+
 /* The direct Conv (linalg_conv_direct.c): whether a Conv of window `w`,
  * dtype and cg input, mg output channels per group goes that way (float32,
  * 2-D, no dilation, few channels and taps, a small output plane); and the

@@ -69,6 +69,22 @@ bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t 
          w->grid[0] * w->grid[1] <= DIRECT_MAX_PLANE;
 }
 
+void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, int64_t iy, int64_t x0,
+                       int64_t step, int64_t count) {
+  int64_t lo, hi; /* columns [lo, hi) lie inside the plane */
+  linalg_valid_range(x0, step, count, wd, &lo, &hi);
+  if (iy < 0 || iy >= h) lo = hi = count;
+  memset(dst, 0, (size_t)lo * sizeof *dst);
+  if (hi > lo) {
+    const float *first = plane + iy * wd + x0 + lo * step; /* under column lo */
+    if (step == 1)
+      memcpy(dst + lo, first, (size_t)(hi - lo) * sizeof *dst);
+    else
+      for (int64_t c = 0; c < hi - lo; c++) dst[lo + c] = first[c * step];
+  }
+  memset(dst + hi, 0, (size_t)(count - hi) * sizeof *dst);
+}
+
 /* The phase planes of channels [begin, end) (over images and channels). */
 static void direct_pack_inputs(void *arg, int64_t begin, int64_t end) {
   direct_job *j = arg;
@@ -78,23 +94,8 @@ static void direct_pack_inputs(void *arg, int64_t begin, int64_t end) {
     for (int64_t ry = 0; ry < phases_h; ry++)
       for (int64_t rx = 0; rx < j->phases_w; rx++) {
         float *dst = j->xp + (i * j->phases + ry * j->phases_w + rx) * j->plane;
-        /* columns [lo, hi) of a phase row lie inside the input */
-        int64_t lo, hi;
-        linalg_valid_range(rx - j->pad_w, j->sw, j->pw, j->wd, &lo, &hi);
-        for (int64_t r = 0; r < j->ph; r++, dst += j->pw) {
-          int64_t iy = r * j->sh + ry - j->pad_h;
-          if (iy < 0 || iy >= j->h || lo == hi) {
-            memset(dst, 0, (size_t)j->pw * sizeof *dst);
-            continue;
-          }
-          const float *row = src + iy * j->wd + rx - j->pad_w;
-          for (int64_t c = 0; c < lo; c++) dst[c] = 0;
-          if (j->sw == 1)
-            memcpy(dst + lo, row + lo, (size_t)(hi - lo) * sizeof *dst);
-          else
-            for (int64_t c = lo; c < hi; c++) dst[c] = row[c * j->sw];
-          for (int64_t c = hi; c < j->pw; c++) dst[c] = 0;
-        }
+        for (int64_t r = 0; r < j->ph; r++, dst += j->pw)
+          linalg_padded_row(dst, src, j->h, j->wd, r * j->sh + ry - j->pad_h, rx - j->pad_w, j->sw, j->pw);
         memset(dst, 0, (size_t)(j->plane - j->ph * j->pw) * sizeof *dst); /* the slack */
       }
   }
