@@ -13,7 +13,12 @@ from . import linalg_conv, linalg_einsum, linalg_pool
 from .kernels import STRIDED, Call, Tensor
 from .linalg_gemm import Matrix, gemm
 
-UNCLAIMED: dict[tuple[str, str], str] = {}
+# FusedConv runs by its decomposition (Conv -> Add -> Relu), whose Add and
+# Relu the fusion pass fuses into one generated kernel; the ONNX rewrite
+# makes FusedConv only for plugins with a native kernel (devkit/onnx/rewrite.py).
+UNCLAIMED: dict[tuple[str, str], str] = {
+    ("FusedConv", dtype): "runs as Conv -> Add -> Relu, the Add and Relu fused by the codegen pass"
+    for dtype in ("float32", "float64", "float16", "bfloat16")}
 
 
 def _batch_strides(t: Tensor, batch_shape: list[int]) -> list[int]:
