@@ -107,7 +107,7 @@ def test_exponentials_of_a_negative_nan_stay_defined(tmp_path):
 
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        pytest.skip("no C compiler to build the probe")
+        pytest.skip(reason="no C compiler to build the probe")
     kernels = Path(devkit.__file__).parent / "backends" / "cpu" / "kernels"
     source = tmp_path / "probe.c"
     source.write_text(_NEGATIVE_NAN_PROBE)
@@ -116,7 +116,7 @@ def test_exponentials_of_a_negative_nan_stay_defined(tmp_path):
                             "-fno-sanitize-recover=all", f"-I{kernels}", str(source), "-o", str(binary), "-lm"],
                            capture_output=True, text=True)
     if build.returncode != 0:
-        pytest.skip(f"the compiler cannot build with UBSan here: {build.stderr.strip()[:200]}")
+        pytest.skip(reason=f"the compiler cannot build with UBSan here: {build.stderr.strip()[:200]}")
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "1"]

@@ -31,7 +31,7 @@ def test_the_readme_has_python_blocks():
 def test_readme_block_runs_as_pasted(block, tmp_path):
     for module, install in EXTRAS.items():
         if re.search(rf"^(import|from) {module}\b", block, re.M) and importlib.util.find_spec(module) is None:
-            pytest.skip(f"the block imports {module}, which is not installed ({install})")
+            pytest.skip(reason=f"the block imports {module}, which is not installed ({install})")
     program = PROGRAM.match(block)
     if program:
         (tmp_path / program.group(1)).write_text(block)
