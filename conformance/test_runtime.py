@@ -317,6 +317,33 @@ def test_callback_exception_is_raised_on_synchronize(dev):
             stream.synchronize()
 
 
+def test_callback_waiting_for_its_own_stream_is_refused(dev):
+    """A host callback must not wait for the stream that runs it (the ABI's
+    rule): the plugin answers FAILED_PRECONDITION instead of hanging, and
+    the next synchronize raises it. Work queued before and after runs."""
+    buffer, host = dev.alloc(4096), np.zeros(4096, np.uint8)
+    data = random_bytes(4096, seed=5)
+    with dev.create_stream() as stream:
+        buffer.copy_from_host(data, stream=stream)
+        stream.add_callback(stream.synchronize)
+        buffer.copy_to_host(host, stream=stream)
+        with pytest.raises(devkit.DeviceError) as info:
+            stream.synchronize()
+        assert info.value.status == C.DK_FAILED_PRECONDITION
+    assert np.array_equal(host, data)
+
+
+def test_callbacks_run_off_the_synchronizing_thread(dev):
+    """Callbacks run on a plugin thread (the ABI's rule), also when the
+    thread that synchronizes could run the stream's work itself."""
+    threads = []
+    with dev.create_stream() as stream:
+        for _ in range(20):
+            stream.add_callback(lambda: threads.append(threading.get_ident()))
+            stream.synchronize()
+    assert len(threads) == 20 and threading.get_ident() not in threads
+
+
 def test_stream_destroy_waits_for_pending_work(dev):
     finished = []
     stream = dev.create_stream()

@@ -3,7 +3,8 @@
 The pool is driven alone by tests/native/pool_driver.c (built here with
 threads.c): every index covered once, chunks of at least the grain, small
 work and nested calls on the calling thread, concurrent callers, a forked
-child's own pool, workers joined at shutdown. Through the plugin: the
+child's own pool, workers joined at shutdown, idle workers asleep once their
+spin (DEVKIT_CPU_SPIN_US) is over, with and without one. Through the plugin: the
 thread budget is DEVKIT_CPU_THREADS, OpenBLAS stays on one thread, and
 elementwise results are the same bits on 1 and on 2 threads.
 """
@@ -22,7 +23,7 @@ from tests.conftest import run_python
 CPU_DIR = Path(__file__).resolve().parent.parent / "devkit" / "backends" / "cpu"
 DRIVER = Path(__file__).parent / "native" / "pool_driver.c"
 CHECKS = ["every_index_once", "small_work_on_caller", "chunks_per_budget", "workers_started",
-          "nested_runs_serially", "concurrent_callers", "fork_child_pool", "shutdown_joins_workers",
+          "idle_workers_sleep", "nested_runs_serially", "concurrent_callers", "fork_child_pool", "shutdown_joins_workers",
           "restart_after_shutdown"]
 
 
@@ -35,9 +36,10 @@ def pool_driver(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 8])
-def test_pool_contract(pool_driver, threads):
-    result = subprocess.run([str(pool_driver), str(threads)], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("threads, spin_us", [(1, 50), (2, 50), (2, 0), (3, 50), (8, 50), (8, 0)])
+def test_pool_contract(pool_driver, threads, spin_us):
+    result = subprocess.run([str(pool_driver), str(threads), str(spin_us)], capture_output=True, text=True,
+                            timeout=120)
     assert result.stdout.splitlines() == [f"{check} ok" for check in CHECKS], result.stdout + result.stderr
     assert result.returncode == 0
 

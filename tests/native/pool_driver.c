@@ -3,8 +3,10 @@
  * for tests/test_cpu_threads.py. Built with threads.c; the thread budget
  * comes from the environment as the plugin's would.
  *
- *   pool_driver THREADS   prints one "name ok" line per check, or the
- *                         failure, and exits 1 on a failure.
+ *   pool_driver THREADS [SPIN_US]
+ *                         prints one "name ok" line per check, or the
+ *                         failure, and exits 1 on a failure. SPIN_US: the
+ *                         workers' spin before they sleep (default 50).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -12,13 +14,16 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernel.h"
 
 static int g_threads;
+static int64_t g_spin_ns;
 int32_t cpu_thread_count(void) { return g_threads; }
+int64_t cpu_spin_ns(void) { return g_spin_ns; }
 
 static int failures;
 #define CHECK(name, cond)                                         \
@@ -26,6 +31,28 @@ static int failures;
     if (cond) printf("%s ok\n", name);                            \
     else { printf("%s FAILED (line %d)\n", name, __LINE__); failures++; } \
   } while (0)
+
+/* Whether every thread but the calling one is asleep (state S in
+ * /proc/self/task/TID/stat): an idle pool does not spin. */
+static bool others_asleep(void) {
+  char self[32], path[300], stat[256];
+  snprintf(self, sizeof self, "%d", (int)gettid());
+  DIR *d = opendir("/proc/self/task");
+  bool asleep = true;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.' || strcmp(e->d_name, self) == 0) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue; /* exited meanwhile */
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = 0;
+    const char *state = strrchr(stat, ')'); /* "TID (name) STATE ..." */
+    asleep = asleep && state && state[1] == ' ' && state[2] == 'S';
+  }
+  closedir(d);
+  return asleep;
+}
 
 static int task_count(void) {
   DIR *d = opendir("/proc/self/task");
@@ -103,6 +130,7 @@ static void *stream_caller(void *arg) {
 
 int main(int argc, char **argv) {
   g_threads = argc > 1 ? atoi(argv[1]) : 2;
+  g_spin_ns = (argc > 2 ? atoi(argv[2]) : 50) * (int64_t)1000;
   int baseline = task_count();
   coverage c;
   bool all = true;
@@ -117,6 +145,14 @@ int main(int argc, char **argv) {
   covered_once(1 << 20, 1000, &c);
   CHECK("chunks_per_budget", g_threads == 1 ? c.chunks == 1 : c.chunks == 4 * g_threads);
   CHECK("workers_started", task_count() == baseline + g_threads - 1);
+  /* Well past the spin: a worker's state is read some time after it
+   * sleeps, even on a loaded machine. */
+  bool asleep = false;
+  for (int tries = 0; tries < 50 && !asleep; tries++) {
+    usleep(20000);
+    asleep = others_asleep();
+  }
+  CHECK("idle_workers_sleep", asleep);
 
   nested nest = {0};
   cpu_parallel_for(64, 1, outer, &nest);

@@ -121,6 +121,10 @@ bool cpu_table_remove(cpu_table *t, uintptr_t key, size_t *value) {
 
 #define DEFAULT_DEVICES 2
 #define DEFAULT_CAPACITY ((uint64_t)4 << 30)
+/* A plan's kernels follow each other a few microseconds apart: a worker
+ * that waits this long after a job takes the next one without a wake-up,
+ * and an idle pool stops spinning this soon. */
+#define DEFAULT_SPIN_US 50
 
 static struct {
   int32_t num_devices;
@@ -130,6 +134,7 @@ static struct {
   bool primitives_only;   /* DEVKIT_CPU_KERNELS=primitives */
   int32_t compute_units;
   int32_t threads;        /* DEVKIT_CPU_THREADS: the kernels' thread budget */
+  int64_t spin_ns;        /* DEVKIT_CPU_SPIN_US: a pool worker's wait before it sleeps */
   DK_Status init_status;
   char init_error[1024];  /* message for init_status, replayed per thread */
 } g;
@@ -254,6 +259,12 @@ static DK_Status configure(void) {
       return config_error("DEVKIT_CPU_THREADS", s, "an integer in [1, 256]");
     g.threads = (int32_t)v;
   }
+  g.spin_ns = DEFAULT_SPIN_US * 1000;
+  if ((s = env("DEVKIT_CPU_SPIN_US"))) {
+    if (!parse_int(s, 0, 100000, &v))
+      return config_error("DEVKIT_CPU_SPIN_US", s, "an integer in [0, 100000]");
+    g.spin_ns = (int64_t)v * 1000;
+  }
   return DK_OK;
 }
 
@@ -277,6 +288,8 @@ bool cpu_primitives_only(void) { return g.primitives_only; }
 
 int32_t cpu_thread_count(void) { return g.threads; }
 
+int64_t cpu_spin_ns(void) { return g.spin_ns; }
+
 DK_Status cpu_runtime_init(void) {
   pthread_once(&g_once, init_once);
   if (g.init_status != DK_OK)
@@ -287,9 +300,9 @@ DK_Status cpu_runtime_init(void) {
 void cpu_runtime_describe(char *buf, size_t size) {
   int n = snprintf(buf, size,
                    "devkit cpu plugin %s: %d device(s), %zu bytes of memory "
-                   "each, %d compute units, %d kernel threads",
+                   "each, %d compute units, %d kernel threads (spin %d us)",
                    CPU_PLUGIN_VERSION, (int)g.num_devices, g.capacity,
-                   (int)g.compute_units, (int)g.threads);
+                   (int)g.compute_units, (int)g.threads, (int)(g.spin_ns / 1000));
   if (n < 0 || (size_t)n >= size) return;
   if (g.fail_alloc)
     n += snprintf(buf + n, size - (size_t)n, ", DEVKIT_CPU_FAIL_ALLOC=%" PRIu64,

@@ -8,6 +8,16 @@
  * waits on it and by API calls in flight, so event_destroy can return while
  * work on it is pending.
  *
+ * Who runs the work: a stream's worker thread, or a thread that waits for
+ * the stream (stream_synchronize, device_synchronize) and finds the next
+ * item queued with nobody running it: it runs the items up to its target
+ * itself, in order, as the worker would (one item at a time per stream, the
+ * `running` flag), except host callbacks, which the ABI runs on a plugin
+ * thread: the waiter leaves those, and what follows them, to the worker. A launch followed at once by a synchronize then costs no
+ * thread wake-up either way (on a virtual machine one costs 20-50 us):
+ * the waiter does not sleep while the worker wakes, and the worker's
+ * completion does not have to wake the waiter.
+ *
  * Asynchronous failures: a work item reports one with cpu_work_fail; the
  * worker then stores it in the stream's sticky error (first failure wins),
  * which every later synchronize / query of the stream reports, and which
@@ -67,7 +77,11 @@ struct cpu_stream {
   pthread_cond_t work_cv;  /* worker: queue non-empty or stop */
   pthread_cond_t done_cv;  /* waiters: completed advanced or refs hit 0 */
   cpu_work *head, *tail;   /* guarded by mu */
+  bool running;            /* an item of it is running (guarded by mu) */
   bool stop;               /* guarded by mu */
+#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
+  cpu_work *moved_back; /* guarded by mu (see stream_take) */
+#endif
   /* Written under mu; atomic so stream_query can read them without it. */
   atomic_uint_fast64_t submitted, completed;
   atomic_int refs; /* pins from cpu_stream_acquire */
@@ -76,8 +90,9 @@ struct cpu_stream {
   _Atomic(cpu_graph *) capture;
 };
 
-/* The stream whose worker is the calling thread (NULL elsewhere), and the
- * failure reported by the work item running in this thread. */
+/* The stream whose item the calling thread runs (its worker, or a waiter
+ * running it; NULL elsewhere), and the failure reported by the work item
+ * running in this thread. */
 static _Thread_local cpu_stream *t_stream;
 static _Thread_local DK_Status t_work_status;
 
@@ -179,49 +194,63 @@ static void stream_record_failure(cpu_stream *s, DK_Status st) {
   atomic_store_explicit(&e->status, st, memory_order_release);
 }
 
+/* Takes the next item off s's queue to run it (under s->mu; the queue is
+ * non-empty and nobody runs an item of s). */
+static cpu_work *stream_take(cpu_stream *s) {
+  cpu_work *w = s->head;
+#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
+  /* The defect: the second item runs before the first. The item a swap
+   * moved back runs next, unswapped: swapping it again whenever more work
+   * had arrived would float it to the end of the queue and leave the order
+   * of all the rest intact, so whether the defect showed would depend on
+   * how fast the worker woke up. */
+  if (w == s->moved_back) {
+    s->moved_back = NULL;
+  } else if (w->next) {
+    cpu_work *second = w->next;
+    w->next = second->next;
+    second->next = w;
+    if (s->tail == second) s->tail = w;
+    s->moved_back = w;
+    s->head = w = second;
+  }
+#endif
+  s->head = w->next;
+  if (!s->head) s->tail = NULL;
+  s->running = true;
+  return w;
+}
+
+/* Runs the next item of s in the calling thread, as s's (under s->mu,
+ * released while it runs; stream_take's conditions hold). */
+static void stream_run_next(cpu_stream *s) {
+  cpu_work *w = stream_take(s);
+  pthread_mutex_unlock(&s->mu);
+  cpu_stream *outer = t_stream; /* a waiter may itself be running an item */
+  t_stream = s;
+  stream_record_failure(s, work_run(w));
+  t_stream = outer;
+  pthread_mutex_lock(&s->mu);
+  s->running = false;
+  atomic_fetch_add(&s->completed, 1);
+  pthread_cond_broadcast(&s->done_cv);
+}
+
 static void *stream_main(void *arg) {
   cpu_stream *s = arg;
-  t_stream = s;
-#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
-  /* The item the last swap moved back: it runs next, unswapped. Swapping it
-   * again whenever more work had arrived would float it to the end of the
-   * queue and leave the order of all the rest intact, so whether the defect
-   * showed would depend on how fast the worker woke up. */
-  cpu_work *moved_back = NULL;
-#endif
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
-    cpu_work *w = s->head;
-    if (!w) break; /* stop requested and the queue is drained */
-#ifdef DEVKIT_DEFECT_OUT_OF_ORDER
-    if (w == moved_back) {
-      moved_back = NULL;
-    } else if (w->next) { /* run the second item before the first */
-      cpu_work *second = w->next;
-      w->next = second->next;
-      second->next = w;
-      if (s->tail == second) s->tail = w;
-      moved_back = w;
-      s->head = w = second;
-    }
-#endif
-    s->head = w->next;
-    if (!s->head) s->tail = NULL;
-    pthread_mutex_unlock(&s->mu);
-    stream_record_failure(s, work_run(w));
-    pthread_mutex_lock(&s->mu);
-    atomic_fetch_add(&s->completed, 1);
-    pthread_cond_broadcast(&s->done_cv);
+    while ((!s->head || s->running) && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+    if (!s->head) break; /* stop requested and the queue is drained */
+    stream_run_next(s);
   }
   pthread_mutex_unlock(&s->mu);
   return NULL;
 }
 
-/* Waiting for a stream from its own worker (a callback) would never end. */
-static bool on_worker(const cpu_stream *s) {
-  return pthread_equal(pthread_self(), s->worker);
-}
+/* Waiting for a stream from one of its own items (a callback) would never
+ * end. */
+static bool on_worker(const cpu_stream *s) { return t_stream == s; }
 
 static DK_Status deadlock_error(const char *fn, const cpu_stream *s) {
   return cpu_set_error(DK_FAILED_PRECONDITION,
@@ -230,12 +259,25 @@ static DK_Status deadlock_error(const char *fn, const cpu_stream *s) {
                        fn, (const void *)s);
 }
 
-/* Blocks until everything submitted before the call has completed. */
+static void run_callback(void *arg);
+
+/* Blocks until everything submitted before the call has completed, running
+ * the items that nobody runs yet itself, up to a host callback. */
 static void stream_drain(cpu_stream *s) {
   pthread_mutex_lock(&s->mu);
   uint64_t target = atomic_load(&s->submitted);
-  while (atomic_load(&s->completed) < target)
-    pthread_cond_wait(&s->done_cv, &s->mu);
+  bool callback = false;
+  while (atomic_load(&s->completed) < target) {
+    callback = callback || (s->head && s->head->run == run_callback);
+    if (s->head && !s->running && !callback)
+      stream_run_next(s);
+    else {
+      if (callback && !s->running) pthread_cond_signal(&s->work_cv);
+      pthread_cond_wait(&s->done_cv, &s->mu);
+    }
+  }
+  /* Items submitted since are the worker's; it slept while this thread ran. */
+  if (s->head && !s->running) pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -630,7 +672,7 @@ typedef struct mark_args {
 
 static void run_record(void *arg) {
   mark_args *a = arg;
-  /* Records run on their stream's worker, in order: a failure recorded by
+  /* Records run as their stream's items, in order: a failure recorded by
    * now came from work queued before this record. */
   cpu_error *err = t_stream ? t_stream->error : NULL;
   bool failed = err && error_status(err) != DK_OK;

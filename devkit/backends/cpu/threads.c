@@ -7,8 +7,15 @@
  * of the budget and takes chunks itself, so a job starts without waiting for
  * a wake-up and a pool of one thread is no pool at all. Chunks are claimed
  * from an atomic counter, so a worker the OS delays (the machine is shared)
- * simply takes fewer. Idle workers sleep on a condition variable: no
- * spinning.
+ * simply takes fewer. Waking a sleeping thread costs as long as a small
+ * kernel (20-50 us on a virtual machine), so neither side sleeps at once:
+ * a worker that finished a job spins for DEVKIT_CPU_SPIN_US (cpu_spin_ns,
+ * default 50 us; 0: it sleeps at once) for the next one before it sleeps on
+ * a condition variable, which lets a plan's kernels, a few microseconds
+ * apart, reach it without a wake-up and leaves an idle pool quiet soon
+ * after; the caller, once every chunk is claimed, spins (for at most
+ * JOIN_SPIN_NS) for the members still running their last chunk, work in
+ * progress, before it sleeps.
  *
  * One job runs at a time: a call that finds the pool busy (another stream's
  * kernel) runs its range on its own thread, which keeps the streams together
@@ -17,18 +24,24 @@
  * The workers are joined when the plugin is unloaded (or at exit); a child
  * process of fork() starts with no workers and starts its own when needed.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "kernel.h"
+
+#define JOIN_SPIN_NS 200000
 
 typedef struct pool_job {
   cpu_range_fn fn;
   void *ctx;
   int64_t n, chunk, num_chunks;
   atomic_int_fast64_t next_chunk;
-  int members; /* threads working on the job, the caller included (under mu) */
+  /* Threads working on the job, the caller included: joined under mu while
+   * the job is posted, left with the decrement (the job may be gone after). */
+  atomic_int members;
 } pool_job;
 
 static struct {
@@ -36,7 +49,9 @@ static struct {
   pthread_cond_t wake;     /* workers: a new job, or stop */
   pthread_cond_t finished; /* the caller: the last member left its job */
   pool_job *job;           /* the job taking members; NULL when none */
-  uint64_t generation;     /* jobs posted so far: a worker joins each once */
+  /* Jobs posted so far, a worker joins each once: written under mu, read
+   * without it by a spinning worker. */
+  atomic_uint_fast64_t generation;
   int num_workers;         /* started */
   bool stop;
   pthread_t workers[CPU_MAX_THREADS];
@@ -56,8 +71,57 @@ static void run_chunks(pool_job *job) {
   t_in_chunk = false;
 }
 
+/* A worker leaves (under mu): the caller may be asleep waiting for it. */
 static void leave_job(pool_job *job) {
-  if (--job->members == 0) pthread_cond_signal(&g_pool.finished);
+  if (atomic_fetch_sub(&job->members, 1) == 2) pthread_cond_signal(&g_pool.finished);
+}
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static inline void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* The caller waits until it is the job's last member. */
+static void join_members(pool_job *job) {
+  if (atomic_load(&job->members) == 1) return;
+  for (int64_t deadline = now_ns() + JOIN_SPIN_NS; now_ns() < deadline;)
+    for (int i = 0; i < 64; i++) {
+      if (atomic_load(&job->members) == 1) return;
+      spin_pause();
+    }
+  pthread_mutex_lock(&g_pool.mu);
+  while (atomic_load(&job->members) > 1) pthread_cond_wait(&g_pool.finished, &g_pool.mu);
+  pthread_mutex_unlock(&g_pool.mu);
+}
+
+/* A worker's wait (under mu) for a job posted after its last one, `seen`,
+ * or for stop: spinning while jobs keep coming, then asleep. */
+static void await_job(uint64_t seen) {
+  int64_t spin = cpu_spin_ns();
+  while (!g_pool.stop && (!g_pool.job || atomic_load(&g_pool.generation) == seen)) {
+    if (spin <= 0) {
+      pthread_cond_wait(&g_pool.wake, &g_pool.mu);
+      continue;
+    }
+    /* A job posted and finished since (all claimed before this worker
+     * came) does not end the wait; the next one posted does. */
+    uint64_t at = atomic_load(&g_pool.generation);
+    pthread_mutex_unlock(&g_pool.mu);
+    int64_t deadline = now_ns() + spin;
+    while (atomic_load(&g_pool.generation) == at && now_ns() < deadline)
+      for (int i = 0; i < 64 && atomic_load(&g_pool.generation) == at; i++) spin_pause();
+    pthread_mutex_lock(&g_pool.mu);
+    if (atomic_load(&g_pool.generation) == at) spin = 0; /* nothing came: sleep */
+  }
 }
 
 static void *worker_main(void *arg) {
@@ -65,12 +129,11 @@ static void *worker_main(void *arg) {
   uint64_t seen = 0;
   pthread_mutex_lock(&g_pool.mu);
   for (;;) {
-    while (!g_pool.stop && (!g_pool.job || seen == g_pool.generation))
-      pthread_cond_wait(&g_pool.wake, &g_pool.mu);
+    await_job(seen);
     if (g_pool.stop) break;
-    seen = g_pool.generation;
+    seen = atomic_load(&g_pool.generation);
     pool_job *job = g_pool.job;
-    job->members++;
+    atomic_fetch_add(&job->members, 1);
     pthread_mutex_unlock(&g_pool.mu);
     run_chunks(job);
     pthread_mutex_lock(&g_pool.mu);
@@ -101,8 +164,9 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
   int64_t num_chunks = n / grain < 4 * (int64_t)threads ? n / grain : 4 * (int64_t)threads;
   int64_t chunk = (n + num_chunks - 1) / num_chunks;
   pool_job job = {.fn = fn, .ctx = ctx, .n = n, .chunk = chunk,
-                  .num_chunks = (n + chunk - 1) / chunk, .members = 1};
+                  .num_chunks = (n + chunk - 1) / chunk};
   atomic_init(&job.next_chunk, 0);
+  atomic_init(&job.members, 1);
 
   pthread_mutex_lock(&g_pool.mu);
   if (g_pool.job || g_pool.stop || !start_workers()) {
@@ -111,7 +175,7 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     return;
   }
   g_pool.job = &job;
-  g_pool.generation++;
+  atomic_fetch_add(&g_pool.generation, 1);
   pthread_cond_broadcast(&g_pool.wake);
   pthread_mutex_unlock(&g_pool.mu);
 
@@ -121,9 +185,8 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
    * those still running theirs (they touch `job`, on this stack). */
   pthread_mutex_lock(&g_pool.mu);
   g_pool.job = NULL;
-  leave_job(&job);
-  while (job.members > 0) pthread_cond_wait(&g_pool.finished, &g_pool.mu);
   pthread_mutex_unlock(&g_pool.mu);
+  join_members(&job);
 }
 
 void cpu_threads_shutdown(void) {
