@@ -42,7 +42,8 @@ def test_default_configuration():
 def test_invalid_configuration_refuses_to_load():
     for variable, value in [("DEVKIT_CPU_DEVICES", "0"), ("DEVKIT_CPU_DEVICES", "two"),
                             ("DEVKIT_CPU_MEMORY", "12 parsecs"), ("DEVKIT_CPU_THREADS", "0"),
-                            ("DEVKIT_CPU_THREADS", "two"), ("DEVKIT_CPU_THREADS", "257")]:
+                            ("DEVKIT_CPU_THREADS", "two"), ("DEVKIT_CPU_THREADS", "257"),
+                            ("DEVKIT_CPU_SPIN_US", "-1"), ("DEVKIT_CPU_SPIN_US", "100001")]:
         lines = run("""
             import devkit
             try:
