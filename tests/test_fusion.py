@@ -8,6 +8,7 @@ import pytest
 import devkit
 import devkit.onnx
 from devkit import codegen
+from devkit.codegen import printers
 from devkit.bench import fusion as patterns
 from devkit.engine import fusion
 from devkit.ops import PRIMITIVES, fallback_report
@@ -309,6 +310,33 @@ def test_a_row_kernel_reads_a_compact_input_at_the_row_times_its_length():
     out = devkit.asarray(np.full(shape, np.nan, np.float32), dev)
     function.launch([devkit.asarray(x, dev), devkit.asarray(g, dev), out], (kernel.items,), (1,))
     np.testing.assert_allclose(out.numpy(), (x - x.sum(-1, keepdims=True)) * g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [127, 128, 200, 2048 + 5])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin"])
+def test_a_c_row_reduction_folds_its_lanes_in_order(op, width):
+    """The C dialect folds a long row into REDUCTION_LANES partial results
+    (and a tail) before folding those: every column counts once, NaN
+    propagates from any column (Max, Min), and a sum stays within float32
+    rounding of the float64 one."""
+    dev = _cpu()
+    shape, row = (3, width), (3, 1)
+    ops = [codegen.GroupOp("Mul", (("in", 0), ("in", 0)), {}, (F32, F32), F32, shape),
+           codegen.GroupOp(op, (("op", 0),), {"axes": (-1,), "keepdims": 1}, (F32,), F32, row)]
+    group = codegen.Group(shape, [codegen.TensorArg(shape, (width, 1), F32)], ops,
+                          [(1, codegen.TensorArg(row, (1, 1), F32))])
+    kernel = codegen.render(group, codegen.printer("c"))
+    assert ("acc1_lanes" in kernel.source) == (width >= 2 * printers.REDUCTION_LANES)
+    function = codegen.compile_module(dev, kernel.source).function(kernel.name, ["tensor"] * 2)
+    x = np.random.default_rng(width).standard_normal(shape).astype(np.float32)
+    x[1, width - 1] = np.nan  # in the tail where there is one
+    x[2, 3] = np.nan  # in the first lane block
+    out = devkit.asarray(np.full(row, -1, np.float32), dev)
+    function.launch([devkit.asarray(x, dev), out], (kernel.items,), (1,))
+    got, squares = out.numpy()[:, 0], (x * x).astype(np.float64)  # the squares rounded as the kernel's
+    want = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}[op](squares, axis=-1)
+    assert np.isnan(got[1:]).all()
+    np.testing.assert_allclose(got[0], want[0], rtol=width * 2 ** -24 if op == "ReduceSum" else 0)
 
 
 def test_a_row_kernel_divides_by_a_row_scalar_through_its_reciprocal():

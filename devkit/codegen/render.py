@@ -267,12 +267,10 @@ class _Body:
             init, combine, finish = REDUCTIONS[op.op]
             ctype = p.compute(op.dtype)
             source = op.args[0]
-            lines.append(f"    {ctype} acc{m} = {init(p, op.dtype)};")
-            lines.append(f"    for (long j = 0; j < {self.n}; j++) {{")
-            for ref in self._needed([source], full_only=True):
-                lines.append("      " + self._define(ref, "j", "r"))
-            lines.append(f"      acc{m} = {combine(p, f'acc{m}', self._name(source))};")
-            lines.append("    }")
+            body = [self._define(ref, "j", "r") for ref in self._needed([source], full_only=True)]
+            lines += ["    " + line for line in p.reduction_loop(f"acc{m}", ctype, init(p, op.dtype), self.n, body,
+                                                                 self._name(source),
+                                                                 lambda a, b: combine(p, a, b))]
             lines.append(f"    {ctype} v{m} = {finish(p, f'acc{m}', self.n, op.dtype)};")
             lines.extend("    " + line for line in self._reciprocal_lines(("op", m)))
             defined.add(("op", m))
