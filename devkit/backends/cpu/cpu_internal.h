@@ -119,8 +119,8 @@ bool cpu_primitives_only(void);
  * the pool's size, callers included (threads.c). */
 #define CPU_MAX_THREADS 256
 int32_t cpu_thread_count(void);
-/* DEVKIT_CPU_SPIN_US, in ns: how long an idle pool worker waits for the
- * next job, spinning, before it sleeps (threads.c). */
+/* DEVKIT_CPU_SPIN_US, in ns: how long a pool thread spins before it sleeps
+ * (an idle worker for the next job, a caller for its workers; threads.c). */
 int64_t cpu_spin_ns(void);
 /* Joins the pool's workers (at unload; a later cpu_parallel_for starts new
  * ones). */

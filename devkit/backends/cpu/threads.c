@@ -13,9 +13,9 @@
  * default 50 us; 0: it sleeps at once) for the next one before it sleeps on
  * a condition variable, which lets a plan's kernels, a few microseconds
  * apart, reach it without a wake-up and leaves an idle pool quiet soon
- * after; the caller, once every chunk is claimed, spins (for at most
- * JOIN_SPIN_NS) for the members still running their last chunk, work in
- * progress, before it sleeps.
+ * after; the caller, once every chunk is claimed, spins as long for the
+ * members still running their last chunk, work in progress, before it
+ * sleeps.
  *
  * One job runs at a time: a call that finds the pool busy (another stream's
  * kernel) runs its range on its own thread, which keeps the streams together
@@ -32,7 +32,6 @@
 
 #include "kernel.h"
 
-#define JOIN_SPIN_NS 200000
 
 typedef struct pool_job {
   cpu_range_fn fn;
@@ -92,12 +91,8 @@ static inline void spin_pause(void) {
 
 /* The caller waits until it is the job's last member. */
 static void join_members(pool_job *job) {
-  if (atomic_load(&job->members) == 1) return;
-  for (int64_t deadline = now_ns() + JOIN_SPIN_NS; now_ns() < deadline;)
-    for (int i = 0; i < 64; i++) {
-      if (atomic_load(&job->members) == 1) return;
-      spin_pause();
-    }
+  for (int64_t deadline = now_ns() + cpu_spin_ns(); atomic_load(&job->members) > 1 && now_ns() < deadline;)
+    for (int i = 0; i < 64 && atomic_load(&job->members) > 1; i++) spin_pause();
   pthread_mutex_lock(&g_pool.mu);
   while (atomic_load(&job->members) > 1) pthread_cond_wait(&g_pool.finished, &g_pool.mu);
   pthread_mutex_unlock(&g_pool.mu);
