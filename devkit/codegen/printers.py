@@ -142,6 +142,7 @@ class Printer:
 # rounded to float32, as vmath.h's vm_expf. Without hardware FMA both are
 # libm's expf.
 _C_MATH = """\
+typedef union { float f; uint32_t u; } dk_f32; /* a float's bits: (dk_f32){.f = x}.u, and back */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 /* e^r for x = k ln2 + r; k is in the low bits of *t (whose own are 0x4b400000). */
 static inline float dk_expf_reduced(float x, float *t) {
@@ -157,7 +158,6 @@ static inline float dk_expf_reduced(float x, float *t) {
   p = __builtin_fmaf(p, r, 1.0f);
   return __builtin_fmaf(p, r, 1.0f);
 }
-typedef union { float f; uint32_t u; } dk_f32; /* a float's bits: (dk_f32){.f = x}.u, and back */
 static inline float dk_expf(float x) {
   float xc = x < -104.0f ? -104.0f : x; /* NaN stays NaN */
   xc = xc > 89.0f ? 89.0f : xc;
@@ -174,6 +174,28 @@ static inline float dk_expf_checked(float x, int *slow) {
 static inline float dk_expf(float x) { return expf(x); }
 static inline float dk_expf_checked(float x, int *slow) { (void)slow; return expf(x); }
 #endif
+/* ln x in float32, as vmath.h's vm_logf (at most 1 ulp): x = 2^k m with m
+ * in [sqrt(1/2), sqrt(2)) (subnormals scaled up first), ln m = 2 atanh(s),
+ * s = (m - 1) / (m + 1), by its series to s^13 / 13 in double. glibc's
+ * vector logf is not used: up to 4 ulp off, over Log's tolerance. */
+static inline float dk_logf(float x) {
+  float xs = x < 0x1p-126f ? x * 0x1p23f : x; /* subnormal or 0: exact */
+  uint32_t ix = (dk_f32){.f = xs}.u + (0x3f800000u - 0x3f3504f3u);
+  int32_t k = (x < 0x1p-126f ? -23 : 0) + (int32_t)(ix >> 23) - 0x7f;
+  float m = (dk_f32){.u = (ix & 0x007fffffu) + 0x3f3504f3u}.f;
+  double f = (double)m - 1.0, s = f / (2.0 + f), z = s * s;
+  double p = 1.0 / 13;
+  p = p * z + 1.0 / 11;
+  p = p * z + 1.0 / 9;
+  p = p * z + 1.0 / 7;
+  p = p * z + 1.0 / 5;
+  p = p * z + 1.0 / 3;
+  p = p * z + 1.0;
+  float y = (float)((double)k * 0x1.62e42fefa39efp-1 + 2.0 * s * p);
+  y = x == 0 ? -INFINITY : y;
+  y = x < 0 ? NAN : y;
+  return x == INFINITY || x != x ? x + x : y; /* a signalling NaN comes back quiet */
+}
 /* erf x in float32, as vmath.h's vm_erff (at most 1 ulp measured): below
  * |x| = 7/8 x + x R(x^2), a fit of erf(sqrt z) / sqrt z - 1; beyond,
  * 1 - e^Q(|x|), Q a fit of ln erfc over [7/8, 4], and 1 from 4 on. glibc's
@@ -228,7 +250,7 @@ class CPrinter(Printer):
                 + "#endif\n" + _C_MATH)
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
-        if name in ("exp", "erf") and dtype == np.float32:
+        if name in ("exp", "erf", "log") and dtype == np.float32:
             return f"dk_{name}f"
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
