@@ -378,6 +378,48 @@ def test_four_threads_each_driving_a_stream(dev):
     assert not errors, errors
 
 
+def test_threads_sharing_a_stream_while_others_synchronize_it(dev):
+    """Three threads queue copies on one stream, each checking its own
+    results, while two others synchronize it in a loop (a plugin may run
+    the queued work on a thread that waits for it): every copy runs once,
+    in each thread's order, and nothing hangs."""
+    errors, stop = [], threading.Event()
+    with dev.create_stream() as stream:
+
+        def submitter(seed):
+            try:
+                a, b = dev.alloc(64 * 1024 + seed), dev.alloc(64 * 1024 + seed)
+                for i in range(40):
+                    data = random_bytes(64 * 1024 + seed, seed=seed * 1000 + i)
+                    a.copy_from_host(data, stream=stream)
+                    b.copy_from(a, stream=stream)
+                    out = b.copy_to_host(stream=stream)
+                    stream.synchronize()
+                    assert np.array_equal(out, data), f"thread {seed} iteration {i} differs"
+            except BaseException as exc:  # collected and re-raised in the main thread
+                errors.append(exc)
+
+        def synchronizer():
+            try:
+                while not stop.is_set():
+                    stream.synchronize()
+            except BaseException as exc:
+                errors.append(exc)
+
+        submitters = [threading.Thread(target=submitter, args=(seed,)) for seed in range(3)]
+        waiters = [threading.Thread(target=synchronizer) for _ in range(2)]
+        for thread in submitters + waiters:
+            thread.start()
+        for thread in submitters:
+            thread.join(120)
+        stop.set()
+        for thread in waiters:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in submitters + waiters), "a thread hung"
+        stream.synchronize()
+    assert not errors, errors
+
+
 # -- events -------------------------------------------------------------------------
 
 
