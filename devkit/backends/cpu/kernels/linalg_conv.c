@@ -731,8 +731,8 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 
 /* ---- Register-blocked direct Conv (x86-64 with AVX2 and FMA) ----------------------- */
 
-/* A float32 2-D Conv with unit strides and dilations on a small plane with
- * many channels (ResNet's 14x14 3x3 layers), summed over (channel,
+/* A float32 2-D Conv with unit dilations on a small plane with many
+ * channels (ResNet's 14x14 and 7x7 3x3 layers), summed over (channel,
  * tap) by an AVX2 register block of PACKED_MB output channels by PACKED_NV
  * output positions (12 accumulators), each weight broadcast from W's rows
  * as stored: no im2col, and no GEMM packing, which reads and writes every
@@ -745,12 +745,18 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * so tap (ky, kx) of output position p = oy * ow + ox reads element
  * p + (ky / sh) * ow of shift plane (ky % sh, kx): consecutive positions
  * read consecutive elements, across rows too, and only the plane's last
- * block computes lanes it drops. Each sum runs in (channel, tap) order with
+ * block computes lanes it drops. Per pass of steps, a block's inputs are
+ * copied into a panel, one row of PACKED_NV per step, which its filter
+ * blocks then read in order; a plane's last few positions (PACKED_DOT_COLS
+ * or fewer: 1 of 49, 4 of 196) are instead dot products along the steps.
+ * Each sum runs in (channel, tap) order with
  * fused multiply-adds, as the BLAS products of the other paths do here,
  * within the op's dot-product tolerance; a non-finite value reaches the
  * outputs whose windows hold it, as there (0 * inf in the padding is NaN). */
 #define PACKED_MB 6
 #define PACKED_NV 16
+/* A plane's last block of at most this many positions goes by dot products (packed_dot). */
+#define PACKED_DOT_COLS 4
 /* k = (channel, tap) steps per pass (at most; the passes are of even
  * length): a block of positions keeps its PACKED_NV-wide input rows for
  * them near the core while the pass runs through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
@@ -765,10 +771,13 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * least this many (channel, tap) steps and filters per group. Measured per
  * layer against the paths they would take (a loaded 2-core Zen 3, so
  * within about 10%): ResNet's 14x14 3x3 0.85x Winograd's time on one
- * thread and on two; its 7x7 3x3 (49 positions, 9.4 MB of weights read
- * for 4 blocks of positions) 1.0-1.13x im2col + GEMM's, no gain; its 28x28 and 56x56 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and
- * 1x1 1.1-1.2x im2col + GEMM's, the 7x7/2 stem 1.05x, all on one. */
-#define PACKED_MIN_POSITIONS 100
+ * thread and on two (0.82-0.87x more with the panels); its 7x7 3x3 (49
+ * positions) 0.79x im2col + GEMM's with the panels and the last
+ * position's dot products (1.0-1.13x before them: its last block spent an
+ * 8-wide vector per filter and step on one position); its 28x28 and 56x56
+ * 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and 1x1 1.1-1.2x im2col +
+ * GEMM's, the 7x7/2 stem 1.05x, all on one. */
+#define PACKED_MIN_POSITIONS 49
 #define PACKED_MAX_POSITIONS 256
 #define PACKED_MIN_STEPS 256
 #define PACKED_MIN_FILTERS 32
@@ -787,12 +796,12 @@ typedef struct packed_job {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 
-/* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[offset[k] + q],
+/* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[k * PACKED_NV + q],
  * rows i < PACKED_MB (rows past `rows` repeat the last and are not stored),
  * positions q < 8 * VECS. */
 #define PACKED_KERNEL(NAME, VECS)                                                                     \
-  __attribute__((target("avx2,fma"))) static void NAME(const float *x, const int64_t *offset,         \
-                                                       int64_t count, const float *w, int64_t ldw,    \
+  __attribute__((target("avx2,fma"))) static void NAME(const float *x, int64_t count, const float *w,  \
+                                                       int64_t ldw,                                   \
                                                        int64_t rows, float *c, int64_t ldc,           \
                                                        bool accumulate) {                             \
     const float *wr[PACKED_MB];                                                                       \
@@ -802,7 +811,7 @@ typedef struct packed_job {
       _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++)                                          \
         acc[i][v] = accumulate && i < rows ? _mm256_loadu_ps(c + i * ldc + 8 * v) : _mm256_setzero_ps(); \
     for (int64_t k = 0; k < count; k++) {                                                             \
-      const float *xk = x + offset[k];                                                                \
+      const float *xk = x + k * PACKED_NV;                                                            \
       __m256 in[VECS];                                                                                \
       _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++) in[v] = _mm256_loadu_ps(xk + 8 * v);    \
       _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++) {                                   \
@@ -819,14 +828,49 @@ typedef struct packed_job {
 PACKED_KERNEL(packed_block_16, 2)
 PACKED_KERNEL(packed_block_8, 1)
 
+/* c[i * ldc + q] (+)= sum over k < count of w[i * ldw + k] * col[q * count + k]
+ * for rows i < rows (<= PACKED_MB) and positions q < cols (<= 2): a plane's
+ * last few positions (ResNet's 7x7 planes: 1 of 49), as dot products along
+ * the steps, PACKED_MB x 2 sums of 8 lanes: the 8-wide block would spend a
+ * vector per filter and step on one position. */
+__attribute__((target("avx2,fma"))) static void packed_dot(const float *col, int64_t count, const float *w,
+                                                           int64_t ldw, int64_t rows, int64_t cols, float *c,
+                                                           int64_t ldc, bool accumulate) {
+  const float *wr[PACKED_MB], *xr[2] = {col, col + (cols > 1) * count};
+  for (int i = 0; i < PACKED_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
+  __m256 acc[PACKED_MB][2];
+  for (int i = 0; i < PACKED_MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= count; k += 8) {
+    __m256 in[2] = {_mm256_loadu_ps(xr[0] + k), _mm256_loadu_ps(xr[1] + k)};
+    _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++) {
+      __m256 weight = _mm256_loadu_ps(wr[i] + k);
+      acc[i][0] = _mm256_fmadd_ps(weight, in[0], acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(weight, in[1], acc[i][1]);
+    }
+  }
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t q = 0; q < cols; q++) {
+      float lanes[8], sum = accumulate ? c[i * ldc + q] : 0.0f, part = 0.0f;
+      _mm256_storeu_ps(lanes, acc[i][q]);
+      for (int l = 0; l < 8; l++) part += lanes[l];
+      for (int64_t t = k; t < count; t++) part += wr[i][t] * xr[q][t];
+      c[i * ldc + q] = sum + part;
+    }
+}
+
 static bool packed_supported(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 /* Never called: packed_supported() keeps every Conv off this path. */
-static void packed_block_16(const float *x, const int64_t *offset, int64_t count, const float *w, int64_t ldw,
-                            int64_t rows, float *c, int64_t ldc, bool accumulate) {
-  (void)x, (void)offset, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc, (void)accumulate;
+static void packed_block_16(const float *x, int64_t count, const float *w, int64_t ldw, int64_t rows, float *c,
+                            int64_t ldc, bool accumulate) {
+  (void)x, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc, (void)accumulate;
 }
 #define packed_block_8 packed_block_16
+static void packed_dot(const float *col, int64_t count, const float *w, int64_t ldw, int64_t rows, int64_t cols,
+                       float *c, int64_t ldc, bool accumulate) {
+  (void)col, (void)count, (void)w, (void)ldw, (void)rows, (void)cols, (void)c, (void)ldc, (void)accumulate;
+}
 static bool packed_supported(void) { return false; }
 #endif
 
@@ -853,28 +897,46 @@ static void packed_shift_planes(void *arg, int64_t begin, int64_t end) {
     }
 }
 
-/* out (rows x cols, ld apart) (+)= the block at position p of filters wm
- * over steps [k0, k0 + count): whole blocks in place, the plane's last one
+/* panel[k][q] = the group's shift-plane element of step k0 + k under
+ * position p + q, for count steps and PACKED_NV positions: the block's
+ * inputs in the order the kernel reads them, one 64-byte row per step.
+ * Read in place, a step's 16 floats lie in its own shift plane and row, and
+ * the kernel's loads cross cache lines and wait on L2 (on the 14x14 layer:
+ * 0.82-0.87x the time with the panels). Lanes past the plane read its
+ * zeroed slack. */
+static void packed_panel(const packed_job *j, const float *xg, int64_t p, int64_t k0, int64_t count, float *panel) {
+  for (int64_t k = 0; k < count; k++) memcpy(panel + k * PACKED_NV, xg + j->offset[k0 + k] + p, PACKED_NV * sizeof(float));
+}
+
+/* out (rows x cols, ld apart) (+)= the block of filters wm over the panel's
+ * count steps (from k0): whole blocks in place, the plane's last one
  * through a buffer that drops its lanes past the plane. */
-static void packed_block(const packed_job *j, const float *xg, int64_t p, int64_t cols, int64_t k0, int64_t count,
+static void packed_block(const packed_job *j, const float *panel, int64_t cols, int64_t k0, int64_t count,
                          const float *wm, int64_t rows, float *out) {
+  if (cols <= PACKED_DOT_COLS) { /* panel: the positions' columns, count apart */
+    for (int64_t q = 0; q < cols; q += 2)
+      packed_dot(panel + q * count, count, wm, j->k, rows, cols - q < 2 ? cols - q : 2, out + q, j->positions, k0 > 0);
+    return;
+  }
   if (cols == PACKED_NV) {
-    packed_block_16(xg + p, j->offset + k0, count, wm, j->k, rows, out, j->positions, k0 > 0);
+    packed_block_16(panel, count, wm, j->k, rows, out, j->positions, k0 > 0);
     return;
   }
   float part[PACKED_MB * PACKED_NV];
   for (int64_t r = 0; k0 > 0 && r < rows; r++)
     memcpy(part + r * PACKED_NV, out + r * j->positions, (size_t)cols * sizeof(float));
-  (cols <= 8 ? packed_block_8 : packed_block_16)(xg + p, j->offset + k0, count, wm, j->k, rows, part, PACKED_NV,
-                                                 k0 > 0);
+  (cols <= 8 ? packed_block_8 : packed_block_16)(panel, count, wm, j->k, rows, part, PACKED_NV, k0 > 0);
   for (int64_t r = 0; r < rows; r++)
     memcpy(out + r * j->positions, part + r * PACKED_NV, (size_t)cols * sizeof(float));
 }
 
 /* Items [begin, end) of one image: (group, run of filters, block of
- * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z, the activation). */
+ * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z,
+ * the activation). Per pass, each block of positions has its panel (or, the
+ * plane's last few positions, their columns) made once for the run's filters. */
 static void packed_parts(void *arg, int64_t begin, int64_t end) {
   packed_job *j = arg;
+  _Alignas(64) float panel[PACKED_KC * PACKED_NV];
   for (int64_t i = begin; i < end; i++) {
     int64_t pi = i % j->pblocks, mi = i / j->pblocks % j->mruns, g = i / j->pblocks / j->mruns;
     int64_t p0 = pi * j->pblock, p1 = p0 + j->pblock < j->positions ? p0 + j->pblock : j->positions;
@@ -883,10 +945,17 @@ static void packed_parts(void *arg, int64_t begin, int64_t end) {
     float *yg = j->y + g * j->mg * j->positions;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->pass) {
       int64_t count = j->k - k0 < j->pass ? j->k - k0 : j->pass;
-      for (int64_t p = p0; p < p1; p += PACKED_NV)
+      for (int64_t p = p0; p < p1; p += PACKED_NV) {
+        int64_t cols = p1 - p < PACKED_NV ? p1 - p : PACKED_NV;
+        if (cols > PACKED_DOT_COLS)
+          packed_panel(j, xg, p, k0, count, panel);
+        else /* the columns packed_dot reads, count apart */
+          for (int64_t q = 0; q < cols; q++)
+            for (int64_t t = 0; t < count; t++) panel[q * count + t] = xg[j->offset[k0 + t] + p + q];
         for (int64_t m = m0; m < m1; m += PACKED_MB)
-          packed_block(j, xg, p, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count, wg + m * j->k + k0,
-                       m1 - m < PACKED_MB ? m1 - m : PACKED_MB, yg + m * j->positions + p);
+          packed_block(j, panel, cols, k0, count, wg + m * j->k + k0, m1 - m < PACKED_MB ? m1 - m : PACKED_MB,
+                       yg + m * j->positions + p);
+      }
     }
     conv_epilogue_apply(j->ep, yg + m0 * j->positions + p0, g * j->mg + m0, m1 - m0, p1 - p0, j->positions);
   }
