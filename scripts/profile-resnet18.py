@@ -1,12 +1,13 @@
 """Per-layer time of ResNet-18 (devkit.onnx.zoo.resnet18, 224x224, batch 1)
 on the cpu plugin against onnxruntime's own per-node profile.
 
-    python scripts/profile-resnet18.py [--repeat 15] [--threads 1,2]
+    python scripts/profile-resnet18.py [--repeat 5] [--rounds 5] [--threads 1,2]
 
-devkit: Plan.profile (each call launched alone, warm; median of --repeat
-passes). onnxruntime: SessionOptions.enable_profiling, its per-node kernel
-times (medians over --repeat runs) with 1 and 2 intra-op threads, spinning
-off, and per node the faster of them. Conv nodes are matched in graph order
+devkit: Plan.profile (each call launched alone, warm). onnxruntime:
+SessionOptions.enable_profiling, its per-node kernel times with 1 and 2
+intra-op threads, spinning off, and per node the faster of them. The two
+are interleaved: --rounds rounds of a devkit profile of --repeat passes and
+--repeat runs of each onnxruntime session; medians over all. Conv nodes are matched in graph order
 (both run the BatchNormalization-folded Convs, each with its Relu/Add fused
 or not); the rest is summed per op. Rows: ms devkit, ms onnxruntime,
 ratio devkit / onnxruntime (above 1: devkit is slower).
@@ -29,26 +30,7 @@ def _conv_label(x_shape, w_shape, strides) -> str:
             f"{' s' + str(strides) if strides != 1 else ''} -> {w_shape[0]}")
 
 
-def devkit_profile(model, feed, repeat):
-    from devkit import onnx as donnx
-
-    prepared = donnx.prepare(model, "cpu:0")
-    prepared.run(feed)
-    (plan,) = prepared.plans.values()
-    times = plan.profile(feed, repeat)
-    rows = []
-    for call, (op, seconds) in zip(plan.calls, times):
-        label = op
-        if op in ("Conv", "FusedConv"):
-            x = [call.inputs[0].shape[d] for d in range(call.inputs[0].ndim)]
-            w = [call.inputs[1].shape[d] for d in range(call.inputs[1].ndim)]
-            strides = dict((name, value) for name, _, value in call.attributes).get("strides", [1, 1])
-            label = _conv_label(x, w, list(strides)[0])
-        rows.append((op, label, seconds))
-    return rows
-
-
-def ort_profile(model, feed, repeat, threads):
+def _ort_session(model, threads):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -56,37 +38,72 @@ def ort_profile(model, feed, repeat, threads):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "ort")
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    for _ in range(3):
-        session.run(None, feed)
-    for _ in range(repeat):
-        session.run(None, feed)
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _ort_nodes(session, skip):
+    """Per node in graph order: (op, name, median seconds over the profiled runs after the first ``skip``)."""
     with open(session.end_profiling()) as f:
         events = json.load(f)
     per_node = collections.defaultdict(list)
-    order, info = [], {}
+    order, ops = [], {}
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
             continue
         name = e["name"][: -len("_kernel_time")]
-        if name not in info:
+        if name not in ops:
             order.append(name)
-            info[name] = e["args"]
+            ops[name] = e["args"]["op_name"]
         per_node[name].append(e["dur"] * 1e-6)
-    # the warm-up runs are the first three of each node's times
-    return [(info[n]["op_name"], n, info[n], statistics.median(per_node[n][3:])) for n in order]
+    return [(ops[n], n, statistics.median(per_node[n][skip:])) for n in order]
+
+
+def profiles(model, feed, repeat, threads, rounds=5):
+    """devkit's per-call times (Plan.profile) and onnxruntime's per-node ones,
+    interleaved in ``rounds`` (each: a devkit profile of ``repeat`` passes,
+    then ``repeat`` runs of each onnxruntime session), so a shared machine's
+    load falls on both alike; medians over all."""
+    from devkit import onnx as donnx
+
+    prepared = donnx.prepare(model, "cpu:0")
+    prepared.run(feed)
+    (plan,) = prepared.plans.values()
+    sessions = {t: _ort_session(model, t) for t in threads}
+    warm = 3
+    for session in sessions.values():
+        for _ in range(warm):
+            session.run(None, feed)
+    samples: list[list[float]] = [[] for _ in plan.calls]
+    for _ in range(rounds):
+        for spent, (_, seconds) in zip(samples, plan.profile(feed, repeat)):
+            spent.append(seconds)
+        for session in sessions.values():
+            for _ in range(repeat):
+                session.run(None, feed)
+    ours = []
+    for call, spent in zip(plan.calls, samples):
+        label = call.op
+        if call.op in ("Conv", "FusedConv"):
+            x = [call.inputs[0].shape[d] for d in range(call.inputs[0].ndim)]
+            w = [call.inputs[1].shape[d] for d in range(call.inputs[1].ndim)]
+            strides = dict((name, value) for name, _, value in call.attributes).get("strides", [1, 1])
+            label = _conv_label(x, w, list(strides)[0])
+        ours.append((call.op, label, statistics.median(spent)))
+    theirs = {t: [(op, name, None, seconds) for op, name, seconds in _ort_nodes(session, warm)]
+              for t, session in sessions.items()}
+    return ours, theirs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", default="1,2")
     args = parser.parse_args()
     from devkit.onnx import zoo
 
     model, feed = zoo.resnet18()
-    ours = devkit_profile(model, feed, args.repeat)
-    theirs = {t: ort_profile(model, feed, args.repeat, t) for t in map(int, args.threads.split(","))}
+    ours, theirs = profiles(model, feed, args.repeat, [int(t) for t in args.threads.split(",")], args.rounds)
     convs = {t: [r for r in rows if r[0] in ("Conv", "FusedConv")] for t, rows in theirs.items()}
     our_convs = [r for r in ours if r[0] in ("Conv", "FusedConv")]
     print(f"load {os.getloadavg()[0]:.2f}; onnxruntime threads {args.threads}")
