@@ -791,7 +791,8 @@ typedef struct packed_job {
   float *y;
   float *xs;       /* one image's shift planes, [channel][shift][plane] */
   int64_t *offset; /* per step k = c * taps + t: its element's offset from position 0 of the group's planes */
-  atomic_bool failed;
+  int64_t nblocks; /* blocks of PACKED_NV positions per plane */
+  float *panels;   /* per group and block, its panel over all k steps: [group][block][k][PACKED_NV] */
 } packed_job;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -829,15 +830,15 @@ typedef struct packed_job {
 PACKED_KERNEL(packed_block_16, 2)
 PACKED_KERNEL(packed_block_8, 1)
 
-/* c[i * ldc + q] (+)= sum over k < count of w[i * ldw + k] * col[q * count + k]
+/* c[i * ldc + q] (+)= sum over k < count of w[i * ldw + k] * col[q * ldcol + k]
  * for rows i < rows (<= PACKED_MB) and positions q < cols (<= 2): a plane's
  * last few positions (ResNet's 7x7 planes: 1 of 49), as dot products along
  * the steps, PACKED_MB x 2 sums of 8 lanes: the 8-wide block would spend a
  * vector per filter and step on one position. */
-__attribute__((target("avx2,fma"))) static void packed_dot(const float *col, int64_t count, const float *w,
-                                                           int64_t ldw, int64_t rows, int64_t cols, float *c,
-                                                           int64_t ldc, bool accumulate) {
-  const float *wr[PACKED_MB], *xr[2] = {col, col + (cols > 1) * count};
+__attribute__((target("avx2,fma"))) static void packed_dot(const float *col, int64_t ldcol, int64_t count,
+                                                           const float *w, int64_t ldw, int64_t rows, int64_t cols,
+                                                           float *c, int64_t ldc, bool accumulate) {
+  const float *wr[PACKED_MB], *xr[2] = {col, col + (cols > 1) * ldcol};
   for (int i = 0; i < PACKED_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
   __m256 acc[PACKED_MB][2];
   for (int i = 0; i < PACKED_MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -868,9 +869,9 @@ static void packed_block_16(const float *x, int64_t count, const float *w, int64
   (void)x, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc, (void)accumulate;
 }
 #define packed_block_8 packed_block_16
-static void packed_dot(const float *col, int64_t count, const float *w, int64_t ldw, int64_t rows, int64_t cols,
-                       float *c, int64_t ldc, bool accumulate) {
-  (void)col, (void)count, (void)w, (void)ldw, (void)rows, (void)cols, (void)c, (void)ldc, (void)accumulate;
+static void packed_dot(const float *col, int64_t ldcol, int64_t count, const float *w, int64_t ldw, int64_t rows,
+                       int64_t cols, float *c, int64_t ldc, bool accumulate) {
+  (void)col, (void)ldcol, (void)count, (void)w, (void)ldw, (void)rows, (void)cols, (void)c, (void)ldc, (void)accumulate;
 }
 static bool packed_supported(void) { return false; }
 #endif
@@ -898,27 +899,42 @@ static void packed_shift_planes(void *arg, int64_t begin, int64_t end) {
     }
 }
 
-/* panel[k][q] = the group's shift-plane element of step k0 + k under
- * position p + q, for count steps and PACKED_NV positions: the block's
- * inputs in the order the kernel reads them, one 64-byte row per step.
- * Read in place, a step's 16 floats lie in its own shift plane and row, and
- * the kernel's loads cross cache lines and wait on L2 (on the 14x14 layer:
- * 0.82-0.87x the time with the panels). Lanes past the plane read its
- * zeroed slack. */
-static void packed_panel(const packed_job *j, const float *xg, int64_t p, int64_t k0, int64_t count, float *panel) {
-  for (int64_t k = 0; k < count; k++) memcpy(panel + k * PACKED_NV, xg + j->offset[k0 + k] + p, PACKED_NV * sizeof(float));
+/* The panels of blocks [begin, end) (over groups and blocks): panel[k][q]
+ * = the group's shift-plane element of step k under position p + q, for
+ * the block's PACKED_NV positions from p: its inputs in the order the
+ * kernel reads them, one 64-byte row per step. Read in place, a step's 16
+ * floats lie in its own shift plane and row, and the kernel's loads cross
+ * cache lines and wait on L2 (on the 14x14 layer: 0.82-0.87x the time with
+ * the panels). Lanes past the plane read its zeroed slack. The plane's last
+ * block, of PACKED_DOT_COLS positions or fewer, holds their columns
+ * instead, col[q][k] (what packed_dot reads). Made once per image, before
+ * the items, which share them. */
+static void packed_make_panels(void *arg, int64_t begin, int64_t end) {
+  packed_job *j = arg;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t g = i / j->nblocks, p = i % j->nblocks * PACKED_NV, cols = j->positions - p;
+    const float *xg = j->xs + g * j->cg * j->shifts * j->plane + p;
+    float *panel = j->panels + i * j->k * PACKED_NV;
+    if (cols > PACKED_DOT_COLS)
+      for (int64_t k = 0; k < j->k; k++) memcpy(panel + k * PACKED_NV, xg + j->offset[k], PACKED_NV * sizeof(float));
+    else
+      for (int64_t q = 0; q < cols; q++)
+        for (int64_t k = 0; k < j->k; k++) panel[q * j->k + k] = xg[j->offset[k] + q];
+  }
 }
 
-/* out (rows x cols, ld apart) (+)= the block of filters wm over the panel's
- * count steps (from k0): whole blocks in place, the plane's last one
- * through a buffer that drops its lanes past the plane. */
+/* out (rows x cols, ld apart) (+)= the block of filters wm over steps [k0,
+ * k0 + count) of the panel: whole blocks in place, the plane's last one
+ * through a buffer that drops its lanes past the plane, or by dot products. */
 static void packed_block(const packed_job *j, const float *panel, int64_t cols, int64_t k0, int64_t count,
                          const float *wm, int64_t rows, float *out) {
-  if (cols <= PACKED_DOT_COLS) { /* panel: the positions' columns, count apart */
+  if (cols <= PACKED_DOT_COLS) {
     for (int64_t q = 0; q < cols; q += 2)
-      packed_dot(panel + q * count, count, wm, j->k, rows, cols - q < 2 ? cols - q : 2, out + q, j->positions, k0 > 0);
+      packed_dot(panel + q * j->k + k0, j->k, count, wm, j->k, rows, cols - q < 2 ? cols - q : 2, out + q,
+                 j->positions, k0 > 0);
     return;
   }
+  panel += k0 * PACKED_NV;
   if (cols == PACKED_NV) {
     packed_block_16(panel, count, wm, j->k, rows, out, j->positions, k0 > 0);
     return;
@@ -931,45 +947,29 @@ static void packed_block(const packed_job *j, const float *panel, int64_t cols, 
     memcpy(out + r * j->positions, part + r * PACKED_NV, (size_t)cols * sizeof(float));
 }
 
-/* Items [begin, end) of one image: (group, run of filters, block of
+/* Items [begin, end) of one image: (group, run of filters, run of blocks of
  * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z,
- * the activation). Per pass, the item's blocks of positions have their
- * panels made (or, the plane's last few positions, their columns), and then
- * each filter block runs over all of them, its weights for the pass (6 KB)
- * staying in L1 (ResNet's stem, 37 KB of weights, 0.95x the time of the
- * panel-outer order; its 7x7 layer 0.97x). */
+ * the activation). Per pass each filter block runs over all of the item's
+ * blocks of positions, its weights for the pass (6 KB) staying in L1
+ * (ResNet's stem, 37 KB of weights, 0.95x the time of the position-outer
+ * order; its 7x7 layer 0.97x). */
 static void packed_parts(void *arg, int64_t begin, int64_t end) {
   packed_job *j = arg;
-  float *panels = aligned_alloc(64, (size_t)(j->pass * j->pblock) * sizeof(float));
-  if (!panels) {
-    atomic_store(&j->failed, true);
-    return;
-  }
   for (int64_t i = begin; i < end; i++) {
     int64_t pi = i % j->pblocks, mi = i / j->pblocks % j->mruns, g = i / j->pblocks / j->mruns;
     int64_t p0 = pi * j->pblock, p1 = p0 + j->pblock < j->positions ? p0 + j->pblock : j->positions;
     int64_t m0 = mi * j->mrun, m1 = m0 + j->mrun < j->mg ? m0 + j->mrun : j->mg;
-    const float *xg = j->xs + g * j->cg * j->shifts * j->plane, *wg = j->wt + g * j->mg * j->k;
+    const float *wg = j->wt + g * j->mg * j->k, *panels = j->panels + g * j->nblocks * j->k * PACKED_NV;
     float *yg = j->y + g * j->mg * j->positions;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->pass) {
       int64_t count = j->k - k0 < j->pass ? j->k - k0 : j->pass;
-      for (int64_t p = p0; p < p1; p += PACKED_NV) {
-        int64_t cols = p1 - p < PACKED_NV ? p1 - p : PACKED_NV;
-        float *panel = panels + (p - p0) * count;
-        if (cols > PACKED_DOT_COLS)
-          packed_panel(j, xg, p, k0, count, panel);
-        else /* the columns packed_dot reads, count apart */
-          for (int64_t q = 0; q < cols; q++)
-            for (int64_t t = 0; t < count; t++) panel[q * count + t] = xg[j->offset[k0 + t] + p + q];
-      }
       for (int64_t m = m0; m < m1; m += PACKED_MB)
         for (int64_t p = p0; p < p1; p += PACKED_NV)
-          packed_block(j, panels + (p - p0) * count, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count,
+          packed_block(j, panels + p * j->k, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count,
                        wg + m * j->k + k0, m1 - m < PACKED_MB ? m1 - m : PACKED_MB, yg + m * j->positions + p);
     }
     conv_epilogue_apply(j->ep, yg + m0 * j->positions + p0, g * j->mg + m0, m1 - m0, p1 - p0, j->positions);
   }
-  free(panels);
 }
 
 static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
@@ -997,11 +997,13 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   if (runs > mblocks) runs = mblocks;
   j.mrun = ceil_div(mblocks, runs) * PACKED_MB;
   j.mruns = ceil_div(j.mg, j.mrun);
-  atomic_init(&j.failed, false);
+  j.nblocks = ceil_div(j.positions, PACKED_NV);
   j.xs = uncleared_scratch(k, j.x_channels * j.shifts * j.plane, sizeof(float));
   j.offset = j.xs ? uncleared_scratch(k, j.k, sizeof(int64_t)) : NULL;
-  if (!j.offset) {
+  j.panels = j.offset ? uncleared_scratch(k, group * j.nblocks * j.k * PACKED_NV, sizeof(float)) : NULL;
+  if (!j.panels) {
     free(j.xs);
+    free(j.offset);
     return DK_RESOURCE_EXHAUSTED;
   }
   for (int64_t c = 0, i = 0; c < j.cg; c++)
@@ -1013,12 +1015,12 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
     j.x = (const float *)x->data + n * j.x_channels * j.h * j.wd;
     j.y = (float *)y->data + n * j.y_channels * j.positions;
     cpu_parallel_for(j.x_channels, ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
+    cpu_parallel_for(group * j.nblocks, ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
     cpu_parallel_for(group * j.mruns * j.pblocks, 1, packed_parts, &j);
   }
   free(j.xs);
   free(j.offset);
-  if (atomic_load(&j.failed))
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's input panels");
+  free(j.panels);
   return DK_OK;
 }
 
