@@ -745,8 +745,8 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * so tap (ky, kx) of output position p = oy * ow + ox reads element
  * p + (ky / sh) * ow of shift plane (ky % sh, kx): consecutive positions
  * read consecutive elements, across rows too, and only the plane's last
- * block computes lanes it drops. Per pass of steps, a block's inputs are
- * copied into a panel, one row of PACKED_NV per step, which its filter
+ * block computes lanes it drops. From the shift planes, each block's inputs
+ * are copied into a panel, one row of PACKED_NV per step, which the filter
  * blocks then read in order; a plane's last few positions (PACKED_DOT_COLS
  * or fewer: 1 of 49, 4 of 196) are instead dot products along the steps.
  * Each sum runs in (channel, tap) order with
@@ -763,8 +763,8 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * machine: 256 steps about 5% faster than 128, 512 and 1024 within the
  * noise of it, the whole 2304 about 15% slower). */
 #define PACKED_KC 256
-/* A run of filter blocks per item (its weights for a pass stay in L2) and
- * blocks of positions whose outputs do too. */
+/* A run of filter blocks per item and blocks of positions whose outputs
+ * stay in L2 across the passes. */
 #define PACKED_RUN_BLOCKS 16
 #define PACKED_OUT_BYTES ((int64_t)64 << 10)
 /* What goes this way: unit strides, output positions in this range, at
