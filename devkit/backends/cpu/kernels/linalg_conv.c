@@ -827,8 +827,38 @@ typedef struct packed_job {
         _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++)                                        \
           _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);                                           \
   }
-PACKED_KERNEL(packed_block_16, 2)
+PACKED_KERNEL(packed_block_16_avx2, 2)
 PACKED_KERNEL(packed_block_8, 1)
+
+/* packed_block_16 where the CPU has AVX-512: one 16-lane vector per filter,
+ * its weight broadcast from memory by the multiply-add itself: the same
+ * fused multiply-adds in the same order (the same sums, bit for bit) in
+ * half the instructions (on a Zen 4, whose 512-bit FMAs are two 256-bit
+ * halves: ResNet's 14x14 and 7x7 layers 0.86-0.88x the AVX2 block's time). */
+__attribute__((target("avx512f"))) static void packed_block_16_avx512(const float *x, int64_t count,
+                                                                      const float *w, int64_t ldw, int64_t rows,
+                                                                      float *c, int64_t ldc, bool accumulate) {
+  const float *wr[PACKED_MB];
+  for (int i = 0; i < PACKED_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
+  __m512 acc[PACKED_MB];
+  _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+    acc[i] = accumulate && i < rows ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < count; k++) {
+    __m512 in = _mm512_loadu_ps(x + k * PACKED_NV);
+    _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][k]), in, acc[i]);
+  }
+  _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+    if (i < rows) _mm512_storeu_ps(c + i * ldc, acc[i]);
+}
+
+static void packed_block_16(const float *x, int64_t count, const float *w, int64_t ldw, int64_t rows, float *c,
+                            int64_t ldc, bool accumulate) {
+  if (__builtin_cpu_supports("avx512f"))
+    packed_block_16_avx512(x, count, w, ldw, rows, c, ldc, accumulate);
+  else
+    packed_block_16_avx2(x, count, w, ldw, rows, c, ldc, accumulate);
+}
 
 /* c[i * ldc + q] (+)= sum over k < count of w[i * ldw + k] * col[q * ldcol + k]
  * for rows i < rows (<= PACKED_MB) and positions q < cols (<= 2): a plane's
