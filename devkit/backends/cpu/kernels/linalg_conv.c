@@ -732,15 +732,15 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 /* ---- Register-blocked direct Conv (x86-64 with AVX2 and FMA) ----------------------- */
 
 /* A float32 2-D Conv with unit dilations on a small plane with many
- * channels (ResNet's 14x14 and 7x7 3x3 layers), summed over (channel,
- * tap) by an AVX2 register block of PACKED_MB output channels by PACKED_NV
- * output positions (12 accumulators), each weight broadcast from W's rows
+ * channels (ResNet's 14x14 and 7x7 3x3 layers, and with AVX-512 its
+ * stride-2 3x3 ones onto 14x14 and 7x7), summed over (channel, tap) by an
+ * AVX2 register block of PACKED_MB output channels by PACKED_NV output
+ * positions (12 accumulators; 6 of 16 lanes with AVX-512), each weight broadcast from W's rows
  * as stored: no im2col, and no GEMM packing, which reads and writes every
  * weight on each call (2.4 MB on the 256-channel layers), nor Winograd's
  * filter transforms, which on a 49-tile plane cost about what they save.
  * The input is first copied into one shift plane per kernel column kx and
- * row phase ry (strides sh, sw; a general window, though only unit strides
- * go this way for now):
+ * row phase ry (strides sh, sw):
  *   s[c][ry][kx][r][ox] = padded x[c][r * sh + ry][ox * sw + kx],
  * so tap (ky, kx) of output position p = oy * ow + ox reads element
  * p + (ky / sh) * ow of shift plane (ky % sh, kx): consecutive positions
@@ -767,17 +767,26 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * stay in L2 across the passes. */
 #define PACKED_RUN_BLOCKS 16
 #define PACKED_OUT_BYTES ((int64_t)64 << 10)
-/* What goes this way: unit strides, output positions in this range, at
+/* What goes this way: unit strides (and, but for 1x1 kernels, other
+ * strides where the CPU has AVX-512), output positions in this range, at
  * least this many (channel, tap) steps and filters per group. Measured per
- * layer against the paths they would take (a loaded 2-core Zen 3, so
+ * layer against the paths they would take (a loaded 2-core Zen 4, so
  * within about 10%): ResNet's 14x14 3x3 0.85x Winograd's time on one
  * thread and on two (0.82-0.87x more with the panels); its 7x7 3x3 (49
  * positions) 0.79x im2col + GEMM's with the panels and the last
  * position's dot products (1.0-1.13x before them: its last block spent an
  * 8-wide vector per filter and step on one position); its 28x28 and 56x56
  * 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and 1x1 1.1-1.2x im2col +
- * GEMM's, the 7x7/2 stem 1.05x, all on one. */
+ * GEMM's, the 7x7/2 stem 1.05x, all on one. With the AVX-512 block (a Zen
+ * 4, one and two threads), the stride-2 3x3 on 14x14 outputs 0.93x im2col +
+ * GEMM's time (whose product there is OpenBLAS's AVX-512 kernel), on 7x7
+ * 0.82-0.84x, but on 28x28 1.02x and the stem 1.05-1.09x: those stay out,
+ * by the positions' bound, and the AVX2 block's strided planes measured no
+ * gain (0.9-1.1x). */
 #define PACKED_MIN_POSITIONS 49
+/* 1x1 kernels keep the bounds they were measured with (unit strides, 100
+ * positions or more); their own paths are tuned apart. */
+#define PACKED_MIN_POSITIONS_1X1 100
 #define PACKED_MAX_POSITIONS 256
 #define PACKED_MIN_STEPS 256
 #define PACKED_MIN_FILTERS 32
@@ -908,10 +917,12 @@ static bool packed_supported(void) { return false; }
 
 static bool packed_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !packed_supported()) return false;
-  for (int32_t d = 0; d < 2; d++)
-    if (w->stride[d] != 1 || w->dilation[d] != 1) return false;
+  bool strided = w->stride[0] != 1 || w->stride[1] != 1, one_tap = w->kernel[0] * w->kernel[1] == 1;
+  if (w->dilation[0] != 1 || w->dilation[1] != 1) return false;
+  if (strided && (one_tap || !__builtin_cpu_supports("avx512f"))) return false;
   int64_t positions = w->grid[0] * w->grid[1];
-  return positions >= PACKED_MIN_POSITIONS && positions <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
+  return positions >= (one_tap ? PACKED_MIN_POSITIONS_1X1 : PACKED_MIN_POSITIONS) &&
+         positions <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
          mg >= PACKED_MIN_FILTERS;
 }
 
