@@ -735,8 +735,8 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * channels (ResNet's 14x14 and 7x7 3x3 layers, and with AVX-512 its
  * stride-2 3x3 ones onto 14x14 and 7x7), summed over (channel, tap) by an
  * AVX2 register block of PACKED_MB output channels by PACKED_NV output
- * positions (12 accumulators; 6 of 16 lanes with AVX-512), each weight broadcast from W's rows
- * as stored: no im2col, and no GEMM packing, which reads and writes every
+ * positions (12 accumulators of 8 lanes; with AVX-512, 6 of 16), each
+ * weight broadcast from W's rows as stored: no im2col, and no GEMM packing, which reads and writes every
  * weight on each call (2.4 MB on the 256-channel layers), nor Winograd's
  * filter transforms, which on a 49-tile plane cost about what they save.
  * The input is first copied into one shift plane per kernel column kx and
@@ -758,10 +758,12 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 /* A plane's last block of at most this many positions goes by dot products (packed_dot). */
 #define PACKED_DOT_COLS 4
 /* k = (channel, tap) steps per pass (at most; the passes are of even
- * length): a block of positions keeps its PACKED_NV-wide input rows for
- * them near the core while the pass runs through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
- * machine: 256 steps about 5% faster than 128, 512 and 1024 within the
- * noise of it, the whole 2304 about 15% slower). */
+ * length): a filter block keeps its weights for the pass (PACKED_MB rows
+ * of 256, 6 KB) in L1 while it runs over the item's panels (ResNet's 14x14
+ * layer, one thread, on a loaded machine, when the blocks of positions ran
+ * over the filter blocks instead: 256 steps about 5% faster than 128, 512
+ * and 1024 within the noise of it, the whole 2304 about 15% slower; with
+ * the panels, 256 and 1024 within 2% on the 14x14 and 7x7 layers). */
 #define PACKED_KC 256
 /* A run of filter blocks per item and blocks of positions whose outputs
  * stay in L2 across the passes. */

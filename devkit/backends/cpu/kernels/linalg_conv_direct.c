@@ -69,8 +69,8 @@ bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t 
          w->grid[0] * w->grid[1] <= DIRECT_MAX_PLANE;
 }
 
-/* to[j] = from[2 * j]: stride-2 rows (ResNet's stem and downsampling
- * layers) as vector shuffles. */
+/* to[j] = from[2 * j]: the rows of stride-2 planes (the direct path's
+ * phase planes, the register blocks' shift planes) as vector shuffles. */
 CPU_VECTOR_CLONES static void gather_even(float *to, const float *from, int64_t n) {
   for (int64_t j = 0; j < n; j++) to[j] = from[2 * j];
 }
