@@ -763,7 +763,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
  * layer, one thread, on a loaded machine, when the blocks of positions ran
  * over the filter blocks instead: 256 steps about 5% faster than 128, 512
  * and 1024 within the noise of it, the whole 2304 about 15% slower; with
- * the panels, 256 and 1024 within 2% on the 14x14 and 7x7 layers). */
+ * the panels, 256 and 1024 within 4% on the 14x14 and 7x7 layers). */
 #define PACKED_KC 256
 /* A run of filter blocks per item and blocks of positions whose outputs
  * stay in L2 across the passes. */
