@@ -5,8 +5,9 @@ dX, the Conv of dY with the flipped kernels); the tiled im2col path
 and the whole-plane path for small planes; the direct path for few channels
 (stride phases, filter blocks cut by the channel count, 7x7 kernels, its
 bounds); the register-blocked path for small planes with many channels
-(blocks cut by the plane and the filter count, passes over the steps,
-groups, batches, non-finite values); ConvTranspose and ConvGrad split
+(blocks cut by the plane and the filter count, the plane's last positions
+by dot products, passes over the steps, groups, batches, non-finite
+values, FusedConv's epilogue); ConvTranspose and ConvGrad split
 by runs of channels that do not divide evenly. References are the op specs'
 float64 ones; tolerances the ops' own dot-product bound (K products summing
 to at most S), and NaN and infinities where the reference has them."""
@@ -124,12 +125,33 @@ def test_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, special
     ((2, 96, 10, 11), (64, 48, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # batch and groups
     ((1, 16, 10, 10), (32, 16, 5, 5), {"pads": [2, 2, 2, 2]}),  # a 5x5 kernel
     ((1, 300, 9, 9), (32, 300, 1, 1), {"pads": [1, 1, 1, 1]}),  # 1x1 with padding: not pointwise
+    ((1, 512, 7, 7), (40, 512, 3, 3), {"pads": [1, 1, 1, 1]}),  # ResNet's 7x7 plane: 1 position by dot products
+    ((2, 37, 9, 9), (33, 37, 3, 3), {"pads": [1, 1, 1, 1]}),  # 81 = 5 * 16 + 1; passes of 167 steps (dot tails)
+    ((1, 64, 5, 10), (38, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # 50 = 3 * 16 + 2
+    ((1, 70, 17, 5), (32, 70, 3, 3), {"pads": [1, 1, 1, 1]}),  # 85 = 5 * 16 + 5: the 8-wide block
+    ((2, 128, 7, 7), (64, 64, 3, 3), {"group": 2, "pads": [0, 1, 2, 1]}),  # 7 x 7 outputs, groups, batch
+    ((1, 40, 15, 13), (35, 40, 3, 3), {"pads": [0, 0, 0, 0]}),  # 13 x 11 = 143 = 8 * 16 + 15
+    ((1, 40, 13, 15), (35, 40, 3, 3), {}),  # 11 x 13 = 143 too, rows cut differently
+    ((1, 36, 16, 17), (32, 36, 3, 3), {"pads": [0, 1, 1, 1]}),  # 15 x 17 = 255 = 15 * 16 + 15
+    ((1, 36, 15, 17), (32, 36, 3, 3), {}),  # 13 x 15 = 195 = 12 * 16 + 3: dot 2 + 1
+    # strided (this path where the CPU has AVX-512; im2col + GEMM elsewhere)
+    ((1, 128, 28, 28), (48, 128, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ResNet's, onto 14x14
+    ((1, 256, 14, 14), (40, 256, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # onto 7x7: dot products
+    ((1, 40, 23, 21), (33, 40, 3, 3), {"strides": [2, 2], "pads": [1, 0, 0, 1]}),  # odd planes: 11 x 10
+    ((1, 36, 20, 13), (32, 36, 3, 3), {"strides": [2, 1], "pads": [1, 1, 1, 1]}),  # 10 x 13
+    ((1, 40, 30, 25), (32, 40, 3, 3), {"strides": [3, 3], "pads": [1, 1, 1, 1]}),  # stride 3: 10 x 9
+    ((1, 16, 24, 24), (32, 16, 5, 5), {"strides": [2, 2], "pads": [2, 2, 2, 2]}),  # 5x5: 12 x 12
+    ((1, 8, 30, 30), (32, 8, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),  # 7x7: 15 x 15
+    ((2, 96, 19, 19), (64, 48, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # 10 x 10
 ])
-@pytest.mark.parametrize("special", [None, "x-inf", "x-nan", "w-inf"])
+@pytest.mark.parametrize("special", [None, "x-inf", "x-nan", "x-last-nan", "w-inf"])
 def test_register_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
-    """Small planes with many channels (100 to 256 outputs, at least 256
-    channel-taps and 32 filters per group), on x86-64 with AVX2 and FMA: the register
-    blocks over shift planes, with bias; a non-finite input reaches the
+    """Small planes with many channels (49 to 256 outputs, at least 256
+    channel-taps and 32 filters per group), on x86-64 with AVX2 and FMA
+    (strided ones with AVX-512): the register
+    blocks over panels of the shift planes, and the plane's last 1 to 4
+    positions by dot products (steps not a multiple of 8 in their tails),
+    with bias; a non-finite input reaches the
     outputs whose windows hold it, and an infinite weight meets the padding's
     zeros as NaN, as in the im2col product."""
     rng = np.random.default_rng(6)
@@ -138,6 +160,8 @@ def test_register_blocked_path_matches_the_reference(dev, x_shape, w_shape, attr
         x[-1, 2, 0, 3] = np.inf
     elif special == "x-nan":
         x[0, 5, 4, 4] = np.nan
+    elif special == "x-last-nan":  # under the plane's last outputs (the dot products')
+        x[0, 3, -1, -1] = np.nan
     elif special == "w-inf":
         w[7, 1, 0, 0] = -np.inf
     _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
@@ -189,18 +213,25 @@ def test_conv_grad_channel_runs_match_the_reference(dev, x_shape, w_shape, attrs
         _check(out, ref, k, float(bound.max()))
 
 
-def test_register_blocked_path_applies_fused_conv_epilogue(dev):
+@pytest.mark.parametrize("size, channels, filters, stride", [
+    (12, 64, 40, 1),   # 144 positions: whole blocks
+    (7, 300, 37, 1),   # 49: the last position by dot products; 37 filters cut the last block
+    (10, 64, 32, 1),   # 100: the last 4 by dot products
+    (14, 256, 36, 2),  # stride 2 onto 7x7 (with AVX-512)
+])
+def test_register_blocked_path_applies_fused_conv_epilogue(dev, size, channels, filters, stride):
     """FusedConv on a plane the register blocks take: B, Z and the Relu on
     each block of outputs, as Relu(Conv + Z)."""
     rng = np.random.default_rng(7)
-    x = testing.random(rng, (1, 64, 12, 12), np.float32)
-    w = testing.random(rng, (40, 64, 3, 3), np.float32)
-    b = testing.random(rng, (40,), np.float32)
-    z = testing.random(rng, (1, 40, 12, 12), np.float32)
-    attrs = {"pads": [1, 1, 1, 1]}
+    out = (size - 1) // stride + 1
+    x = testing.random(rng, (1, channels, size, size), np.float32)
+    w = testing.random(rng, (filters, channels, 3, 3), np.float32)
+    b = testing.random(rng, (filters,), np.float32)
+    z = testing.random(rng, (1, filters, out, out), np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
     full = {**CONV_DEFAULTS, **attrs}
     reference = ops.get("Conv").reference
     conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
     sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
     got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
-    _check(got, np.maximum(conv + z, 0), 64 * 9, float(sums.max()))
+    _check(got, np.maximum(conv + z, 0), channels * 9, float(sums.max()))

@@ -731,44 +731,64 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
 
 /* ---- Register-blocked direct Conv (x86-64 with AVX2 and FMA) ----------------------- */
 
-/* A float32 2-D Conv with unit strides and dilations on a small plane with
- * many channels (ResNet's 14x14 3x3 layers), summed over (channel,
- * tap) by an AVX2 register block of PACKED_MB output channels by PACKED_NV
- * output positions (12 accumulators), each weight broadcast from W's rows
- * as stored: no im2col, and no GEMM packing, which reads and writes every
+/* A float32 2-D Conv with unit dilations on a small plane with many
+ * channels (ResNet's 14x14 and 7x7 3x3 layers, and with AVX-512 its
+ * stride-2 3x3 ones onto 14x14 and 7x7), summed over (channel, tap) by an
+ * AVX2 register block of PACKED_MB output channels by PACKED_NV output
+ * positions (12 accumulators of 8 lanes; with AVX-512, 6 of 16), each
+ * weight broadcast from W's rows as stored: no im2col, and no GEMM packing, which reads and writes every
  * weight on each call (2.4 MB on the 256-channel layers), nor Winograd's
  * filter transforms, which on a 49-tile plane cost about what they save.
  * The input is first copied into one shift plane per kernel column kx and
- * row phase ry (strides sh, sw; a general window, though only unit strides
- * go this way for now):
+ * row phase ry (strides sh, sw):
  *   s[c][ry][kx][r][ox] = padded x[c][r * sh + ry][ox * sw + kx],
  * so tap (ky, kx) of output position p = oy * ow + ox reads element
  * p + (ky / sh) * ow of shift plane (ky % sh, kx): consecutive positions
  * read consecutive elements, across rows too, and only the plane's last
- * block computes lanes it drops. Each sum runs in (channel, tap) order with
+ * block computes lanes it drops. From the shift planes, each block's inputs
+ * are copied into a panel, one row of PACKED_NV per step, which the filter
+ * blocks then read in order; a plane's last few positions (PACKED_DOT_COLS
+ * or fewer: 1 of 49, 4 of 196) are instead dot products along the steps.
+ * Each sum runs in (channel, tap) order with
  * fused multiply-adds, as the BLAS products of the other paths do here,
  * within the op's dot-product tolerance; a non-finite value reaches the
  * outputs whose windows hold it, as there (0 * inf in the padding is NaN). */
 #define PACKED_MB 6
 #define PACKED_NV 16
+/* A plane's last block of at most this many positions goes by dot products (packed_dot). */
+#define PACKED_DOT_COLS 4
 /* k = (channel, tap) steps per pass (at most; the passes are of even
- * length): a block of positions keeps its PACKED_NV-wide input rows for
- * them near the core while the pass runs through the filter blocks (ResNet's 14x14 layer, one thread, on a loaded
- * machine: 256 steps about 5% faster than 128, 512 and 1024 within the
- * noise of it, the whole 2304 about 15% slower). */
+ * length): a filter block keeps its weights for the pass (PACKED_MB rows
+ * of 256, 6 KB) in L1 while it runs over the item's panels (ResNet's 14x14
+ * layer, one thread, on a loaded machine, when the blocks of positions ran
+ * over the filter blocks instead: 256 steps about 5% faster than 128, 512
+ * and 1024 within the noise of it, the whole 2304 about 15% slower; with
+ * the panels, 256 and 1024 within 4% on the 14x14 and 7x7 layers). */
 #define PACKED_KC 256
-/* A run of filter blocks per item (its weights for a pass stay in L2) and
- * blocks of positions whose outputs do too. */
+/* A run of filter blocks per item and blocks of positions whose outputs
+ * stay in L2 across the passes. */
 #define PACKED_RUN_BLOCKS 16
 #define PACKED_OUT_BYTES ((int64_t)64 << 10)
-/* What goes this way: unit strides, output positions in this range, at
+/* What goes this way: unit strides (and, but for 1x1 kernels, other
+ * strides where the CPU has AVX-512), output positions in this range, at
  * least this many (channel, tap) steps and filters per group. Measured per
- * layer against the paths they would take (a loaded 2-core Zen 3, so
+ * layer against the paths they would take (a loaded 2-core Zen 4, so
  * within about 10%): ResNet's 14x14 3x3 0.85x Winograd's time on one
- * thread and on two; its 7x7 3x3 (49 positions, 9.4 MB of weights read
- * for 4 blocks of positions) 1.0-1.13x im2col + GEMM's, no gain; its 28x28 and 56x56 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and
- * 1x1 1.1-1.2x im2col + GEMM's, the 7x7/2 stem 1.05x, all on one. */
-#define PACKED_MIN_POSITIONS 100
+ * thread and on two (0.82-0.87x more with the panels); its 7x7 3x3 (49
+ * positions) 0.79x im2col + GEMM's with the panels and the last
+ * position's dot products (1.0-1.13x before them: its last block spent an
+ * 8-wide vector per filter and step on one position); its 28x28 and 56x56
+ * 3x3 1.3-1.45x Winograd's, the stride-2 3x3 and 1x1 1.1-1.2x im2col +
+ * GEMM's, the 7x7/2 stem 1.05x, all on one. With the AVX-512 block (a Zen
+ * 4, one and two threads), the stride-2 3x3 on 14x14 outputs 0.93x im2col +
+ * GEMM's time (whose product there is OpenBLAS's AVX-512 kernel), on 7x7
+ * 0.82-0.84x, but on 28x28 1.02x and the stem 1.05-1.09x: those stay out,
+ * by the positions' bound, and the AVX2 block's strided planes measured no
+ * gain (0.9-1.1x). */
+#define PACKED_MIN_POSITIONS 49
+/* 1x1 kernels keep the bounds they were measured with (unit strides, 100
+ * positions or more); their own paths are tuned apart. */
+#define PACKED_MIN_POSITIONS_1X1 100
 #define PACKED_MAX_POSITIONS 256
 #define PACKED_MIN_STEPS 256
 #define PACKED_MIN_FILTERS 32
@@ -782,17 +802,19 @@ typedef struct packed_job {
   float *y;
   float *xs;       /* one image's shift planes, [channel][shift][plane] */
   int64_t *offset; /* per step k = c * taps + t: its element's offset from position 0 of the group's planes */
+  int64_t nblocks; /* blocks of PACKED_NV positions per plane */
+  float *panels;   /* per group and block, its panel over all k steps: [group][block][k][PACKED_NV] */
 } packed_job;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 
-/* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[offset[k] + q],
+/* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[k * PACKED_NV + q],
  * rows i < PACKED_MB (rows past `rows` repeat the last and are not stored),
  * positions q < 8 * VECS. */
 #define PACKED_KERNEL(NAME, VECS)                                                                     \
-  __attribute__((target("avx2,fma"))) static void NAME(const float *x, const int64_t *offset,         \
-                                                       int64_t count, const float *w, int64_t ldw,    \
+  __attribute__((target("avx2,fma"))) static void NAME(const float *x, int64_t count, const float *w,  \
+                                                       int64_t ldw,                                   \
                                                        int64_t rows, float *c, int64_t ldc,           \
                                                        bool accumulate) {                             \
     const float *wr[PACKED_MB];                                                                       \
@@ -802,7 +824,7 @@ typedef struct packed_job {
       _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++)                                          \
         acc[i][v] = accumulate && i < rows ? _mm256_loadu_ps(c + i * ldc + 8 * v) : _mm256_setzero_ps(); \
     for (int64_t k = 0; k < count; k++) {                                                             \
-      const float *xk = x + offset[k];                                                                \
+      const float *xk = x + k * PACKED_NV;                                                            \
       __m256 in[VECS];                                                                                \
       _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++) in[v] = _mm256_loadu_ps(xk + 8 * v);    \
       _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++) {                                   \
@@ -816,26 +838,93 @@ typedef struct packed_job {
         _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++)                                        \
           _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);                                           \
   }
-PACKED_KERNEL(packed_block_16, 2)
+PACKED_KERNEL(packed_block_16_avx2, 2)
 PACKED_KERNEL(packed_block_8, 1)
+
+/* packed_block_16 where the CPU has AVX-512: one 16-lane vector per filter,
+ * its weight broadcast from memory by the multiply-add itself: the same
+ * fused multiply-adds in the same order (the same sums, bit for bit) in
+ * half the instructions (on a Zen 4, whose 512-bit FMAs are two 256-bit
+ * halves: ResNet's 14x14 and 7x7 layers 0.86-0.88x the AVX2 block's time). */
+__attribute__((target("avx512f"))) static void packed_block_16_avx512(const float *x, int64_t count,
+                                                                      const float *w, int64_t ldw, int64_t rows,
+                                                                      float *c, int64_t ldc, bool accumulate) {
+  const float *wr[PACKED_MB];
+  for (int i = 0; i < PACKED_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
+  __m512 acc[PACKED_MB];
+  _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+    acc[i] = accumulate && i < rows ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < count; k++) {
+    __m512 in = _mm512_loadu_ps(x + k * PACKED_NV);
+    _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(wr[i][k]), in, acc[i]);
+  }
+  _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++)
+    if (i < rows) _mm512_storeu_ps(c + i * ldc, acc[i]);
+}
+
+static void packed_block_16(const float *x, int64_t count, const float *w, int64_t ldw, int64_t rows, float *c,
+                            int64_t ldc, bool accumulate) {
+  if (__builtin_cpu_supports("avx512f"))
+    packed_block_16_avx512(x, count, w, ldw, rows, c, ldc, accumulate);
+  else
+    packed_block_16_avx2(x, count, w, ldw, rows, c, ldc, accumulate);
+}
+
+/* c[i * ldc + q] (+)= sum over k < count of w[i * ldw + k] * col[q * ldcol + k]
+ * for rows i < rows (<= PACKED_MB) and positions q < cols (<= 2): a plane's
+ * last few positions (ResNet's 7x7 planes: 1 of 49), as dot products along
+ * the steps, PACKED_MB x 2 sums of 8 lanes: the 8-wide block would spend a
+ * vector per filter and step on one position. */
+__attribute__((target("avx2,fma"))) static void packed_dot(const float *col, int64_t ldcol, int64_t count,
+                                                           const float *w, int64_t ldw, int64_t rows, int64_t cols,
+                                                           float *c, int64_t ldc, bool accumulate) {
+  const float *wr[PACKED_MB], *xr[2] = {col, col + (cols > 1) * ldcol};
+  for (int i = 0; i < PACKED_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
+  __m256 acc[PACKED_MB][2];
+  for (int i = 0; i < PACKED_MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= count; k += 8) {
+    __m256 in[2] = {_mm256_loadu_ps(xr[0] + k), _mm256_loadu_ps(xr[1] + k)};
+    _Pragma("GCC unroll 6") for (int i = 0; i < PACKED_MB; i++) {
+      __m256 weight = _mm256_loadu_ps(wr[i] + k);
+      acc[i][0] = _mm256_fmadd_ps(weight, in[0], acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(weight, in[1], acc[i][1]);
+    }
+  }
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t q = 0; q < cols; q++) {
+      float lanes[8], sum = accumulate ? c[i * ldc + q] : 0.0f, part = 0.0f;
+      _mm256_storeu_ps(lanes, acc[i][q]);
+      for (int l = 0; l < 8; l++) part += lanes[l];
+      for (int64_t t = k; t < count; t++) part += wr[i][t] * xr[q][t];
+      c[i * ldc + q] = sum + part;
+    }
+}
 
 static bool packed_supported(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 /* Never called: packed_supported() keeps every Conv off this path. */
-static void packed_block_16(const float *x, const int64_t *offset, int64_t count, const float *w, int64_t ldw,
-                            int64_t rows, float *c, int64_t ldc, bool accumulate) {
-  (void)x, (void)offset, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc, (void)accumulate;
+static void packed_block_16(const float *x, int64_t count, const float *w, int64_t ldw, int64_t rows, float *c,
+                            int64_t ldc, bool accumulate) {
+  (void)x, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc, (void)accumulate;
 }
 #define packed_block_8 packed_block_16
+static void packed_dot(const float *col, int64_t ldcol, int64_t count, const float *w, int64_t ldw, int64_t rows,
+                       int64_t cols, float *c, int64_t ldc, bool accumulate) {
+  (void)col, (void)ldcol, (void)count, (void)w, (void)ldw, (void)rows, (void)cols, (void)c, (void)ldc, (void)accumulate;
+}
 static bool packed_supported(void) { return false; }
 #endif
 
 static bool packed_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !packed_supported()) return false;
-  for (int32_t d = 0; d < 2; d++)
-    if (w->stride[d] != 1 || w->dilation[d] != 1) return false;
+  bool strided = w->stride[0] != 1 || w->stride[1] != 1, one_tap = w->kernel[0] * w->kernel[1] == 1;
+  if (w->dilation[0] != 1 || w->dilation[1] != 1) return false;
+  if (strided && (one_tap || !__builtin_cpu_supports("avx512f"))) return false;
   int64_t positions = w->grid[0] * w->grid[1];
-  return positions >= PACKED_MIN_POSITIONS && positions <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
+  return positions >= (one_tap ? PACKED_MIN_POSITIONS_1X1 : PACKED_MIN_POSITIONS) &&
+         positions <= PACKED_MAX_POSITIONS && cg * w->kernel[0] * w->kernel[1] >= PACKED_MIN_STEPS &&
          mg >= PACKED_MIN_FILTERS;
 }
 
@@ -853,40 +942,74 @@ static void packed_shift_planes(void *arg, int64_t begin, int64_t end) {
     }
 }
 
-/* out (rows x cols, ld apart) (+)= the block at position p of filters wm
- * over steps [k0, k0 + count): whole blocks in place, the plane's last one
- * through a buffer that drops its lanes past the plane. */
-static void packed_block(const packed_job *j, const float *xg, int64_t p, int64_t cols, int64_t k0, int64_t count,
+/* The panels of blocks [begin, end) (over groups and blocks): panel[k][q]
+ * = the group's shift-plane element of step k under position p + q, for
+ * the block's PACKED_NV positions from p: its inputs in the order the
+ * kernel reads them, one 64-byte row per step. Read in place, a step's 16
+ * floats lie in its own shift plane and row, and the kernel's loads cross
+ * cache lines and wait on L2 (on the 14x14 layer: 0.82-0.87x the time with
+ * the panels). Lanes past the plane read its zeroed slack. The plane's last
+ * block, of PACKED_DOT_COLS positions or fewer, holds their columns
+ * instead, col[q][k] (what packed_dot reads). Made once per image, before
+ * the items, which share them. */
+static void packed_make_panels(void *arg, int64_t begin, int64_t end) {
+  packed_job *j = arg;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t g = i / j->nblocks, p = i % j->nblocks * PACKED_NV, cols = j->positions - p;
+    const float *xg = j->xs + g * j->cg * j->shifts * j->plane + p;
+    float *panel = j->panels + i * j->k * PACKED_NV;
+    if (cols > PACKED_DOT_COLS)
+      for (int64_t k = 0; k < j->k; k++) memcpy(panel + k * PACKED_NV, xg + j->offset[k], PACKED_NV * sizeof(float));
+    else
+      for (int64_t q = 0; q < cols; q++)
+        for (int64_t k = 0; k < j->k; k++) panel[q * j->k + k] = xg[j->offset[k] + q];
+  }
+}
+
+/* out (rows x cols, ld apart) (+)= the block of filters wm over steps [k0,
+ * k0 + count) of the panel: whole blocks in place, the plane's last one
+ * through a buffer that drops its lanes past the plane, or by dot products. */
+static void packed_block(const packed_job *j, const float *panel, int64_t cols, int64_t k0, int64_t count,
                          const float *wm, int64_t rows, float *out) {
+  if (cols <= PACKED_DOT_COLS) {
+    for (int64_t q = 0; q < cols; q += 2)
+      packed_dot(panel + q * j->k + k0, j->k, count, wm, j->k, rows, cols - q < 2 ? cols - q : 2, out + q,
+                 j->positions, k0 > 0);
+    return;
+  }
+  panel += k0 * PACKED_NV;
   if (cols == PACKED_NV) {
-    packed_block_16(xg + p, j->offset + k0, count, wm, j->k, rows, out, j->positions, k0 > 0);
+    packed_block_16(panel, count, wm, j->k, rows, out, j->positions, k0 > 0);
     return;
   }
   float part[PACKED_MB * PACKED_NV];
   for (int64_t r = 0; k0 > 0 && r < rows; r++)
     memcpy(part + r * PACKED_NV, out + r * j->positions, (size_t)cols * sizeof(float));
-  (cols <= 8 ? packed_block_8 : packed_block_16)(xg + p, j->offset + k0, count, wm, j->k, rows, part, PACKED_NV,
-                                                 k0 > 0);
+  (cols <= 8 ? packed_block_8 : packed_block_16)(panel, count, wm, j->k, rows, part, PACKED_NV, k0 > 0);
   for (int64_t r = 0; r < rows; r++)
     memcpy(out + r * j->positions, part + r * PACKED_NV, (size_t)cols * sizeof(float));
 }
 
-/* Items [begin, end) of one image: (group, run of filters, block of
- * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z, the activation). */
+/* Items [begin, end) of one image: (group, run of filters, run of blocks of
+ * positions), summed in passes of PACKED_KC steps, then its epilogue (B, Z,
+ * the activation). Per pass each filter block runs over all of the item's
+ * blocks of positions, its weights for the pass (6 KB) staying in L1
+ * (ResNet's stem, 37 KB of weights, 0.95x the time of the position-outer
+ * order; its 7x7 layer 0.97x). */
 static void packed_parts(void *arg, int64_t begin, int64_t end) {
   packed_job *j = arg;
   for (int64_t i = begin; i < end; i++) {
     int64_t pi = i % j->pblocks, mi = i / j->pblocks % j->mruns, g = i / j->pblocks / j->mruns;
     int64_t p0 = pi * j->pblock, p1 = p0 + j->pblock < j->positions ? p0 + j->pblock : j->positions;
     int64_t m0 = mi * j->mrun, m1 = m0 + j->mrun < j->mg ? m0 + j->mrun : j->mg;
-    const float *xg = j->xs + g * j->cg * j->shifts * j->plane, *wg = j->wt + g * j->mg * j->k;
+    const float *wg = j->wt + g * j->mg * j->k, *panels = j->panels + g * j->nblocks * j->k * PACKED_NV;
     float *yg = j->y + g * j->mg * j->positions;
     for (int64_t k0 = 0; k0 < j->k; k0 += j->pass) {
       int64_t count = j->k - k0 < j->pass ? j->k - k0 : j->pass;
-      for (int64_t p = p0; p < p1; p += PACKED_NV)
-        for (int64_t m = m0; m < m1; m += PACKED_MB)
-          packed_block(j, xg, p, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count, wg + m * j->k + k0,
-                       m1 - m < PACKED_MB ? m1 - m : PACKED_MB, yg + m * j->positions + p);
+      for (int64_t m = m0; m < m1; m += PACKED_MB)
+        for (int64_t p = p0; p < p1; p += PACKED_NV)
+          packed_block(j, panels + p * j->k, p1 - p < PACKED_NV ? p1 - p : PACKED_NV, k0, count,
+                       wg + m * j->k + k0, m1 - m < PACKED_MB ? m1 - m : PACKED_MB, yg + m * j->positions + p);
     }
     conv_epilogue_apply(j->ep, yg + m0 * j->positions + p0, g * j->mg + m0, m1 - m0, p1 - p0, j->positions);
   }
@@ -917,10 +1040,13 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   if (runs > mblocks) runs = mblocks;
   j.mrun = ceil_div(mblocks, runs) * PACKED_MB;
   j.mruns = ceil_div(j.mg, j.mrun);
+  j.nblocks = ceil_div(j.positions, PACKED_NV);
   j.xs = uncleared_scratch(k, j.x_channels * j.shifts * j.plane, sizeof(float));
   j.offset = j.xs ? uncleared_scratch(k, j.k, sizeof(int64_t)) : NULL;
-  if (!j.offset) {
+  j.panels = j.offset ? uncleared_scratch(k, group * j.nblocks * j.k * PACKED_NV, sizeof(float)) : NULL;
+  if (!j.panels) {
     free(j.xs);
+    free(j.offset);
     return DK_RESOURCE_EXHAUSTED;
   }
   for (int64_t c = 0, i = 0; c < j.cg; c++)
@@ -932,10 +1058,12 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
     j.x = (const float *)x->data + n * j.x_channels * j.h * j.wd;
     j.y = (float *)y->data + n * j.y_channels * j.positions;
     cpu_parallel_for(j.x_channels, ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
+    cpu_parallel_for(group * j.nblocks, ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
     cpu_parallel_for(group * j.mruns * j.pblocks, 1, packed_parts, &j);
   }
   free(j.xs);
   free(j.offset);
+  free(j.panels);
   return DK_OK;
 }
 

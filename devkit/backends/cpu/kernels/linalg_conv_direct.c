@@ -69,6 +69,12 @@ bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t 
          w->grid[0] * w->grid[1] <= DIRECT_MAX_PLANE;
 }
 
+/* to[j] = from[2 * j]: the rows of stride-2 planes (the direct path's
+ * phase planes, the register blocks' shift planes) as vector shuffles. */
+CPU_VECTOR_CLONES static void gather_even(float *to, const float *from, int64_t n) {
+  for (int64_t j = 0; j < n; j++) to[j] = from[2 * j];
+}
+
 void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, int64_t iy, int64_t x0,
                        int64_t step, int64_t count) {
   int64_t lo, hi; /* columns [lo, hi) lie inside the plane */
@@ -79,6 +85,8 @@ void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, in
     const float *first = plane + iy * wd + x0 + lo * step; /* under column lo */
     if (step == 1)
       memcpy(dst + lo, first, (size_t)(hi - lo) * sizeof *dst);
+    else if (step == 2)
+      gather_even(dst + lo, first, hi - lo);
     else
       for (int64_t c = 0; c < hi - lo; c++) dst[lo + c] = first[c * step];
   }
