@@ -15,7 +15,8 @@
  * apart, reach it without a wake-up and leaves an idle pool quiet soon
  * after; the caller, once every chunk is claimed, spins as long for the
  * members still running their last chunk, work in progress, before it
- * sleeps.
+ * sleeps. A spin yields the core after its first few microseconds, so on a
+ * loaded machine it costs the threads with work little.
  *
  * One job runs at a time: a call that finds the pool busy (another stream's
  * kernel) runs its range on its own thread, which keeps the streams together
@@ -26,11 +27,14 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "kernel.h"
+
+#define PAUSE_NS 5000 /* a spin's first part, before it yields the core */
 
 
 typedef struct pool_job {
@@ -89,10 +93,30 @@ static inline void spin_pause(void) {
 #endif
 }
 
+/* Spins for up to cpu_spin_ns() until done(arg): with pause at first,
+ * then yielding the core (sched_yield), so that on a loaded machine the
+ * wait gives way to the threads that have work. */
+static void spin_until(bool (*done)(const void *), const void *arg) {
+  int64_t start = now_ns(), spin = cpu_spin_ns();
+  for (int64_t t = start; !done(arg) && t - start < spin; t = now_ns()) {
+    if (t - start < PAUSE_NS)
+      for (int i = 0; i < 64 && !done(arg); i++) spin_pause();
+    else
+      sched_yield();
+  }
+}
+
+static bool alone_in_job(const void *job) {
+  return atomic_load(&((pool_job *)job)->members) == 1;
+}
+
+static bool job_posted_since(const void *generation) {
+  return atomic_load(&g_pool.generation) != *(const uint64_t *)generation;
+}
+
 /* The caller waits until it is the job's last member. */
 static void join_members(pool_job *job) {
-  for (int64_t deadline = now_ns() + cpu_spin_ns(); atomic_load(&job->members) > 1 && now_ns() < deadline;)
-    for (int i = 0; i < 64 && atomic_load(&job->members) > 1; i++) spin_pause();
+  spin_until(alone_in_job, job);
   pthread_mutex_lock(&g_pool.mu);
   while (atomic_load(&job->members) > 1) pthread_cond_wait(&g_pool.finished, &g_pool.mu);
   pthread_mutex_unlock(&g_pool.mu);
@@ -101,9 +125,9 @@ static void join_members(pool_job *job) {
 /* A worker's wait (under mu) for a job posted after its last one, `seen`,
  * or for stop: spinning while jobs keep coming, then asleep. */
 static void await_job(uint64_t seen) {
-  int64_t spin = cpu_spin_ns();
+  bool spin = cpu_spin_ns() > 0;
   while (!g_pool.stop && (!g_pool.job || atomic_load(&g_pool.generation) == seen)) {
-    if (spin <= 0) {
+    if (!spin) {
       pthread_cond_wait(&g_pool.wake, &g_pool.mu);
       continue;
     }
@@ -111,11 +135,9 @@ static void await_job(uint64_t seen) {
      * came) does not end the wait; the next one posted does. */
     uint64_t at = atomic_load(&g_pool.generation);
     pthread_mutex_unlock(&g_pool.mu);
-    int64_t deadline = now_ns() + spin;
-    while (atomic_load(&g_pool.generation) == at && now_ns() < deadline)
-      for (int i = 0; i < 64 && atomic_load(&g_pool.generation) == at; i++) spin_pause();
+    spin_until(job_posted_since, &at);
     pthread_mutex_lock(&g_pool.mu);
-    if (atomic_load(&g_pool.generation) == at) spin = 0; /* nothing came: sleep */
+    spin = atomic_load(&g_pool.generation) != at; /* nothing came: sleep */
   }
 }
 
