@@ -1,13 +1,14 @@
 """The cpu plugin's pointwise Conv path (float32 2-D 1x1 kernels without
 padding, any strides; linalg_conv_pointwise.c, on x86-64 with AVX2 and FMA,
 elsewhere the GEMM paths): filter blocks cut by the filter count, bands whose
-last block is cut by the plane (in place with unit strides, gathered with
-others), odd planes at stride 2, strides beyond the kernel, groups, batches,
-runs of filters when bands are few, non-finite values, the degenerate
-channel counts, and FusedConv's epilogue (B, Z, Relu). References are the
-op specs' float64 ones; tolerances the ops' own dot-product bound (K
-products summing to at most S), and NaN and infinities where the reference
-has them."""
+last block is cut by the plane, odd planes at stride 2, unequal strides and
+strides beyond the kernel, groups, batches, runs of filters sharing a band's
+panel, more channels than a panel is sized for, non-finite values, one
+channel and one position, and FusedConv's epilogue (B, Z, Relu). Run with
+DEVKIT_CPU_THREADS=1 and 2 (the larger shapes split over the pool).
+References are the op specs' float64 ones; tolerances the ops' own
+dot-product bound (K products summing to at most S, |B| and |Z| added to S),
+and NaN and infinities where the reference has them."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ SHAPES = [
     ((1, 1, 7, 40), (1, 1, 1, 1), {}),  # one channel, one filter
     ((3, 20, 10, 10), (17, 20, 1, 1), {}),  # a batch
     ((2, 24, 9, 9), (18, 8, 1, 1), {"group": 3, "strides": [2, 2]}),  # groups and a batch
+    # enough work to split over the pool (DEVKIT_CPU_THREADS > 1): runs of filters sharing each
+    # image's panel; bands of images and groups
+    ((2, 32, 30, 30), (48, 32, 1, 1), {"strides": [2, 2]}),
+    ((2, 64, 28, 28), (64, 32, 1, 1), {"group": 2}),
     ((1, 700, 6, 6), (40, 700, 1, 1), {}),  # more channels than a band's panel is sized for
     ((1, 16, 20, 24), (30, 16, 1, 1), {"dilations": [3, 2]}),  # dilations do not move a 1x1 tap
 ]
