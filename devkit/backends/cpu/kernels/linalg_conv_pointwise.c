@@ -16,13 +16,13 @@
  * claimed one at a time, are (image and group, run of filter blocks, band)
  * products. A band of one run packs its panel as its product starts (in
  * cache for it); runs of one band share its panel, packed by items claimed
- * before the products, a product waiting for its band's pack (claimed
- * earlier, so in progress) when it is not done yet. Each sum runs in
- * channel order with fused multiply-adds, as the BLAS products of
- * the other paths do here, within the op's dot-product tolerance; a
- * non-finite input reaches the outputs that read it, as there. The epilogue
- * (B, Z, the activation) runs on each block of filters of a band while it is
- * in cache.
+ * before the products (a run of its channels each, one a thread), a product
+ * waiting for its band's packs (claimed earlier, so in progress) when they
+ * are not done yet. Each sum runs in channel order with fused
+ * multiply-adds, as the BLAS products of the other paths do here, within
+ * the op's dot-product tolerance; a non-finite input reaches the outputs
+ * that read it, as there. The epilogue (B, Z, the activation) runs on each
+ * block of filters of a band while it is in cache.
  */
 #include "linalg_conv_pointwise.h"
 
@@ -72,13 +72,13 @@ typedef struct pw_job {
   int64_t group, cg, mg, x_channels, y_channels, wd, ow, sh, sw;
   int64_t in_plane, positions;      /* an input and an output plane's elements */
   int64_t band, bands, mrun, mruns; /* positions per band (whole blocks) and bands; filters per run and runs */
-  int64_t panels, items;            /* (image and group, band) packs, then the products too */
+  int64_t panels, parts, items;     /* shared panels (image and group, band), packs a panel; all items */
   atomic_int_fast64_t next;         /* the next item not yet claimed */
   const float *x, *wt;
   float *y;
   const conv_epilogue *ep;
   float *panel;       /* with runs of filters: the bands' panels, [image and group][band][block][c][lane] */
-  atomic_bool *ready; /* per panel: packed */
+  atomic_int_fast64_t *ready; /* per shared panel: its packs done */
   atomic_bool failed; /* a member could not allocate its panel */
 } pw_job;
 
@@ -146,12 +146,12 @@ __attribute__((target("avx2,fma"))) static void pw_block(const float *x, int64_t
  * hardware prefetchers (ResNet's stride-2 layers, 2 threads: 1.15-1.25x
  * faster, 1 channel ahead slower, 4 no better). */
 __attribute__((target("avx2,fma"))) static void pw_pack(const pw_job *j, const float *xg, int64_t p0,
-                                                        int64_t count, float *panel) {
+                                                        int64_t count, int64_t c0, int64_t c1, float *panel) {
   pw_run runs[PW_MAX_BAND];
   int64_t n = pw_runs(j, p0, count, runs), sw = j->sw, tail = count % PW_NV;
   float *last = panel + (count - tail) * j->cg;
   int64_t oy0 = p0 / j->ow, oy1 = (p0 + count - 1) / j->ow, span = (j->ow - 1) * sw + 1;
-  for (int64_t c = 0; c < j->cg; c++) {
+  for (int64_t c = c0; c < c1; c++) {
     const float *plane = xg + c * j->in_plane;
     if (c + PW_PREFETCH < j->cg) {
       const float *ahead = plane + PW_PREFETCH * j->in_plane;
@@ -183,8 +183,9 @@ static void pw_block(const float *x, int64_t count, const float *w, int64_t ldw,
                      int64_t ldc) {
   (void)x, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc;
 }
-static void pw_pack(const pw_job *j, const float *xg, int64_t p0, int64_t count, float *panel) {
-  (void)j, (void)xg, (void)p0, (void)count, (void)panel;
+static void pw_pack(const pw_job *j, const float *xg, int64_t p0, int64_t count, int64_t c0, int64_t c1,
+                    float *panel) {
+  (void)j, (void)xg, (void)p0, (void)count, (void)c0, (void)c1, (void)panel;
 }
 static bool pw_supported(void) { return false; }
 #endif
@@ -214,10 +215,10 @@ static void pw_product(const pw_job *j, int64_t i, float *own) {
   const float *wg = j->wt + (g * j->mg + m0) * j->cg, *xp = own;
   float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->positions + p0;
   if (own) {
-    pw_pack(j, pw_group_x(j, ng), p0, count, own);
+    pw_pack(j, pw_group_x(j, ng), p0, count, 0, j->cg, own);
   } else {
     xp = j->panel + panel * j->cg * j->band;
-    while (!atomic_load_explicit(&j->ready[panel], memory_order_acquire)) sched_yield();
+    while (atomic_load_explicit(&j->ready[panel], memory_order_acquire) < j->parts) sched_yield();
   }
   for (int64_t m = 0; m < m1 - m0; m += PW_MB) {
     int64_t rows = m1 - m0 - m < PW_MB ? m1 - m0 - m : PW_MB;
@@ -247,13 +248,15 @@ static void pw_parts(void *arg, int64_t begin, int64_t end) {
     return;
   }
   for (int64_t i; (i = atomic_fetch_add(&j->next, 1)) < j->items;) {
-    if (i >= j->panels) {
-      pw_product(j, i - j->panels, own);
+    if (i >= j->panels * j->parts) {
+      pw_product(j, i - j->panels * j->parts, own);
       continue;
     }
-    int64_t p0 = i % j->bands * j->band;
-    pw_pack(j, pw_group_x(j, i / j->bands), p0, pw_band_count(j, p0), j->panel + i * j->cg * j->band);
-    atomic_store_explicit(&j->ready[i], true, memory_order_release);
+    int64_t panel = i / j->parts, part = i % j->parts, p0 = panel % j->bands * j->band;
+    int64_t c0 = part * j->cg / j->parts, c1 = (part + 1) * j->cg / j->parts;
+    pw_pack(j, pw_group_x(j, panel / j->bands), p0, pw_band_count(j, p0), c0, c1,
+            j->panel + panel * j->cg * j->band);
+    atomic_fetch_add_explicit(&j->ready[panel], 1, memory_order_release);
   }
   free(own);
 }
@@ -298,7 +301,8 @@ DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, c
   /* Runs of one band share its panel, packed first; a band of one run packs
    * its own as its product starts, so the panel is in cache for it. */
   j.panels = j.mruns > 1 ? images * j.bands : 0;
-  j.items = j.panels + images * j.mruns * j.bands;
+  j.parts = threads; /* a shared panel's packs: runs of its channels, one a thread */
+  j.items = j.panels * j.parts + images * j.mruns * j.bands;
   if (j.panels) {
     j.panel = malloc((size_t)(j.panels * j.cg * j.band) * sizeof *j.panel);
     j.ready = malloc((size_t)j.panels * sizeof *j.ready);
@@ -307,7 +311,7 @@ DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, c
       free(j.ready);
       return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the input panels");
     }
-    for (int64_t i = 0; i < j.panels; i++) atomic_init(&j.ready[i], false);
+    for (int64_t i = 0; i < j.panels; i++) atomic_init(&j.ready[i], 0);
   }
   cpu_parallel_for(threads, 1, pw_parts, &j);
   free(j.panel);
