@@ -115,26 +115,29 @@ static int64_t pw_runs(const pw_job *j, int64_t p0, int64_t count, pw_run *runs)
 
 /* c[i][q] = sum over k < count of w[i * ldw + k] * x[k * PW_NV + q] for
  * rows i < rows (<= PW_MB; the rows past it repeat the last and are not
- * stored) and positions q < PW_NV: x is a block of the panel. */
-__attribute__((target("avx2,fma"))) static void pw_block(const float *x, int64_t count, const float *w,
-                                                         int64_t ldw, int64_t rows, float *c, int64_t ldc) {
-  const float *wr[PW_MB];
-  for (int i = 0; i < PW_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;
-  __m256 acc[PW_MB][2];
-  _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < count; k++, x += PW_NV) {
-    __m256 in0 = _mm256_loadu_ps(x), in1 = _mm256_loadu_ps(x + 8);
-    _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++) {
-      __m256 weight = _mm256_broadcast_ss(wr[i] + k);
-      acc[i][0] = _mm256_fmadd_ps(weight, in0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(weight, in1, acc[i][1]);
-    }
+ * stored) and positions q < 8 * VECS: x is a block of the panel. */
+#define PW_BLOCK(NAME, VECS)                                                                              \
+  __attribute__((target("avx2,fma"))) static void NAME(const float *x, int64_t count, const float *w,     \
+                                                       int64_t ldw, int64_t rows, float *c, int64_t ldc) { \
+    const float *wr[PW_MB];                                                                               \
+    for (int i = 0; i < PW_MB; i++) wr[i] = w + (i < rows ? i : rows - 1) * ldw;                          \
+    __m256 acc[PW_MB][VECS];                                                                              \
+    _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++)                                               \
+      _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++) acc[i][v] = _mm256_setzero_ps();            \
+    for (int64_t k = 0; k < count; k++, x += PW_NV) {                                                     \
+      __m256 in[VECS];                                                                                    \
+      _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++) in[v] = _mm256_loadu_ps(x + 8 * v);          \
+      _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++) {                                           \
+        __m256 weight = _mm256_broadcast_ss(wr[i] + k);                                                   \
+        _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++)                                            \
+          acc[i][v] = _mm256_fmadd_ps(weight, in[v], acc[i][v]);                                          \
+      }                                                                                                   \
+    }                                                                                                     \
+    _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++) if (i < rows)                                 \
+      _Pragma("GCC unroll 2") for (int v = 0; v < VECS; v++) _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]); \
   }
-  _Pragma("GCC unroll 6") for (int i = 0; i < PW_MB; i++) if (i < rows) {
-    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
-    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
-  }
-}
+PW_BLOCK(pw_block, 2)
+PW_BLOCK(pw_block_8, 1) /* a band's last block of at most 8 positions (7x7 planes: 1 of 49) */
 
 /* The band's panel, [block][c][lane]: lane q % PW_NV of block q / PW_NV
  * holds x[c][oy * sh][ox * sw] for the band's position q (output position
@@ -183,6 +186,7 @@ static void pw_block(const float *x, int64_t count, const float *w, int64_t ldw,
                      int64_t ldc) {
   (void)x, (void)count, (void)w, (void)ldw, (void)rows, (void)c, (void)ldc;
 }
+#define pw_block_8 pw_block
 static void pw_pack(const pw_job *j, const float *xg, int64_t p0, int64_t count, int64_t c0, int64_t c1,
                     float *panel) {
   (void)j, (void)xg, (void)p0, (void)count, (void)c0, (void)c1, (void)panel;
@@ -230,7 +234,7 @@ static void pw_product(const pw_job *j, int64_t i, float *own) {
         continue;
       }
       float part[PW_MB * PW_NV]; /* the band's last, cut block: its lanes past the band are dropped */
-      pw_block(xp + q * j->cg, j->cg, wm, j->cg, rows, part, PW_NV);
+      (count - q <= 8 ? pw_block_8 : pw_block)(xp + q * j->cg, j->cg, wm, j->cg, rows, part, PW_NV);
       for (int64_t r = 0; r < rows; r++)
         memcpy(ym + r * j->positions + q, part + r * PW_NV, (size_t)(count - q) * sizeof *part);
     }
