@@ -6,6 +6,7 @@
  * multiply the image directly. float16/bfloat16 run as float32.
  */
 #include "linalg_conv_epilogue.h"
+#include "linalg_conv_pointwise.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -1082,6 +1083,8 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
+  if (linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
+    return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
   if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
