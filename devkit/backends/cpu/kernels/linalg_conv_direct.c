@@ -2,7 +2,9 @@
  * linalg_conv_direct.c -- float32 2-D Conv with few channels on small
  * planes, computed directly: no im2col and no GEMM call, whose setup (pack
  * the operands, split the product) costs more than such a convolution's
- * few hundred thousand multiply-adds.
+ * few hundred thousand multiply-adds; and, where the CPU has AVX-512,
+ * strided ones with more channels or larger planes (ResNet's stem), whose
+ * im2col copy and its packing cost more than the direct sums' phase planes.
  *
  * The input is first copied, zero-padded, into one plane per stride phase
  * (for strides sh, sw, the phase (ry, rx) plane holds the padded input's
@@ -12,7 +14,8 @@
  * kx / sw of its tap's phase plane, for every tap the same offset from
  * oy * pw + ox: the output is computed over those flat positions (the last
  * pw - ow of each row are discarded), a register block of DIRECT_MB output
- * channels by DIRECT_LANES positions at a time, each sum in tap order over
+ * channels by DIRECT_LANES positions at a time (with AVX-512, DIRECT_MB_512
+ * by DIRECT_LANES_512), each sum in tap order over
  * the channels (within the op's dot-product tolerance; 0 * inf in the
  * padding gives NaN as the im2col path's product does).
  */
