@@ -4,7 +4,8 @@ batches, and its fallback when a value is not finite (Conv, and ConvGrad's
 dX, the Conv of dY with the flipped kernels); the tiled im2col path
 and the whole-plane path for small planes; the direct path for few channels
 (stride phases, filter blocks cut by the channel count, 7x7 kernels, its
-bounds); the register-blocked path for small planes with many channels
+bounds, and strided windows within its wider AVX-512 bounds, FusedConv's
+epilogue); the register-blocked path for small planes with many channels
 (blocks cut by the plane and the filter count, the plane's last positions
 by dot products, passes over the steps, groups, batches, non-finite
 values, FusedConv's epilogue); ConvTranspose and ConvGrad split
@@ -70,12 +71,13 @@ def test_winograd_3x3_matches_the_reference(dev, x_shape, w_shape, attrs, bias):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((1, 6, 60, 60), (16, 6, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # many tiles
+    # strided: beyond the direct path's bounds with AVX-512 (588 and 594 channel-taps)
+    ((1, 12, 60, 60), (16, 12, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # many tiles
     ((1, 64, 5, 5), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # small plane: computed whole
     ((1, 32, 9, 9), (48, 32, 1, 1), {}),  # pointwise, small plane
     ((3, 16, 40, 40), (20, 16, 1, 1), {}),  # pointwise tiles
     ((1, 16, 30, 30), (24, 16, 1, 1), {"strides": [2, 2]}),
-    ((2, 40, 20, 20), (8, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 66, 20, 20), (8, 66, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
 ])
 def test_im2col_paths_with_bias_match_the_reference(dev, x_shape, w_shape, attrs):
     rng = np.random.default_rng(1)
@@ -115,6 +117,52 @@ def test_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, special
     if special is not None:
         x[0, 1, 0, 2] = special
     _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 224, 224), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # ResNet's stem: 12544 outputs
+    ((1, 64, 56, 56), (128, 64, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # its 3x3/2 onto 28x28
+    ((1, 3, 151, 133), (21, 3, 7, 7), {"pads": [3, 2, 1, 3], "strides": [2, 2]}),  # odd sizes, uneven pads: 76 x 67
+    ((2, 40, 27, 25), (37, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # batch; 37 filters: a cut block
+    ((1, 64, 21, 30), (128, 64, 3, 3), {"pads": [0, 1, 1, 0], "strides": [2, 3]}),  # 576 steps, 128 filters
+    ((2, 36, 17, 17), (70, 18, 3, 3), {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 2]}),  # groups
+    ((1, 5, 150, 150), (16, 5, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 1]}),  # 75 x 150 outputs
+])
+@pytest.mark.parametrize("special", [None, "x-inf", "x-nan", "w-inf"])
+def test_wide_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
+    """Strided windows beyond the direct path's bounds for unstrided ones
+    (with AVX-512: up to 576 channel-taps, 128 filters, 16384 outputs per
+    group; im2col + GEMM elsewhere): filter blocks of 8 cut by the filter
+    count, blocks of 48 positions and the rest, with bias; non-finite
+    values as in the im2col product."""
+    rng = np.random.default_rng(8)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[-1, 2, 0, 3] = np.inf
+    elif special == "x-nan":
+        x[0, 1, -1, -2] = np.nan
+    elif special == "w-inf":
+        w[5, 1, 0, 0] = -np.inf
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 61, 58), (20, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # the wide direct path
+    ((1, 64, 28, 27), (72, 64, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 4, 20, 21), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # the direct path's own bounds
+])
+def test_direct_path_applies_fused_conv_epilogue(dev, x_shape, w_shape, attrs):
+    """FusedConv on the direct path: B, then Z and the Relu, as Relu(Conv + Z)."""
+    rng = np.random.default_rng(9)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32)
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    z = testing.random(rng, conv.shape, np.float32)
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+    _check(got, np.maximum(conv + z, 0), w_shape[1] * math.prod(w_shape[2:]), float(sums.max()))
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [

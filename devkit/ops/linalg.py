@@ -501,7 +501,8 @@ register(OpSpec(
         "computed again by im2col), on x86-64 with AVX2 and FMA float32 2-D kernels with unit strides and "
         "dilations on planes of 100 to 256 outputs with many channels (at least 256 input channels x taps and "
         "32 filters per group) by register-blocked direct sums (ahead of Winograd), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
-        "planes of at most 4096 outputs, without dilation, by direct sums, all within the same tolerance.",
+        "planes of at most 4096 outputs (strided kernels where the CPU has AVX-512: at most 576 input channels x "
+        "taps, 128 filters per group, 16384 outputs), without dilation, by direct sums, all within the same tolerance.",
 ))
 
 

@@ -101,7 +101,8 @@ void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, in
 
 /* The direct Conv (linalg_conv_direct.c): whether a Conv of window `w`,
  * dtype and cg input, mg output channels per group goes that way (float32,
- * 2-D, no dilation, few channels and taps, a small output plane); and the
+ * 2-D, no dilation, few channels and taps, a small output plane, or with
+ * AVX-512 a strided window within wider bounds); and the
  * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool when
  * it is worth a hand-off. */
 bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);

@@ -2,7 +2,9 @@
  * linalg_conv_direct.c -- float32 2-D Conv with few channels on small
  * planes, computed directly: no im2col and no GEMM call, whose setup (pack
  * the operands, split the product) costs more than such a convolution's
- * few hundred thousand multiply-adds.
+ * few hundred thousand multiply-adds; and, where the CPU has AVX-512,
+ * strided ones with more channels or larger planes (ResNet's stem), whose
+ * im2col copy and its packing cost more than the direct sums' phase planes.
  *
  * The input is first copied, zero-padded, into one plane per stride phase
  * (for strides sh, sw, the phase (ry, rx) plane holds the padded input's
@@ -12,7 +14,8 @@
  * kx / sw of its tap's phase plane, for every tap the same offset from
  * oy * pw + ox: the output is computed over those flat positions (the last
  * pw - ow of each row are discarded), a register block of DIRECT_MB output
- * channels by DIRECT_LANES positions at a time, each sum in tap order over
+ * channels by DIRECT_LANES positions at a time (with AVX-512, DIRECT_MB_512
+ * by DIRECT_LANES_512), each sum in tap order over
  * the channels (within the op's dot-product tolerance; 0 * inf in the
  * padding gives NaN as the im2col path's product does).
  */
@@ -40,6 +43,15 @@ typedef float direct_vec __attribute__((vector_size(DIRECT_VEC * sizeof(float)))
 #ifndef DIRECT_MAX_PLANE
 #define DIRECT_MAX_PLANE 4096
 #endif
+/* Where the CPU has AVX-512 (the wide block), strided windows go this way
+ * within wider bounds: ResNet-18's 7x7/2 stem (147 steps, 64 filters, 12544
+ * positions) and its 3x3/2 onto 28x28 (576 steps, 128 filters), both
+ * about 0.92x im2col + GEMM's time on one thread (CPU time; a loaded 2-core
+ * Zen 4); its 3x3/2 layers with 1152 steps and more take the register
+ * blocks (linalg_conv.c). */
+#define DIRECT_WIDE_MAX_ROWS 576
+#define DIRECT_WIDE_MAX_FILTERS 128
+#define DIRECT_WIDE_MAX_PLANE 16384
 
 /* A chunk of the pool is worth it from about this many multiply-adds. */
 #define DIRECT_CHUNK_MACS ((int64_t)1 << 18)
@@ -51,22 +63,27 @@ typedef struct direct_job {
   int64_t h, wd, oh, ow, sh, sw, pad_h, pad_w, kh, kw, taps;
   int64_t phases_w, phases; /* column phases, all phases */
   int64_t ph, pw, plane;    /* a phase plane's rows, row length and floats (with the slack a block reads) */
-  int64_t mblocks, span, spans; /* filter blocks; flat positions per part (whole blocks), parts per plane */
+  int64_t mb, mblocks, span, spans; /* filters per block (DIRECT_MB, or DIRECT_MB_512), filter blocks; flat positions per part (whole blocks), parts per plane */
   int64_t offset[DIRECT_MAX_TAPS]; /* per tap: its phase plane's start plus its shift there */
   const float *x, *wt, *b;
   conv_epilogue rest; /* Z and the activation, after b */
   float *y;
   float *xp; /* [image][cg][phases][plane] */
-  float *wp; /* [group][mblock][cg][taps][DIRECT_MB] */
+  float *wp; /* [group][mblock][cg][taps][mb] */
   atomic_bool failed;
 } direct_job;
 
+static bool direct_wide(void);
+
 bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || w->dilation[0] != 1 || w->dilation[1] != 1) return false;
-  int64_t taps = w->kernel[0] * w->kernel[1];
+  int64_t taps = w->kernel[0] * w->kernel[1], plane = w->grid[0] * w->grid[1];
   /* 1x1 kernels: a GEMM on the image (or its im2col copy) is as fast */
-  return taps > 1 && taps <= DIRECT_MAX_TAPS && cg * taps <= DIRECT_MAX_ROWS && mg <= DIRECT_MAX_FILTERS &&
-         w->grid[0] * w->grid[1] <= DIRECT_MAX_PLANE;
+  if (taps == 1 || taps > DIRECT_MAX_TAPS) return false;
+  if (cg * taps <= DIRECT_MAX_ROWS && mg <= DIRECT_MAX_FILTERS && plane <= DIRECT_MAX_PLANE) return true;
+  bool strided = w->stride[0] != 1 || w->stride[1] != 1;
+  return strided && direct_wide() && cg * taps <= DIRECT_WIDE_MAX_ROWS && mg <= DIRECT_WIDE_MAX_FILTERS &&
+         plane <= DIRECT_WIDE_MAX_PLANE;
 }
 
 /* to[j] = from[2 * j]: the rows of stride-2 planes (the direct path's
@@ -147,6 +164,53 @@ DIRECT_BLOCK(direct_block_plain, CPU_VECTOR_CLONES, DIRECT_MUL_ADD)
 #define DIRECT_FUSED(acc, w, v) __builtin_ia32_vfmaddps256((w), (v), (acc))
 DIRECT_BLOCK(direct_block_fused, __attribute__((target("avx2,fma"))), DIRECT_FUSED)
 
+#include <immintrin.h>
+
+/* Where the CPU has AVX-512: DIRECT_MB_512 filters by VECS vectors of 16
+ * positions (24 accumulators at 3: the AVX2 block's 8 take 2 vector loads
+ * and 4 broadcasts per 8 multiply-adds, this one 3 and 8 per 24), each sum
+ * in the same order with fused multiply-adds as the AVX2 block's (the same
+ * sums, bit for bit). */
+#define DIRECT_MB_512 8
+#define DIRECT_LANES_512 48 /* positions per block */
+#define DIRECT_BLOCK_512(NAME, VECS)                                                                   \
+  __attribute__((target("avx512f"))) static void NAME(const float *xq, int64_t channel_step, int64_t cg, \
+                                                      const int64_t *offset, int64_t taps, const float *wb, \
+                                                      float *out, int64_t out_step) {                  \
+    __m512 acc[DIRECT_MB_512][VECS];                                                                   \
+    for (int m = 0; m < DIRECT_MB_512; m++)                                                            \
+      for (int i = 0; i < VECS; i++) acc[m][i] = _mm512_setzero_ps();                                  \
+    const float *wk = wb;                                                                              \
+    for (int64_t c = 0; c < cg; c++) {                                                                 \
+      const float *xc = xq + c * channel_step;                                                         \
+      for (int64_t t = 0; t < taps; t++, wk += DIRECT_MB_512) {                                        \
+        __m512 v[VECS];                                                                                \
+        for (int i = 0; i < VECS; i++) v[i] = _mm512_loadu_ps(xc + offset[t] + 16 * i);                \
+        for (int m = 0; m < DIRECT_MB_512; m++) {                                                      \
+          __m512 weight = _mm512_set1_ps(wk[m]);                                                       \
+          for (int i = 0; i < VECS; i++) acc[m][i] = _mm512_fmadd_ps(weight, v[i], acc[m][i]);         \
+        }                                                                                              \
+      }                                                                                                \
+    }                                                                                                  \
+    for (int m = 0; m < DIRECT_MB_512; m++)                                                            \
+      for (int i = 0; i < VECS; i++) _mm512_storeu_ps(out + m * out_step + 16 * i, acc[m][i]);         \
+  }
+DIRECT_BLOCK_512(direct_block_512_3, 3)
+DIRECT_BLOCK_512(direct_block_512_2, 2)
+DIRECT_BLOCK_512(direct_block_512_1, 1)
+
+/* count (a multiple of DIRECT_LANES, 16) in blocks of DIRECT_LANES_512, then one of the rest. */
+static void direct_block_avx512(const float *xc, int64_t channel_step, int64_t cg, const int64_t *offset,
+                                int64_t taps, const float *wb, float *out, int64_t out_step, int64_t count) {
+  int64_t q = 0;
+  for (; q + DIRECT_LANES_512 <= count; q += DIRECT_LANES_512)
+    direct_block_512_3(xc + q, channel_step, cg, offset, taps, wb, out + q, out_step);
+  if (count - q == 32) direct_block_512_2(xc + q, channel_step, cg, offset, taps, wb, out + q, out_step);
+  if (count - q == 16) direct_block_512_1(xc + q, channel_step, cg, offset, taps, wb, out + q, out_step);
+}
+
+static bool direct_wide(void) { return __builtin_cpu_supports("avx512f"); }
+
 static void direct_block(const float *xc, int64_t channel_step, int64_t cg, const int64_t *offset, int64_t taps,
                          const float *wb, float *out, int64_t out_step, int64_t count) {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
@@ -156,27 +220,33 @@ static void direct_block(const float *xc, int64_t channel_step, int64_t cg, cons
 }
 #else
 #define direct_block direct_block_plain
+#define DIRECT_MB_512 DIRECT_MB
+#define DIRECT_LANES_512 DIRECT_LANES
+#define direct_block_avx512 direct_block_plain /* never called: direct_wide() is false */
+static bool direct_wide(void) { return false; }
 #endif
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Parts [begin, end): (image, filter block, span of flat positions). */
+/* Parts [begin, end): (image, span of flat positions, filter block): the
+ * filter blocks of a span run one after another, on its inputs while they
+ * are in cache (on a large plane the phase planes are not). */
 static void direct_parts(void *arg, int64_t begin, int64_t end) {
   direct_job *j = arg;
-  float *out = malloc((size_t)(DIRECT_MB * j->span) * sizeof *out);
+  float *out = malloc((size_t)(j->mb * j->span) * sizeof *out);
   if (!out) {
     atomic_store(&j->failed, true);
     return;
   }
   int64_t positions = j->oh * j->pw;
   for (int64_t i = begin; i < end; i++) {
-    int64_t span = i % j->spans, mi = i / j->spans % j->mblocks, image = i / j->spans / j->mblocks;
+    int64_t mi = i % j->mblocks, span = i / j->mblocks % j->spans, image = i / j->mblocks / j->spans;
     int64_t g = image % j->group, n = image / j->group;
     int64_t q0 = span * j->span, q1 = positions - q0 < j->span ? positions : q0 + j->span;
-    int64_t m0 = mi * DIRECT_MB, mb = j->mg - m0 < DIRECT_MB ? j->mg - m0 : DIRECT_MB;
+    int64_t m0 = mi * j->mb, mb = j->mg - m0 < j->mb ? j->mg - m0 : j->mb;
     const float *xc = j->xp + (n * j->x_channels + g * j->cg) * j->phases * j->plane + q0;
-    const float *wb = j->wp + (g * j->mblocks + mi) * j->cg * j->taps * DIRECT_MB;
-    direct_block(xc, j->phases * j->plane, j->cg, j->offset, j->taps, wb, out, j->span,
+    const float *wb = j->wp + (g * j->mblocks + mi) * j->cg * j->taps * j->mb;
+    (j->mb == DIRECT_MB ? direct_block : direct_block_avx512)(xc, j->phases * j->plane, j->cg, j->offset, j->taps, wb, out, j->span,
                  ceil_div(q1 - q0, DIRECT_LANES) * DIRECT_LANES);
     /* the outputs among flat positions [q0, q1), row by row */
     for (int64_t m = 0; m < mb; m++) {
@@ -218,29 +288,31 @@ DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, cons
     int64_t ky = t / j.kw, kx = t % j.kw;
     j.offset[t] = ((ky % j.sh) * j.phases_w + kx % j.sw) * j.plane + ky / j.sh * j.pw + kx / j.sw;
   }
-  j.mblocks = ceil_div(j.mg, DIRECT_MB);
-  int64_t position_macs = DIRECT_MB * j.cg * j.taps, images = x->shape[0] * group;
+  j.mb = direct_wide() ? DIRECT_MB_512 : DIRECT_MB;
+  j.mblocks = ceil_div(j.mg, j.mb);
+  int64_t position_macs = j.mb * j.cg * j.taps, images = x->shape[0] * group;
   int64_t positions = ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
-  j.span = ceil_div(ceil_div(DIRECT_PART_MACS, position_macs), DIRECT_LANES) * DIRECT_LANES;
+  int64_t lanes = j.mb == DIRECT_MB ? DIRECT_LANES : DIRECT_LANES_512; /* whole blocks per part */
+  j.span = ceil_div(ceil_div(DIRECT_PART_MACS, position_macs), lanes) * lanes;
   if (j.span > positions) j.span = positions;
   j.spans = ceil_div(j.oh * j.pw, j.span);
 
   int64_t channels = x->shape[0] * x->shape[1];
   j.xp = malloc((size_t)(channels * j.phases * j.plane) * sizeof *j.xp);
-  j.wp = malloc((size_t)(group * j.mblocks * j.cg * j.taps * DIRECT_MB) * sizeof *j.wp);
+  j.wp = malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
   if (!j.xp || !j.wp) {
     free(j.xp);
     free(j.wp);
     return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
   }
-  /* wp[g][mblock][c][t][m] = W[g * mg + mblock * DIRECT_MB + m][c][t], 0 past mg */
+  /* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg */
   for (int64_t g = 0; g < group; g++)
     for (int64_t mi = 0; mi < j.mblocks; mi++)
       for (int64_t c = 0; c < j.cg; c++)
         for (int64_t t = 0; t < j.taps; t++) {
-          float *dst = j.wp + (((g * j.mblocks + mi) * j.cg + c) * j.taps + t) * DIRECT_MB;
-          for (int64_t m = 0; m < DIRECT_MB; m++) {
-            int64_t filter = mi * DIRECT_MB + m;
+          float *dst = j.wp + (((g * j.mblocks + mi) * j.cg + c) * j.taps + t) * j.mb;
+          for (int64_t m = 0; m < j.mb; m++) {
+            int64_t filter = mi * j.mb + m;
             dst[m] = filter < j.mg ? j.wt[((g * j.mg + filter) * j.cg + c) * j.taps + t] : 0.0f;
           }
         }
