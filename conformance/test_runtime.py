@@ -18,7 +18,8 @@ from devkit.abi import C, ffi, field_end
 
 MiB = 1 << 20
 # The 64 MiB copies are most of the suite's time: --profile quick leaves them out.
-COPY_SIZES = [0, 1, 3, 4096 + 7, pytest.param(64 * MiB, marks=pytest.mark.full)]
+# 3 MiB + 1: past the size a plugin may split over threads, in no whole number of pieces.
+COPY_SIZES = [0, 1, 3, 4096 + 7, 3 * MiB + 1, pytest.param(64 * MiB, marks=pytest.mark.full)]
 COPY_OFFSETS = [0, 1, 3]
 GUARD = 64  # bytes checked untouched on each side of a destination range
 
@@ -218,13 +219,16 @@ def test_copy_between_devices(dev_pair, size, offset):
     _assert_copied(dst, pattern, offset, size, data[3:])
 
 
-def test_overlapping_d2d_behaves_like_memmove(dev):
-    data = random_bytes(4096)
-    buffer = dev.alloc(4096)
+@pytest.mark.parametrize("size", [4096, 3 * MiB + 1])
+@pytest.mark.parametrize("shift", [1, -1])
+def test_overlapping_d2d_behaves_like_memmove(dev, size, shift):
+    data = random_bytes(size)
+    buffer = dev.alloc(size)
     buffer.copy_from_host(data)
-    buffer.view(1, 4000).copy_from(buffer.view(0, 4000))
+    n, to, at = size - 96, max(shift, 0), max(-shift, 0)
+    buffer.view(to, n).copy_from(buffer.view(at, n))
     expected = data.copy()
-    expected[1:4001] = data[0:4000]
+    expected[to:to + n] = data[at:at + n]
     assert np.array_equal(buffer.copy_to_host(), expected)
 
 
