@@ -356,22 +356,28 @@ def test_stream_destroy_waits_for_pending_work(dev):
     assert finished == [True]
 
 
+def _copy_round_trips(dev, stream, seed: int, size: int, rounds: int, errors: list) -> None:
+    """``rounds`` of host -> a -> b -> host copies on ``stream``, each checked;
+    a failure is collected in ``errors`` (for a thread to report)."""
+    try:
+        a, b = dev.alloc(size + seed), dev.alloc(size + seed)
+        for i in range(rounds):
+            data = random_bytes(size + seed, seed=seed * 1000 + i)
+            a.copy_from_host(data, stream=stream)
+            b.copy_from(a, stream=stream)
+            out = b.copy_to_host(stream=stream)
+            stream.synchronize()
+            assert np.array_equal(out, data), f"thread {seed} iteration {i} differs"
+    except BaseException as exc:  # collected and re-raised in the main thread
+        errors.append(exc)
+
+
 def test_four_threads_each_driving_a_stream(dev):
     errors = []
 
     def worker(seed):
-        try:
-            with dev.create_stream() as stream:
-                a, b = dev.alloc(256 * 1024 + seed), dev.alloc(256 * 1024 + seed)
-                for i in range(25):
-                    data = random_bytes(256 * 1024 + seed, seed=seed * 100 + i)
-                    a.copy_from_host(data, stream=stream)
-                    b.copy_from(a, stream=stream)
-                    out = b.copy_to_host(stream=stream)
-                    stream.synchronize()
-                    assert np.array_equal(out, data), f"thread {seed} iteration {i} differs"
-        except BaseException as exc:  # collected and re-raised in the main thread
-            errors.append(exc)
+        with dev.create_stream() as stream:
+            _copy_round_trips(dev, stream, seed, 256 * 1024, 25, errors)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
     for thread in threads:
@@ -391,17 +397,7 @@ def test_threads_sharing_a_stream_while_others_synchronize_it(dev):
     with dev.create_stream() as stream:
 
         def submitter(seed):
-            try:
-                a, b = dev.alloc(64 * 1024 + seed), dev.alloc(64 * 1024 + seed)
-                for i in range(40):
-                    data = random_bytes(64 * 1024 + seed, seed=seed * 1000 + i)
-                    a.copy_from_host(data, stream=stream)
-                    b.copy_from(a, stream=stream)
-                    out = b.copy_to_host(stream=stream)
-                    stream.synchronize()
-                    assert np.array_equal(out, data), f"thread {seed} iteration {i} differs"
-            except BaseException as exc:  # collected and re-raised in the main thread
-                errors.append(exc)
+            _copy_round_trips(dev, stream, seed, 64 * 1024, 40, errors)
 
         def synchronizer():
             try:
