@@ -53,10 +53,10 @@ def run(code: str, **env) -> list[str]:
 THREAD_COUNT = """
     import ctypes, os, numpy as np, devkit, scipy_openblas32
     dev = devkit.device("cpu:0")
-    x = devkit.asarray(np.ones(1 << 20, np.float32), dev)
     one = devkit.asarray(np.ones(1, np.float32), dev)
     devkit.run_op("Add", [one, one])  # starts the stream's worker, splits nothing
     before = len(os.listdir("/proc/self/task"))
+    x = devkit.asarray(np.ones(1 << 20, np.float32), dev)  # a 4 MiB copy: split over the pool too
     devkit.run_op("Add", [x, x])
     devkit.run_op("MatMul", [devkit.asarray(np.ones((512, 512), np.float32), dev)] * 2)
     blas = ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so"))
