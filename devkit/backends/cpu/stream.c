@@ -13,8 +13,9 @@
  * item queued with nobody running it: it runs the items up to its target
  * itself, in order, as the worker would (one item at a time per stream, the
  * `running` flag), except host callbacks, which the ABI runs on a plugin
- * thread: the waiter leaves those, and what follows them, to the worker. A launch followed at once by a synchronize then costs no
- * thread wake-up either way (on a virtual machine one costs 20-50 us):
+ * thread: the waiter leaves those, and what follows them, to the worker. A
+ * launch followed at once by a synchronize then costs no thread wake-up
+ * either way (on a virtual machine one costs 20-50 us):
  * the waiter does not sleep while the worker wakes, and the worker's
  * completion does not have to wake the waiter.
  *

@@ -36,7 +36,6 @@
 
 #define PAUSE_NS 5000 /* a spin's first part, before it yields the core */
 
-
 typedef struct pool_job {
   cpu_range_fn fn;
   void *ctx;
@@ -107,7 +106,7 @@ static void spin_until(bool (*done)(const void *), const void *arg) {
 }
 
 static bool alone_in_job(const void *job) {
-  return atomic_load(&((pool_job *)job)->members) == 1;
+  return atomic_load(&((const pool_job *)job)->members) == 1;
 }
 
 static bool job_posted_since(const void *generation) {
