@@ -118,6 +118,51 @@ static void outer(void *arg, int64_t begin, int64_t end) {
   }
 }
 
+/* Home shares: per chunk of a 4-chunks-per-thread job, the thread that ran
+ * it and its place in that thread's order. The caller's chunks are slow,
+ * so every worker reaches its own share before the caller could take it. */
+typedef struct share_probe {
+  int job; /* 1, 2, ...: a thread's order restarts in each */
+  pthread_t caller;
+  pthread_t thread[4 * CPU_MAX_THREADS];
+  int order[4 * CPU_MAX_THREADS];
+  atomic_int next_order;
+} share_probe;
+
+static _Thread_local int t_job, t_chunks_run;
+
+static void record_share(void *arg, int64_t begin, int64_t end) {
+  share_probe *p = arg;
+  if (t_job != p->job) {
+    t_job = p->job;
+    t_chunks_run = 0;
+  }
+  for (int64_t i = begin; i < end; i++) {
+    p->thread[i] = pthread_self();
+    p->order[i] = t_chunks_run++;
+  }
+  usleep(pthread_equal(pthread_self(), p->caller) ? 20000 : 5000);
+}
+
+/* Runs one job; per share, the thread whose first chunk opened it (or 0). */
+static bool shares_of_job(int job, pthread_t *opener) {
+  static share_probe p;
+  memset(&p, 0, sizeof p);
+  p.job = job;
+  p.caller = pthread_self();
+  cpu_parallel_for(4 * g_threads, 1, record_share, &p);
+  bool ok = true;
+  for (int s = 0; s < g_threads; s++) {
+    int first = 4 * s;
+    opener[s] = p.thread[first];
+    /* its first chunk was the share's, and it ran the share in order */
+    ok = ok && p.order[first] == 0;
+    for (int i = first + 1; i < first + 4; i++)
+      ok = ok && (!pthread_equal(p.thread[i], p.thread[i - 1]) || p.order[i] == p.order[i - 1] + 1);
+  }
+  return ok && pthread_equal(opener[0], p.caller);
+}
+
 /* Streams: several threads call at once; each must get its whole range. */
 static void *stream_caller(void *arg) {
   atomic_int *bad = arg;
@@ -153,6 +198,12 @@ int main(int argc, char **argv) {
     asleep = others_asleep();
   }
   CHECK("idle_workers_sleep", asleep);
+
+  /* Every member runs its own share first, and the same one in every job. */
+  pthread_t first_job[CPU_MAX_THREADS], second_job[CPU_MAX_THREADS];
+  bool shares = shares_of_job(1, first_job) && shares_of_job(2, second_job);
+  for (int s = 0; s < g_threads; s++) shares = shares && pthread_equal(first_job[s], second_job[s]);
+  CHECK("home_shares", shares);
 
   nested nest = {0};
   cpu_parallel_for(64, 1, outer, &nest);
