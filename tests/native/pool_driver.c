@@ -126,7 +126,6 @@ typedef struct share_probe {
   pthread_t caller;
   pthread_t thread[4 * CPU_MAX_THREADS];
   int order[4 * CPU_MAX_THREADS];
-  atomic_int next_order;
 } share_probe;
 
 static _Thread_local int t_job, t_chunks_run;
@@ -144,7 +143,7 @@ static void record_share(void *arg, int64_t begin, int64_t end) {
   usleep(pthread_equal(pthread_self(), p->caller) ? 20000 : 5000);
 }
 
-/* Runs one job; per share, the thread whose first chunk opened it (or 0). */
+/* Runs one job; per share, the thread that ran its first chunk. */
 static bool shares_of_job(int job, pthread_t *opener) {
   static share_probe p;
   memset(&p, 0, sizeof p);

@@ -8,8 +8,8 @@
  * a wake-up and a pool of one thread is no pool at all.
  *
  * Each member has a home share of a job's chunks, the same part of [0, n)
- * in every job (the caller the first, worker k the k+2-th of
- * cpu_thread_count() equal parts), which it claims first, in order, from
+ * in every job (of cpu_thread_count() equal parts, share 0 is the caller's
+ * and share k + 1 worker k's), which it claims first, in order, from
  * its own atomic counter; then it takes what is left of the others' shares.
  * So consecutive kernels over the same range find the bytes that the one
  * before wrote on their core, in its L2, where one shared counter dealt the
