@@ -49,6 +49,11 @@ def test_the_printer_picks_each_dialects_math_names_and_literals():
     assert cl.storage(np.float16) == "half" and cuda.storage(np.float16) == "__half" and \
         c.storage(np.float16) == "_Float16"
     assert "vload_half" in cl.load("p", "i", np.float16)
+    # float32 sin, cos and atan through double, defined in each prologue (OpenCL: with fp64)
+    for p in (c, cl, cuda):
+        assert p.call("sin", F32, "x") == "dk_sinf(x)" and "(float)atan((double)x)" in p.prologue
+    assert c.call("sin", np.float64, "x") == "sin(x)" and cl.call("cos", np.float64, "x") == "cos(x)"
+    assert "#ifdef cl_khr_fp64" in cl.prologue and "#define dk_cosf cos" in cl.prologue
 
 
 def test_an_unknown_dialect_is_named():

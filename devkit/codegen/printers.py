@@ -9,8 +9,21 @@ import numpy as np
 
 from .. import dtypes as _dtypes
 
-_FLOAT_MATH = ("exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "atan", "floor", "ceil", "pow", "fabs",
-               "fmod", "round", "trunc")
+_FLOAT_MATH = ("exp", "log", "log1p", "sqrt", "tanh", "erf", "sin", "cos", "atan", "floor", "ceil", "pow",
+               "fabs", "fmod", "round", "trunc")
+
+# Float32 functions computed in double and rounded once, as dk_<name>f:
+# the float versions at hand are up to 2 ulp off (glibc's vector sinf, cosf
+# and atanf; PoCL's and CUDA's sin and cos, CUDA's atanf), over the ops' 1;
+# the double ones (4 ulp of a double at most) round to within 1 ulp of the
+# float32 result.
+_THROUGH_DOUBLE = ("sin", "cos", "atan")
+
+
+def _through_double(qualifier: str) -> str:
+    """The dk_<name>f definitions of _THROUGH_DOUBLE, each function prefixed by ``qualifier``."""
+    return "".join(f"{qualifier}float dk_{f}f(float x) {{ return (float){f}((double)x); }}\n"
+                   for f in _THROUGH_DOUBLE)
 
 
 def _simd_declarations(unary: tuple, binary: tuple) -> str:
@@ -247,10 +260,10 @@ class CPrinter(Printer):
                 "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)\n"
                 + _simd_declarations(("exp", "log", "sin", "cos"), ("pow",))
                 + "#if __GLIBC_PREREQ(2, 35)\n" + _simd_declarations(("tanh", "erf", "atan"), ()) + "#endif\n"
-                + "#endif\n" + _C_MATH)
+                + "#endif\n" + _C_MATH + _through_double("static inline "))
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
-        if name in ("exp", "erf", "log") and dtype == np.float32:
+        if name in ("exp", "erf", "log", *_THROUGH_DOUBLE) and dtype == np.float32:
             return f"dk_{name}f"
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
@@ -335,7 +348,12 @@ class OpenCLPrinter(Printer):
     dialect = "opencl-c"
     storage_types = {"float32": "float", "float64": "double", "float16": "half", "int8": "char",
                      "int16": "short", "int32": "int", "int64": "long", "uint8": "uchar", "bool": "uchar"}
-    prologue = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+    # without fp64 (the extension undeclared), dk_<name>f are the float functions
+    prologue = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n#ifdef cl_khr_fp64\n" + _through_double("static inline ")
+                + "#else\n" + "".join(f"#define dk_{f}f {f}\n" for f in _THROUGH_DOUBLE) + "#endif\n")
+
+    def math_name(self, name, dtype):
+        return f"dk_{name}f" if name in _THROUGH_DOUBLE and dtype == np.float32 else name
 
     def load(self, pointer, offset, dtype):
         if _dtypes.normalize(dtype) == np.float16:  # half is storage-only without cl_khr_fp16
@@ -366,9 +384,11 @@ class CudaPrinter(Printer):
     storage_types = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
                      "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
                      "uint8": "unsigned char", "bool": "unsigned char"}
-    prologue = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+    prologue = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + _through_double("__device__ inline ")
 
     def math_name(self, name, dtype):
+        if name in _THROUGH_DOUBLE and dtype == np.float32:
+            return f"dk_{name}f"
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
     def literal(self, value, dtype):

@@ -52,6 +52,14 @@ def _sigmoid(p, x, out):
     return f"((({x}) >= 0 ? {one} : {e}) / ({one} + {e}))"
 
 
+def _softplus(p, x, out):
+    """max(x, 0) + log1p(e^-|x|): ln(1 + e^x) as written overflows to inf
+    above x = 88.7 and, below, loses the bits of e^x that 1 + e^x rounds off."""
+    zero = p.literal(0, out)
+    tail = p.call("log1p", out, p.call("exp", out, f"-{p.call('fabs', out, x)}"))
+    return f"((({x}) > {zero} ? ({x}) : {zero}) + {tail})"
+
+
 def _cast(p, args, attrs, dtypes, out):
     if np.dtype(out).kind == "b":
         return f"(({args[0]}) != 0)"
@@ -116,7 +124,7 @@ RULES = {
     "Constant": lambda p, a, attrs, d, out: p.literal(attrs["value"], out),
     "LeakyRelu": lambda p, a, attrs, d, out:
         f"(({a[0]}) < 0 ? {p.literal(attrs.get('alpha', 0.01), out)} * ({a[0]}) : ({a[0]}))",
-    "Softplus": lambda p, a, attrs, d, out: p.call("log", out, f"{p.literal(1, out)} + {p.call('exp', out, a[0])}"),
+    "Softplus": lambda p, a, attrs, d, out: _softplus(p, a[0], out),
 }
 
 
