@@ -121,20 +121,8 @@ static const char k_id_magic[8] = "DKCCLID";
 /* Small utilities                                                           */
 /* ======================================================================== */
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 /* Counters wrap; a peer is never 2^31 steps away. */
 static bool reached(uint32_t value, uint32_t target) {
@@ -672,20 +660,20 @@ static void flag_ring(ccl_flag *f) {
 static bool wait_until(ccl_flag *f, uint32_t target, uint64_t until,
                        bool spin) {
   if (spin) {
-    uint64_t start = now_ns();
+    uint64_t start = cpu_now_ns();
     for (unsigned i = 1;; i++) {
       if (flag_reached(f, target)) return true;
       if (i % 64 == 0) {
-        uint64_t spent = now_ns() - start;
+        uint64_t spent = cpu_now_ns() - start;
         if (spent > YIELD_NS) break;
         if (spent > SPIN_NS) sched_yield();
       }
-      cpu_relax();
+      cpu_spin_pause();
     }
   }
   for (;;) {
     if (flag_reached(f, target)) return true;
-    uint64_t now = now_ns();
+    uint64_t now = cpu_now_ns();
     if (now >= until) return false;
     atomic_fetch_add(&f->sleepers, 1u);
     uint32_t seen = atomic_load(&f->value);
@@ -715,7 +703,7 @@ static DK_Status wait_peer(ccl_comm *c, const char *fn, int32_t j,
                            uint32_t target, uint64_t deadline) {
   ccl_flag *f = &c->ctl[j].seq;
   for (bool spin = true;; spin = false) {
-    if (wait_until(f, target, min_u64(deadline, now_ns() + CHECK_NS), spin))
+    if (wait_until(f, target, min_u64(deadline, cpu_now_ns() + CHECK_NS), spin))
       return DK_OK;
     if (peer_abort(c) != DK_OK) return abort_fail(c, fn);
     if (peer_dead(c, j))
@@ -724,12 +712,12 @@ static DK_Status wait_peer(ccl_comm *c, const char *fn, int32_t j,
                        "(this is rank %d of %d)",
                        fn, (int)j, (int)c->watch[j], (unsigned)c->coll,
                        (int)c->rank, (int)c->nranks);
-    if (now_ns() >= deadline) return lagging_fail(c, fn, target);
+    if (cpu_now_ns() >= deadline) return lagging_fail(c, fn, target);
   }
 }
 
 static DK_Status wait_all(ccl_comm *c, const char *fn, uint32_t target) {
-  uint64_t deadline = now_ns() + c->timeout_ns;
+  uint64_t deadline = cpu_now_ns() + c->timeout_ns;
   for (int32_t j = 0; j < c->nranks; j++) {
     if (j == c->rank) continue;
     DK_Status st = wait_peer(c, fn, j, target, deadline);
@@ -857,7 +845,7 @@ static DK_Status run_reduce(ccl_comm *c, const char *fn, const ccl_call *k,
 #endif
     step(c);
     if (out) {
-      uint64_t deadline = now_ns() + c->timeout_ns;
+      uint64_t deadline = cpu_now_ns() + c->timeout_ns;
       for (int32_t j = 0; j < n; j++) {
         if (!to_all && j == me) continue; /* the root's share is in place */
         if (j != me && (st = wait_peer(c, fn, j, t + 2, deadline)) != DK_OK)
@@ -889,7 +877,7 @@ static DK_Status run_broadcast(ccl_comm *c, const char *fn, const ccl_call *k) {
       if (k->recv != k->send) memcpy(k->recv + at, k->send + at, bytes);
     } else {
       step(c);
-      st = wait_peer(c, fn, root, t + 1, now_ns() + c->timeout_ns);
+      st = wait_peer(c, fn, root, t + 1, cpu_now_ns() + c->timeout_ns);
       if (st != DK_OK) return st;
       memcpy(k->recv + at, in_buf(c, root, b), bytes);
     }
@@ -913,7 +901,7 @@ static DK_Status run_all_gather(ccl_comm *c, const char *fn,
     step(c);
     uint8_t *mine = k->recv + ((size_t)me * count + off) * es;
     if (mine != k->send + off * es) memcpy(mine, k->send + off * es, bytes);
-    uint64_t deadline = now_ns() + c->timeout_ns;
+    uint64_t deadline = cpu_now_ns() + c->timeout_ns;
     for (int32_t j = 0; j < n; j++) {
       if (j == me) continue;
       if ((st = wait_peer(c, fn, j, t + 1, deadline)) != DK_OK) return st;
@@ -957,7 +945,7 @@ static DK_Status run_blocks(ccl_comm *c, const char *fn, const ccl_call *k,
     } else {
       size_t own = ((size_t)me * count + off) * es;
       if (k->recv != k->send) memcpy(k->recv + own, k->send + own, bytes);
-      uint64_t deadline = now_ns() + c->timeout_ns;
+      uint64_t deadline = cpu_now_ns() + c->timeout_ns;
       for (int32_t j = 0; j < n; j++) {
         if (j == me) continue;
         if ((st = wait_peer(c, fn, j, t + 1, deadline)) != DK_OK) return st;
@@ -1190,7 +1178,7 @@ static void run_p2p(void *arg) {
     note(&fe, st);
   }
 
-  uint64_t deadline = now_ns() + timeout;
+  uint64_t deadline = cpu_now_ns() + timeout;
   bool spin = true;
   for (size_t turn = 0;; turn++) {
     /* The bell is read before the scan: progress a peer makes after the
@@ -1215,7 +1203,7 @@ static void run_p2p(void *arg) {
       p2p_end_comm(a, o->c);
       note(&fe, st);
     }
-    uint64_t now = now_ns();
+    uint64_t now = cpu_now_ns();
     if (any) {
       deadline = now + timeout;
       spin = true;
@@ -1226,7 +1214,7 @@ static void run_p2p(void *arg) {
                    min_u64(deadline, now + slice), spin))
       continue;
     spin = false;
-    p2p_check(a, now_ns() >= deadline, &fe);
+    p2p_check(a, cpu_now_ns() >= deadline, &fe);
   }
   for (size_t i = nc; i-- > 0;) pthread_mutex_unlock(&comms[i]->exec_mu);
   free(comms);
@@ -1398,7 +1386,7 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
 
   struct stat sb;
   int rc;
-  while ((rc = fstat(fd, &sb)) == 0 && sb.st_size == 0 && now_ns() < deadline)
+  while ((rc = fstat(fd, &sb)) == 0 && sb.st_size == 0 && cpu_now_ns() < deadline)
     sleep_ms(1);
   if (rc != 0) {
     rc = errno;
@@ -1424,7 +1412,7 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
                          name, strerror(err));
   ccl_header *h = p;
   while (atomic_load_explicit(&h->ready, memory_order_acquire) != SEG_READY &&
-         now_ns() < deadline)
+         cpu_now_ns() < deadline)
     sleep_ms(1);
   if (atomic_load_explicit(&h->ready, memory_order_acquire) != SEG_READY) {
     shm_unlink(name);
@@ -1485,7 +1473,7 @@ static DK_Status seg_join(const char *fn, ccl_comm *c, const char *name,
       if (atomic_load(&join->sleepers)) futex_wake_all(&join->value);
       return DK_OK;
     }
-    uint64_t now = now_ns();
+    uint64_t now = cpu_now_ns();
     if (now < deadline) {
       wait_until(join, j + 1, min_u64(deadline, now + CHECK_NS), spin);
       continue;
@@ -1568,7 +1556,7 @@ DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
   for (int i = 16; i < 32; i++)
     len += snprintf(name + len, sizeof name - (size_t)len, "%02x", bytes[i]);
 
-  uint64_t deadline = now_ns() + c->timeout_ns;
+  uint64_t deadline = cpu_now_ns() + c->timeout_ns;
   st = seg_attach(fn, c, name, deadline);
   if (st == DK_OK) {
     c->hdr = (ccl_header *)c->base;

@@ -122,6 +122,10 @@ int32_t cpu_thread_count(void);
 /* DEVKIT_CPU_SPIN_US, in ns: how long a pool thread spins before it sleeps
  * (an idle worker for the next job, a caller for its workers; threads.c). */
 int64_t cpu_spin_ns(void);
+/* CLOCK_MONOTONIC in ns (threads.c). */
+uint64_t cpu_now_ns(void);
+/* A spin-wait's hint to the CPU that the thread is spinning (threads.c). */
+void cpu_spin_pause(void);
 /* Joins the pool's workers (at unload; a later cpu_parallel_for starts new
  * ones). */
 void cpu_threads_shutdown(void);

@@ -568,12 +568,6 @@ typedef struct cpu_event {
   cpu_mark *last;     /* most recent record; NULL = never recorded */
 } cpu_event;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void mark_free(cpu_mark *m) {
   if (!m) return;
   error_put(m->error);
@@ -681,7 +675,7 @@ static void run_record(void *arg) {
   pthread_mutex_lock(&a->event->mu);
   if (failed) a->mark->error = err;
   a->mark->done = true;
-  a->mark->ns = now_ns();
+  a->mark->ns = cpu_now_ns();
   pthread_cond_broadcast(&a->event->cv);
   pthread_mutex_unlock(&a->event->mu);
 }
@@ -743,7 +737,7 @@ DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
     } else { /* default stream: complete on return */
       m->refs = 1;
       m->done = true;
-      m->ns = now_ns();
+      m->ns = cpu_now_ns();
     }
     /* Publish and queue under e->mu, so a wait that captures m is always
      * queued after m's record: otherwise a concurrent wait on the same

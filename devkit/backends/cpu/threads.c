@@ -97,13 +97,13 @@ static void leave_job(pool_job *job) {
   if (atomic_fetch_sub(&job->members, 1) == 2) pthread_cond_signal(&g_pool.finished);
 }
 
-static int64_t now_ns(void) {
+uint64_t cpu_now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-static inline void spin_pause(void) {
+void cpu_spin_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -115,10 +115,10 @@ static inline void spin_pause(void) {
  * then yielding the core (sched_yield), so that on a loaded machine the
  * wait gives way to the threads that have work. */
 static void spin_until(bool (*done)(const void *), const void *arg) {
-  int64_t start = now_ns(), spin = cpu_spin_ns();
-  for (int64_t t = start; !done(arg) && t - start < spin; t = now_ns()) {
+  int64_t start = (int64_t)cpu_now_ns(), spin = cpu_spin_ns();
+  for (int64_t t = start; !done(arg) && t - start < spin; t = (int64_t)cpu_now_ns()) {
     if (t - start < PAUSE_NS)
-      for (int i = 0; i < 64 && !done(arg); i++) spin_pause();
+      for (int i = 0; i < 64 && !done(arg); i++) cpu_spin_pause();
     else
       sched_yield();
   }
