@@ -61,8 +61,11 @@ class Printer:
             self.storage(dtype)
 
     def call(self, name: str, dtype, *args: str) -> str:
-        """A math function at the compute type of ``dtype``."""
-        return f"{self.math_name(name, _dtypes.normalize(dtype))}({', '.join(args)})"
+        """A math function at the compute type of ``dtype``: float32's
+        _THROUGH_DOUBLE ones as dk_<name>f, which every prologue defines."""
+        dtype = _dtypes.normalize(dtype)
+        function = f"dk_{name}f" if name in _THROUGH_DOUBLE and dtype == np.float32 else self.math_name(name, dtype)
+        return f"{function}({', '.join(args)})"
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
         return name
@@ -266,7 +269,7 @@ class CPrinter(Printer):
                 + "#endif\n" + _C_MATH + _through_double("static inline "))
 
     def math_name(self, name: str, dtype: np.dtype) -> str:
-        if name in ("exp", "erf", "log", *_THROUGH_DOUBLE) and dtype == np.float32:
+        if name in ("exp", "erf", "log") and dtype == np.float32:
             return f"dk_{name}f"
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
@@ -355,9 +358,6 @@ class OpenCLPrinter(Printer):
     prologue = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n#ifdef cl_khr_fp64\n" + _through_double("static inline ")
                 + "#else\n" + "".join(f"#define dk_{f}f {f}\n" for f in _THROUGH_DOUBLE) + "#endif\n")
 
-    def math_name(self, name, dtype):
-        return f"dk_{name}f" if name in _THROUGH_DOUBLE and dtype == np.float32 else name
-
     def load(self, pointer, offset, dtype):
         if _dtypes.normalize(dtype) == np.float16:  # half is storage-only without cl_khr_fp16
             return f"vload_half({offset}, {pointer})"
@@ -390,8 +390,6 @@ class CudaPrinter(Printer):
     prologue = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + _through_double("__device__ inline ")
 
     def math_name(self, name, dtype):
-        if name in _THROUGH_DOUBLE and dtype == np.float32:
-            return f"dk_{name}f"
         return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
     def literal(self, value, dtype):
