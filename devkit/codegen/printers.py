@@ -12,6 +12,11 @@ from .. import dtypes as _dtypes
 _FLOAT_MATH = ("exp", "log", "log1p", "sqrt", "tanh", "erf", "sin", "cos", "atan", "floor", "ceil", "pow",
                "fabs", "fmod", "round", "trunc")
 
+
+def _suffixed(name: str, dtype: np.dtype) -> str:
+    """C's and CUDA's name of a math function below float64: expf for exp."""
+    return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
+
 # Float32 functions computed in double and rounded once, as dk_<name>f:
 # the float versions at hand are up to 2 ulp off (glibc's vector sinf, cosf
 # and atanf; PoCL's and CUDA's sin and cos, CUDA's atanf), over the ops' 1;
@@ -271,7 +276,7 @@ class CPrinter(Printer):
     def math_name(self, name: str, dtype: np.dtype) -> str:
         if name in ("exp", "erf", "log") and dtype == np.float32:
             return f"dk_{name}f"
-        return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
+        return _suffixed(name, dtype)
 
     def checked(self):
         return _CheckedCPrinter()
@@ -390,7 +395,7 @@ class CudaPrinter(Printer):
     prologue = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n" + _through_double("__device__ inline ")
 
     def math_name(self, name, dtype):
-        return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
+        return _suffixed(name, dtype)
 
     def literal(self, value, dtype):
         text = super().literal(value, dtype)
