@@ -17,6 +17,7 @@ def _suffixed(name: str, dtype: np.dtype) -> str:
     """C's and CUDA's name of a math function below float64: expf for exp."""
     return name + "f" if name in _FLOAT_MATH and dtype != np.float64 else name
 
+
 # Float32 functions computed in double and rounded once, as dk_<name>f:
 # the float versions at hand are up to 2 ulp off (glibc's vector sinf, cosf
 # and atanf; PoCL's and CUDA's sin and cos, CUDA's atanf), over the ops' 1;
