@@ -19,6 +19,7 @@ Every plugin, whatever its origin, is driven through the same
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import logging
@@ -32,7 +33,7 @@ from pathlib import Path
 from ._version import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
-from .backends.cpu import preload_blas
+from .backends.cpu import links_blas, single_threaded_blas
 from .driver import Device
 from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
@@ -357,18 +358,16 @@ def _load_library(path: Path, source: str) -> Plugin:
     with _registry_lock:
         if location in _registry:
             return _registry[location]
+    # Builds of the cpu plugin (the built-in one, and the variants that
+    # devkit.backends.cpu.build makes) link scipy-openblas32's OpenBLAS:
+    # loaded first, from the importable package, without its thread pool.
+    # Only for them, so that other plugins never load it.
+    blas = single_threaded_blas() if links_blas(location) else contextlib.nullcontext()
     try:
-        library = open_library(location)
-    except OSError:
-        # Builds of the cpu plugin (the built-in one, and the variants that
-        # devkit.backends.cpu.build makes) link OpenBLAS, which their rpaths
-        # may miss: open once more with it loaded from the importable package.
-        # Only then, so that other plugins never load it.
-        preload_blas()
-        try:
+        with blas:
             library = open_library(location)
-        except OSError as exc:
-            raise PluginLoadError(f"cannot open plugin library {location}: {exc}") from exc
+    except OSError as exc:
+        raise PluginLoadError(f"cannot open plugin library {location}: {exc}") from exc
     try:
         init = library.DK_PluginInit
     except AttributeError:

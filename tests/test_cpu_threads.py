@@ -6,8 +6,9 @@ work and nested calls on the calling thread, each member's own share of
 a job's chunks first (the same share in every job), concurrent callers, a forked
 child's own pool, workers joined at shutdown, idle workers asleep once their
 spin (DEVKIT_CPU_SPIN_US) is over, with and without one. Through the plugin: the
-thread budget is DEVKIT_CPU_THREADS, OpenBLAS stays on one thread, and
-elementwise results are the same bits on 1 and on 2 threads.
+thread budget is DEVKIT_CPU_THREADS, OpenBLAS stays on one thread and
+starts no thread of its own when the plugin loads, and elementwise results
+are the same bits on 1 and on 2 threads.
 """
 
 import os
@@ -72,6 +73,25 @@ def test_thread_budget_is_devkit_cpu_threads_and_blas_stays_on_one():
     default = len(os.sched_getaffinity(0))
     assert run(THREAD_COUNT, DEVKIT_CPU_THREADS="") == [f"{min(default, 256) - 1} 1"]
 
+
+
+LOAD_IDLE = """
+    import os, time, devkit
+    before = len(os.listdir("/proc/self/task"))
+    devkit.device("cpu:0")
+    started = len(os.listdir("/proc/self/task")) - before
+    cpu = time.process_time()
+    time.sleep(0.3)
+    print(started, os.environ.get("OPENBLAS_NUM_THREADS"), time.process_time() - cpu < 0.03)
+"""
+
+
+def test_loading_the_plugin_starts_no_blas_thread_and_leaves_the_machine_idle():
+    # OpenBLAS sizes its pool from OPENBLAS_NUM_THREADS when it loads, and
+    # each of its threads busy-waits about 0.1 s: loaded with the plugin, it
+    # must start none (here the user asked for 3), leave the variable as it
+    # was, and nothing may spin once the plugin is loaded.
+    assert run(LOAD_IDLE, OPENBLAS_NUM_THREADS=3) == ["0 3 True"]
 
 ELEMENTWISE = """
     import numpy as np, devkit
