@@ -7,7 +7,11 @@
  * input row read with unit strides: no GEMM call, whose packing and split
  * cost about as much as the product at these sizes (64 to 512 input
  * channels: OpenBLAS reached 0.75x onnxruntime's speed on the 56x56 layer,
- * 0.65-0.77x on the stride-2 ones).
+ * 0.65-0.77x on the stride-2 ones). On one thread of a Zen 4 it sums at
+ * about 90% of the FMA peak (the 56x56 layer: 1.0 ms for 51 M
+ * multiply-adds); an AVX-512 block of 6 by 32 (two panel blocks, half the
+ * instructions) measured within 2% of it on every ResNet 1x1 layer, the
+ * 512-bit FMAs being two 256-bit halves there.
  *
  * The output positions of each image and group are cut into bands; a
  * band's inputs are gathered into a panel, [block][c][lane] (PW_NV
