@@ -128,6 +128,50 @@ def test_max_pool_values_only_matches_the_tap_walk_bit_for_bit(dev, shape, kerne
     np.testing.assert_array_equal(values.view(uint), want.view(uint))
 
 
+# float32 AveragePool over 2-D windows without dilation takes the separable path
+# (window sums along rows, then sums of kh row sums): the interior columns'
+# loops for 2 and 3 taps at strides 1 and 2 and the pass per tap for others,
+# border columns and window rows in the padding, ceil_mode windows past the
+# end padding, strides above the kernel (input rows no window reads), and
+# few planes cut into bands of output rows.
+SEPARABLE_AVERAGE_CASES = [
+    # (X shape, kernel, strides, pads (begin..., end...), ceil_mode)
+    ((1, 4, 56, 56), (3, 3), (1, 1), (1, 1, 1, 1), 0),  # ResNet-like, 3x3/1
+    ((2, 3, 28, 28), (2, 2), (2, 2), (0, 0, 0, 0), 0),
+    ((1, 2, 23, 37), (3, 3), (2, 2), (1, 1, 1, 1), 1),
+    ((1, 2, 19, 41), (2, 3), (1, 2), (0, 1, 1, 0), 0),
+    ((1, 1, 40, 33), (5, 4), (1, 3), (2, 1, 2, 2), 1),  # the pass per tap
+    ((1, 2, 17, 26), (1, 2), (3, 1), (0, 1, 0, 1), 1),  # rows between windows
+    ((1, 1, 300, 9), (4, 1), (2, 1), (3, 0, 3, 0), 0),  # one plane: many bands
+    ((3, 1, 2, 5), (3, 3), (1, 1), (2, 2, 2, 2), 0),    # windows over the padding only
+]
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads,ceil_mode", SEPARABLE_AVERAGE_CASES)
+def test_average_pool_separable_sums_match_brute_force_windows(dev, shape, kernel, strides, pads, ceil_mode):
+    # float32 (float64 keeps the tap walk), over six decades: the float64 sums stay exact.
+    rng = np.random.default_rng(sum(shape) + sum(kernel))
+    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4, shape)).astype(np.float32)
+    x[rng.random(shape) < 0.2] = -0.0
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "pads": list(pads), "ceil_mode": ceil_mode}
+    for include_pad in (0, 1):
+        (mean,) = _run(dev, "AveragePool", [x], {**attrs, "count_include_pad": include_pad})
+        _, _, want = _reference_pools(x, mean.shape, kernel, strides, pads, (1, 1), include_pad)
+        np.testing.assert_array_max_ulp(mean, want, maxulp=1)
+    # An infinity reaches the means of the windows that hold it, a NaN (or
+    # inf - inf) makes them NaN, and the other means stay finite.
+    special = x.copy()
+    flat = special.reshape(-1)
+    flat[rng.choice(flat.size, 3, replace=False)] = [np.inf, -np.inf, np.nan]
+    (mean,) = _run(dev, "AveragePool", [special], attrs)
+    _, _, want = _reference_pools(special, mean.shape, kernel, strides, pads, (1, 1), False)
+    assert np.isnan(want).any() and np.isinf(want).any()
+    np.testing.assert_array_equal(np.isnan(mean), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(mean), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_array_max_ulp(mean[finite], want[finite], maxulp=1)
+
+
 def test_max_pool_indices_of_minus_inf_and_nan_windows(dev):
     # A window of only -inf takes its first tap; the first NaN wins over numbers and later NaNs.
     x = np.array([[[[-np.inf, -np.inf, 1.0, 2.0],
