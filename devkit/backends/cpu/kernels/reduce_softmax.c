@@ -2,9 +2,10 @@
  * reduce_softmax.c -- Softmax and LogSoftmax (opset 13: along one axis).
  *
  * The input splits around the axis into outer x len x inner. With inner 1
- * (the axis is the last) every slice is a contiguous row: three passes over
- * it -- maximum, exponentials and their sum (kept in a row of doubles), and
- * outputs -- each a loop of independent lanes the compiler vectorises. With
+ * (the axis is the last) every slice is a contiguous row: passes over it
+ * for its maximum, its exponentials (kept in a row of doubles), their sum
+ * and the outputs, each a loop of independent lanes the compiler
+ * vectorises. With
  * inner > 1 the passes keep one running value per inner position instead,
  * so every inner loop is contiguous. Work splits over rows (or outer
  * blocks) with cpu_parallel_for.
@@ -24,7 +25,7 @@
 #include "vmath.h"
 
 /* The block is processed `width` inner positions at a time, so that
- * Softmax's cache of exp(x - max) (len x width doubles) stays small. */
+ * the cache of exp(x - max) (len x width doubles) stays small. */
 #define TILE_DOUBLES (1 << 16)
 /* Independent accumulators of a row pass: vector lanes. */
 #define LANES 8
@@ -65,7 +66,7 @@ typedef struct softmax_job {
 } softmax_job;
 
 #define SOFTMAX_KERNELS(S, T, DT, LOAD, STORE)                                                    \
-  /* One contiguous row of len elements; e: len doubles of scratch (Softmax). */                  \
+  /* One contiguous row of len elements; e: len doubles of scratch. */                            \
   static inline __attribute__((always_inline)) void softmax_row_##S(const T *x, T *y, int64_t len, double *e, bool log_form,     \
                                      bool wide) {                                                 \
     double lane[LANES];                                                                           \
@@ -80,15 +81,14 @@ typedef struct softmax_job {
       for (int j = 0; j < LANES; j++) m = REDUCE_FMAX(m, lane[j]);                                \
       for (int64_t i = body; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                        \
     }                                                                                             \
+    /* The exponentials in a loop of their own, then their sum: one loop doing both ran          \
+     * 1.26 ns an element on a Zen 4 (AVX-512 clone, from L1), these two 0.75 + 0.11. */          \
+    for (int64_t i = 0; i < len; i++) e[i] = softmax_exp(LOAD(x[i]) - m, wide);                   \
     for (int j = 0; j < LANES; j++) lane[j] = 0.0;                                                \
     for (int64_t i = 0; i < body; i += LANES)                                                     \
-      for (int j = 0; j < LANES; j++) {                                                           \
-        double v = softmax_exp(LOAD(x[i + j]) - m, wide);                                         \
-        e[i + j] = v;                                                                             \
-        lane[j] += v;                                                                             \
-      }                                                                                           \
+      for (int j = 0; j < LANES; j++) lane[j] += e[i + j];                                        \
     double s = 0.0;                                                                               \
-    for (int64_t i = body; i < len; i++) s += e[i] = softmax_exp(LOAD(x[i]) - m, wide);           \
+    for (int64_t i = body; i < len; i++) s += e[i];                                               \
     s += ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])); \
     if (log_form) {                                                                               \
       double log_s = log(s);                                                                      \
@@ -112,9 +112,11 @@ typedef struct softmax_job {
     free(e);                                                                                      \
   }                                                                                               \
   /* The len x inner block at x, in tiles of `width` inner positions; m and s hold                \
-   * width running values, e (Softmax only) len x width exponentials. */                          \
-  static void softmax_block_##S(const T *x, T *y, int64_t len, int64_t inner, int64_t width,      \
-                                double *m, double *s, double *e, bool log_form, bool wide) {   \
+   * width running values, e len x width exponentials. */                                        \
+  /* inlined into the vector clones below (a call would run the baseline code) */                 \
+  static inline __attribute__((always_inline)) void softmax_block_##S(                            \
+      const T *x, T *y, int64_t len, int64_t inner, int64_t width, double *m, double *s, double *e, \
+      bool log_form, bool wide) {                                                                 \
     for (int64_t i0 = 0; i0 < inner; i0 += width) {                                               \
       int64_t w = inner - i0 < width ? inner - i0 : width;                                        \
       const T *xt = x + i0;                                                                       \
@@ -125,21 +127,17 @@ typedef struct softmax_job {
       }                                                                                           \
       for (int64_t r = 0; r < len; r++)                                                           \
         for (int64_t j = 0; j < w; j++) m[j] = REDUCE_FMAX(m[j], LOAD(xt[r * inner + j]));        \
+      /* the exponentials, then their sums (as in the rows: apart, each loop is faster) */        \
+      for (int64_t r = 0; r < len; r++)                                                           \
+        for (int64_t j = 0; j < w; j++) e[r * w + j] = softmax_exp(LOAD(xt[r * inner + j]) - m[j], wide); \
+      for (int64_t r = 0; r < len; r++)                                                           \
+        for (int64_t j = 0; j < w; j++) s[j] += e[r * w + j];                                     \
       if (log_form) {                                                                             \
-        for (int64_t r = 0; r < len; r++)                                                         \
-          for (int64_t j = 0; j < w; j++) s[j] += softmax_exp(LOAD(xt[r * inner + j]) - m[j], wide); \
         for (int64_t j = 0; j < w; j++) s[j] = log(s[j]);                                         \
         for (int64_t r = 0; r < len; r++)                                                         \
           for (int64_t j = 0; j < w; j++)                                                         \
             yt[r * inner + j] = STORE((LOAD(xt[r * inner + j]) - m[j]) - s[j]);                   \
       } else {                                                                                    \
-        for (int64_t r = 0; r < len; r++) {                                                       \
-          for (int64_t j = 0; j < w; j++) {                                                       \
-            double v = softmax_exp(LOAD(xt[r * inner + j]) - m[j], wide);                        \
-            e[r * w + j] = v;                                                                     \
-            s[j] += v;                                                                            \
-          }                                                                                       \
-        }                                                                                         \
         for (int64_t j = 0; j < w; j++) s[j] = 1.0 / s[j];                                        \
         for (int64_t r = 0; r < len; r++)                                                         \
           for (int64_t j = 0; j < w; j++) yt[r * inner + j] = STORE(e[r * w + j] * s[j]);         \
@@ -148,7 +146,7 @@ typedef struct softmax_job {
   }                                                                                               \
   CPU_VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
     softmax_job *job = ctx;                                                                       \
-    size_t cache = job->log_form ? 0 : (size_t)(job->len * job->width);                           \
+    size_t cache = (size_t)(job->len * job->width);                                               \
     double *m = malloc((2 * (size_t)job->width + cache) * sizeof *m);                             \
     if (!m) {                                                                                     \
       __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);                                        \
