@@ -53,9 +53,10 @@ typedef union acc {
 
 /* Folds MAP(LOAD(x)) into member M (of type AT) of the accumulators with
  * COMBINE. A compact input advances one element per step of the inner run;
- * the accumulators advance one per step (s[0] != 0) or stay put (s[0] == 0). */
+ * the accumulators advance one per step (s[0] != 0) or stay put (s[0] == 0).
+ * In vector clones: the same sums in every clone (the lanes fix the order). */
 #define ACCUMULATE_LOOP(NAME, T, M, AT, LOAD, MAP, COMBINE)                     \
-  static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) { \
+  CPU_VECTOR_CLONES static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) { \
     (void)ctx;                                                                  \
     acc *a = (acc *)p[0];                                                       \
     const T *x = (const T *)p[1];                                               \
