@@ -314,3 +314,23 @@ def test_transpose_matches_numpy_exactly(dev, shape, perm, dtype):
     x = np.random.default_rng(len(shape)).integers(-100, 100, shape).astype(dtype)
     (y,) = _run(dev, "Transpose", [x], {} if perm is None else {"perm": list(perm)})
     np.testing.assert_array_equal(y, np.transpose(x, perm))
+
+
+# ReduceMax/ReduceMin fold a row of at least 128 elements in 64 lanes (its
+# first 64 elements start them, whole blocks of 64 follow, the rest one by
+# one): a NaN anywhere there makes the result NaN, and infinities and the
+# largest magnitudes win where they are.
+@pytest.mark.parametrize("op,fold", [("ReduceMax", np.max), ("ReduceMin", np.min)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int8])
+def test_reduce_extrema_over_long_rows(dev, op, fold, dtype):
+    rng = np.random.default_rng(7)
+    x = rng.integers(-100, 100, (12, 1000)).astype(dtype)
+    info = np.finfo(dtype) if np.issubdtype(dtype, np.floating) else np.iinfo(dtype)
+    # one extreme per row, in the lanes' start, the blocks and the tail
+    for row, at in enumerate((0, 63, 64, 500, 959, 960, 999, 130, 7, 700, 3, 998)):
+        x[row, at] = info.max if row % 2 else info.min
+    if np.issubdtype(dtype, np.floating):
+        x[0, 5], x[1, 64], x[2, 961] = np.nan, np.nan, np.nan  # start, block, tail
+        x[3, 400], x[4, 401] = np.inf, -np.inf
+    (y,) = _run(dev, op, [x, np.array([-1])], {"keepdims": 0})
+    np.testing.assert_array_equal(y, fold(x, axis=-1))  # NaN where a row holds one
