@@ -5,10 +5,9 @@
  * (the axis is the last) every slice is a contiguous row: passes over it
  * for its maximum, its exponentials (kept in a row of doubles), their sum
  * and the outputs, each a loop of independent lanes the compiler
- * vectorises. With
- * inner > 1 the passes keep one running value per inner position instead,
- * so every inner loop is contiguous. Work splits over rows (or outer
- * blocks) with cpu_parallel_for.
+ * vectorises. With inner > 1 the passes keep one running value per inner
+ * position instead, so every inner loop is contiguous. Work splits over
+ * rows (or outer blocks) with cpu_parallel_for.
  *
  * Precision: the operators' tolerance is 1 ulp of float32, so values go
  * through double: x - max is exact there (in float32 it rounds by up to half
@@ -112,8 +111,8 @@ typedef struct softmax_job {
     free(e);                                                                                      \
   }                                                                                               \
   /* The len x inner block at x, in tiles of `width` inner positions; m and s hold                \
-   * width running values, e len x width exponentials. */                                        \
-  /* inlined into the vector clones below (a call would run the baseline code) */                 \
+   * width running values, e len x width exponentials. Inlined into the vector                    \
+   * clones below: a call from them ran the baseline code. */                                     \
   static inline __attribute__((always_inline)) void softmax_block_##S(                            \
       const T *x, T *y, int64_t len, int64_t inner, int64_t width, double *m, double *s, double *e, \
       bool log_form, bool wide) {                                                                 \
