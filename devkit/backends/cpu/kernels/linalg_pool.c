@@ -703,93 +703,93 @@ AVERAGE_POOL(average_pool_f64, double)
     double sum_ = (0.0 + (double)(at)[o * (S)]) + (double)(at)[o * (S) + 1];                      \
     sums[o] = K == 3 ? sum_ + (double)(at)[o * (S) + 2] : sum_;                                  \
   }
-#define AVERAGE_POOL_SEPARABLE(NAME, T)                                                           \
-  /* sums[o] = the sum of input row src's taps under output column o; [lo, hi): the interior */  \
-  static inline __attribute__((always_inline)) void NAME##_row_sums(                             \
-      const linalg_window *w, const T *src, int64_t lo, int64_t hi, double *sums) {               \
-    int64_t ow = w->grid[1], s = w->stride[1], kw = w->kernel[1];                                 \
-    const T *at = src - w->pad[1];                                                                \
-    if (s == 1 && kw == 2) {                                                                      \
-      POOL_ROW_SUMS(sums, at, lo, hi, 1, 2)                                                       \
-    } else if (s == 1 && kw == 3) {                                                               \
-      POOL_ROW_SUMS(sums, at, lo, hi, 1, 3)                                                       \
-    } else if (s == 2 && kw == 2) {                                                               \
-      POOL_ROW_SUMS(sums, at, lo, hi, 2, 2)                                                       \
-    } else if (s == 2 && kw == 3) {                                                               \
-      POOL_ROW_SUMS(sums, at, lo, hi, 2, 3)                                                       \
-    } else {                                                                                      \
-      for (int64_t o = lo; o < hi; o++) sums[o] = 0.0;                                            \
-      for (int64_t t = 0; t < kw; t++)                                                            \
-        for (int64_t o = lo; o < hi; o++) sums[o] += (double)at[o * s + t];                       \
-    }                                                                                             \
-    for (int64_t o = 0; o < ow; o++) { /* the border columns, over their taps inside */           \
-      if (o == lo && lo < hi) o = hi;                                                             \
-      if (o >= ow) break;                                                                         \
-      int64_t first = o * s - w->pad[1], tlo, thi;                                                \
-      linalg_valid_range(first, 1, kw, w->target[1], &tlo, &thi);                                 \
-      double sum = 0.0;                                                                           \
-      for (int64_t t = tlo; t < thi; t++) sum += (double)src[first + t];                          \
-      sums[o] = sum;                                                                              \
-    }                                                                                             \
-  }                                                                                               \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                     \
-    pool_job *job = ctx;                                                                          \
-    const linalg_window *w = job->w;                                                              \
-    int64_t h = w->target[0], wd = w->target[1], oh = w->grid[0], ow = w->grid[1];                \
-    int64_t kh = w->kernel[0], sh = w->stride[0], ph = w->pad[0];                                 \
-    int64_t rows_max = (job->band - 1) * sh + kh; /* input rows a band reads, at most */          \
-    if (rows_max > h) rows_max = h;                                                               \
-    /* scratch: the band's row sums, a row of zeros, one of sums, and per count of window rows    \
-     * (0 to kh) its scales, 1 / (that count x the column's), and 1 once they are computed */     \
-    double *sums = chunk_scratch(job, (rows_max + 2) * ow + (kh + 1) * (ow + 1), sizeof *sums);   \
-    if (!sums) return;                                                                            \
-    double *zeros = sums + rows_max * ow, *acc = zeros + ow, *scales = acc + ow;                  \
-    double *scaled = scales + (kh + 1) * ow;                                                      \
-    memset(zeros, 0, (size_t)ow * sizeof *zeros);                                                 \
-    memset(scaled, 0, (size_t)(kh + 1) * sizeof *scaled);                                         \
-    const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;               \
-    int64_t lo, hi; /* the interior columns, whose every tap lies inside the row */               \
-    linalg_valid_range(-w->pad[1], w->stride[1], ow, wd - (w->kernel[1] - 1), &lo, &hi);          \
-    for (int64_t item = begin; item < end; item++) {                                              \
-      int64_t p = item / job->bands, oy0 = item % job->bands * job->band;                         \
-      int64_t oy1 = oh - oy0 < job->band ? oh : oy0 + job->band;                                  \
-      const T *plane = (const T *)job->x + p * job->in_plane;                                     \
-      /* input rows [first, last) under the band's windows; with kh <= sh some are between */    \
-      int64_t first = oy0 * sh - ph, last = (oy1 - 1) * sh - ph + kh;                             \
-      first = first < 0 ? 0 : first;                                                              \
-      last = last > h ? h : last;                                                                 \
-      for (int64_t iy = first; iy < last; iy++)                                                   \
-        if (kh > sh || (iy + ph) % sh < kh)                                                       \
-          NAME##_row_sums(w, plane + iy * wd, lo, hi, sums + (iy - first) * ow);                  \
-      for (int64_t oy = oy0; oy < oy1; oy++) {                                                    \
-        int64_t top = oy * sh - ph, tlo, thi, plo, phi; /* the window rows inside, padded */     \
-        linalg_valid_range(top, 1, kh, h, &tlo, &thi);                                            \
-        linalg_valid_range(top + ph, 1, kh, h + ph + w->pad_end[0], &plo, &phi);                  \
-        int64_t outer = job->include_pad ? phi - plo : thi - tlo;                                 \
-        double *scale = scales + outer * ow;                                                      \
-        if (!scaled[outer]) {                                                                     \
-          for (int64_t o = 0; o < ow; o++) scale[o] = 1.0 / ((double)outer * (double)columns[o]); \
-          scaled[outer] = 1.0;                                                                    \
-        }                                                                                         \
-        T *y = (T *)job->y + p * job->out_plane + oy * ow;                                        \
-        const double *r[3]; /* window row t's sums: zeros outside the input */                    \
-        for (int64_t t = 0; t < 3 && t < kh; t++)                                                 \
-          r[t] = t >= tlo && t < thi ? sums + (top + t - first) * ow : zeros;                     \
-        if (kh == 3) {                                                                            \
-          for (int64_t o = 0; o < ow; o++) y[o] = (T)(((r[0][o] + r[1][o]) + r[2][o]) * scale[o]); \
-        } else if (kh == 2) {                                                                     \
-          for (int64_t o = 0; o < ow; o++) y[o] = (T)((r[0][o] + r[1][o]) * scale[o]);            \
-        } else {                                                                                  \
-          memset(acc, 0, (size_t)ow * sizeof *acc);                                               \
-          for (int64_t t = tlo; t < thi; t++)                                                     \
-            for (int64_t o = 0; o < ow; o++) acc[o] += sums[(top + t - first) * ow + o];          \
-          for (int64_t o = 0; o < ow; o++) y[o] = (T)(acc[o] * scale[o]);                         \
-        }                                                                                         \
-      }                                                                                           \
-    }                                                                                             \
-    free(sums);                                                                                   \
+
+/* sums[o] = the sum of input row src's taps under output column o; [lo, hi): the interior */
+static inline __attribute__((always_inline)) void average_pool_row_sums(
+    const linalg_window *w, const float *src, int64_t lo, int64_t hi, double *sums) {
+  int64_t ow = w->grid[1], s = w->stride[1], kw = w->kernel[1];
+  const float *at = src - w->pad[1];
+  if (s == 1 && kw == 2) {
+    POOL_ROW_SUMS(sums, at, lo, hi, 1, 2)
+  } else if (s == 1 && kw == 3) {
+    POOL_ROW_SUMS(sums, at, lo, hi, 1, 3)
+  } else if (s == 2 && kw == 2) {
+    POOL_ROW_SUMS(sums, at, lo, hi, 2, 2)
+  } else if (s == 2 && kw == 3) {
+    POOL_ROW_SUMS(sums, at, lo, hi, 2, 3)
+  } else {
+    for (int64_t o = lo; o < hi; o++) sums[o] = 0.0;
+    for (int64_t t = 0; t < kw; t++)
+      for (int64_t o = lo; o < hi; o++) sums[o] += (double)at[o * s + t];
   }
-AVERAGE_POOL_SEPARABLE(average_pool_rows_f32, float)
+  for (int64_t o = 0; o < ow; o++) { /* the border columns, over their taps inside */
+    if (o == lo && lo < hi) o = hi;
+    if (o >= ow) break;
+    int64_t first = o * s - w->pad[1], tlo, thi;
+    linalg_valid_range(first, 1, kw, w->target[1], &tlo, &thi);
+    double sum = 0.0;
+    for (int64_t t = tlo; t < thi; t++) sum += (double)src[first + t];
+    sums[o] = sum;
+  }
+}
+
+CPU_VECTOR_CLONES static void average_pool_rows_f32(void *ctx, int64_t begin, int64_t end) {
+  pool_job *job = ctx;
+  const linalg_window *w = job->w;
+  int64_t h = w->target[0], wd = w->target[1], oh = w->grid[0], ow = w->grid[1];
+  int64_t kh = w->kernel[0], sh = w->stride[0], ph = w->pad[0];
+  int64_t rows_max = (job->band - 1) * sh + kh; /* input rows a band reads, at most */
+  if (rows_max > h) rows_max = h;
+  /* scratch: the band's row sums, a row of zeros, one of sums, and per count of window rows
+   * (0 to kh) its scales, 1 / (that count x the column's), and 1 once they are computed */
+  double *sums = chunk_scratch(job, (rows_max + 2) * ow + (kh + 1) * (ow + 1), sizeof *sums);
+  if (!sums) return;
+  double *zeros = sums + rows_max * ow, *acc = zeros + ow, *scales = acc + ow;
+  double *scaled = scales + (kh + 1) * ow;
+  memset(zeros, 0, (size_t)ow * sizeof *zeros);
+  memset(scaled, 0, (size_t)(kh + 1) * sizeof *scaled);
+  const int64_t *columns = job->include_pad ? job->last_padded : job->last_count;
+  int64_t lo, hi; /* the interior columns, whose every tap lies inside the row */
+  linalg_valid_range(-w->pad[1], w->stride[1], ow, wd - (w->kernel[1] - 1), &lo, &hi);
+  for (int64_t item = begin; item < end; item++) {
+    int64_t p = item / job->bands, oy0 = item % job->bands * job->band;
+    int64_t oy1 = oh - oy0 < job->band ? oh : oy0 + job->band;
+    const float *plane = (const float *)job->x + p * job->in_plane;
+    /* input rows [first, last) under the band's windows; with kh <= sh some are between */
+    int64_t first = oy0 * sh - ph, last = (oy1 - 1) * sh - ph + kh;
+    first = first < 0 ? 0 : first;
+    last = last > h ? h : last;
+    for (int64_t iy = first; iy < last; iy++)
+      if (kh > sh || (iy + ph) % sh < kh)
+        average_pool_row_sums(w, plane + iy * wd, lo, hi, sums + (iy - first) * ow);
+    for (int64_t oy = oy0; oy < oy1; oy++) {
+      int64_t top = oy * sh - ph, tlo, thi, plo, phi; /* the window rows inside, padded */
+      linalg_valid_range(top, 1, kh, h, &tlo, &thi);
+      linalg_valid_range(top + ph, 1, kh, h + ph + w->pad_end[0], &plo, &phi);
+      int64_t outer = job->include_pad ? phi - plo : thi - tlo;
+      double *scale = scales + outer * ow;
+      if (!scaled[outer]) {
+        for (int64_t o = 0; o < ow; o++) scale[o] = 1.0 / ((double)outer * (double)columns[o]);
+        scaled[outer] = 1.0;
+      }
+      float *y = (float *)job->y + p * job->out_plane + oy * ow;
+      const double *r[3]; /* window row t's sums: zeros outside the input */
+      for (int64_t t = 0; t < 3 && t < kh; t++)
+        r[t] = t >= tlo && t < thi ? sums + (top + t - first) * ow : zeros;
+      if (kh == 3) {
+        for (int64_t o = 0; o < ow; o++) y[o] = (float)(((r[0][o] + r[1][o]) + r[2][o]) * scale[o]);
+      } else if (kh == 2) {
+        for (int64_t o = 0; o < ow; o++) y[o] = (float)((r[0][o] + r[1][o]) * scale[o]);
+      } else {
+        memset(acc, 0, (size_t)ow * sizeof *acc);
+        for (int64_t t = tlo; t < thi; t++)
+          for (int64_t o = 0; o < ow; o++) acc[o] += sums[(top + t - first) * ow + o];
+        for (int64_t o = 0; o < ow; o++) y[o] = (float)(acc[o] * scale[o]);
+      }
+    }
+  }
+  free(sums);
+}
 
 /* A separable band's row sums stay about this small (doubles). */
 #define POOL_BAND_DOUBLES ((int64_t)1 << 13)

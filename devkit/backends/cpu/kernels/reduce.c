@@ -26,6 +26,8 @@ typedef union acc {
   int64_t i;
   uint64_t u;
 } acc;
+/* ACCUMULATE_LOOP walks a row of accumulators through a pointer to a member. */
+_Static_assert(sizeof(acc) == sizeof(double) && sizeof(acc) == sizeof(int64_t), "acc members fill it");
 
 /* Independent partial results per contiguous run: they break the chain of
  * dependent adds so the loop pipelines and vectorises. Maxima and minima
