@@ -603,6 +603,14 @@ def _attention_cases(dtype, rng):
     special[0][0, 0, 1, 2] = np.nan
     special[2][0, 1, 3, 0] = np.inf
     past = [r(1, 2, 4, 8), r(1, 2, 4, 8)]
+    # Enough work that the cpu plugin splits the (batch, query head) pairs
+    # over its pool: 3-D GQA with a past, causal, a mask per batch with a
+    # fully masked row, and the probabilities as qk_matmul_output.
+    heads_mask = r(2, 1, 40, 48)
+    heads_mask[0, 0, 5, :] = -np.inf
+    heads_mask[1, 0, :, 3] = -np.inf
+    heads_split = [r(2, 40, 8 * 16), r(2, 40, 2 * 16), r(2, 40, 2 * 16), heads_mask,
+                   r(2, 2, 8, 16), r(2, 2, 8, 16)]
     return [
         Case("4d", qkv4(2, 3, 3, 4, 6, 8, 8)),
         Case("3d_gqa", [r(2, 3, 4 * 5), r(2, 7, 2 * 5), r(2, 7, 2 * 3)], {"q_num_heads": 4, "kv_num_heads": 2}),
@@ -630,6 +638,8 @@ def _attention_cases(dtype, rng):
         Case("empty_batch_3d", [r(0, 3, 8), r(0, 4, 8), r(0, 4, 8)], {"q_num_heads": 2, "kv_num_heads": 2}),
         Case("odd_sizes", qkv4(1, 3, 3, 67, 33, 17, 9)),
         Case("large", qkv4(1, 4, 2, 128, 256, 64, 32)),
+        Case("large_heads_3d_gqa_causal_past_mask", heads_split,
+             {"q_num_heads": 8, "kv_num_heads": 2, "is_causal": 1, "qk_matmul_output_mode": 3}),
         Case("special", special),
     ]
 

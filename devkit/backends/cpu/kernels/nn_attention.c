@@ -4,11 +4,13 @@
  * Attention runs per (batch, query head) on blocks of query rows: the
  * scores block is scale * Q K^T (one GEMM), then each row gets softcap, the
  * additive bias (attn_mask, causal), a max-subtracted softmax, and the block
- * is multiplied by V (a second GEMM). The GEMMs are OpenBLAS's: float32,
+ * is multiplied by V (a second GEMM). The heads split over the thread
+ * pool; each is computed as on one thread. The GEMMs are OpenBLAS's: float32,
  * float16 and bfloat16 compute in float32 (float16/bfloat16 converted on the
  * way in and out), float64 in float64. Inputs are compact.
  */
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "nn.h"
@@ -16,6 +18,9 @@
 /* Elements of the scores block a query-row block may take; bounds scratch
  * memory for long key sequences. */
 #define ATTN_SCORE_BUDGET ((int64_t)1 << 20)
+/* Query heads split over the pool from about this many multiply-adds a
+ * chunk (llama_decoder's 16 heads of 32 x 32 scores, d 16: one a chunk). */
+#define ATTN_CHUNK_MACS ((int64_t)1 << 15)
 /* ONNX TensorProto code of softmax_precision=DOUBLE. */
 #define ATTN_PRECISION_DOUBLE 11
 
@@ -30,6 +35,14 @@ typedef struct attn_geom {
   int mode; /* qk_matmul_output_mode */
   double scale, softcap;
 } attn_geom;
+
+/* One Attention call split over query heads (attention_heads_*). */
+typedef struct attn_job {
+  const cpu_kernel_args *k;
+  const attn_geom *g;
+  int64_t block;              /* query rows scored at a time */
+  atomic_size_t failed_bytes; /* a chunk's scratch that could not be allocated; 0: none */
+} attn_job;
 
 static void attn_layout(int64_t heads, int64_t len, int64_t size, bool three_d, int64_t *b,
                         int64_t *h, int64_t *r) {
@@ -220,8 +233,8 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
  * attn_scores: scores[rows x total] = scale * Q[b, h, i0 .. i0 + rows) K^T.
  * attn_row: one query row of scores -> softcap, bias, softmax (and the
  *   qk_matmul_output of the selected mode) -> probabilities in place.
- * attention: the loop over (batch, kv head, its query heads, row blocks);
- *   Y rows = probabilities V. */
+ * attention_heads: (batch, query head) pairs, each over its row blocks:
+ *   Y rows = probabilities V; attention splits the pairs over the pool. */
 #define ATTN_IMPL(SUF, CT, TANH)                                                                  \
   static void attn_scores_##SUF(const cpu_kernel_args *k, const attn_geom *g, int64_t b,          \
                                 int64_t h, int64_t i0, int64_t rows, const CT *keys, int64_t ldk, \
@@ -267,21 +280,25 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     if (g->mode == 3) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
   }                                                                                               \
                                                                                                   \
-  static DK_Status attention_##SUF(const cpu_kernel_args *k, const attn_geom *g) {                \
+  /* Query heads [begin, end) over (batch, head): each its scores, softmax rows and Y rows,      \
+   * which no other head's touch, in scratch of the chunk's own. */                              \
+  static void attention_heads_##SUF(void *ctx, int64_t begin, int64_t end) {                      \
+    const attn_job *job = ctx;                                                                    \
+    const cpu_kernel_args *k = job->k;                                                            \
+    const attn_geom *g = job->g;                                                                  \
     const cpu_tensor *y = &k->out[0], *pk = &k->out[1], *pv = &k->out[2], *qk = &k->out[3];       \
     DK_DTypeKey dt = y->dtype;                                                                    \
     int64_t item = y->itemsize;                                                                   \
     bool direct = sizeof(CT) == (size_t)item; /* the tensors hold CT: no conversions */           \
-    int64_t total = g->total, d = g->d, dv = g->dv, block = g->lq;                                \
-    if (total && block > ATTN_SCORE_BUDGET / total)                                               \
-      block = ATTN_SCORE_BUDGET / total > 1 ? ATTN_SCORE_BUDGET / total : 1;                      \
+    int64_t total = g->total, d = g->d, dv = g->dv, block = job->block;                           \
     size_t n_scores = (size_t)(block * total), n_wide = g->wide_softmax ? (size_t)total : 0;       \
     size_t n_conv = direct ? 0 : (size_t)((total + block) * (d + dv));                            \
     size_t bytes = (n_scores + n_conv) * sizeof(CT) + n_wide * sizeof(double);                    \
     void *scratch = malloc(bytes ? bytes : 1);                                                    \
-    if (!scratch)                                                                                 \
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED,                                            \
-                             "out of host memory for %zu bytes of scratch", bytes);               \
+    if (!scratch) {                                                                               \
+      atomic_store(&((attn_job *)job)->failed_bytes, bytes ? bytes : 1);                          \
+      return;                                                                                     \
+    }                                                                                             \
     double *wide = n_wide ? scratch : NULL;                                                       \
     CT *scores = (CT *)((uint8_t *)scratch + n_wide * sizeof(double));                            \
     CT *kbuf = NULL, *vbuf = NULL, *qbuf = NULL, *ybuf = NULL; /* float16/bfloat16 in CT */      \
@@ -292,40 +309,51 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
       ybuf = qbuf + block * d;                                                                    \
     }                                                                                             \
     int64_t group = g->hq / g->hkv;                                                               \
-    for (int64_t b = 0; b < g->batch; b++) {                                                      \
-      for (int64_t kh = 0; kh < g->hkv; kh++) {                                                   \
-        /* This kv head's keys and values, shared by its `group` query heads. */                  \
-        int64_t ldk = d, ldv = dv, kv = b * g->hkv + kh;                                          \
-        const CT *keys = NULL, *vals = NULL;                                                      \
-        if (total && d)                                                                           \
-          keys = attn_view_##SUF(pk->data + kv * total * d * item, dt, total, d, d, kbuf, &ldk);  \
-        if (total && dv)                                                                          \
-          vals = attn_view_##SUF(pv->data + kv * total * dv * item, dt, total, dv, dv, vbuf,      \
-                                 &ldv);                                                           \
-        for (int64_t h = kh * group; h < (kh + 1) * group; h++) {                                 \
-          for (int64_t i0 = 0; i0 < g->lq; i0 += block) {                                         \
-            int64_t rows = g->lq - i0 < block ? g->lq - i0 : block;                               \
-            if (total) {                                                                          \
-              attn_scores_##SUF(k, g, b, h, i0, rows, keys, ldk, qbuf, scores);                   \
-              for (int64_t i = 0; i < rows; i++)                                                  \
-                attn_row_##SUF(g, qk, b, h, i0 + i, scores + i * total, wide);                    \
-            }                                                                                     \
-            if (!dv) continue;                                                                    \
-            uint8_t *yrow = y->data + (b * g->y_b + h * g->y_h + i0 * g->y_r) * item;             \
-            CT *out = direct ? (CT *)yrow : ybuf;                                                 \
-            int64_t ldy = direct ? g->y_r : dv;                                                   \
-            if (total)                                                                            \
-              attn_gemm_##SUF(false, rows, dv, total, 1.0, scores, total, vals, ldv, out, ldy);   \
-            else /* no keys: every row is fully masked */                                         \
-              for (int64_t i = 0; i < rows; i++) memset(out + i * ldy, 0, (size_t)dv * sizeof(CT)); \
-            if (!direct)                                                                          \
-              for (int64_t i = 0; i < rows; i++)                                                  \
-                attn_put_##SUF(yrow + i * g->y_r * item, dt, ybuf + i * dv, dv);                  \
-          }                                                                                       \
+    for (int64_t head = begin; head < end; head++) {                                              \
+      int64_t b = head / g->hq, h = head % g->hq;                                                 \
+      /* The keys and values of its kv head (shared by `group` query heads). */                   \
+      int64_t ldk = d, ldv = dv, kv = b * g->hkv + h / group;                                     \
+      const CT *keys = NULL, *vals = NULL;                                                        \
+      if (total && d)                                                                             \
+        keys = attn_view_##SUF(pk->data + kv * total * d * item, dt, total, d, d, kbuf, &ldk);    \
+      if (total && dv)                                                                            \
+        vals = attn_view_##SUF(pv->data + kv * total * dv * item, dt, total, dv, dv, vbuf, &ldv); \
+      for (int64_t i0 = 0; i0 < g->lq; i0 += block) {                                            \
+        int64_t rows = g->lq - i0 < block ? g->lq - i0 : block;                                   \
+        if (total) {                                                                              \
+          attn_scores_##SUF(k, g, b, h, i0, rows, keys, ldk, qbuf, scores);                       \
+          for (int64_t i = 0; i < rows; i++)                                                      \
+            attn_row_##SUF(g, qk, b, h, i0 + i, scores + i * total, wide);                        \
         }                                                                                         \
+        if (!dv) continue;                                                                        \
+        uint8_t *yrow = y->data + (b * g->y_b + h * g->y_h + i0 * g->y_r) * item;                 \
+        CT *out = direct ? (CT *)yrow : ybuf;                                                     \
+        int64_t ldy = direct ? g->y_r : dv;                                                       \
+        if (total)                                                                                \
+          attn_gemm_##SUF(false, rows, dv, total, 1.0, scores, total, vals, ldv, out, ldy);       \
+        else /* no keys: every row is fully masked */                                             \
+          for (int64_t i = 0; i < rows; i++) memset(out + i * ldy, 0, (size_t)dv * sizeof(CT));   \
+        if (!direct)                                                                              \
+          for (int64_t i = 0; i < rows; i++)                                                      \
+            attn_put_##SUF(yrow + i * g->y_r * item, dt, ybuf + i * dv, dv);                      \
       }                                                                                           \
     }                                                                                             \
     free(scratch);                                                                                \
+  }                                                                                               \
+                                                                                                  \
+  static DK_Status attention_##SUF(const cpu_kernel_args *k, const attn_geom *g) {                \
+    int64_t total = g->total, block = g->lq;                                                      \
+    if (total && block > ATTN_SCORE_BUDGET / total)                                               \
+      block = ATTN_SCORE_BUDGET / total > 1 ? ATTN_SCORE_BUDGET / total : 1;                      \
+    attn_job job = {.k = k, .g = g, .block = block};                                              \
+    atomic_init(&job.failed_bytes, 0);                                                            \
+    int64_t heads = g->batch * g->hq, head_macs = g->lq * total * (g->d + g->dv);                 \
+    cpu_parallel_for(heads, head_macs >= ATTN_CHUNK_MACS ? 1 : ATTN_CHUNK_MACS / (head_macs + 1), \
+                     attention_heads_##SUF, &job);                                                \
+    size_t failed = atomic_load(&job.failed_bytes);                                               \
+    if (failed)                                                                                   \
+      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED,                                            \
+                             "out of host memory for %zu bytes of scratch", failed);              \
     return DK_OK;                                                                                 \
   }
 
