@@ -283,7 +283,7 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
   /* Query heads [begin, end) over (batch, head): each its scores, softmax rows and Y rows,      \
    * which no other head's touch, in scratch of the chunk's own. */                              \
   static void attention_heads_##SUF(void *ctx, int64_t begin, int64_t end) {                      \
-    const attn_job *job = ctx;                                                                    \
+    attn_job *job = ctx;                                                                          \
     const cpu_kernel_args *k = job->k;                                                            \
     const attn_geom *g = job->g;                                                                  \
     const cpu_tensor *y = &k->out[0], *pk = &k->out[1], *pv = &k->out[2], *qk = &k->out[3];       \
@@ -296,7 +296,7 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     size_t bytes = (n_scores + n_conv) * sizeof(CT) + n_wide * sizeof(double);                    \
     void *scratch = malloc(bytes ? bytes : 1);                                                    \
     if (!scratch) {                                                                               \
-      atomic_store(&((attn_job *)job)->failed_bytes, bytes ? bytes : 1);                          \
+      atomic_store(&job->failed_bytes, bytes ? bytes : 1);                                        \
       return;                                                                                     \
     }                                                                                             \
     double *wide = n_wide ? scratch : NULL;                                                       \
@@ -311,7 +311,7 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     int64_t group = g->hq / g->hkv;                                                               \
     for (int64_t head = begin; head < end; head++) {                                              \
       int64_t b = head / g->hq, h = head % g->hq;                                                 \
-      /* The keys and values of its kv head (shared by `group` query heads). */                   \
+      /* The keys and values of its kv head (float16/bfloat16: converted per query head). */      \
       int64_t ldk = d, ldv = dv, kv = b * g->hkv + h / group;                                     \
       const CT *keys = NULL, *vals = NULL;                                                        \
       if (total && d)                                                                             \
