@@ -32,6 +32,11 @@ static inline float reduce_round_odd(double v) {
 /* max/min where NaN propagates, as in NumPy: once `a` is NaN nothing replaces it. */
 #define REDUCE_FMAX(a, v) ((v) > (a) || (v) != (v) ? (v) : (a))
 #define REDUCE_FMIN(a, v) ((v) < (a) || (v) != (v) ? (v) : (a))
+/* Lanes of a max/min fold over a contiguous run: GCC vectorises its
+ * compare-and-select only as an elementwise loop over a row of lanes
+ * (ReduceMax of 4096-float rows: 0.59 ns an element with 8 lanes, 0.18
+ * with 64, AVX-512 clone of a Zen 4). */
+#define REDUCE_EXTREMUM_LANES 64
 
 /* Loads (element -> double) and stores (double -> element) per float dtype. */
 #define REDUCE_LOAD_F32(x) ((double)(x))

@@ -74,11 +74,16 @@ typedef struct softmax_job {
     if (DT == DK_DTYPE_FLOAT32) {                                                                 \
       m = softmax_max_f32((const float *)x, len);                                                 \
     } else {                                                                                      \
-      for (int j = 0; j < LANES; j++) lane[j] = -INFINITY;                                        \
-      for (int64_t i = 0; i < body; i += LANES)                                                   \
-        for (int j = 0; j < LANES; j++) lane[j] = REDUCE_FMAX(lane[j], LOAD(x[i + j]));           \
-      for (int j = 0; j < LANES; j++) m = REDUCE_FMAX(m, lane[j]);                                \
-      for (int64_t i = body; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                        \
+      /* float64 in a row of lanes, which vectorises; float16/bfloat16 convert element by        \
+       * element and keep 8 lanes in registers (64 measured 9% slower there) */                   \
+      enum { W = DT == DK_DTYPE_FLOAT64 ? REDUCE_EXTREMUM_LANES : LANES };                        \
+      double lanes[W];                                                                            \
+      int64_t whole = len - len % W;                                                              \
+      for (int j = 0; j < W; j++) lanes[j] = -INFINITY;                                           \
+      for (int64_t i = 0; i < whole; i += W)                                                      \
+        for (int j = 0; j < W; j++) lanes[j] = REDUCE_FMAX(lanes[j], LOAD(x[i + j]));             \
+      for (int j = 0; j < W; j++) m = REDUCE_FMAX(m, lanes[j]);                                   \
+      for (int64_t i = whole; i < len; i++) m = REDUCE_FMAX(m, LOAD(x[i]));                       \
     }                                                                                             \
     /* The exponentials in a loop of their own, then their sum: one loop doing both ran          \
      * 1.26 ns an element on a Zen 4 (AVX-512 clone, from L1), these two 0.75 + 0.11. */          \
