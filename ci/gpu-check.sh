@@ -6,7 +6,7 @@
 # it compiles), then runs the runtime, graphs, ops (quick), onnx-node and
 # models conformance on cuda, the cuda tests and devkit-bench cuda, and
 # writes every result under RESULTS_DIR. Budget: under 8 minutes on one H200; the step
-# timeouts add up to 470 s, so the whole run ends within it even when a step
+# timeouts add up to 490 s, so the whole run ends within it even when a step
 # hangs.
 #   ci/gpu-check.sh [RESULTS_DIR]     (default: results/gpu-check)
 set -uo pipefail
@@ -28,11 +28,17 @@ step() {  # step NAME SECONDS COMMAND...: runs it, logs it, keeps going
     tail -3 "$results/$name.log" | sed 's/^/   /' >> "$results/summary.txt"
 }
 : > "$results/summary.txt"
+# Packages the image lacks (cffi and scipy-openblas32 on 2026-12-04) travel as
+# wheels in .whl (docs/cuda.md says how to fetch them); the build sees them too.
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-deps --no-compile --upgrade --target /tmp/devkit-site .whl/*.whl \
+        && export PYTHONPATH=/tmp/devkit-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 step environment 20 bash -c 'nvidia-smi; python3 --version; python3 -c "import cupy; print(\"cupy\", cupy.__version__); cupy.show_config()"'
 # The editable install builds the cpu plugin's C library (setuptools, wheel and
 # scipy-openblas32 are the build requirements; --no-build-isolation uses the
 # image's, --no-deps installs nothing else).
-step install 80 python3 -m pip install --no-deps --no-build-isolation -e .
+step install 100 python3 -m pip install --no-deps --no-build-isolation -e .
 step plugins 20 python3 -c "import devkit; [print(d) for d in devkit.list_plugins()]; devkit.load_plugin('cuda')"
 # NVRTC through CuPy for this GPU's architecture, 16 processes; nvcc need not be installed.
 step kernel-nvrtc 50 python3 -m devkit.backends.cuda.check --nvrtc --jobs 16
