@@ -30,8 +30,9 @@ from __future__ import annotations
 import re
 
 # Options every source compiles with: no contraction of a * b + c into an FMA
-# (the opencl programs' results round the same way), exact division and sqrt.
-COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", "--prec-div=true", "--prec-sqrt=true")
+# (the opencl programs' results round the same way), exact division and sqrt,
+# and denormals kept (ONNX's float arithmetic is IEEE's, as on the host).
+COMPILE_OPTIONS = ("--std=c++17", "--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false")
 
 PRELUDE = r"""
 #include <cuda_fp16.h>
@@ -42,12 +43,12 @@ typedef unsigned long ulong;
 #define CLK_LOCAL_MEM_FENCE 1
 #define CLK_GLOBAL_MEM_FENCE 2
 #define barrier(flags) __syncthreads()
-#ifndef INFINITY
-#define INFINITY __builtin_huge_valf()
-#endif
-#ifndef NAN
-#define NAN __builtin_nanf("")
-#endif
+// NVRTC 13.5 knows neither __builtin_huge_valf nor __builtin_nanf
+// (nvcc's front end does): OpenCL's constants by their bits.
+#undef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#undef NAN
+#define NAN __int_as_float(0x7fc00000)
 #ifndef CHAR_MIN
 #define CHAR_MIN (-128)
 #endif
