@@ -7,6 +7,7 @@ and the calls a capturing stream refuses."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import textwrap
@@ -41,8 +42,8 @@ def _end(stream=S):
 
 
 @pytest.fixture
-def streams(monkeypatch):
-    fake, device, table = on_a_fake_cuda(monkeypatch)
+def streams(monkeypatch, tmp_path):
+    fake, device, table = on_a_fake_cuda(monkeypatch, tmp_path)
     device.streams.update({S, T})
     return fake, device, table
 
@@ -281,7 +282,27 @@ def test_a_capture_cuda_invalidates_at_its_end_is_replayed_too(streams, monkeypa
     assert not fake.capturing and [(launch.name, launch.stream) for launch in fake.launches] == [("k_Add", S)]
     cuda_table.graph_destroy(0, graph)
 
-def test_the_host_captures_natively_through_the_plugins_table():
+def test_a_captured_matmul_runs_cublas_between_the_cuda_graphs(streams):
+    """CuPy's cuBLAS bindings refuse a capturing stream: the product is a
+    direct step; the Add after it is still captured."""
+    fake, device, table = streams
+    direct, native = cuda_graph.stats.direct_steps, cuda_graph.stats.native_steps
+    cuda_table.graph_begin_capture(0, _stream(S))
+    status, _, (y,) = _call(table, device, "MatMul", F32, [(4, 6), (6, 5)], [(4, 5)], S)
+    assert status == C.DK_OK
+    status, _, _ = _call(table, device, "Add", F32, [(4, 5), (5,)], [(4, 5)], S)
+    assert status == C.DK_OK
+    graph, _ = _end()
+    assert fake.gemms == []
+    cuda_table.graph_launch(0, graph, _stream(T))
+    (gemm,) = fake.gemms
+    assert gemm[16] == y and fake.cublas_stream == T and fake.instantiated == 1
+    assert [launch.name for launch in fake.launches] == ["k_Add"] and fake.launches[0].stream == T
+    assert cuda_graph.stats.direct_steps - direct == 1 and cuda_graph.stats.native_steps - native == 1
+    cuda_table.graph_destroy(0, graph)
+
+
+def test_the_host_captures_natively_through_the_plugins_table(tmp_path):
     """devkit's Stream.capture on the cuda plugin loaded on the stand-in CuPy (a
     process of its own: a loaded plugin stays loaded): the plugin's graph section
     records, a launch runs one CUDA graph, refusals arrive as the host's errors."""
@@ -291,6 +312,8 @@ def test_the_host_captures_natively_through_the_plugins_table():
         import numpy as np
         import test_cuda_kernels
         fake = sys.modules["cupy"] = test_cuda_kernels._FakeCuPy()
+        from devkit.backends.cuda import runtime
+        runtime._cupy = fake  # on a GPU machine test_cuda_kernels' REASON imported the real CuPy
         import devkit
         dev = devkit.device("cuda:0")
         x = devkit.asarray(np.arange(8, dtype=np.float32), dev)
@@ -317,7 +340,8 @@ def test_the_host_captures_natively_through_the_plugins_table():
                   other.buffer._allocation.handle)), "graphs:", fake.instantiated)
             graph.destroy()
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "DEVKIT_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:-1] == [
         "refused: True", "native: True slots: 3 ran: 0", "marker: 7 graphs: 1 2 adds: 2", "moved: 2",

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,6 +378,7 @@ class _FakeCuPy:
     def __init__(self):
         fake = self
         self.launches, self.gemms, self.freed, self.synced, self.uploads = [], [], [], [], []
+        self.modules_loaded = 0
         self.memory: dict[int, bytearray] = {}
         self.capturing: dict[int, list] = {}   # stream -> the work captured so far
         self.graphs: dict[int, list] = {}      # cudaGraph_t / cudaGraphExec_t -> that work
@@ -466,6 +469,7 @@ class _FakeCuPy:
                 "maxThreadsDim": (1024, 1024, 64), "sharedMemPerBlock": 49152, "sharedMemPerBlockOptin": 232448,
                 "multiProcessorCount": 132, "totalGlobalMem": 1 << 37},
             streamCreateWithFlags=lambda flags: new_handle(), malloc=allocate, mallocAsync=allocate,
+            memGetInfo=lambda: (1 << 36, 1 << 37),
             free=lambda pointer: fake.memory.pop(pointer),
             freeAsync=lambda pointer, stream: fake.freed.append((pointer, stream)),
             memcpyAsync=memcpy_async, memcpy=lambda dst, src, size, kind: copy(dst, src, size),
@@ -481,6 +485,8 @@ class _FakeCuPy:
             graphExecDestroy=lambda executable: fake.graphs.pop(executable), CUDARuntimeError=CUDARuntimeError)
 
         class Context:
+            compute_capability = "90"
+
             def __init__(self, index=0):
                 pass
 
@@ -528,33 +534,56 @@ class _FakeCuPy:
                     view(int(first) + 4 * int(slot), 4)[:] = np.uint32(e - int(base)).tobytes()
                     return
 
+        class NVRTCError(RuntimeError):
+            pass
+
+        def compile_program(program, options):
+            program["options"] = list(options)
+            if "#error" in program["code"]:
+                raise NVRTCError("NVRTC_ERROR_COMPILATION (6)")
+
+        # A "cubin" is the program's code and options as JSON, which RawModule(path=) reads back.
+        nvrtc = types.SimpleNamespace(
+            NVRTCError=NVRTCError, getVersion=lambda: (13, 0), getSupportedArchs=lambda: (75, 80, 90),
+            createProgram=lambda code, name, headers, include_names: {"code": code},
+            compileProgram=compile_program, getProgramLog=lambda program: "devkit.cu(1): error: #error",
+            getCUBIN=lambda program: json.dumps(program).encode(), destroyProgram=lambda program: None)
+
         class RawModule:
-            def __init__(self, code, options):
-                self.code, self.options = code, options
+            def __init__(self, path):
+                module = json.loads(Path(path).read_text())
+                self.code, self.options = module["code"], module["options"]
+                fake.modules_loaded += 1
 
             def get_function(self, name):
                 return Kernel(self, name)
 
         def gemm(*args):
+            # CuPy's binding: the handle's stream becomes CuPy's current stream,
+            # and a capturing one is refused.
+            if fake.current_stream in fake.capturing:
+                raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+            fake.cublas_stream = fake.current_stream
             on_stream(fake.cublas_stream, lambda s: fake.gemms.append(args))
 
-        cublas = types.SimpleNamespace(setStream=lambda handle, stream: setattr(fake, "cublas_stream", stream),
-                                       gemmStridedBatchedEx=gemm)
+        cublas = types.SimpleNamespace(gemmStridedBatchedEx=gemm)
         self.RawModule = RawModule
         self.cuda = types.SimpleNamespace(
             runtime=runtime, Device=Context, ExternalStream=ExternalStream, get_cuda_path=lambda: None,
-            cublas=cublas, device=types.SimpleNamespace(get_cublas_handle=lambda: 7))
+            nvrtc=nvrtc, cublas=cublas, device=types.SimpleNamespace(get_cublas_handle=lambda: 7))
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
-    return on_a_fake_cuda(monkeypatch)
+def fake_cuda(monkeypatch, tmp_path):
+    return on_a_fake_cuda(monkeypatch, tmp_path)
 
 
-def on_a_fake_cuda(monkeypatch):
-    """(the stand-in CuPy, the plugin's device on it, its kernel table), for one test."""
+def on_a_fake_cuda(monkeypatch, cache):
+    """(the stand-in CuPy, the plugin's device on it, its kernel table), for
+    one test, with devkit's cache in the directory ``cache``."""
     from devkit.backends.cuda import runtime, table
 
+    monkeypatch.setenv("DEVKIT_CACHE_DIR", str(cache))
     fake = _FakeCuPy()
     monkeypatch.setattr(runtime, "_cupy", fake)
     monkeypatch.setattr(kernels_module, "modules", kernels_module.ModuleCache())
@@ -604,7 +633,7 @@ def test_an_add_entry_launches_its_rendered_kernel_on_the_calls_stream(fake_cuda
     (launch,) = fake.launches
     assert launch.name == "k_Add" and launch.stream == 0x5EED
     assert launch.grid[0] * launch.block[0] >= 12 and launch.block == (256, 1, 1)
-    assert {"--fmad=false", "--prec-div=true"} <= set(launch.options)
+    assert {"--fmad=false", "--prec-div=true", "--ftz=false", "-arch=sm_90"} <= set(launch.options)
     # x, its offset, y (broadcast), its offset, the output, its offset, ndim, the shape/stride table, n.
     assert [int(a) for a in launch.args[:6]] == [x, 0, y, 0, out, 0]
     meta = int(launch.args[7])
@@ -638,6 +667,43 @@ def test_a_float_matmul_entry_runs_cublas_and_an_integer_one_the_kernel(fake_cud
     assert status == C.DK_OK and [launch.name for launch in fake.launches] == ["k_gemm_direct"]
 
 
+def test_free_memory_counts_what_the_plugin_holds_for_this_process(fake_cuda):
+    """mem_get_info's free memory moves with the plugin's allocations alone:
+    DK_Mems, a call's temporaries until they are freed in stream order."""
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    assert device.mem_info() == (1 << 36, 1 << 37)
+    mem = device.alloc(1000)
+    assert device.mem_info()[0] == (1 << 36) - 1000
+    temporaries = []
+    original = device.malloc_internal
+    device.malloc_internal = lambda n, stream=None: temporaries.append(n) or original(n, stream)
+    status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (4,)], [(3, 4)], 0x5EED)
+    assert status == C.DK_OK and temporaries and not device.internal  # freed (in stream order) by the call
+    device.free(mem)
+    assert len(device.mems) == 3 and device.mem_info()[0] == (1 << 36) - sum(device.mems.values())
+
+
+def test_programs_compile_once_into_the_disk_cache_and_errors_carry_the_log(fake_cuda):
+    """NVRTC is called with the plugin's options (denormals kept: CuPy's own
+    compile path would add -ftz=true); a second process (a new ModuleCache)
+    loads the cubin from the cache; a compile error raises NVRTC's log."""
+    fake, device, table = fake_cuda
+    source = "__kernel void k_one(__global float *x) { x[0] = 1.0f; }"
+    first = kernels_module.ModuleCache()
+    kernel = first.function(0, source, "-DWG=64", "k_one")
+    assert first.builds == 1 and "--ftz=false" in kernel.module.options and "-DWG=64" in kernel.module.options
+    assert first.function(0, source, "-DWG=64", "k_one") is kernel and fake.modules_loaded == 1
+    (cached,) = kernels_module.cache_dir().glob("*.cubin")
+    second = kernels_module.ModuleCache()
+    assert second.function(0, source, "-DWG=64", "k_one").name == "k_one" and second.builds == 0
+    second.function(0, source, "-DWG=32", "k_one")  # other options: another program
+    assert second.builds == 1 and len(list(kernels_module.cache_dir().glob("*.cubin"))) == 2
+    with pytest.raises(PluginError, match=r"NVRTC: NVRTC_ERROR_COMPILATION \(6\)\ndevkit.cu\(1\): error"):
+        second.function(0, "#error broken\n" + source, "", "k_one")
+    assert not list(kernels_module.cache_dir().glob("*.part"))
+
+
 def test_a_bad_call_is_refused_before_anything_is_launched(fake_cuda):
     fake, device, table = fake_cuda
     device.streams.add(0x5EED)
@@ -658,7 +724,9 @@ def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
         import sys
         sys.path.insert(0, "tests")
         import test_cuda_kernels
-        sys.modules["cupy"] = test_cuda_kernels._FakeCuPy()
+        fake = sys.modules["cupy"] = test_cuda_kernels._FakeCuPy()
+        from devkit.backends.cuda import runtime
+        runtime._cupy = fake  # on a GPU machine test_cuda_kernels' REASON imported the real CuPy
         import devkit
         from devkit.backends.cuda import sources, table
         plugin = devkit.load_plugin("cuda")

@@ -23,7 +23,7 @@ from .render import Group, GroupOp, Kernel, TensorArg, render
 from .rules import REDUCTIONS, RULES
 
 __all__ = ["ARG_KINDS", "Function", "Group", "GroupOp", "Kernel", "Module", "PRINTERS", "Printer", "REDUCTIONS",
-           "RULES", "TensorArg", "cache_dir", "compile_module", "dialect", "printer", "render"]
+           "RULES", "TensorArg", "cache_dir", "cache_root", "compile_module", "dialect", "printer", "render"]
 
 ARG_KINDS = {"tensor": C.DK_ARG_TENSOR, "int64": C.DK_ARG_INT64, "float32": C.DK_ARG_FLOAT32,
              "float64": C.DK_ARG_FLOAT64}
@@ -31,13 +31,17 @@ ARG_STRUCT_SIZE = ffi.sizeof("DK_LaunchArg")
 SHAPE_STRUCT_SIZE = ffi.sizeof("DK_LaunchShape")
 
 
-def cache_dir(plugin_name: str) -> Path:
-    """Where devkit's plugins keep compiled modules: $DEVKIT_CACHE_DIR, else
-    $XDG_CACHE_HOME/devkit, else ~/.cache/devkit; then codegen/<plugin>."""
+def cache_root() -> Path:
+    """devkit's on-disk cache: $DEVKIT_CACHE_DIR, else $XDG_CACHE_HOME/devkit, else ~/.cache/devkit."""
     root = os.environ.get("DEVKIT_CACHE_DIR")
     if not root:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "devkit")
-    return Path(root) / "codegen" / plugin_name
+    return Path(root)
+
+
+def cache_dir(plugin_name: str) -> Path:
+    """Where devkit's plugins keep compiled modules: codegen/<plugin> under ``cache_root()``."""
+    return cache_root() / "codegen" / plugin_name
 
 
 def dialect(device) -> str | None:

@@ -106,19 +106,21 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
 
     def enqueue(stream) -> None:  # alpha and beta are read when the call is queued (host pointer mode)
         handle = cupy.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, stream)
-        for index in itertools.product(*(range(size) for size, *_ in p.outer)):
-            ao = a.offset + sum(i * d[1] for i, d in zip(index, p.outer))
-            bo = b.offset + sum(i * d[2] for i, d in zip(index, p.outer))
-            yo = y.offset + sum(i * d[3] for i, d in zip(index, p.outer))
-            pointers = [int(buffer) + offset * itemsize for buffer, offset in ((b.buffer, bo), (a.buffer, ao),
-                                                                               (y.buffer, yo))]
-            cublas.gemmStridedBatchedEx(
-                handle, p.op_first, p.op_second, p.m, p.n, p.k, alpha_host.ctypes.data,
-                pointers[0], data_type, p.ld_first, p.strides[0],
-                pointers[1], data_type, p.ld_second, p.strides[1],
-                beta_host.ctypes.data, pointers[2], data_type, p.ld_out, p.strides[2],
-                p.count, compute, CUBLAS_GEMM_DEFAULT)
+        # CuPy's cuBLAS calls first set the handle's stream to CuPy's current
+        # stream (an explicit cublas.setStream would be overridden): ours.
+        with cupy.cuda.ExternalStream(stream):
+            for index in itertools.product(*(range(size) for size, *_ in p.outer)):
+                ao = a.offset + sum(i * d[1] for i, d in zip(index, p.outer))
+                bo = b.offset + sum(i * d[2] for i, d in zip(index, p.outer))
+                yo = y.offset + sum(i * d[3] for i, d in zip(index, p.outer))
+                pointers = [int(buffer) + offset * itemsize
+                            for buffer, offset in ((b.buffer, bo), (a.buffer, ao), (y.buffer, yo))]
+                cublas.gemmStridedBatchedEx(
+                    handle, p.op_first, p.op_second, p.m, p.n, p.k, alpha_host.ctypes.data,
+                    pointers[0], data_type, p.ld_first, p.strides[0],
+                    pointers[1], data_type, p.ld_second, p.strides[1],
+                    beta_host.ctypes.data, pointers[2], data_type, p.ld_out, p.strides[2],
+                    p.count, compute, CUBLAS_GEMM_DEFAULT)
 
     c.enqueue(enqueue)
     return True

@@ -8,9 +8,10 @@ each failing source and exit status 1. Without nvcc it says so and exits 0
 (nothing can be checked); ``--require-nvcc`` makes that an error instead.
 
 ``--nvrtc`` (on a GPU machine, with CuPy) compiles them instead the way the
-plugin does at run time -- NVRTC through CuPy for device 0's architecture,
-kernels.ModuleCache, with the plugin's options -- which also fills CuPy's
-on-disk kernel cache, so that the conformance runs after it compile nothing.
+plugin does at run time -- NVRTC through CuPy's bindings for device 0's
+architecture, kernels.ModuleCache, with the plugin's options -- which also
+fills the plugin's on-disk cache, so that the conformance runs after it
+compile nothing.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def compile_nvrtc(source: str, options: str, kernels: list[str]) -> str | None:
 
 
 def _check_nvrtc(args) -> int:
+    from .kernels import cache_dir
     from .runtime import unavailable_reason
 
     reason = unavailable_reason()
@@ -134,7 +136,7 @@ def _check_nvrtc(args) -> int:
         print("\n".join(failures), file=sys.stderr)
         print(f"{len(failures)} of {len(programs)} sources failed (NVRTC)", file=sys.stderr)
         return 1
-    print(f"{len(programs)} sources compiled (NVRTC through CuPy, device 0; cached in CuPy's kernel cache)")
+    print(f"{len(programs)} sources compiled (NVRTC, device 0; cached in {cache_dir()})")
     return 0
 
 

@@ -22,6 +22,8 @@ cannot be captured run directly between them, in capture order:
   cannot capture a copy from or to pageable memory;
 - ``event_record`` / ``stream_wait_event``: re-recorded, and waited for on
   the record that is the most recent when the graph is launched;
+- cuBLAS products: CuPy's cuBLAS bindings refuse to run on a capturing
+  stream (cuBLAS itself could be captured);
 - a run whose capture CUDA refuses (it raises): replayed step by step.
 
 ``stats`` counts how many steps each launch ran each way.
@@ -85,8 +87,7 @@ class RecordingCall(CudaCall):
         run(self)
 
     def _persistent(self, nbytes: int) -> int:
-        with self.device.context():
-            pointer = self.device.runtime.malloc(max(int(nbytes), 1))
+        pointer = self.device.malloc_internal(nbytes)
         self.owned.append(pointer)
         return pointer
 
@@ -117,7 +118,9 @@ class RecordingCall(CudaCall):
         self.steps.append((CHECK, check))
 
     def enqueue(self, fn) -> None:
-        self.steps.append((NATIVE, fn))
+        # Library work (cuBLAS): CuPy's cuBLAS bindings refuse a capturing
+        # stream (NotImplementedError), so it runs between the CUDA graphs.
+        self.steps.append((DIRECT, fn))
 
     def launch(self, source: str, name: str, args: list, global_size, local_size=None,
                options: str = "") -> None:
@@ -181,9 +184,8 @@ def _abandon_capture(runtime, stream: int) -> None:
 
 
 def _free(d: Device, pointers) -> None:
-    with d.context():  # cudaFree waits for the work that may still use them
-        for pointer in pointers:
-            d.runtime.free(pointer)
+    for pointer in pointers:  # cudaFree waits for the work that may still use them
+        d.free_internal(pointer)
 
 
 @dataclasses.dataclass
@@ -211,8 +213,7 @@ class Graph:
             self.nodes.append(_Node(steps=[(NATIVE if native else DIRECT, fn)], handles=handles))
 
     def persistent(self, nbytes: int) -> int:
-        with self.device.context():
-            pointer = self.device.runtime.malloc(max(int(nbytes), 1))
+        pointer = self.device.malloc_internal(nbytes)
         self.owned.append(pointer)
         return pointer
 

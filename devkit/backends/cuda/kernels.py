@@ -9,10 +9,12 @@ arithmetic on those plans (``plan_launch``: an OpenCL ND-range as a CUDA
 grid and block, local-memory arguments as offsets into the dynamic shared
 memory) and the CuPy calls that carry them out.
 
-Programs are compiled at first use: one ``cupy.RawModule`` per (device,
-source, options), kept for the process. On disk they are in CuPy's own
-kernel cache ($CUPY_CACHE_DIR, default ~/.cupy/kernel_cache), keyed by the
-source, the options and the architecture, so a second process compiles
+Programs are compiled at first use by NVRTC (CuPy's bindings, called
+directly: CuPy's own compile path appends -ftz=true, which would flush
+denormals), one module per (device, source, options) kept for the process.
+On disk the cubins are kept under kernels/cuda in devkit's cache
+(codegen.cache_root()), named by a hash of the NVRTC version, the
+architecture, the options and the source, so a second process compiles
 nothing.
 
 Temporaries a kernel call makes (shape and stride tables, scratch, flags)
@@ -28,12 +30,15 @@ allows (blas.py); other dtypes and layouts run the rendered tiled product.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 
+from ... import codegen
 from ...abi import C
 from ..opencl.kernels import Call, DeviceLimits, Local, Tensor
 from ..python_plugin import PluginError
@@ -114,11 +119,38 @@ def nvrtc_options(options: str, include_dirs: list[str]) -> tuple[str, ...]:
 
 
 def _include_dirs() -> list[str]:
-    """The toolkit's headers (cuda_fp16.h) where CuPy finds a toolkit; without
-    one CuPy adds the headers of its wheels itself."""
+    """Where cuda_fp16.h is: the toolkit CuPy finds, else the headers of the
+    NVIDIA wheels (cuda-pathfinder, which CuPy itself uses)."""
     root = cuda().cuda.get_cuda_path()
     include = os.path.join(root, "include") if root else None
-    return [include] if include and os.path.isdir(include) else []
+    if include and os.path.isdir(include):
+        return [include]
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+    except ImportError:
+        return []
+    found = find_nvidia_header_directory("cudart")
+    return [found] if found else []
+
+
+def cache_dir() -> Path:
+    return codegen.cache_root() / "kernels" / "cuda"
+
+
+def compile_cubin(code: str, options: tuple[str, ...], arch: str) -> bytes:
+    """``code`` compiled by NVRTC for sm_``arch`` (PTX for a newer device
+    than NVRTC knows); a failure raises the compiler's log."""
+    nvrtc = cuda().cuda.nvrtc
+    native = int(arch) <= max(nvrtc.getSupportedArchs())
+    program = nvrtc.createProgram(code, "devkit.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(program, (*options, f"-arch={'sm' if native else 'compute'}_{arch}"))
+        except nvrtc.NVRTCError as exc:
+            raise PluginError(C.DK_INTERNAL, f"NVRTC: {exc}\n{nvrtc.getProgramLog(program)}") from None
+        return nvrtc.getCUBIN(program) if native else nvrtc.getPTX(program).encode()
+    finally:
+        nvrtc.destroyProgram(program)
 
 
 class ModuleCache:
@@ -138,12 +170,26 @@ class ModuleCache:
         with self._lock:
             module = self._modules.get(memo_key[:3])
             if module is None:
-                module = cuda().RawModule(code=dialect.render(source),
-                                          options=nvrtc_options(options, _include_dirs()))
+                module = self._load(device_index, source, options)
                 self._modules[memo_key[:3]] = module
-                self.builds += 1
             found = self._functions.setdefault(memo_key, module.get_function(name))
         return found
+
+    def _load(self, device_index: int, source: str, options: str):
+        """The program's module, from the disk cache or compiled into it."""
+        cupy = cuda()
+        code, flags = dialect.render(source), nvrtc_options(options, _include_dirs())
+        arch = str(cupy.cuda.Device(device_index).compute_capability)
+        identity = repr((cupy.cuda.nvrtc.getVersion(), arch, flags, code)).encode()
+        path = cache_dir() / f"{hashlib.sha256(identity).hexdigest()}.cubin"
+        if not path.is_file():
+            binary = compile_cubin(code, flags, arch)
+            self.builds += 1
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.part")
+            partial.write_bytes(binary)
+            os.replace(partial, path)  # whole or absent for another process
+        return cupy.RawModule(path=str(path))
 
 
 modules = ModuleCache()
@@ -177,9 +223,8 @@ class CudaCall(Call):
             run(self)
         finally:  # in stream order after the kernels that use them
             stream = self.cuda_stream()
-            with self.device.context():
-                for pointer in self._temporaries:
-                    self.device.runtime.freeAsync(pointer, stream)
+            for pointer in self._temporaries:
+                self.device.free_internal(pointer, stream)
             if self.stream is None:
                 self.device.runtime.streamSynchronize(stream)
 
@@ -188,8 +233,7 @@ class CudaCall(Call):
         return self.stream if self.stream is not None else self.device.null_stream
 
     def scratch(self, nbytes: int) -> np.uint64:
-        with self.device.context():
-            pointer = self.device.runtime.mallocAsync(max(int(nbytes), 1), self.cuda_stream())
+        pointer = self.device.malloc_internal(nbytes, self.cuda_stream())
         self._temporaries.append(pointer)
         return np.uint64(pointer)
 

@@ -118,6 +118,7 @@ class Device:
         self.name = f"cuda device {index} ({self.properties['name'].decode(errors='replace')})"
         self.lock = threading.Lock()
         self.mems: dict[int, int] = {}       # pointer -> size
+        self.internal: dict[int, int] = {}   # the plugin's own allocations (temporaries, graph tables) -> size
         self.streams: set[int] = set()
         self.events: dict[int, bool] = {}    # cudaEvent_t -> has timing
         self.recorded: set[int] = set()      # events recorded at least once
@@ -135,6 +136,8 @@ class Device:
         with self.context():
             # The NULL stream's work runs on a private stream and completes before the call returns.
             self.null_stream = runtime.streamCreateWithFlags(CUDA_STREAM_NON_BLOCKING)
+            # mem_info's free memory counts down from this (see mem_info).
+            self.free_at_open = runtime.memGetInfo()[0]
 
     def context(self):
         return cuda().cuda.Device(self.index)
@@ -276,9 +279,40 @@ class Device:
         with self.context():
             self.runtime.freeAsync(pointer, stream)
 
-    def mem_info(self) -> tuple[int, int]:
+    def malloc_internal(self, nbytes: int, stream: int | None = None) -> int:
+        """Device memory the plugin itself uses (no DK_Mem): from the stream's
+        pool when ``stream`` is given; freed by ``free_internal``."""
         with self.context():
-            return self.runtime.memGetInfo()
+            if stream is None:
+                pointer = self.runtime.malloc(max(int(nbytes), 1))
+            else:
+                pointer = self.runtime.mallocAsync(max(int(nbytes), 1), stream)
+        with self.lock:
+            self.internal[pointer] = int(nbytes)
+        return pointer
+
+    def free_internal(self, pointer: int, stream: int | None = None) -> None:
+        """cudaFree (which waits for the work that may use it), or cudaFreeAsync in ``stream``'s order."""
+        with self.lock:
+            del self.internal[pointer]
+        with self.context():
+            if stream is None:
+                self.runtime.free(pointer)
+            else:
+                self.runtime.freeAsync(pointer, stream)
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total): the free memory when the plugin opened the device,
+        less what this process holds through the plugin now. A GPU is shared
+        with other processes and CUDA's own lazily made state (modules,
+        cuBLAS workspaces, the pools' reserve), none of which a DK_Mem
+        owns: counting only the plugin's allocations makes "memory returns
+        to its baseline" exact for each process."""
+        with self.context():
+            total = self.runtime.memGetInfo()[1]
+        with self.lock:
+            held = sum(self.mems.values()) + sum(self.internal.values())
+        return max(self.free_at_open - held, 0), total
 
     def host_alloc(self, size: int) -> int:
         with self.context():
