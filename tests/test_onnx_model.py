@@ -431,6 +431,8 @@ def test_onnx_backend_test_runner():
 def test_zoo_model_is_valid_and_seeded(name):
     model, inputs = zoo.MODELS[name]()
     onnx.checker.check_model(model, full_check=True)
+    # The opset's own IR version, which an onnxruntime older than onnx loads too.
+    assert model.ir_version == onnx.helper.find_min_ir_version_for(model.opset_import) < onnx.IR_VERSION
     assert [i.name for i in model.graph.input] == list(inputs)
     again, again_inputs = zoo.MODELS[name]()
     assert again.SerializeToString() == model.SerializeToString()

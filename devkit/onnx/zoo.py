@@ -72,8 +72,11 @@ class _Graph:
         graph = helper.make_graph(self.nodes, name, inputs,
                                   [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
                                   self.initializers)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                                 producer_name="devkit.onnx.zoo")
+        opsets = [helper.make_opsetid("", opset)]
+        # The oldest IR version the opset allows, not the installed onnx's
+        # newest: an older onnxruntime refuses IR versions it does not know.
+        return helper.make_model(graph, opset_imports=opsets, producer_name="devkit.onnx.zoo",
+                                 ir_version=helper.find_min_ir_version_for(opsets))
 
     # -- layers -----------------------------------------------------------------------
 
