@@ -74,6 +74,23 @@ def test_render_rewrites_qualifiers_and_kernel_signatures():
     assert dialect.kernel_names(_OPENCL) == ["k_tiled", "k_sum"]
 
 
+def test_a_kernel_a_macro_defines_gets_its_local_parameters_as_shared_memory_too():
+    """SoftmaxGrad's kernels come from a macro: their ``local`` parameter must
+    become an offset into the shared memory, inside the macro (an illegal
+    address on the H200 while it stayed a pointer)."""
+    source = ("#define DK_ROWS(NAME, TERM)                          \\\n"
+              "  kernel void NAME(global float *x, long n,        \\\n"
+              "                   local float *s) {               \\\n"
+              "    s[0] = TERM;                                   \\\n"
+              "  }\n"
+              "DK_ROWS(k_one, x[0])\n")
+    body = dialect.render(source)[len(dialect.PRELUDE):]
+    header = body.split("\n")[1]  # the pointer is made on the brace's line, which continues the macro
+    assert header.startswith('  extern "C" __global__ void NAME(float *x, long n, unsigned long dk_local_s) {')
+    assert "float *s = (float *)(dk_shared_bytes + dk_local_s);" in header and header.endswith("\\")
+    assert not re.search(r"\blocal\b", body)
+
+
 def test_defines_keep_only_the_preprocessor_options():
     assert dialect.defines("-DWG=256 -cl-fp32-correctly-rounded-divide-sqrt -DTK=16") == ["-DWG=256", "-DTK=16"]
 

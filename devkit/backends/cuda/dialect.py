@@ -259,7 +259,8 @@ def _render_kernels(source: str) -> str:
         body = source.index("{", close)
         parameters, pointers = [], []
         for parameter in _split_parameters(source[open_at + 1:close]):
-            local = _LOCAL_PARAMETER.match(parameter)
+            # A kernel a macro defines continues its lines with backslashes.
+            local = _LOCAL_PARAMETER.match(parameter.replace("\\\n", " "))
             if local:
                 ctype, name = local.groups()
                 parameters.append(f" unsigned long dk_local_{name}")
@@ -268,8 +269,8 @@ def _render_kernels(source: str) -> str:
                 parameters.append(parameter)
         out.append(source[at:match.start()])
         out.append(f"{KERNEL} void{match.group(1)} {match.group(2)}({','.join(parameters)}){source[close + 1:body + 1]}")
-        if pointers:
-            out.append(f"\n  extern __shared__ __align__({SHARED_ALIGNMENT}) unsigned char {_SHARED}[];"
+        if pointers:  # on the line of the brace, which may be inside a macro
+            out.append(f" extern __shared__ __align__({SHARED_ALIGNMENT}) unsigned char {_SHARED}[];"
                        + "".join(pointers))
         at = body + 1
     out.append(source[at:])
