@@ -667,6 +667,34 @@ def test_a_float_matmul_entry_runs_cublas_and_an_integer_one_the_kernel(fake_cud
     assert status == C.DK_OK and [launch.name for launch in fake.launches] == ["k_gemm_direct"]
 
 
+def test_a_bad_index_is_the_streams_sticky_error_and_a_null_stream_calls_status(fake_cuda, monkeypatch):
+    """A stream-order check's error is reported by the call's stream, as the
+    ABI has work that fails in stream order reported (and as the plugin's
+    CUDA graphs and the opencl plugin do); a NULL-stream call returns it."""
+    from devkit.backends.cuda import table as table_functions
+
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    allocate = device.alloc
+
+    def alloc(size, stream=None):  # the (2,) int64 indices: [1, 9], 9 out of range of 4 rows
+        handle = allocate(size) if stream is None else allocate(size, stream)
+        if size == 16:
+            fake.memory[int(ffi.cast("uintptr_t", handle))][:16] = np.array([1, 9], np.int64).tobytes()
+        return handle
+
+    monkeypatch.setattr(device, "alloc", alloc)
+    gather = dict(input_keys=[C.DK_DTYPE_FLOAT32, C.DK_DTYPE_INT64], ints={"axis": 0})
+    status, _, _ = _call(table, device, "Gather", C.DK_DTYPE_FLOAT32, [(4, 3), (2,)], [(2, 3)], 0x5EED, **gather)
+    assert status == C.DK_OK and 0x5EED in fake.synced
+    for _ in range(2):  # sticky
+        with pytest.raises(PluginError, match=r"Gather: index 9 \(element 1 of indices\) is out of range") as info:
+            table_functions.stream_synchronize(0, ffi.cast("DK_Stream", 0x5EED))
+        assert info.value.status == C.DK_OUT_OF_RANGE
+    status, _, _ = _call(table, device, "Gather", C.DK_DTYPE_FLOAT32, [(4, 3), (2,)], [(2, 3)], 0, **gather)
+    assert status == C.DK_OUT_OF_RANGE
+
+
 def test_free_memory_counts_what_the_plugin_holds_for_this_process(fake_cuda):
     """mem_get_info's free memory moves with the plugin's allocations alone:
     DK_Mems, a call's temporaries until they are freed in stream order."""

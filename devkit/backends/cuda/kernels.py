@@ -21,7 +21,7 @@ Temporaries a kernel call makes (shape and stride tables, scratch, flags)
 come from the device's stream-ordered pool (cudaMallocAsync on the call's
 stream) and are freed in stream order once the call has queued its
 kernels; the stream-order checks (bad indices, say) wait for the call's
-stream and raise from the call itself.
+stream, and an error they find is the stream's sticky error.
 
 MatMul and Gemm products go through cuBLAS where their operands' layout
 allows (blas.py); other dtypes and layouts run the rendered tiled product.
@@ -256,13 +256,18 @@ class CudaCall(Call):
             fn(self.cuda_stream())
 
     def check_in_stream_order(self, check) -> None:
-        """Waits for the call's stream (CUDA's host functions may not call CUDA)
-        and raises the check's error from the call itself."""
+        """Waits for the call's stream (CUDA's host functions may not call
+        CUDA) and runs the check: its error becomes the stream's sticky error,
+        as the ABI has work that fails in stream order reported (the opencl
+        plugin's, and this plugin's CUDA graphs'); a NULL-stream call raises it."""
         with self.device.context():
             self.device.runtime.streamSynchronize(self.cuda_stream())
             error = check(SyncReader())
-        if error is not None:
+        if error is None:
+            return
+        if self.stream is None:
             raise error
+        self.device.fail(self.stream, error)
 
     def launch(self, source: str, name: str, args: list, global_size, local_size=None,
                options: str = "") -> None:
