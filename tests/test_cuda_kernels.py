@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from pathlib import Path
 
@@ -379,6 +380,7 @@ class _FakeCuPy:
         fake = self
         self.launches, self.gemms, self.freed, self.synced, self.uploads = [], [], [], [], []
         self.modules_loaded = 0
+        self.math_modes = []
         self.memory: dict[int, bytearray] = {}
         self.capturing: dict[int, list] = {}   # stream -> the work captured so far
         self.graphs: dict[int, list] = {}      # cudaGraph_t / cudaGraphExec_t -> that work
@@ -566,11 +568,12 @@ class _FakeCuPy:
             fake.cublas_stream = fake.current_stream
             on_stream(fake.cublas_stream, lambda s: fake.gemms.append(args))
 
-        cublas = types.SimpleNamespace(gemmStridedBatchedEx=gemm)
+        cublas = types.SimpleNamespace(gemmStridedBatchedEx=gemm, create=lambda: 7,
+                                       setMathMode=lambda handle, mode: fake.math_modes.append((handle, mode)))
         self.RawModule = RawModule
         self.cuda = types.SimpleNamespace(
             runtime=runtime, Device=Context, ExternalStream=ExternalStream, get_cuda_path=lambda: None,
-            nvrtc=nvrtc, cublas=cublas, device=types.SimpleNamespace(get_cublas_handle=lambda: 7))
+            nvrtc=nvrtc, cublas=cublas)
 
 
 @pytest.fixture
@@ -587,6 +590,7 @@ def on_a_fake_cuda(monkeypatch, cache):
     fake = _FakeCuPy()
     monkeypatch.setattr(runtime, "_cupy", fake)
     monkeypatch.setattr(kernels_module, "modules", kernels_module.ModuleCache())
+    monkeypatch.setattr(blas, "_handles", threading.local())  # cuBLAS handles of the stand-in
     device = runtime.Device(0)
     monkeypatch.setattr(table, "_devices", [device])
     return fake, device, build_kernel_table([device])
@@ -663,6 +667,8 @@ def test_a_float_matmul_entry_runs_cublas_and_an_integer_one_the_kernel(fake_cud
     assert (handle, op_first, op_second, m, n, k) == (7, blas.CUBLAS_OP_N, blas.CUBLAS_OP_N, 5, 4, 6)
     assert args[7:9] == (b, 14) and args[11:13] == (a, 14) and args[16] == y  # CUDA_R_16BF
     assert args[-2:] == (blas.CUBLAS_COMPUTE_32F, blas.CUBLAS_GEMM_DEFAULT) and fake.cublas_stream == 0x5EED
+    # The plugin's own handle: sums stay float32 (no split-K partials in bfloat16), made once.
+    assert fake.math_modes == [(7, blas.CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)]
     status, _, _ = _call(table, device, "MatMul", C.DK_DTYPE_INT32, [(4, 6), (6, 5)], [(4, 5)], 0x5EED)
     assert status == C.DK_OK and [launch.name for launch in fake.launches] == ["k_gemm_direct"]
 

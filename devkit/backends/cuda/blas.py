@@ -10,7 +10,11 @@ above 1), integer dtypes, a Gemm whose beta is 0 with a C (IEEE's
 0 * inf = NaN, which BLAS skips) and batches CUDA's grid cannot take go to
 the rendered tiled kernel. Sums are float32 for float32, float16 and
 bfloat16 (CUBLAS_COMPUTE_32F: no TF32, as the spec's product), float64 for
-float64.
+float64. The products run on the plugin's own cuBLAS handles (one per
+thread and device), whose math mode forbids reductions in the output type:
+by default cuBLAS may sum a split-K product's partial results in float16 or
+bfloat16 (a 12288-output bfloat16 Gemm on the H200 had 44 results 2 to 5
+bfloat16 ulps off), and CuPy's shared handle keeps CuPy's own mode.
 
 ``plan`` is pure arithmetic (tested without a GPU); ``gemm`` runs it.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
+
 import numpy as np
 
 from ...abi import C
@@ -28,6 +34,7 @@ from .runtime import cuda
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_GEMM_DEFAULT = -1
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F = 68, 70
+CUBLAS_DEFAULT_MATH, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 0, 16
 # cudaDataType of each dtype cuBLAS multiplies here, with its compute type.
 CUDA_TYPES = {C.DK_DTYPE_FLOAT32: (0, CUBLAS_COMPUTE_32F), C.DK_DTYPE_FLOAT64: (1, CUBLAS_COMPUTE_64F),
               C.DK_DTYPE_FLOAT16: (2, CUBLAS_COMPUTE_32F), C.DK_DTYPE_BFLOAT16: (14, CUBLAS_COMPUTE_32F)}
@@ -82,6 +89,21 @@ def plan(key: int, a, b, y, m: int, n: int, k: int, batch) -> Plan | None:
                 (inner[2], inner[1], inner[3]), inner[0], tuple(batch[:-1]))
 
 
+_handles = threading.local()  # device index -> this thread's cuBLAS handle
+
+
+def handle(device_index: int) -> int:
+    """This thread's cuBLAS handle on the current device (made there once; a
+    handle is not shared between threads)."""
+    made = _handles.__dict__.setdefault("by_device", {})
+    if device_index not in made:
+        cublas = cuda().cuda.cublas
+        made[device_index] = cublas.create()
+        cublas.setMathMode(made[device_index],
+                           CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+    return made[device_index]
+
+
 def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta: float, addend) -> bool:
     """Runs y = alpha * a @ b (+ beta * addend) through cuBLAS when ``plan`` allows; False otherwise."""
     if addend is not None and beta == 0:
@@ -105,7 +127,7 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
     cublas = cupy.cuda.cublas
 
     def enqueue(stream) -> None:  # alpha and beta are read when the call is queued (host pointer mode)
-        handle = cupy.cuda.device.get_cublas_handle()
+        products = handle(c.device.index)
         # CuPy's cuBLAS calls first set the handle's stream to CuPy's current
         # stream (an explicit cublas.setStream would be overridden): ours.
         with cupy.cuda.ExternalStream(stream):
@@ -116,7 +138,7 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
                 pointers = [int(buffer) + offset * itemsize
                             for buffer, offset in ((b.buffer, bo), (a.buffer, ao), (y.buffer, yo))]
                 cublas.gemmStridedBatchedEx(
-                    handle, p.op_first, p.op_second, p.m, p.n, p.k, alpha_host.ctypes.data,
+                    products, p.op_first, p.op_second, p.m, p.n, p.k, alpha_host.ctypes.data,
                     pointers[0], data_type, p.ld_first, p.strides[0],
                     pointers[1], data_type, p.ld_second, p.strides[1],
                     beta_host.ctypes.data, pointers[2], data_type, p.ld_out, p.strides[2],
