@@ -498,7 +498,7 @@ class _FakeCuPy:
             def __exit__(self, *exc):
                 return False
 
-        class ExternalStream:
+        class ForeignStream:  # what Stream.from_external makes
             def __init__(self, pointer):
                 self.pointer = pointer
 
@@ -572,7 +572,8 @@ class _FakeCuPy:
                                        setMathMode=lambda handle, mode: fake.math_modes.append((handle, mode)))
         self.RawModule = RawModule
         self.cuda = types.SimpleNamespace(
-            runtime=runtime, Device=Context, ExternalStream=ExternalStream, get_cuda_path=lambda: None,
+            runtime=runtime, Device=Context, get_cuda_path=lambda: None,
+            Stream=types.SimpleNamespace(from_external=lambda obj: ForeignStream(obj.__cuda_stream__()[1])),
             nvrtc=nvrtc, cublas=cublas)
 
 

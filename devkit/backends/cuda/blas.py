@@ -29,7 +29,7 @@ import numpy as np
 
 from ...abi import C
 from ..opencl.kernels import cl_type, copy
-from .runtime import cuda
+from .runtime import cuda, current_stream
 
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_GEMM_DEFAULT = -1
@@ -123,14 +123,13 @@ def gemm(c, key: int, a, b, y, m: int, n: int, k: int, batch, alpha: float, beta
     data_type, compute = CUDA_TYPES[key]
     scalar = np.float64 if compute == CUBLAS_COMPUTE_64F else np.float32
     alpha_host, beta_host = np.array([alpha], scalar), np.array([beta], scalar)
-    cupy = cuda()
-    cublas = cupy.cuda.cublas
+    cublas = cuda().cuda.cublas
 
     def enqueue(stream) -> None:  # alpha and beta are read when the call is queued (host pointer mode)
         products = handle(c.device.index)
         # CuPy's cuBLAS calls first set the handle's stream to CuPy's current
         # stream (an explicit cublas.setStream would be overridden): ours.
-        with cupy.cuda.ExternalStream(stream):
+        with current_stream(stream):
             for index in itertools.product(*(range(size) for size, *_ in p.outer)):
                 ao = a.offset + sum(i * d[1] for i, d in zip(index, p.outer))
                 bo = b.offset + sum(i * d[2] for i, d in zip(index, p.outer))

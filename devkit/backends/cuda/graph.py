@@ -49,7 +49,7 @@ from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call,
 from ..python_plugin import invalid
 from . import kernels
 from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
-from .runtime import CUDA_MEMCPY_DEFAULT, Device, cuda, key_of
+from .runtime import CUDA_MEMCPY_DEFAULT, Device, current_stream, key_of
 
 CUDA_STREAM_CAPTURE_MODE_RELAXED = 2  # other threads may call CUDA (compile, cudaMalloc) meanwhile
 CACHED_BINDINGS = 4  # instantiated binding sets kept per graph
@@ -131,10 +131,9 @@ class RecordingCall(CudaCall):
             kernel = kernels.modules.function(self.device.index, source, options, name)
             if plan.shared_bytes > DEFAULT_SHARED_BYTES:
                 kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
-        cupy = cuda()
 
         def enqueue(s):
-            with cupy.cuda.ExternalStream(s):
+            with current_stream(s):
                 kernel(plan.grid, plan.block, plan.args, shared_mem=plan.shared_bytes)
 
         self.steps.append((NATIVE, enqueue))

@@ -43,7 +43,7 @@ from ...abi import C
 from ..opencl.kernels import Call, DeviceLimits, Local, Tensor
 from ..python_plugin import PluginError
 from . import blas, dialect
-from .runtime import cuda
+from .runtime import cuda, current_stream
 
 CUDA_MEMCPY_HOST_TO_DEVICE = 1
 CUDA_MEMCPY_DEVICE_TO_HOST = 2
@@ -274,12 +274,11 @@ class CudaCall(Call):
         plan = plan_launch(global_size, local_size, args, self.device.limits)
         if 0 in plan.grid:
             return  # an empty ND-range: nothing to run
-        cupy = cuda()
         with self.device.context():
             kernel = modules.function(self.device.index, source, options, name)
             if plan.shared_bytes > DEFAULT_SHARED_BYTES:
                 kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
-            with cupy.cuda.ExternalStream(self.cuda_stream()):
+            with current_stream(self.cuda_stream()):
                 kernel(plan.grid, plan.block, plan.args, shared_mem=plan.shared_bytes)
 
     def library_gemm(self, key, a, b, y, m, n, k, batch, alpha, beta, addend) -> bool:

@@ -49,6 +49,22 @@ def cuda():
     return _cupy
 
 
+class _StreamPointer:
+    """A cudaStream_t in the CUDA stream protocol (``__cuda_stream__``)."""
+
+    def __init__(self, pointer: int):
+        self.pointer = pointer
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.pointer
+
+
+def current_stream(pointer: int):
+    """A context in which CuPy's work (kernel launches, cuBLAS) goes on the
+    cudaStream_t ``pointer`` (CuPy's ExternalStream is deprecated)."""
+    return cuda().cuda.Stream.from_external(_StreamPointer(int(pointer)))
+
+
 def unavailable_reason() -> str | None:
     """Why the plugin cannot open a device here (no CuPy, no driver, no
     device), or None when it can."""
