@@ -262,21 +262,29 @@ class Device:
 
     # -- memory -----------------------------------------------------------------
 
-    def _register(self, pointer: int, size: int):
+    def _malloc(self, nbytes: int, stream: int | None) -> int:
+        """cudaMalloc, or cudaMallocAsync from the device's stream-ordered
+        pool when ``stream`` is given. 0 bytes take 1: a pointer is never NULL."""
+        with self.context():
+            if stream is None:
+                return self.runtime.malloc(max(int(nbytes), 1))
+            return self.runtime.mallocAsync(max(int(nbytes), 1), stream)
+
+    def _free(self, pointer: int, stream: int | None) -> None:
+        """cudaFree (which waits for the work that may use it), or cudaFreeAsync in ``stream``'s order."""
+        with self.context():
+            if stream is None:
+                self.runtime.free(pointer)
+            else:
+                self.runtime.freeAsync(pointer, stream)
+
+    def alloc(self, size: int, stream: int | None = None):
+        """A DK_Mem: a raw allocation, or one from the stream-ordered pool
+        when ``stream`` is given."""
+        pointer = self._malloc(size, stream)
         with self.lock:
             self.mems[pointer] = size
         return ffi.cast("DK_Mem", pointer)
-
-    def alloc(self, size: int, stream: int | None = None):
-        """A raw allocation, or one from the device's stream-ordered pool
-        (cudaMallocAsync) when ``stream`` is given. 0 bytes take 1: a live
-        handle is never NULL."""
-        with self.context():
-            if stream is None:
-                pointer = self.runtime.malloc(max(size, 1))
-            else:
-                pointer = self.runtime.mallocAsync(max(size, 1), stream)
-        return self._register(pointer, size)
 
     def _unregister(self, handle) -> int:
         pointer = key_of(handle)
@@ -286,36 +294,23 @@ class Device:
         return pointer
 
     def free(self, handle) -> None:
-        pointer = self._unregister(handle)
-        with self.context():
-            self.runtime.free(pointer)  # cudaFree waits for the work that may use it
+        self._free(self._unregister(handle), None)
 
     def free_async(self, handle, stream: int) -> None:
-        pointer = self._unregister(handle)
-        with self.context():
-            self.runtime.freeAsync(pointer, stream)
+        self._free(self._unregister(handle), stream)
 
     def malloc_internal(self, nbytes: int, stream: int | None = None) -> int:
-        """Device memory the plugin itself uses (no DK_Mem): from the stream's
-        pool when ``stream`` is given; freed by ``free_internal``."""
-        with self.context():
-            if stream is None:
-                pointer = self.runtime.malloc(max(int(nbytes), 1))
-            else:
-                pointer = self.runtime.mallocAsync(max(int(nbytes), 1), stream)
+        """Device memory the plugin itself uses (no DK_Mem), counted by
+        mem_info; freed by ``free_internal``."""
+        pointer = self._malloc(nbytes, stream)
         with self.lock:
             self.internal[pointer] = int(nbytes)
         return pointer
 
     def free_internal(self, pointer: int, stream: int | None = None) -> None:
-        """cudaFree (which waits for the work that may use it), or cudaFreeAsync in ``stream``'s order."""
         with self.lock:
             del self.internal[pointer]
-        with self.context():
-            if stream is None:
-                self.runtime.free(pointer)
-            else:
-                self.runtime.freeAsync(pointer, stream)
+        self._free(pointer, stream)
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total): the free memory when the plugin opened the device,
