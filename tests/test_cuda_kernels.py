@@ -658,6 +658,23 @@ def test_a_null_stream_call_waits_for_its_private_stream(fake_cuda):
     assert "vload_half" in launch.code and "__float2half_rn" in launch.code
 
 
+def test_a_one_dimensional_range_runs_the_tableless_kernel(fake_cuda):
+    """Operands that _merge_dims makes one dimension (contiguous, or a scalar
+    broadcast) go to k_Add_1d: each offset and step as arguments, no table."""
+    fake, device, table = fake_cuda
+    device.streams.add(0x5EED)
+    for y_shape, y_step in (((3, 4), 1), ((), 0)):
+        fake.launches.clear()
+        fake.uploads.clear()
+        status, (x, y), (out,) = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), y_shape], [(3, 4)],
+                                       0x5EED)
+        assert status == C.DK_OK
+        (launch,) = fake.launches
+        assert launch.name == "k_Add_1d" and "kernel void k_Add_1d(" not in launch.code  # rendered for CUDA
+        assert [int(a) for a in launch.args[:10]] == [x, 0, 1, y, 0, y_step, out, 0, 1, 12]
+        assert fake.uploads == []  # no shape and stride table
+
+
 def test_a_float_matmul_entry_runs_cublas_and_an_integer_one_the_kernel(fake_cuda):
     fake, device, table = fake_cuda
     device.streams.add(0x5EED)

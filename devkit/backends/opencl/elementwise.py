@@ -336,16 +336,35 @@ kernel void k_{name}({args}global {out}_t *y, long y_off, int ndim, global const
 }}
 """
 
+# The same over a range that _merge_dims made one dimension (contiguous
+# tensors, a scalar broadcast): each offset is off + i * step, with no
+# table, no index division and no offsets array, which lets a compiler
+# vectorise across work-items (PoCL, Add of 16 Mi float32: 6.4 ms against
+# 27 ms through dk_offsets).
+_KERNEL_1D = """
+kernel void k_{name}_1d({args}global {out}_t *y, long y_off, long y_step, long n{params}) {{
+  long i = get_global_id(0);
+  if (i >= n) return;
+{body}
+}}
+"""
+
 
 def _kernel(name: str, operands: list[tuple[str, str]], body: str, out: str = "X",
             params: tuple[tuple[str, str], ...] = ()) -> str:
-    """A kernel over the output's elements; operand v (pointer type T) arrives
-    as ``v_p`` and its element offset as ``v_i``, the output's as ``y_i``."""
+    """A kernel over the output's elements, and its one-dimensional twin
+    (k_NAME_1d); operand v (pointer type T) arrives as ``v_p`` and its
+    element offset as ``v_i``, the output's as ``y_i``."""
+    params = "".join(f", {t} {v}" for t, v in params)
     args = "".join(f"global const {t} *{v}_p, long {v}_off, " for v, t in operands)
     lines = [f"  const long {v}_i = {v}_off + o[{k}];" for k, (v, _) in enumerate(operands)]
     lines += [f"  const long y_i = y_off + o[{len(operands)}];", body]
-    return _KERNEL.format(name=name, args=args, out=out, count=len(operands) + 1, body="\n".join(lines),
-                          params="".join(f", {t} {v}" for t, v in params))
+    general = _KERNEL.format(name=name, args=args, out=out, count=len(operands) + 1, body="\n".join(lines),
+                             params=params)
+    args = "".join(f"global const {t} *{v}_p, long {v}_off, long {v}_step, " for v, t in operands)
+    lines = [f"  const long {v}_i = {v}_off + i * {v}_step;" for v, _ in operands]
+    lines += ["  const long y_i = y_off + i * y_step;", body]
+    return general + _KERNEL_1D.format(name=name, args=args, out=out, body="\n".join(lines), params=params)
 
 
 def _formula_kernel(name: str, formula: _Formula, expression: str, variables: str) -> str:
@@ -448,6 +467,12 @@ def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: 
         return
     shape, strides = _merge_dims(out.shape, [broadcast_strides(t, out.shape) for t in operands]
                                  + [out.strides])
+    if len(shape) <= 1:  # one dimension (or one element): k_NAME_1d, each tensor at a fixed step
+        steps = [np.int64(s[0] if shape else 0) for s in strides]
+        args = [a for t, step in zip(operands, steps) for a in (t, np.int64(t.offset), step)]
+        args += [out, np.int64(out.offset), steps[-1], np.int64(n), *scalars]
+        launch_items(c, source, f"k_{kernel}_1d", args, n, _build_options(c.device.limits))
+        return
     meta = c.buffer(shape + [s for tensor_strides in strides for s in tensor_strides])
     args = [a for t in operands for a in (t, np.int64(t.offset))]
     args += [out, np.int64(out.offset), np.int32(len(shape)), meta, np.int64(n), *scalars]
