@@ -469,14 +469,15 @@ def _launch(c: Call, source: str, kernel: str, operands: list[Tensor], scalars: 
                                  + [out.strides])
     if len(shape) <= 1:  # one dimension (or one element): k_NAME_1d, each tensor at a fixed step
         steps = [np.int64(s[0] if shape else 0) for s in strides]
+        name = f"k_{kernel}_1d"
         args = [a for t, step in zip(operands, steps) for a in (t, np.int64(t.offset), step)]
-        args += [out, np.int64(out.offset), steps[-1], np.int64(n), *scalars]
-        launch_items(c, source, f"k_{kernel}_1d", args, n, _build_options(c.device.limits))
-        return
-    meta = c.buffer(shape + [s for tensor_strides in strides for s in tensor_strides])
-    args = [a for t in operands for a in (t, np.int64(t.offset))]
-    args += [out, np.int64(out.offset), np.int32(len(shape)), meta, np.int64(n), *scalars]
-    launch_items(c, source, f"k_{kernel}", args, n, _build_options(c.device.limits))
+        args += [out, np.int64(out.offset), steps[-1]]
+    else:
+        meta = c.buffer(shape + [s for tensor_strides in strides for s in tensor_strides])
+        name = f"k_{kernel}"
+        args = [a for t in operands for a in (t, np.int64(t.offset))]
+        args += [out, np.int64(out.offset), np.int32(len(shape)), meta]
+    launch_items(c, source, name, args + [np.int64(n), *scalars], n, _build_options(c.device.limits))
 
 
 def _scalar(t: ClType, fp64: bool):
