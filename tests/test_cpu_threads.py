@@ -3,7 +3,8 @@
 The pool is driven alone by tests/native/pool_driver.c (built here with
 threads.c): every index covered once, chunks of at least the grain, small
 work and nested calls on the calling thread, each member's own share of
-a job's chunks first (the same share in every job), concurrent callers, a forked
+a job's chunks first (the same share in every job), concurrent callers, a
+worker spinning on the caller's CPU moved off it for the job, a forked
 child's own pool, workers joined at shutdown, idle workers asleep once their
 spin (DEVKIT_CPU_SPIN_US) is over, with and without one. Through the plugin: the
 thread budget is DEVKIT_CPU_THREADS, OpenBLAS stays on one thread and
@@ -25,7 +26,7 @@ from tests.conftest import run_python
 CPU_DIR = Path(__file__).resolve().parent.parent / "devkit" / "backends" / "cpu"
 DRIVER = Path(__file__).parent / "native" / "pool_driver.c"
 CHECKS = ["every_index_once", "small_work_on_caller", "chunks_per_budget", "workers_started",
-          "idle_workers_sleep", "home_shares", "nested_runs_serially", "concurrent_callers", "fork_child_pool", "shutdown_joins_workers",
+          "idle_workers_sleep", "home_shares", "nested_runs_serially", "concurrent_callers", "spinning_worker_moved_off_caller_cpu", "fork_child_pool", "shutdown_joins_workers",
           "restart_after_shutdown"]
 
 

@@ -11,11 +11,13 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernel.h"
@@ -162,6 +164,77 @@ static bool shares_of_job(int job, pthread_t *opener) {
   return ok && pthread_equal(opener[0], p.caller);
 }
 
+/* Sets the CPUs of every thread of the process. */
+static void set_all_threads_cpus(const cpu_set_t *cpus) {
+  DIR *d = opendir("/proc/self/task");
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.') sched_setaffinity(atoi(e->d_name), sizeof *cpus, cpus);
+  closedir(d);
+}
+
+static bool all_threads_have_cpus(const cpu_set_t *cpus) {
+  DIR *d = opendir("/proc/self/task");
+  bool same = true;
+  for (struct dirent *e; (e = readdir(d));) {
+    cpu_set_t got;
+    if (e->d_name[0] != '.' && sched_getaffinity(atoi(e->d_name), sizeof got, &got) == 0)
+      same = same && CPU_EQUAL(&got, cpus);
+  }
+  closedir(d);
+  return same;
+}
+
+typedef struct cpu_probe {
+  pthread_t caller;
+  int caller_cpu;
+  atomic_int worker_chunks_on_caller_cpu;
+} cpu_probe;
+
+static void record_cpu(void *arg, int64_t begin, int64_t end) {
+  (void)begin, (void)end;
+  cpu_probe *p = arg;
+  if (!pthread_equal(pthread_self(), p->caller) && sched_getcpu() == p->caller_cpu)
+    atomic_fetch_add(&p->worker_chunks_on_caller_cpu, 1);
+  struct timespec start, now; /* 200 us of work */
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  do clock_gettime(CLOCK_MONOTONIC, &now);
+  while ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) < 200000);
+}
+
+/* Workers left spinning on the caller's CPU (every thread pinned there for
+ * a job, then the workers allowed every CPU again) run none of the next
+ * job's chunks there: the caller moves them off its CPU, and they take
+ * their CPUs back afterwards. There is nothing to check without two
+ * threads, a spin, and a CPU for each thread (more threads than CPUs share
+ * some anyway). */
+static bool spinning_worker_moved_off_caller_cpu(void) {
+  cpu_set_t all, first;
+  if (sched_getaffinity(0, sizeof all, &all) != 0 || g_threads < 2 || g_threads > CPU_COUNT(&all) ||
+      g_spin_ns == 0)
+    return true;
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &all)) cpu++;
+  CPU_ZERO(&first);
+  CPU_SET(cpu, &first);
+  int64_t spin = g_spin_ns;
+  g_spin_ns = 200000000; /* the workers spin through the check */
+  set_all_threads_cpus(&first);
+  cpu_probe warm = {.caller = pthread_self(), .caller_cpu = -1};
+  cpu_parallel_for(8 * g_threads, 1, record_cpu, &warm); /* the workers take part, then spin on `cpu` */
+  set_all_threads_cpus(&all);
+  sched_setaffinity(0, sizeof first, &first); /* the caller stays there */
+  cpu_probe p = {.caller = pthread_self(), .caller_cpu = cpu};
+  cpu_parallel_for(8 * g_threads, 1, record_cpu, &p);
+  g_spin_ns = spin;
+  sched_setaffinity(0, sizeof all, &all);
+  bool restored = false;
+  for (int tries = 0; tries < 100 && !restored; tries++) {
+    usleep(1000);
+    restored = all_threads_have_cpus(&all);
+  }
+  return atomic_load(&p.worker_chunks_on_caller_cpu) == 0 && restored;
+}
+
 /* Streams: several threads call at once; each must get its whole range. */
 static void *stream_caller(void *arg) {
   atomic_int *bad = arg;
@@ -213,6 +286,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 3; i++) pthread_create(&callers[i], NULL, stream_caller, &bad);
   for (int i = 0; i < 3; i++) pthread_join(callers[i], NULL);
   CHECK("concurrent_callers", bad == 0);
+
+  CHECK("spinning_worker_moved_off_caller_cpu", spinning_worker_moved_off_caller_cpu());
 
   fflush(stdout);
   pid_t child = fork();

@@ -28,9 +28,9 @@
  * sleeps. A spin yields the core after its first few microseconds, so on a
  * loaded machine it costs the threads with work little.
  *
- * A caller that finds a worker spinning on its own CPU moves the worker to
- * the other CPUs (move_off_caller_cpu, Linux): left there, the two would
- * share one core for the whole job.
+ * A worker on the caller's CPU is moved to the other CPUs for the job
+ * (move_worker_off, Linux): left there, the two would share one core for
+ * the whole job.
  *
  * One job runs at a time: a call that finds the pool busy (another stream's
  * kernel) runs its range on its own thread, which keeps the streams together
@@ -66,6 +66,7 @@ typedef struct pool_job {
   /* Threads working on the job, the caller included: joined under mu while
    * the job is posted, left with the decrement (the job may be gone after). */
   atomic_int members;
+  int caller_cpu; /* where the caller runs (-1: unknown) */
 } pool_job;
 
 static struct {
@@ -79,9 +80,9 @@ static struct {
   int num_workers;         /* started */
   bool stop;
   pthread_t workers[CPU_MAX_THREADS];
-  /* Per worker: the CPU it spins on (-1 while it sleeps or works), its
-   * thread id, and whether a caller moved it (move_off_caller_cpu). */
-  atomic_int spin_cpu[CPU_MAX_THREADS];
+  /* Per worker: the CPU it ran its last job on (-1 while it sleeps), its
+   * thread id, and whether it was moved off a caller's CPU (move_worker_off). */
+  atomic_int last_cpu[CPU_MAX_THREADS];
   atomic_long tid[CPU_MAX_THREADS];
   atomic_bool moved[CPU_MAX_THREADS];
 } g_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
@@ -153,36 +154,36 @@ static int current_cpu(void) {
 #endif
 }
 
-/* A worker spinning on the caller's own CPU would share it with the caller
- * for the whole job: the scheduler keeps a thread that ran moments ago
- * where its cache is, even beside an idle CPU (a stream's worker, woken
- * onto the pool worker's CPU while the host thread slept in synchronize,
- * ran 2-thread kernels at 1-thread speed: the fused GELU on 256 x 2048
- * float32 in 208 us, 98 us launched from the host thread). So the caller
- * moves such a worker off its CPU, onto the others the worker may use, and
- * the worker takes its own CPUs back (`saved`) when the job is done. */
+/* A worker on the caller's own CPU would share it with the caller for the
+ * whole job: the scheduler keeps a thread that ran moments ago where its
+ * cache is, and wakes one beside its waker, even next to an idle CPU (a
+ * stream's worker, woken onto the pool worker's CPU while the host thread
+ * slept in synchronize, ran 2-thread kernels at 1-thread speed: the fused
+ * GELU on 256 x 2048 float32 in 208 us, 98 us launched from the host
+ * thread). So a caller moves the workers awake on its CPU to the other CPUs
+ * they may use before it posts a job (under mu), a worker that finds itself
+ * on the caller's CPU as it joins moves itself, and a moved worker takes its
+ * own CPUs back (`g_saved`) when the job is done, or before it sleeps if it
+ * joined none. */
 #ifdef __linux__
 static cpu_set_t g_saved[CPU_MAX_THREADS]; /* a moved worker's CPUs before the move */
 
-static void move_off_caller_cpu(int num_workers) {
-  int here = sched_getcpu();
-  for (int k = 0; k < num_workers && here >= 0; k++) {
-    if (atomic_load(&g_pool.spin_cpu[k]) != here) continue;
-    pid_t tid = (pid_t)atomic_load(&g_pool.tid[k]);
-    cpu_set_t saved, others;
-    if (sched_getaffinity(tid, sizeof saved, &saved) != 0) continue;
-    others = saved;
-    CPU_CLR(here, &others);
-    if (CPU_COUNT(&others) == 0) continue;
-    g_saved[k] = saved;
-    if (sched_setaffinity(tid, sizeof others, &others) == 0) atomic_store(&g_pool.moved[k], true);
-  }
+/* Moves worker k (thread `tid`; 0: the calling thread) off `cpu`, where it
+ * may use another. */
+static void move_worker_off(int k, long tid, int cpu) {
+  cpu_set_t saved, others;
+  if (atomic_load(&g_pool.moved[k]) || sched_getaffinity((pid_t)tid, sizeof saved, &saved) != 0) return;
+  others = saved;
+  CPU_CLR(cpu, &others);
+  if (CPU_COUNT(&others) == 0) return;
+  g_saved[k] = saved;
+  if (sched_setaffinity((pid_t)tid, sizeof others, &others) == 0) atomic_store(&g_pool.moved[k], true);
 }
 
-static void restore_cpus(int worker) { sched_setaffinity(0, sizeof g_saved[worker], &g_saved[worker]); }
+static void restore_cpus(int k) { sched_setaffinity(0, sizeof g_saved[k], &g_saved[k]); }
 #else
-static void move_off_caller_cpu(int num_workers) { (void)num_workers; }
-static void restore_cpus(int worker) { (void)worker; }
+static void move_worker_off(int k, long tid, int cpu) { (void)k, (void)tid, (void)cpu; }
+static void restore_cpus(int k) { (void)k; }
 #endif
 
 /* The caller waits until it is the job's last member. */
@@ -199,6 +200,7 @@ static void await_job(int worker, uint64_t seen) {
   bool spin = cpu_spin_ns() > 0;
   while (!g_pool.stop && (!g_pool.job || atomic_load(&g_pool.generation) == seen)) {
     if (!spin) {
+      atomic_store(&g_pool.last_cpu[worker], -1); /* where it wakes is the scheduler's choice */
       pthread_cond_wait(&g_pool.wake, &g_pool.mu);
       continue;
     }
@@ -206,11 +208,11 @@ static void await_job(int worker, uint64_t seen) {
      * came) does not end the wait; the next one posted does. */
     uint64_t at = atomic_load(&g_pool.generation);
     pthread_mutex_unlock(&g_pool.mu);
-    atomic_store(&g_pool.spin_cpu[worker], current_cpu());
     spin_until(job_posted_since, &at);
-    atomic_store(&g_pool.spin_cpu[worker], -1);
     pthread_mutex_lock(&g_pool.mu);
     spin = atomic_load(&g_pool.generation) != at; /* nothing came: sleep */
+    /* moved for a job it did not join: its CPUs back before it sleeps */
+    if (!spin && atomic_exchange(&g_pool.moved[worker], false)) restore_cpus(worker);
   }
 }
 
@@ -229,7 +231,9 @@ static void *worker_main(void *arg) {
     pool_job *job = g_pool.job;
     atomic_fetch_add(&job->members, 1);
     pthread_mutex_unlock(&g_pool.mu);
+    if (job->caller_cpu >= 0 && current_cpu() == job->caller_cpu) move_worker_off(home - 1, 0, job->caller_cpu);
     run_chunks(job, home);
+    atomic_store(&g_pool.last_cpu[home - 1], current_cpu());
     pthread_mutex_lock(&g_pool.mu);
     leave_job(job);
   }
@@ -241,7 +245,7 @@ static void *worker_main(void *arg) {
 static bool start_workers(void) {
   int wanted = cpu_thread_count() - 1;
   for (int k = g_pool.num_workers; k < wanted; k++) {
-    atomic_store(&g_pool.spin_cpu[k], -1);
+    atomic_store(&g_pool.last_cpu[k], -1);
     atomic_store(&g_pool.moved[k], false);
   }
   while (g_pool.num_workers < wanted &&
@@ -274,6 +278,7 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     job.share_end[s] = num_chunks * (s + 1) / threads;
   }
   atomic_init(&job.members, 1);
+  job.caller_cpu = current_cpu();
 
   pthread_mutex_lock(&g_pool.mu);
   if (g_pool.job || g_pool.stop || !start_workers()) {
@@ -281,12 +286,12 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
     fn(ctx, 0, n);
     return;
   }
+  for (int k = 0; k < g_pool.num_workers && job.caller_cpu >= 0; k++) /* none has joined the job yet */
+    if (atomic_load(&g_pool.last_cpu[k]) == job.caller_cpu) move_worker_off(k, atomic_load(&g_pool.tid[k]), job.caller_cpu);
   g_pool.job = &job;
   atomic_fetch_add(&g_pool.generation, 1);
   pthread_cond_broadcast(&g_pool.wake);
-  int num_workers = g_pool.num_workers;
   pthread_mutex_unlock(&g_pool.mu);
-  move_off_caller_cpu(num_workers);
 
   run_chunks(&job, 0);
 
