@@ -79,7 +79,7 @@ def test_the_project_has_its_files(project):
 def test_sources_are_renamed_without_defects_or_collectives(project):
     collectives = re.compile(rf"\b{NAME}_(?:{'|'.join(new_plugin.COLLECTIVE_FUNCTIONS)})\b|\bDK_Comm\b")
     for path, text in c_sources(project).items():
-        cpu = re.search(r"\bcpu_|\bCPU_|\bcpu\b|DEVKIT_CPU_|DEVKIT_BACKENDS_CPU", text)
+        cpu = re.search(rf"{new_plugin.CPU_PREFIX_LOWER}|{new_plugin.CPU_PREFIX_UPPER}|\bcpu\b|DEVKIT_CPU_|DEVKIT_BACKENDS_CPU", text)
         assert cpu is None, f"{path} still says {cpu.group(0)!r}"
         assert "DEVKIT_DEFECT" not in text, path
         assert collectives.search(text) is None, path

@@ -225,14 +225,20 @@ def drop_declarations(text: str, functions, macros) -> str:
     return re.sub(r"\n{3,}", "\n\n", text)  # the blank lines around what left
 
 
+# The cpu plugin's prefixes, not the C library's CPU sets (cpu_set_t, CPU_SET, ...).
+CPU_PREFIX_LOWER = r"\bcpu_(?!set_t\b)"
+CPU_PREFIX_UPPER = r"\bCPU_(?!(?:SET|CLR|ZERO|COUNT|ISSET|EQUAL|SETSIZE)\b)"
+
+
 def rename(text: str, name: str) -> str:
     """cpu_internal.h -> NAME_internal.h, cpu_x -> NAME_x, CPU_X -> NAME_X,
-    DEVKIT_CPU_X -> NAME_X, and the plugin's name in messages and comments."""
+    DEVKIT_CPU_X -> NAME_X, and the plugin's name in messages and comments;
+    the C library's CPU sets (cpu_set_t, CPU_SET, ...) keep their names."""
     upper = name.upper()
     # Include guards: DEVKIT_BACKENDS_CPU_CPU_INTERNAL_H_ -> NAME_INTERNAL_H_.
     text = re.sub(r"\bDEVKIT_BACKENDS_CPU_(?:CPU_)?(\w+_H_)\b", rf"{upper}_\1", text)
     text = re.sub(r"\bDEVKIT_CPU_", f"{upper}_", text)  # environment variables
-    text = re.sub(r"\bcpu_", f"{name}_", text)
-    text = re.sub(r"\bCPU_", f"{upper}_", text)
+    text = re.sub(CPU_PREFIX_LOWER, f"{name}_", text)
+    text = re.sub(CPU_PREFIX_UPPER, f"{upper}_", text)
     text = text.replace('"cpu" reference plugin', f'"{name}" plugin')
     return re.sub(r"\bcpu\b", name, text)  # "cpu device 0", "the cpu plugin"

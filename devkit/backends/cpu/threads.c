@@ -168,13 +168,13 @@ static int current_cpu(void) {
 #ifdef __linux__
 static cpu_set_t g_saved[CPU_MAX_THREADS]; /* a moved worker's CPUs before the move */
 
-/* Moves worker k (thread `tid`; 0: the calling thread) off `cpu`, where it
+/* Moves worker k (thread `tid`; 0: the calling thread) off `busy_cpu`, where it
  * may use another. */
-static void move_worker_off(int k, long tid, int cpu) {
+static void move_worker_off(int k, long tid, int busy_cpu) {
   cpu_set_t saved, others;
   if (atomic_load(&g_pool.moved[k]) || sched_getaffinity((pid_t)tid, sizeof saved, &saved) != 0) return;
   others = saved;
-  CPU_CLR(cpu, &others);
+  CPU_CLR(busy_cpu, &others);
   if (CPU_COUNT(&others) == 0) return;
   g_saved[k] = saved;
   if (sched_setaffinity((pid_t)tid, sizeof others, &others) == 0) atomic_store(&g_pool.moved[k], true);
@@ -182,7 +182,7 @@ static void move_worker_off(int k, long tid, int cpu) {
 
 static void restore_cpus(int k) { sched_setaffinity(0, sizeof g_saved[k], &g_saved[k]); }
 #else
-static void move_worker_off(int k, long tid, int cpu) { (void)k, (void)tid, (void)cpu; }
+static void move_worker_off(int k, long tid, int busy_cpu) { (void)k, (void)tid, (void)busy_cpu; }
 static void restore_cpus(int k) { (void)k; }
 #endif
 
