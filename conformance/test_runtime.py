@@ -15,6 +15,9 @@ import pytest
 
 import devkit
 from devkit.abi import C, ffi, field_end
+from devkit.engine.calls import KernelCall, launch
+from devkit.ops import dispatch
+from devkit.ops import spec as ops_spec
 
 MiB = 1 << 20
 # The 64 MiB copies are most of the suite's time: --profile quick leaves them out.
@@ -153,6 +156,78 @@ def test_host_alloc_roundtrip(plugin):
     assert bytes(ffi.buffer(pointer[0], 4096)) == b"\x5a" * 4096
     plugin.call("host_free", 0, pointer[0])
     plugin.call("host_free", 0, ffi.NULL)
+
+
+# -- host memory registration (ABI 1.3, optional) ------------------------------------
+
+@pytest.fixture
+def registers(plugin):
+    if not plugin.has_host_registration:
+        pytest.skip(reason=f"plugin '{plugin.name}' has no host memory registration (optional, ABI 1.3): "
+                           f"plans copy NumPy inputs and outputs instead")
+    return plugin
+
+
+def _register(dev, host: np.ndarray):
+    mem = ffi.new("DK_Mem *")
+    dev.call("mem_register_host", dev.index, ffi.from_buffer(host), host.nbytes, mem)
+    return mem[0]
+
+
+def test_registered_host_memory_is_device_memory_without_a_copy(registers, dev):
+    """Copies and kernels on a registered handle read and write the host array itself."""
+    free_before = dev.mem_get_info()[0]
+    x = np.arange(1024, dtype=np.float32)
+    y = np.zeros(1024, np.float32)
+    x_mem, y_mem = _register(dev, x), _register(dev, y)
+    try:
+        back = np.empty(16, np.float32)
+        dev.call("copy_d2h", dev.index, ffi.from_buffer(back), x_mem, 64, back.nbytes, ffi.NULL)
+        np.testing.assert_array_equal(back, x[16:32])
+        x[16:32] = -1  # no copy was taken: the device reads what the host writes
+        dev.call("copy_d2d", dev.index, y_mem, 0, x_mem, 0, x.nbytes, ffi.NULL)
+        np.testing.assert_array_equal(y, x)
+        # A kernel on registered memory: a call built on stand-ins, pointed at the handles.
+        stand_in_x, stand_in_y = devkit.empty(x.shape, x.dtype, dev), devkit.empty(y.shape, y.dtype, dev)
+        bound = dispatch.bind_call(ops_spec.get("Relu"), [stand_in_x], {}, dev)
+        if bound.entry is not None:
+            call = KernelCall(dev, bound.entry, "Relu", [stand_in_x], [stand_in_y], bound.attributes)
+            call.inputs[0].data, call.inputs[0].byte_offset = x_mem, 0
+            call.outputs[0].data, call.outputs[0].byte_offset = y_mem, 0
+            launch(call)
+            dev.synchronize()
+            np.testing.assert_array_equal(y, np.maximum(x, 0))
+            stand_in_x.buffer.free(), stand_in_y.buffer.free()
+        assert dev.mem_get_info()[0] == free_before  # registrations count against no capacity
+    finally:
+        dev.call("mem_unregister_host", dev.index, x_mem)
+        dev.call("mem_unregister_host", dev.index, y_mem)
+    dev.call("mem_unregister_host", dev.index, ffi.NULL)
+
+
+def test_host_registration_errors(registers, dev):
+    host = np.zeros(256, np.uint8)
+    mem = ffi.new("DK_Mem *")
+    api, index = dev.plugin.api, dev.index
+    assert api.mem_register_host(index, ffi.from_buffer(host), 0, mem) == C.DK_INVALID_ARGUMENT
+    assert api.mem_register_host(index, ffi.NULL, 256, mem) == C.DK_INVALID_ARGUMENT
+    assert api.mem_register_host(index, ffi.from_buffer(host), 256, ffi.NULL) == C.DK_INVALID_ARGUMENT
+    assert api.mem_register_host(-1, ffi.from_buffer(host), 256, mem) == C.DK_INVALID_ARGUMENT
+    handle = _register(dev, host)
+    try:
+        assert api.mem_register_host(index, ffi.from_buffer(host), 256, mem) == C.DK_ALREADY_EXISTS
+        with pytest.raises(devkit.InvalidArgumentError, match="mem_free.*mem_unregister_host"):
+            dev.call("mem_free", index, handle)
+        with pytest.raises(devkit.OutOfRangeError):  # the registration's extent is checked like an allocation's
+            dev.call("memset", index, handle, 200, 0, 57, ffi.NULL)
+    finally:
+        dev.call("mem_unregister_host", index, handle)
+    with pytest.raises(devkit.InvalidArgumentError, match="mem_unregister_host"):
+        dev.call("mem_unregister_host", index, handle)  # already ended
+    buffer = dev.alloc(64)
+    with pytest.raises(devkit.InvalidArgumentError, match="mem_unregister_host"):
+        dev.call("mem_unregister_host", index, buffer.handle)  # an allocation, not a registration
+    buffer.free()
 
 
 # -- copies -------------------------------------------------------------------------

@@ -58,6 +58,8 @@ OPTIONAL_FUNCTIONS = tuple(_API_FUNCTIONS[_API_FUNCTIONS.index(_FIRST_OPTIONAL):
 GRAPH_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("graph_"))
 # The codegen section (ABI 1.2): all of it or none of it.
 CODEGEN_FUNCTIONS = tuple(fn for fn in _API_FUNCTIONS if fn.startswith("codegen_"))
+# Host memory registration (ABI 1.3): both or neither.
+HOST_REGISTRATION_FUNCTIONS = ("mem_register_host", "mem_unregister_host")
 
 _log = logging.getLogger("devkit.plugin")
 
@@ -151,6 +153,12 @@ class Plugin:
     def has_codegen(self) -> bool:
         """Whether the plugin compiles and launches generated code (ABI 1.2)."""
         return self.has("codegen_compile")
+
+    @property
+    def has_host_registration(self) -> bool:
+        """Whether host memory can be registered as device memory (ABI 1.3): plans then
+        run on NumPy inputs and outputs in place."""
+        return self.has("mem_register_host")
 
     @property
     def name_is_shared(self) -> bool:
@@ -446,7 +454,8 @@ def _check_versions(info, location: str) -> None:
     if null:
         raise PluginLoadError(
             f"{location}: required DK_DeviceApi functions are NULL: {', '.join(null)}")
-    for section, functions in (("graph", GRAPH_FUNCTIONS), ("codegen", CODEGEN_FUNCTIONS)):
+    for section, functions in (("graph", GRAPH_FUNCTIONS), ("codegen", CODEGEN_FUNCTIONS),
+                               ("host registration", HOST_REGISTRATION_FUNCTIONS)):
         present = [fn for fn in functions
                    if api.struct_size >= field_end("DK_DeviceApi", fn) and getattr(api, fn) != ffi.NULL]
         if present and len(present) != len(functions):

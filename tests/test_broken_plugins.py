@@ -19,6 +19,8 @@ BROKEN = {
                       r"graph_launch, graph_rebind, graph_destroy .*all 5 graph functions or none",
     "PARTIAL_CODEGEN": r"the codegen section is partial: it has codegen_dialect but not codegen_compile, "
                        r"codegen_get_function, codegen_launch, codegen_unload .*all 5 codegen functions or none",
+    "PARTIAL_HOST_REGISTRATION": r"the host registration section is partial: it has mem_register_host but not "
+                                 r"mem_unregister_host .*all 2 host registration functions or none",
 }
 
 

@@ -121,11 +121,19 @@ def test_graph_section_is_appended_after_1_0_in_minor_1():
     assert fields[start - 1] == "group_end"  # the last function of 1.0
 
 
-def test_codegen_section_is_appended_last_in_minor_2():
+def test_codegen_section_is_appended_after_1_1_in_minor_2():
     """ABI 1.2 is append-only: the codegen functions follow the 1.1 graph section."""
     fields = [name for name, _ in ffi.typeof("DK_DeviceApi").fields]
-    assert ABI_MINOR >= 2 and fields[-len(CODEGEN_SECTION):] == CODEGEN_SECTION
-    assert fields[-len(CODEGEN_SECTION) - 1] == GRAPH_SECTION[-1]
+    start = fields.index(CODEGEN_SECTION[0])
+    assert ABI_MINOR >= 2 and fields[start:start + len(CODEGEN_SECTION)] == CODEGEN_SECTION
+    assert fields[start - 1] == GRAPH_SECTION[-1]
+
+
+def test_host_registration_is_appended_last_in_minor_3():
+    """ABI 1.3 is append-only: host memory registration follows the 1.2 codegen section."""
+    fields = [name for name, _ in ffi.typeof("DK_DeviceApi").fields]
+    assert ABI_MINOR >= 3 and fields[-2:] == ["mem_register_host", "mem_unregister_host"]
+    assert fields[-3] == CODEGEN_SECTION[-1]
 
 
 def test_codegen_section_states_its_conventions():

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import devkit
-from devkit.plugin import CODEGEN_FUNCTIONS, GRAPH_FUNCTIONS, REQUIRED_FUNCTIONS
+from devkit.plugin import CODEGEN_FUNCTIONS, GRAPH_FUNCTIONS, HOST_REGISTRATION_FUNCTIONS, REQUIRED_FUNCTIONS
 from tests.conftest import compile_plugin, run_python
 
 
@@ -148,6 +148,15 @@ def test_abi_1_1_plugin_loads_without_the_codegen_section(build_plugin):
     assert plugin.abi_version == (1, 1)
     # codegen_dialect's bytes are non-NULL in the library but lie past struct_size.
     assert not plugin.has_codegen and not any(plugin.has(fn) for fn in CODEGEN_FUNCTIONS)
+    assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
+
+
+def test_abi_1_2_plugin_loads_without_host_registration(build_plugin):
+    plugin = devkit.load_plugin(build_plugin("abi12", "ABI_1_2"))
+    assert plugin.abi_version == (1, 2)
+    # mem_register_host's bytes are non-NULL in the library but lie past struct_size.
+    assert not plugin.has_host_registration
+    assert not any(plugin.has(fn) for fn in HOST_REGISTRATION_FUNCTIONS)
     assert all(plugin.has(fn) for fn in REQUIRED_FUNCTIONS)
 
 

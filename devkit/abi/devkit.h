@@ -33,7 +33,10 @@
  *     section to DK_DeviceApi (a 1.0 plugin's table ends before it, and the
  *     host then replays graphs itself); 1.2 appends the OPTIONAL codegen
  *     section after it (a 1.0 or 1.1 plugin's table ends before it, and the
- *     host then runs its plans unfused).
+ *     host then runs its plans unfused); 1.3 appends the OPTIONAL host
+ *     memory registration section (mem_register_host, mem_unregister_host)
+ *     after that (an older plugin's table ends before it, and the host then
+ *     copies plan inputs and outputs through its own staging memory).
  *
  * ========================================================================
  * ERROR MODEL
@@ -114,7 +117,7 @@ extern "C" {
 #endif
 
 #define DK_ABI_MAJOR 1
-#define DK_ABI_MINOR 2
+#define DK_ABI_MINOR 3
 
 #if defined(_WIN32)
 #define DK_EXPORT __declspec(dllexport)
@@ -688,6 +691,31 @@ typedef struct DK_DeviceApi {
   /* Releases `module` and its functions (see graph capture above for work
    * still using it). NULL accepted. */
   DK_Status (*codegen_unload)(int32_t dev, DK_Module module);
+
+  /* --- OPTIONAL: host memory registration (ABI 1.3; both NULL = absent) ---
+   * Zero-copy I/O, as cudaHostRegister, OpenCL's CL_MEM_USE_HOST_PTR and
+   * PJRT's views of host buffers: `size` bytes of the caller's host memory
+   * at `ptr` become a DK_Mem that copies, memsets, kernel calls, graphs and
+   * codegen launches accept as they accept mem_alloc's, without a copy. The
+   * host uses it to run plans straight on NumPy inputs and outputs. A plugin
+   * implements both functions or neither (the host refuses a partial
+   * section), and only where its kernels can address host memory (the
+   * devkit cpu plugin; a device reporting DK_DEVICE_HOST_POINTER_HANDLES
+   * then gives (DK_Mem)ptr). Without the section the host copies.
+   * Ownership: the memory stays the caller's, (borrowed) until
+   * mem_unregister_host returns; the caller keeps it valid, and does not
+   * unregister it, while work using it is pending or a graph that may be
+   * launched refers to it. The host aligns `ptr` for every dtype it
+   * accesses the memory as. The handle counts against no capacity;
+   * mem_free of it is DK_INVALID_ARGUMENT (unregister it instead). */
+  /* (out) *mem. size 0, a NULL ptr or mem is DK_INVALID_ARGUMENT; a `ptr`
+   * that is already a live handle of `dev` (an allocation's or another
+   * registration's) is DK_ALREADY_EXISTS: use that handle. */
+  DK_Status (*mem_register_host)(int32_t dev, void *ptr, size_t size,
+                                 DK_Mem *mem);
+  /* Ends a registration; the memory is not freed. A handle that
+   * mem_register_host did not return is DK_INVALID_ARGUMENT. NULL accepted. */
+  DK_Status (*mem_unregister_host)(int32_t dev, DK_Mem mem);
 } DK_DeviceApi;
 
 /* ------------------------------------------------------------------------

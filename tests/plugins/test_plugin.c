@@ -60,6 +60,7 @@ UNIMPLEMENTED_FN(copy_p2p, int32_t dd, DK_Mem a, size_t ao, int32_t sd, DK_Mem b
                  size_t s, DK_Stream st)
 UNIMPLEMENTED_FN(graph_begin_capture, int32_t d, DK_Stream s)
 UNIMPLEMENTED_FN(codegen_dialect, int32_t d, const char **dialect)
+UNIMPLEMENTED_FN(mem_register_host, int32_t d, void *ptr, size_t size, DK_Mem *mem)
 
 static DK_DeviceApi api = {
     .struct_size = sizeof(DK_DeviceApi),
@@ -140,6 +141,17 @@ DK_EXPORT DK_Status DK_PluginInit(const DK_HostInfo *host, DK_PluginInfo *out) {
 #ifdef ABI_1_1
   out->abi_minor = 1;
   api.struct_size = offsetof(DK_DeviceApi, codegen_dialect);
+#endif
+#if defined(ABI_1_2) || defined(PARTIAL_HOST_REGISTRATION)
+  /* ABI_1_2: built against 1.2, before host memory registration: the bytes
+   * past its table are non-NULL here and must be treated as absent.
+   * PARTIAL_HOST_REGISTRATION: one function of the two, which the host
+   * refuses. */
+  api.mem_register_host = mem_register_host;
+#endif
+#ifdef ABI_1_2
+  out->abi_minor = 2;
+  api.struct_size = offsetof(DK_DeviceApi, mem_register_host);
 #endif
 #ifdef OLDER_MINOR
   /* Built before the optional functions existed: they lie past struct_size

@@ -92,8 +92,9 @@ bool cpu_table_remove(cpu_table *t, uintptr_t key, size_t *value);
 typedef struct cpu_device {
   _Alignas(64) int32_t index;
 
-  pthread_mutex_t mem_mu; /* guards mems, host, used */
+  pthread_mutex_t mem_mu; /* guards mems, registered, host, used */
   cpu_table mems;         /* live DK_Mem handle -> requested size */
+  cpu_table registered;   /* the mems that mem_register_host made -> size */
   cpu_table host;         /* live host_alloc pointer -> size */
   size_t used;            /* bytes of mems counted against the capacity */
 
@@ -244,6 +245,8 @@ DK_Status cpu_device_synchronize(int32_t dev);
 DK_Status cpu_mem_alloc(int32_t dev, size_t size, DK_Mem *mem);
 DK_Status cpu_mem_free(int32_t dev, DK_Mem mem);
 DK_Status cpu_mem_get_info(int32_t dev, size_t *free_bytes, size_t *total_bytes);
+DK_Status cpu_mem_register_host(int32_t dev, void *ptr, size_t size, DK_Mem *mem);
+DK_Status cpu_mem_unregister_host(int32_t dev, DK_Mem mem);
 DK_Status cpu_memset(int32_t dev, DK_Mem mem, size_t offset, uint8_t value,
                      size_t size, DK_Stream stream);
 

@@ -446,8 +446,15 @@ DK_Status cpu_mem_alloc_async(int32_t dev, size_t size, DK_Stream stream,
 static DK_Status unregister_mem(const char *fn, cpu_device *d, DK_Mem mem,
                                 size_t *size) {
   pthread_mutex_lock(&d->mem_mu);
-  bool live = cpu_table_remove(&d->mems, (uintptr_t)mem, size);
+  bool registered = cpu_table_find(&d->registered, (uintptr_t)mem, NULL);
+  bool live = !registered && cpu_table_remove(&d->mems, (uintptr_t)mem, size);
   pthread_mutex_unlock(&d->mem_mu);
+  if (registered)
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: handle %p is host memory registered with "
+                         "mem_register_host on cpu device %d: end it with "
+                         "mem_unregister_host",
+                         fn, (void *)mem, (int)d->index);
   if (!live)
     return cpu_set_error(DK_INVALID_ARGUMENT,
                          "%s: handle %p is not a live allocation on cpu "
@@ -534,6 +541,61 @@ DK_Status cpu_mem_get_info(int32_t dev, size_t *free_bytes,
   *free_bytes = g.capacity - d->used;
   pthread_mutex_unlock(&d->mem_mu);
   *total_bytes = g.capacity;
+  return DK_OK;
+}
+
+/* The handle is the host pointer itself (DK_DEVICE_HOST_POINTER_HANDLES),
+ * entered in the live registry so that every check that accepts an
+ * allocation accepts it, and in `registered` so that mem_free refuses it. */
+DK_Status cpu_mem_register_host(int32_t dev, void *ptr, size_t size,
+                                DK_Mem *mem) {
+  static const char fn[] = "mem_register_host";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK) return st;
+  if (!ptr) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
+  if (!mem) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: mem is NULL", fn);
+  if (!size)
+    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: size is 0 (a registration "
+                         "needs at least one byte)", fn);
+  if ((uintptr_t)ptr > UINTPTR_MAX - size)
+    return cpu_set_error(DK_OUT_OF_RANGE, "%s: %p + %zu bytes wraps around "
+                         "the address space", fn, ptr, size);
+  pthread_mutex_lock(&d->mem_mu);
+  bool exists = cpu_table_find(&d->mems, (uintptr_t)ptr, NULL);
+  bool ok = !exists && cpu_table_insert(&d->mems, (uintptr_t)ptr, size);
+  if (ok && !cpu_table_insert(&d->registered, (uintptr_t)ptr, size)) {
+    cpu_table_remove(&d->mems, (uintptr_t)ptr, NULL);
+    ok = false;
+  }
+  pthread_mutex_unlock(&d->mem_mu);
+  if (exists)
+    return cpu_set_error(DK_ALREADY_EXISTS,
+                         "%s: %p is already a live handle of cpu device %d "
+                         "(an allocation or a registration): use it", fn, ptr,
+                         (int)d->index);
+  if (!ok)
+    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+                         "%s: host out of memory registering %zu bytes", fn,
+                         size);
+  *mem = (DK_Mem)ptr;
+  return DK_OK;
+}
+
+DK_Status cpu_mem_unregister_host(int32_t dev, DK_Mem mem) {
+  static const char fn[] = "mem_unregister_host";
+  cpu_device *d;
+  DK_Status st = cpu_device_get(fn, dev, &d);
+  if (st != DK_OK || !mem) return st;
+  pthread_mutex_lock(&d->mem_mu);
+  bool registered = cpu_table_remove(&d->registered, (uintptr_t)mem, NULL);
+  if (registered) cpu_table_remove(&d->mems, (uintptr_t)mem, NULL);
+  pthread_mutex_unlock(&d->mem_mu);
+  if (!registered)
+    return cpu_set_error(DK_INVALID_ARGUMENT,
+                         "%s: handle %p is not a host registration of cpu "
+                         "device %d",
+                         fn, (void *)mem, (int)d->index);
   return DK_OK;
 }
 
