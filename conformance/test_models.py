@@ -267,3 +267,115 @@ def test_zoo_model_fused(dev, name, record_property):
         np.testing.assert_allclose(got, want, **ZOO_TOLERANCE, err_msg=f"{name} fused vs onnxruntime")
 
     _run_expecting(dev, name, check)
+
+
+# -- I/O binding: runs on devkit Arrays, into given arrays, and on NumPy in place ------------
+
+def _io_model():
+    """x (rows, 256) -> y = relu(x @ w + b), z = x + x: two outputs, large enough
+    (rows 128: 128 KiB each) to be bound in place where the plugin registers host memory."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((256, 256)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(256).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"]), helper.make_node("Add", ["x", "x"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "io", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 256])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", 256]) for name in ("y", "z")],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+PLANNED = pytest.mark.parametrize("planned", [True, False], ids=["plan", "interpreter"])
+
+
+@PLANNED
+@pytest.mark.parametrize("rows", [4, 128])
+def test_a_run_on_device_arrays_returns_device_arrays(dev, planned, rows):
+    import devkit
+
+    io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
+    expected = io_prepared.run({"x": x})
+    assert all(type(value) is np.ndarray for value in expected)
+    results = io_prepared.run({"x": devkit.asarray(x, dev)})
+    assert all(isinstance(value, devkit.Array) and value.device is dev for value in results)
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got.numpy(), want)  # the same kernels on the same data: bit for bit
+    np.testing.assert_array_equal(expected[1], x + x)
+    again = io_prepared.run({"x": devkit.asarray(x * 2, dev)})  # fresh outputs: the first ones keep their values
+    np.testing.assert_array_equal(results[1].numpy(), x + x)
+    np.testing.assert_array_equal(again[1].numpy(), 4 * x)
+
+
+@PLANNED
+@pytest.mark.parametrize("rows", [4, 128])
+def test_a_run_writes_into_given_outputs(dev, planned, rows):
+    import devkit
+
+    io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
+    expected = io_prepared.run({"x": x})
+    host_y = np.full((rows, 256), np.nan, np.float32)
+    device_z = devkit.asarray(np.full((rows, 256), np.nan, np.float32), dev)
+    results = io_prepared.run({"x": x}, outputs=[host_y, device_z])
+    assert results[0] is host_y and results[1] is device_z
+    np.testing.assert_array_equal(host_y, expected[0])
+    np.testing.assert_array_equal(device_z.numpy(), expected[1])
+    only_z = np.zeros((rows, 256), np.float32)
+    y, z = io_prepared.run({"x": devkit.asarray(x, dev)}, outputs=[None, only_z])
+    assert z is only_z and isinstance(y, devkit.Array)
+    np.testing.assert_array_equal(only_z, expected[1])
+    np.testing.assert_array_equal(y.numpy(), expected[0])
+
+
+def test_numpy_outputs_are_written_in_place_without_a_copy(dev, plugin):
+    """On a plugin that registers host memory a planned run's large NumPy
+    outputs are written by the kernels where they are returned: the plan's
+    arena slots for them keep what they held (elsewhere they are staged)."""
+    prepared = donnx.prepare(_io_model(), dev)
+    x = np.random.default_rng(3).standard_normal((128, 256)).astype(np.float32)
+    expected = prepared.run({"x": x})
+    (plan,) = prepared.plans.values()
+    sentinel = np.full((128, 256), np.nan, np.float32).reshape(-1).view(np.uint8)
+    for slot in plan._outputs:
+        slot.buffer.copy_from_host(sentinel)
+    results = prepared.run({"x": x})
+    for got, want in zip(results, expected):
+        np.testing.assert_array_equal(got, want)
+    untouched = [np.isnan(slot.numpy()).all() for slot in plan._outputs]
+    assert untouched == [plugin.has_host_registration] * 2
+
+
+def test_an_output_given_over_its_own_input_is_still_right(dev):
+    """z = x + x written into x itself: the run must not let a kernel overwrite
+    what it still reads, bound or not."""
+    prepared = donnx.prepare(_io_model(), dev)
+    x = np.random.default_rng(5).standard_normal((128, 256)).astype(np.float32)
+    expected = prepared.run({"x": x.copy()})
+    y, z = prepared.run({"x": x}, outputs=[None, x])
+    assert z is x
+    np.testing.assert_array_equal(y, expected[0])
+    np.testing.assert_array_equal(x, expected[1])
+
+
+@PLANNED
+def test_io_binding_refuses_what_does_not_fit(dev, planned):
+    import devkit
+
+    io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
+    x = np.zeros((4, 256), np.float32)
+    with pytest.raises(ValueError, match=r"output has shape \(4, 256\).*\(4, 255\)|output 0 has shape \(4, 255\)"):
+        io_prepared.run({"x": x}, outputs=[np.zeros((4, 255), np.float32), None])
+    with pytest.raises(ValueError, match="outputs: 1 given; the graph has 2"):
+        io_prepared.run({"x": x}, outputs=[None])
+    with pytest.raises(TypeError, match="input 'x' has dtype float64"):
+        io_prepared.run({"x": devkit.asarray(x.astype(np.float64), dev)})
+    other = devkit.device("cpu") if dev.plugin.name != "cpu" else None
+    if other is not None:
+        with pytest.raises(ValueError, match="input 'x' is on cpu:0; the model runs on"):
+            io_prepared.run({"x": devkit.asarray(x, other)})

@@ -13,6 +13,9 @@ the arena (memory.plan_memory).
 A run copies the inputs into their arena slots, replays the calls on a
 stream and copies the outputs out: one synchronisation, or none when the
 caller passes a stream (the outputs are then defined once it is synchronized).
+A run given devkit Arrays, large NumPy arrays on a plugin that registers
+host memory, or output arrays runs on that memory in place
+(engine.binding).
 
 A graph whose work depends on values only known while it runs (a shape read
 from a device tensor, NonZero's output size) or that needs the cpu fallback
@@ -34,6 +37,7 @@ from ..abi import ffi
 from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
+from .binding import BIND_IN_PLACE_BYTES, BoundRun, slot_references
 from .calls import KernelCall, bind, launch
 from .fusion import fuse_steps
 from .launch import StagedGraph, make_launcher
@@ -101,7 +105,8 @@ class Plan:
     """A graph compiled for one set of input shapes: see the module doc."""
 
     def __init__(self, device: Device, inputs: list[tuple[str, Array]], calls: list[KernelCall],
-                 outputs: list, memory: MemoryPlan, arena, resident: list):
+                 outputs: list, memory: MemoryPlan, arena, resident: list,
+                 input_references: list[list], output_references: list[list | None]):
         self.device = device
         self.calls = calls
         self.memory = memory
@@ -117,6 +122,17 @@ class Plan:
         self._host_outputs = any(isinstance(value, np.ndarray) for value in outputs)
         self._stream: Stream | None = None
         self._lock = threading.Lock()
+        # Per input, and per output (None: not bindable), the DK_Tensors of the
+        # calls that point at its slot (engine.binding).
+        self._input_references = input_references
+        self._output_references = output_references
+        self._registers = device.plugin.has_host_registration
+        self._host_pointers = device.properties.host_pointer_handles
+        # The handles a bound run's registrations return (one run at a time: the lock).
+        self._handle_cells = ffi.new("DK_Mem[]", max(len(inputs) + len(outputs), 1))
+        self._large_output = self._registers and any(
+            references is not None and value.nbytes >= BIND_IN_PLACE_BYTES
+            for value, references in zip(outputs, output_references))
 
     @property
     def launcher(self):
@@ -128,19 +144,36 @@ class Plan:
     def arena_bytes(self) -> int:
         return self.memory.arena_bytes
 
-    def run(self, feed: Mapping[str, np.ndarray], stream: Stream | None = None, *,
-            wait: bool | None = None) -> list[np.ndarray]:
+    def run(self, feed: Mapping[str, np.ndarray | Array], stream: Stream | None = None, *,
+            wait: bool | None = None, outputs: Sequence | None = None,
+            device_outputs: bool = False) -> list:
         """Inputs in (copied into the arena), the calls replayed, outputs out.
         Without ``stream`` the work goes to a stream of the plan's own. With
         ``wait`` (the default without a stream) the stream is synchronized
         once before returning; else nothing waits and the outputs are defined
         once ``stream`` has been synchronized. Runs of one plan take turns.
 
+        ``feed`` values are NumPy arrays or devkit Arrays on the plan's
+        device. ``outputs``: per graph output a destination (a NumPy array or
+        a devkit Array of its shape and dtype, written and returned) or None.
+        Outputs without one are new NumPy arrays, or new devkit Arrays with
+        ``device_outputs``. Arrays, and large NumPy arrays where the plugin
+        registers host memory, are used in place (engine.binding).
+
         A run without a stream that waits, on a plugin with the graph
         section, is one graph launch holding the copies too (StagedGraph)."""
         if wait is None:
             wait = stream is None
         with self._lock:
+            if outputs is not None or device_outputs or self._binds(feed, wait):
+                if outputs is not None and len(outputs) != len(self._outputs):
+                    raise ValueError(f"outputs: {len(outputs)} given; the graph has {len(self._outputs)}")
+                if stream is None and not (wait and self._host_pointers):
+                    # The default stream would complete each call before the next.
+                    if self._stream is None:
+                        self._stream = self.device.create_stream()
+                    stream = self._stream
+                return BoundRun(self, stream, wait).run(feed, outputs, device_outputs)
             if stream is None and wait and self._stages:
                 return self._run_staged(feed)
             if stream is None:
@@ -164,6 +197,13 @@ class Plan:
             else:
                 work.retain(self)
             return results
+
+    def _binds(self, feed: Mapping, wait: bool) -> bool:
+        """Whether a run is bound (engine.binding): an input is a devkit Array,
+        or memory registration would save a large copy."""
+        large = self._registers and wait and (self._large_output or any(
+            value.nbytes >= BIND_IN_PLACE_BYTES for value in feed.values()))
+        return large or any(type(value) is not np.ndarray for value in feed.values())
 
     def profile(self, feed: Mapping[str, np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Per call, in order: (op, median seconds) of the call launched alone
@@ -300,9 +340,14 @@ def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array
             bind(call.inputs[position], slot.array)
         for position, slot in outputs_of_call:
             bind(call.outputs[position], slot.array)
+    references = slot_references(steps)
+    # An output is bound where a call writes its slot and no other output is the same value.
+    bindable = [isinstance(value, _Slot) and value.first >= 0
+                and sum(other is value for other in outputs) == 1 for value in outputs]
     plan = Plan(device, [(name, slot.array) for name, slot in fed_slots], [call for call, _, _ in steps],
                 [value.array if isinstance(value, _Slot) else value for value in outputs], memory, arena,
-                resident)
+                resident, [references.get(id(slot), []) for _, slot in fed_slots],
+                [references.get(id(value), []) if can else None for value, can in zip(outputs, bindable)])
     plan.fusion = fusion_report
     return plan
 

@@ -336,7 +336,12 @@ class PreparedModel:
             raise ValueError(f"input '{missing[0]}' is missing")
         bound = {}
         for name, value in feed.items():
-            array = np.asarray(value)
+            if isinstance(value, Array):
+                if value.device is not self.device:
+                    raise ValueError(f"input '{name}' is on {value.device}; the model runs on {self.device}")
+                array = value
+            else:
+                array = np.asarray(value)
             dtype, shape = self._input_types[name]
             if array.dtype != dtype:
                 raise TypeError(f"input '{name}' has dtype {array.dtype}, the model declares "
@@ -379,16 +384,26 @@ class PreparedModel:
         schedule = self._liveness[fed] = _Liveness(static, kept, release)
         return schedule
 
-    def run(self, inputs, stream: Stream | None = None) -> list[np.ndarray]:
+    def run(self, inputs, stream: Stream | None = None, *, outputs=None) -> list:
         """Run the model: ``inputs`` is a list (graph-input order) or a dict by
-        name of NumPy arrays; returns the outputs as NumPy arrays. A dict may
-        also override initializers that are graph inputs; so may a list that
-        gives every graph input.
+        name of NumPy arrays or devkit Arrays on the model's device. A dict
+        may also override initializers that are graph inputs; so may a list
+        that gives every graph input.
+
+        Returns the outputs: devkit Arrays on the device where every input
+        is one (the data stays on the device, as with onnxruntime's
+        IOBinding), else NumPy arrays. ``outputs``: a list with, per graph
+        output, an array to write it into (a NumPy array or a devkit Array
+        of its shape and dtype; None: a new one); those arrays are returned.
+        A planned run uses Arrays, and on a plugin that registers host memory
+        large NumPy arrays, in place rather than copying them (docs/engine.md,
+        "I/O binding").
 
         A planned run on ``stream`` waits for nothing: its outputs are
         defined once the stream has been synchronized. Without one (and
         always for the interpreter) it returns when they are."""
         feed = self._bind(inputs)
+        device_outputs = bool(feed) and all(isinstance(value, Array) for value in feed.values())
         if feed.keys() == self._feed_set:
             signature = tuple([(name, feed[name].shape) for name in self._sorted_feed_names])
         else:
@@ -398,8 +413,14 @@ class PreparedModel:
             if plan is None:
                 plan = self.plans[signature] = self._build_plan(feed)
             if isinstance(plan, Plan):
-                return plan.run(feed, stream)
-        return self._interpret(feed, signature)
+                return plan.run(feed, stream, outputs=outputs, device_outputs=device_outputs)
+        results = self._interpret(feed, signature)
+        if outputs is None:
+            return [asarray(value, self.device) for value in results] if device_outputs else \
+                [to_numpy(value) for value in results]
+        if len(outputs) != len(results):
+            raise ValueError(f"outputs: {len(outputs)} given; the graph has {len(results)}")
+        return [_deliver(value, given, self.device, device_outputs) for value, given in zip(results, outputs)]
 
     def _build_plan(self, feed: dict) -> Plan | str:
         """The plan for these inputs' shapes, or why there cannot be one."""
@@ -451,9 +472,11 @@ class PreparedModel:
             schedule.constants = new_constants
         if new_shape_values is not None:
             self._shape_values[signature] = new_shape_values
-        # Host values are cached: the caller gets copies.
-        return [np.array(value) if isinstance(value, np.ndarray) else to_numpy(value)
-                for value in (values[name] for name in self.output_names)]
+        # Host values, weights and the kept static values are the model's: the caller gets copies.
+        kept = schedule.constants or {}
+        return [np.array(value) if isinstance(value, np.ndarray)
+                else value.copy() if name in kept or name in self._initializers else value
+                for name, value in ((name, values[name]) for name in self.output_names)]
 
     def _run_step(self, step: Step, values: dict, host_twins: dict) -> list:
         node, spec, attrs = step.node, step.spec, step.attrs
@@ -477,6 +500,21 @@ class PreparedModel:
         value = values[name]
         return value if isinstance(value, np.ndarray) else host_twins.get(name)
 
+
+
+def _deliver(value, given, device: Device, device_outputs: bool):
+    """An interpreter's output (an Array or a host value) in the caller's ``given`` array, if any."""
+    if given is None:
+        return asarray(value, device) if device_outputs else to_numpy(value)
+    if tuple(given.shape) != tuple(value.shape) or given.dtype != value.dtype:
+        raise ValueError(f"output has shape {tuple(value.shape)} and dtype {value.dtype}; the array given "
+                         f"for it has shape {tuple(given.shape)} and dtype {given.dtype}")
+    if isinstance(given, Array):
+        source = asarray(value, device)
+        given.buffer.view(given.offset, given.nbytes).copy_from(source.buffer.view(source.offset, source.nbytes))
+    else:
+        np.copyto(given, to_numpy(value))
+    return given
 
 
 def prepare(model, device: str | Device | None = None, plan: bool = True,
