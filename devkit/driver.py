@@ -425,18 +425,29 @@ class _DeviceMemory:
         the caching allocator is the one in use (what eager calls cache)."""
         stats = self._stats
         with self._lock:
-            if self._returned:
-                self._take_returned()
-            blocks = self._cache.get(capacity)
-            if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
-                block = blocks.pop()
-            else:
-                block = self._reuse(capacity, stream)
-            if block is None:
-                block = _Block(self._device_alloc(capacity), capacity)
-            else:
+            returned = self._returned
+            if len(returned) == 1 and returned[0][1] == capacity and returned[0][2] is not None \
+                    and not returned[0][2].waits:
+                # An eager op's steady state: the block the last result gave back, reused
+                # as it is (what _take_returned and the cache's pop would do, in one step).
+                freed, _, block = returned.popleft()
+                stats["allocated_bytes"] -= freed
+                stats["allocations"] -= 1
+                stats["free_count"] += 1
                 stats["cache_hits"] += 1
-                stats["cached_bytes"] -= capacity
+            else:
+                if returned:
+                    self._take_returned()
+                blocks = self._cache.get(capacity)
+                if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
+                    block = blocks.pop()
+                else:
+                    block = self._reuse(capacity, stream)
+                if block is None:
+                    block = _Block(self._device_alloc(capacity), capacity)
+                else:
+                    stats["cache_hits"] += 1
+                    stats["cached_bytes"] -= capacity
             # _count_allocation, inlined
             allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes
             if allocated > stats["peak_allocated_bytes"]:
