@@ -295,17 +295,31 @@ class BoundCall:
     attributes: list[tuple[str, str, object]]
     reads_values: bool  # the call read a device array's values: a host input, NonZero's input
     host_values: dict  # the host inputs' values by name (a decomposition reads them)
+    # How many leading outputs the caller gets: ``outputs`` (what the kernel writes) may hold more,
+    # optional outputs the caller left out that the op's kernels cannot skip (spec.skippable_outputs).
+    returned: int | None = None
+
+    @property
+    def returned_outputs(self) -> int:
+        return len(self.outputs) if self.returned is None else self.returned
 
 
 def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=None,
               stream: Stream | None = None, outputs_wanted: int | None = None) -> BoundCall:
     """Bind, check and shape-infer a call and find its kernel. ``outputs_wanted``:
     how many leading outputs the caller uses (None: all); the spec's optional
-    trailing outputs past them are left out of the call."""
+    trailing outputs past them are not returned (``BoundCall.returned``), and
+    those its kernels may skip (``spec.skippable_outputs``) are left out of the
+    call. Required outputs are always returned."""
     dev, device_inputs, host_values, infos, attrs, key_dtype = _prepare(spec, inputs, attrs, placement, stream)
     outputs = _infer(spec, infos, attrs)
+    returned = None
     if outputs_wanted is not None and spec.optional_outputs:
-        del outputs[max(outputs_wanted, len(outputs) - spec.optional_outputs):]
+        count = len(outputs)
+        returned = min(count, max(outputs_wanted, count - spec.optional_outputs))
+        del outputs[max(returned, count - spec.skippable_outputs):]
+        if returned == len(outputs):
+            returned = None
     entry = dev.plugin.kernel_entry(spec.name, key_dtype)
     # Omitted optional inputs keep their place (ndim -1) unless nothing follows them.
     call_inputs: list[int | None] = []
@@ -320,7 +334,7 @@ def bind_call(spec: OpSpec, inputs: Sequence, attrs: Mapping | None, placement=N
                     or any(decl.host and isinstance(value, Array)
                            for decl, value in zip(_declared(spec, len(inputs)), inputs)))
     return BoundCall(spec, dev, entry, key_dtype, attrs, outputs, call_inputs,
-                     _attribute_list(spec, attrs, host_values), reads_values, host_values)
+                     _attribute_list(spec, attrs, host_values), reads_values, host_values, returned)
 
 
 def outputs_named(names: Sequence[str]) -> int:
@@ -344,8 +358,10 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     the earlier call's resolution and prebuilt kernel call (see call_cache_info).
 
     ``outputs``: how many leading outputs the caller wants (None: all). Optional
-    trailing outputs past them (MaxPool's Indices) are neither computed nor
-    returned; required ones always are."""
+    trailing outputs past them (MaxPool's Indices, LayerNormalization's Mean and
+    InvStdDev: docs/operators.md marks them) are not returned, and not computed
+    where the op's kernels may skip them (MaxPool's Indices); required ones
+    always are returned."""
     # A capturing stream records each call it is given, so it gets calls of its own.
     capturing = stream is not None and stream.capturing is not None
     key = None if capturing else _call_key(name, inputs, attrs, (device, outputs))
@@ -363,7 +379,7 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     dev, entry = bound.device, bound.entry
     if entry is None:
         return resolution.run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
-                                             stream)[:len(bound.outputs)]
+                                             stream)[:bound.returned_outputs]
     compacted = False
     call_inputs: list[Array | None] = []
     for position in bound.call_inputs:
@@ -381,7 +397,7 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
         if len(cache) >= CALL_CACHE_SIZE:
             cache.clear()
         cache[key] = _CachedCall(bound, call)
-    return results
+    return results if bound.returned is None else results[:bound.returned]
 
 
 # -- the call cache ----------------------------------------------------------------------
@@ -451,11 +467,12 @@ class _CachedCall:
     """A bound call and its prebuilt kernel call: a run allocates the
     outputs and patches the data pointers."""
 
-    __slots__ = ("device", "call", "inputs", "outputs", "_stream", "_held")
+    __slots__ = ("device", "call", "inputs", "outputs", "returned", "_stream", "_held")
 
     def __init__(self, bound: BoundCall, call: KernelCall):
         self.device = bound.device
         self.call = call
+        self.returned = bound.returned  # None: every output the kernel writes
         self.inputs = [(call.inputs[slot], position) for slot, position in enumerate(bound.call_inputs)
                        if position is not None]
         memory = bound.device._memory
@@ -513,7 +530,7 @@ class _CachedCall:
         launch(call)
         if stream is not None:
             stream.retain(*arrays, *results)
-        return results
+        return results if self.returned is None else results[:self.returned]
 
 
 def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:

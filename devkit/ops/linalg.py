@@ -846,7 +846,7 @@ _POOL_ATTRS = _window_attrs(pool=True) + (_flag("ceil_mode"),)
 
 register(OpSpec(
     name="MaxPool", category="linalg", opset=22,
-    inputs=(Input("X"),), outputs=("Y", "Indices"), optional_outputs=1,
+    inputs=(Input("X"),), outputs=("Y", "Indices"), optional_outputs=1, skippable_outputs=1,
     attrs=_POOL_ATTRS + (_flag("storage_order"),),
     dtypes=ALL_FLOAT + (I8, U8),
     infer=_infer_max_pool, reference=_ref_max_pool,

@@ -8,7 +8,7 @@ tests/test_docs.py fails when the committed file differs from this output.
 from __future__ import annotations
 
 from ..backends.cpu import FLOAT32_ULP_BOUNDS
-from . import FAMILIES, all_specs
+from . import FAMILIES, all_specs, output_keyword
 from .primitives import PRIMITIVES, PRIMITIVES_VERSION, REASONS
 from .spec import REQUIRED, OpSpec, dtype_name
 
@@ -30,10 +30,19 @@ def _inputs(spec: OpSpec) -> str:
 
 
 def _outputs(spec: OpSpec) -> str:
-    """The outputs; the optional trailing ones (a caller that does not want
-    them gets a kernel call without them) marked."""
+    """The outputs; the optional trailing ones marked with the keyword that
+    asks devkit.ops.X for them, and those a kernel call may leave out."""
     first_optional = len(spec.outputs) - spec.optional_outputs
-    return ", ".join(f"`{o}`" + (" (optional)" if k >= first_optional else "") for k, o in enumerate(spec.outputs))
+    first_skippable = len(spec.outputs) - spec.skippable_outputs
+    parts = []
+    for k, o in enumerate(spec.outputs):
+        notes = []
+        if k >= first_optional:
+            notes.append(f"optional: `{output_keyword(o)}=True`")
+        if k >= first_skippable:
+            notes.append("a kernel call may leave it out")
+        parts.append(f"`{o}`" + (f" ({'; '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
 
 
 def _attrs(spec: OpSpec) -> str:
@@ -79,6 +88,15 @@ def render() -> str:
         "means correctly rounded (bit-exact for data movement and integers); *n ulp* counts units "
         "in the last place of the output dtype; *rtol/atol* bound |got − ref| by atol + rtol·|ref|. "
         "float16 and bfloat16 are storage types computed in float32.",
+        "",
+        "*Optional* outputs are the trailing ones ONNX's schema marks optional. `devkit.ops.X(...)` returns "
+        "only the required outputs (one Array, or a tuple for several) unless asked for others: "
+        "`return_<output>=True`, the output's name in snake_case (`ops.MaxPool(x, kernel_shape=[2, 2], "
+        "return_indices=True)` returns `(Y, Indices)`), or `outputs=n`, the first n. `devkit.run_op(..., "
+        "outputs=n)`, the ONNX runner and plans likewise return an optional output only to a caller that "
+        "names it. One that *a kernel call may leave out* is then not computed either: the kernel gets the "
+        "shorter call (`num_outputs` smaller) and must skip it; the others are still allocated and passed to "
+        "the kernel, and dropped.",
     ]
     for family in FAMILIES:
         members = [s for s in specs if s.category == family]

@@ -453,7 +453,7 @@ register(OpSpec(
     name="Dropout", category="shape", opset=22,
     inputs=(Input("data"), Input("ratio", optional=True, host=True),
             Input("training_mode", optional=True, host=True)),
-    outputs=("output", "mask"),
+    outputs=("output", "mask"), optional_outputs=1,
     attrs=(Attr("seed", "int", doc="unused at inference"),
            Attr("ratio", "float", doc="opsets before 12; unused at inference")),
     dtypes=(F32, F64, F16, BF16),

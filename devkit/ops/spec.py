@@ -215,8 +215,14 @@ class OpSpec:
     doc: str = ""
     category: str = ""
     decompose: Decomposition | None = None  # None: a primitive, or an op every plugin must implement
-    # Trailing outputs a kernel call may leave out (the kernel then skips computing them), e.g. MaxPool's Indices.
+    # The trailing outputs ONNX's schema marks optional (MaxPool's Indices, LayerNormalization's Mean and
+    # InvStdDev): a caller may leave them out -- devkit.ops.X returns them only when asked (return_<name>=True
+    # or outputs=n), run_op(outputs=n) and an ONNX node that leaves them unnamed do not get them.
     optional_outputs: int = 0
+    # Of those, the trailing ones a kernel call may leave out: every plugin's kernel for the op takes the
+    # shorter call and skips computing them (MaxPool's Indices). The other optional outputs a caller does
+    # not want are still allocated and passed to the kernel, and the dispatcher drops them.
+    skippable_outputs: int = 0
 
     def tolerance_for(self, dtype, decomposed: bool = False) -> Tolerance:
         """The tolerance for ``dtype``; ``decomposed``: when the op ran through its decomposition."""
@@ -226,6 +232,11 @@ class OpSpec:
         if isinstance(table, Tolerance):
             return table
         return table.get(dtype_name(dtype), table.get("default", EXACT))
+
+    @property
+    def required_outputs(self) -> int:
+        """How many leading outputs every call gets (variadic outputs: 1, the first)."""
+        return len(self.outputs) - self.optional_outputs
 
     @property
     def host_inputs(self) -> tuple[str, ...]:
@@ -248,6 +259,13 @@ def register(*specs: OpSpec) -> None:
             raise ValueError(f"op {spec.name}: key input {spec.key} does not exist")
         if isinstance(spec.key, str) and (spec.attr(spec.key) is None or spec.attr(spec.key).kind != "dtype"):
             raise ValueError(f"op {spec.name}: key {spec.key!r} is not a dtype attribute")
+        variadic = any(name.endswith("...") for name in spec.outputs)
+        if not 0 <= spec.optional_outputs <= (0 if variadic else len(spec.outputs) - 1):
+            raise ValueError(f"op {spec.name}: optional_outputs {spec.optional_outputs} does not fit its outputs "
+                             f"{', '.join(spec.outputs)} (at least the first is required)")
+        if not 0 <= spec.skippable_outputs <= spec.optional_outputs:
+            raise ValueError(f"op {spec.name}: skippable_outputs {spec.skippable_outputs} must be between 0 and "
+                             f"optional_outputs ({spec.optional_outputs})")
         _REGISTRY[spec.name] = spec
 
 

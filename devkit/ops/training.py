@@ -947,7 +947,7 @@ register(
     OpSpec(name="SoftmaxCrossEntropyLoss", category="training", opset=13,
            inputs=(Input("scores", doc="(N, C) or (N, C, D1, ...)"), Input("labels", doc="(N) or (N, D1, ...)"),
                    Input("weights", optional=True, doc="(C), a weight per class")),
-           outputs=("output", "log_prob"), attrs=(_IGNORE_INDEX, _REDUCTION), dtypes=ALL_FLOAT,
+           outputs=("output", "log_prob"), optional_outputs=1, attrs=(_IGNORE_INDEX, _REDUCTION), dtypes=ALL_FLOAT,
            infer=_sce_infer, reference=_sce_reference,
            cases=lambda dtype, rng: _sce_cases(dtype, rng, grad=False), tolerance=_SCE_TOLERANCE,
            doc="log_prob = LogSoftmax(scores) over the class dim 1; the loss of each label is -weights[label] * "
