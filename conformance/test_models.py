@@ -31,6 +31,7 @@ import time
 import numpy as np
 import pytest
 
+import devkit
 from devkit import onnx as donnx
 from devkit.onnx import zoo
 from devkit.ops import spec as _spec
@@ -296,8 +297,6 @@ PLANNED = pytest.mark.parametrize("planned", [True, False], ids=["plan", "interp
 @PLANNED
 @pytest.mark.parametrize("rows", [4, 128])
 def test_a_run_on_device_arrays_returns_device_arrays(dev, planned, rows):
-    import devkit
-
     io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
     x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
     expected = io_prepared.run({"x": x})
@@ -315,8 +314,6 @@ def test_a_run_on_device_arrays_returns_device_arrays(dev, planned, rows):
 @PLANNED
 @pytest.mark.parametrize("rows", [4, 128])
 def test_a_run_writes_into_given_outputs(dev, planned, rows):
-    import devkit
-
     io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
     x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
     expected = io_prepared.run({"x": x})
@@ -365,8 +362,6 @@ def test_an_output_given_over_its_own_input_is_still_right(dev):
 
 @PLANNED
 def test_io_binding_refuses_what_does_not_fit(dev, planned):
-    import devkit
-
     io_prepared = donnx.prepare(_io_model(), dev, plan=planned)
     x = np.zeros((4, 256), np.float32)
     with pytest.raises(ValueError, match=r"output has shape \(4, 256\).*\(4, 255\)|output 0 has shape \(4, 255\)"):
