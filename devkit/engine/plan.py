@@ -201,9 +201,13 @@ class Plan:
     def _binds(self, feed: Mapping, wait: bool) -> bool:
         """Whether a run is bound (engine.binding): an input is a devkit Array,
         or memory registration would save a large copy."""
-        large = self._registers and wait and (self._large_output or any(
-            value.nbytes >= BIND_IN_PLACE_BYTES for value in feed.values()))
-        return large or any(type(value) is not np.ndarray for value in feed.values())
+        in_place = self._registers and wait
+        if in_place and self._large_output:
+            return True
+        for value in feed.values():
+            if type(value) is not np.ndarray or (in_place and value.nbytes >= BIND_IN_PLACE_BYTES):
+                return True
+        return False
 
     def profile(self, feed: Mapping[str, np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
         """Per call, in order: (op, median seconds) of the call launched alone

@@ -403,7 +403,9 @@ class PreparedModel:
         defined once the stream has been synchronized. Without one (and
         always for the interpreter) it returns when they are."""
         feed = self._bind(inputs)
-        device_outputs = bool(feed) and all(isinstance(value, Array) for value in feed.values())
+        # Arrays out where every input is an Array (the fast path of _bind hands back NumPy only).
+        device_outputs = feed is not inputs and bool(feed) and all(
+            isinstance(value, Array) for value in feed.values())
         if feed.keys() == self._feed_set:
             signature = tuple([(name, feed[name].shape) for name in self._sorted_feed_names])
         else:
