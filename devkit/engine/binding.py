@@ -21,6 +21,8 @@ graph input passed through) are copied into their destination.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,6 +92,11 @@ class BoundRun:
             for tensor, data, offset in self._patched:
                 tensor.data, tensor.byte_offset = data, offset
             if self._registered:
+                if stream is not None and sys.exc_info()[0] is not None:
+                    # A launch failed after earlier ones were queued: they may still use the
+                    # registered memory, so they finish before it is given back.
+                    with contextlib.suppress(Exception):
+                        stream.synchronize()
                 dev = self.device
                 unregister = dev.plugin.api.mem_unregister_host
                 for mem in self._registered:
