@@ -125,7 +125,7 @@ def run_worker(plugin: str, nranks: int, scenario: str, results: Path, *extra: s
     report how far rank 0 got while it runs (devkit-conformance shows it)."""
     devkit.load_plugin(plugin)  # a plugin that does not load fails here, with its reason
     before = ccl_segments()
-    command = [sys.executable, "-m", "devkit.launch", "-n", str(nranks), "--timeout", str(timeout),
+    command = [sys.executable, "-m", "devkit.distributed.launch", "-n", str(nranks), "--timeout", str(timeout),
                "--grace", "2", "--", sys.executable, str(WORKER), scenario, "--plugin", plugin,
                "--results", str(results), *extra]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import devkit
-from devkit.rendezvous import RendezvousClient, RendezvousServer
+from devkit.distributed.rendezvous import RendezvousClient, RendezvousServer
 
-LAUNCHER = [sys.executable, "-m", "devkit.launch"]
+LAUNCHER = [sys.executable, "-m", "devkit.distributed.launch"]
 MPIRUN = shutil.which("mpirun")
 
 
@@ -188,7 +188,7 @@ def test_the_launcher_reaps_every_rank_and_closes_its_sockets(tmp_path):
     """))
     check = textwrap.dedent(f"""
         import os, sys
-        from devkit.launch import run
+        from devkit.distributed.launch import run
         code = run([sys.executable, {str(script)!r}], 3, grace=2)
         try:
             os.waitpid(-1, os.WNOHANG)
@@ -230,7 +230,7 @@ def test_usage_errors(arguments, message):
 def test_rendezvous_round_trip_between_ranks(tmp_path):
     result = launch(tmp_path, """
         import os
-        from devkit.rendezvous import RendezvousClient
+        from devkit.distributed.rendezvous import RendezvousClient
         rank, size = int(os.environ["DEVKIT_RANK"]), int(os.environ["DEVKIT_WORLD_SIZE"])
         store = RendezvousClient(os.environ["DEVKIT_RENDEZVOUS"])
         store.put(f"from.{rank}", f"hello from {rank}".encode())

@@ -286,7 +286,7 @@ def rank_main(args) -> int:
 
 
 def run_ranks(backend: str, config_path: Path, out_path: Path, nranks: int, timeout: float) -> list:
-    from ..launch import run
+    from ..distributed.launch import run
 
     command = [sys.executable, "-m", "devkit.bench", RANK_COMMAND, "--backend", backend,
                "--config", str(config_path), "--out", str(out_path)]

@@ -22,7 +22,7 @@ import socketserver
 import threading
 import time
 
-from .errors import DeadlineExceededError
+from ..errors import DeadlineExceededError
 
 RENDEZVOUS_ENV = "DEVKIT_RENDEZVOUS"
 _MAX_LINE = 64 * 1024  # ample for hex of a 4096-byte unique id

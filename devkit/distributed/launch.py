@@ -4,7 +4,7 @@
 
 Each rank gets DEVKIT_RANK, DEVKIT_WORLD_SIZE, DEVKIT_LOCAL_RANK,
 DEVKIT_LOCAL_WORLD_SIZE, DEVKIT_RENDEZVOUS (the address of the launcher's
-key-value store, see devkit.rendezvous) and DEVKIT_JOB_ID (16 hex digits,
+key-value store, see devkit.distributed.rendezvous) and DEVKIT_JOB_ID (16 hex digits,
 the same for every rank of the job). Every line a rank prints is forwarded
 prefixed with ``[rank K] `` (stdout to stdout, stderr to stderr).
 

@@ -29,12 +29,12 @@ import threading
 
 import numpy as np
 
-from . import dtypes, runtime
-from .abi import C, ffi
-from .errors import DeadlineExceededError, UnimplementedError
-from .plugin import Plugin, load_plugin
+from .. import dtypes, runtime
+from ..abi import C, ffi
+from ..errors import DeadlineExceededError, UnimplementedError
+from ..plugin import Plugin, load_plugin
+from ..runtime import Array, Destroyable, Device, Stream, empty
 from .rendezvous import RENDEZVOUS_ENV, RendezvousClient
-from .runtime import Array, Destroyable, Device, Stream, empty
 
 __all__ = [
     "COLLECTIVE_DTYPES", "Communicator", "Group", "LaunchEnvironment", "REDUCE_OPS", "group", "init",
