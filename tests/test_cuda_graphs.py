@@ -18,7 +18,7 @@ import pytest
 from devkit.abi import C, ffi
 from devkit.backends.cuda import graph as cuda_graph, table as cuda_table
 from devkit.backends.cuda.runtime import unavailable_reason
-from devkit.backends.python_plugin import PluginError
+from devkit.backends.support.boundary import PluginError
 
 from .test_cuda_kernels import _call, on_a_fake_cuda
 

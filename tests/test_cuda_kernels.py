@@ -29,7 +29,7 @@ from devkit.backends.cuda.table import build_kernel_table
 from devkit.backends.opencl import linalg
 from devkit.backends.opencl.kernels import DeviceLimits, Local
 from devkit.backends.opencl.linalg_gemm import _GPU_TILES, tiles
-from devkit.backends.python_plugin import PluginError
+from devkit.backends.support.boundary import PluginError
 
 REASON = unavailable_reason()
 # An H200's cudaDeviceProp, as runtime.limits_of reads it.
@@ -761,7 +761,7 @@ def test_a_bad_call_is_refused_before_anything_is_launched(fake_cuda):
     device.streams.add(0x5EED)
     status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (5,)], [(3, 4)], 0x5EED)
     assert status == C.DK_INVALID_ARGUMENT and fake.launches == []
-    from devkit.backends.python_plugin import last_error_message
+    from devkit.backends.support.boundary import last_error_message
 
     assert "Add" in ffi.string(last_error_message()).decode()
     status, _, _ = _call(table, device, "Add", C.DK_DTYPE_FLOAT32, [(3, 4), (4,)], [(3, 4)], 0xDEAD)

@@ -44,9 +44,9 @@ import threading
 import numpy as np
 
 from ...abi import ffi
-from .. import graph_capture
-from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
-from ..python_plugin import invalid
+from ..support import graph_capture
+from ..support.graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
+from ..support.boundary import invalid
 from . import kernels
 from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
 from .runtime import CUDA_MEMCPY_DEFAULT, Device, current_stream, key_of

@@ -41,7 +41,7 @@ import numpy as np
 from ... import codegen
 from ...abi import C
 from ..opencl.kernels import Call, DeviceLimits, Local, Tensor
-from ..python_plugin import PluginError
+from ..support.boundary import PluginError
 from . import blas, dialect
 from .runtime import cuda, current_stream
 

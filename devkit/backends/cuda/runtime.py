@@ -19,9 +19,9 @@ import threading
 import numpy as np
 
 from ...abi import C, ffi
-from ..graph_capture import capture_refused
+from ..support.graph_capture import capture_refused
 from ..opencl.kernels import DeviceLimits
-from ..python_plugin import PluginError, invalid
+from ..support.boundary import PluginError, invalid
 
 # cudaError values the plugin tells apart.
 CUDA_ERROR_MEMORY_ALLOCATION = 2

@@ -152,7 +152,7 @@ def _inline():
 
 def programs() -> list[Program]:
     """Every program, each once (two builders may make the same text)."""
-    from ..python_plugin import PluginError
+    from ..support.boundary import PluginError
     from ..opencl.kernels import CL_TYPES, prelude
     from ..opencl.training_common import NO_CONTRACT
 

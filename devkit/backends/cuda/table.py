@@ -18,8 +18,8 @@ from __future__ import annotations
 from ... import __version__
 from ...abi import C, ffi
 from ..opencl import kernels
-from .. import graph_capture, python_plugin
-from ..python_plugin import PluginInit, copy_out, invalid, not_null
+from ..support import boundary, graph_capture
+from ..support.boundary import PluginInit, copy_out, invalid, not_null
 from . import ccl, graph as graphs
 from .kernels import CudaCall
 from .runtime import (
@@ -45,7 +45,7 @@ def _backend_error(exc: Exception) -> tuple[int, str | None]:
 
 
 def callback(ctype: str, name: str, fn):
-    return python_plugin.callback(ctype, name, fn, _backend_error)
+    return boundary.callback(ctype, name, fn, _backend_error)
 
 
 def _device(dev: int) -> Device:

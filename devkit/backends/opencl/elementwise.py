@@ -29,7 +29,7 @@ import numpy as np
 from ... import ops
 from ...abi import C
 from ...ops.spec import dtype_name
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from .elementwise_tan import TAN_F64
 from .kernels import (
     DeviceLimits,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyopencl as cl
 
 from ...abi import C
-from .. import python_plugin
-from ..python_plugin import PluginError, invalid, last_error_message, set_error
+from ..support import boundary
+from ..support.boundary import PluginError, invalid, last_error_message, set_error
 
 __all__ = ["PluginError", "invalid", "last_error_message", "set_error", "callback",
            "status_of_cl_error"]
@@ -31,5 +31,5 @@ def _backend_error(exc: Exception) -> tuple[int, str]:
 
 
 def callback(ctype: str, name: str, fn):
-    """The shared C-boundary wrapper (python_plugin.callback) with OpenCL's errors mapped."""
-    return python_plugin.callback(ctype, name, fn, _backend_error)
+    """The shared C-boundary wrapper (boundary.callback) with OpenCL's errors mapped."""
+    return boundary.callback(ctype, name, fn, _backend_error)

@@ -34,8 +34,8 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C
-from .. import graph_capture
-from ..graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
+from ..support import graph_capture
+from ..support.graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
 from .errors import PluginError
 from .runtime import Device, Stream, _failed, _new_handle, handle_key
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from ...abi import C, ffi
 from ...ops.spec import dtype_name
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 
 
 # ---- dtypes in OpenCL C -----------------------------------------------------------
@@ -445,7 +445,7 @@ class KernelTable:
     """The DK_KernelEntry structs and the callbacks and strings they point to.
 
     ``call_class`` is the dialect's Call subclass; ``callback(ctype, name, fn)``
-    the plugin's C-boundary wrapper (python_plugin.callback with its errors)."""
+    the plugin's C-boundary wrapper (boundary.callback with its errors)."""
 
     def __init__(self, devices: list, device_of, call_class: type[Call], callback):
         self.devices, self.device_of = devices, device_of

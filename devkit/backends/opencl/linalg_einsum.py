@@ -25,7 +25,7 @@ import math
 
 
 from ...ops.linalg import parse_einsum
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from .kernels import STRIDED, Call
 from .linalg_gemm import Matrix, gemm, scratch, sum_view, work_dtype
 

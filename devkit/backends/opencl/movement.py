@@ -25,7 +25,7 @@ import numpy as np
 
 from ... import dtypes
 from ...abi import C
-from ..python_plugin import PluginError
+from ..support.boundary import PluginError
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,

@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from ...abi import C
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from . import nn_attention
 from .kernels import STRIDED, broadcast_strides, cl_type, launch_items, prelude
 from .nn_common import (

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ...abi import C
-from ..python_plugin import PluginError, invalid
+from ..support.boundary import PluginError, invalid
 from .kernels import STRIDED, broadcast_strides, launch_items, prelude
 from .nn_common import GROUP_REDUCE, acc, launch_groups, tensor_args
 

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from ...abi import C
-from ..python_plugin import PluginError, invalid
+from ..support.boundary import PluginError, invalid
 from .kernels import (
     STORAGE_OF_WIDTH,
     STRIDED,

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ...ops.shape import _COORDINATE_MODES, _resize_geometry
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from .kernels import STORAGE_OF_WIDTH, Call, cl_type, launch_items, prelude
 from .shape_cast import fill
 from .shape_kit import (

@@ -2,7 +2,7 @@
 
 Every table function is an ffi.callback with the header's exact function
 pointer type, so the host drives this plugin exactly as it drives a C one.
-DK_PluginInit and the structs it hands out are python_plugin.PluginInit's.
+DK_PluginInit and the structs it hands out are boundary.PluginInit's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ..._version import __version__
 from ...abi import C, ffi, field_end
 from . import codegen, graph as graphs, kernels
 from .launch import OpenCLCall
-from .. import graph_capture
-from ..graph_capture import capture_refused
-from ..python_plugin import PluginInit, copy_out as _copy_out, not_null as _not_null
+from ..support import graph_capture
+from ..support.graph_capture import capture_refused
+from ..support.boundary import PluginInit, copy_out as _copy_out, not_null as _not_null
 from .errors import PluginError, callback, invalid
 from .runtime import (
     Device,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...abi import C
-from ..python_plugin import PluginError
+from ..support.boundary import PluginError
 from .kernels import Call, Local, Tensor, group_size, round_up
 
 ROW_GROUP = 64           # work-items of a row kernel's work-group (a power of two)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ...ops.linalg import window_geometry
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from .kernels import Call, launch_items, prelude
 from .training_common import NO_CONTRACT, VALID_RANGE, RangeCheck, scratch
 

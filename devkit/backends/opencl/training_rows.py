@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ...abi import C
-from ..python_plugin import invalid
+from ..support.boundary import invalid
 from .kernels import Call, prelude
 from .training_common import (
     NO_CONTRACT,

@@ -9,7 +9,7 @@ import functools
 import threading
 from collections.abc import Callable
 
-from ..abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
+from ...abi import ABI_MAJOR, ABI_MINOR, C, ffi, field_end
 
 _tls = threading.local()
 

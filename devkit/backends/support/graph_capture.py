@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from ..abi import C, ffi
-from .python_plugin import PluginError, invalid
+from ...abi import C, ffi
+from .boundary import PluginError, invalid
 
 
 def capture_refused(what: str) -> PluginError:
