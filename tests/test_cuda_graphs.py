@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from devkit.abi import C, ffi
-from devkit.backends.cuda import graph as cuda_graph, table as cuda_table
+from devkit.backends.cuda import graph as cuda_graph
+from devkit.backends.cuda.table import device_table as cuda_table
 from devkit.backends.cuda.runtime import unavailable_reason
 from devkit.backends.support.boundary import PluginError
+from devkit.backends.support.graph_capture import lookup
 
 from .test_cuda_kernels import _call, on_a_fake_cuda
 
@@ -106,7 +108,7 @@ def test_the_binding_cache_is_bounded_and_frees_what_it_evicts(streams):
     for _ in range(3 * cuda_graph.CACHED_BINDINGS):
         cuda_table.graph_rebind(0, graph, 0, device.alloc(12 * 4), 0)
         cuda_table.graph_launch(0, graph, _stream(S))
-    g = cuda_graph.lookup(device, graph)
+    g = lookup(device, graph)
     assert len(g.instances) == cuda_graph.CACHED_BINDINGS
     assert len(g.nodes[0].variants) == cuda_graph.CACHED_BINDINGS
     executables = [value[0] for i in g.instances.values() for kind, value in i.pieces if kind == "graph"]
@@ -140,7 +142,7 @@ def test_an_index_check_runs_between_cuda_graphs_at_each_launch(streams):
     _write(fake, indices, np.array([3, -4], np.int64))
     cuda_table.graph_launch(0, graph, _stream(S))
     cuda_table.stream_synchronize(0, _stream(S))
-    g = cuda_graph.lookup(device, graph)
+    g = lookup(device, graph)
     kinds = [kind for kind, _ in g._instance().pieces]
     assert kinds == ["graph", cuda_graph.CHECK, "graph"]  # the check waits for the stream: not capturable
     assert S in fake.synced and cuda_graph.stats.checks - before == 1
@@ -191,7 +193,7 @@ def test_host_copies_and_events_run_at_each_launch_and_device_copies_are_capture
     before = cuda_graph.stats.direct_steps
     host[:] = [5, 6, 7, 8]  # read at the launch
     cuda_table.graph_launch(0, graph, _stream(T))
-    g = cuda_graph.lookup(device, graph)
+    g = lookup(device, graph)
     assert [kind for kind, _ in g._instance().pieces] == [cuda_graph.DIRECT, "graph", cuda_graph.DIRECT]
     assert cuda_graph.stats.direct_steps - before == 2 and e in device.recorded
     assert list(np.frombuffer(bytes(fake.memory[int(ffi.cast("uintptr_t", b))]), np.int32)) == [5, 5, 6, 8]
@@ -220,6 +222,7 @@ def test_a_capturing_stream_refuses_what_would_wait_for_or_free_its_work(streams
         with pytest.raises(PluginError, match="is capturing a graph; this call is refused") as info:
             call()
         assert info.value.status == C.DK_FAILED_PRECONDITION
+    cuda_table.mem_free_async(0, ffi.NULL, _stream(S))  # NULL is accepted and ignored, as the header has it
     cuda_table.stream_synchronize(0, _stream(T))  # other streams are not affected
     cuda_table.mem_alloc(0, 16, out)              # mem_alloc is allowed
     graph, _ = _end()

@@ -25,7 +25,7 @@ from devkit.backends.cuda import blas, dialect, sources
 from devkit.backends.cuda import kernels as kernels_module
 from devkit.backends.cuda.kernels import LaunchPlan, plan_launch
 from devkit.backends.cuda.runtime import unavailable_reason
-from devkit.backends.cuda.table import build_kernel_table
+from devkit.backends.cuda.table import device_table
 from devkit.backends.opencl import linalg
 from devkit.backends.opencl.kernels import DeviceLimits, Local
 from devkit.backends.opencl.linalg_gemm import _GPU_TILES, tiles
@@ -39,7 +39,7 @@ H200 = DeviceLimits(max_group_size=1024, max_item_sizes=(1024, 1024, 64), local_
 
 @pytest.fixture(scope="module")
 def cuda_table():
-    return build_kernel_table([sources._CallStandIn()])
+    return device_table.build_kernel_table([sources._CallStandIn()])
 
 
 def _opencl_plugin():
@@ -137,7 +137,7 @@ def test_the_families_import_without_pyopencl():
         import sys
         sys.modules["pyopencl"] = None
         from devkit.backends.cuda import sources, table
-        print(len(table.build_kernel_table([sources._CallStandIn()]).entries), len(sources.programs()))
+        print(len(table.device_table.build_kernel_table([sources._CallStandIn()]).entries), len(sources.programs()))
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -585,7 +585,7 @@ def fake_cuda(monkeypatch, tmp_path):
 def on_a_fake_cuda(monkeypatch, cache):
     """(the stand-in CuPy, the plugin's device on it, its kernel table), for
     one test, with devkit's cache in the directory ``cache``."""
-    from devkit.backends.cuda import runtime, table
+    from devkit.backends.cuda import runtime
 
     monkeypatch.setenv("DEVKIT_CACHE_DIR", str(cache))
     fake = _FakeCuPy()
@@ -593,8 +593,8 @@ def on_a_fake_cuda(monkeypatch, cache):
     monkeypatch.setattr(kernels_module, "modules", kernels_module.ModuleCache())
     monkeypatch.setattr(blas, "_handles", threading.local())  # cuBLAS handles of the stand-in
     device = runtime.Device(0)
-    monkeypatch.setattr(table, "_devices", [device])
-    return fake, device, build_kernel_table([device])
+    monkeypatch.setattr(device_table, "devices", [device])
+    return fake, device, device_table.build_kernel_table([device])
 
 
 def _tensor(device, shape, dtype_key, keep):
@@ -695,8 +695,6 @@ def test_a_bad_index_is_the_streams_sticky_error_and_a_null_stream_calls_status(
     """A stream-order check's error is reported by the call's stream, as the
     ABI has work that fails in stream order reported (and as the plugin's
     CUDA graphs and the opencl plugin do); a NULL-stream call returns it."""
-    from devkit.backends.cuda import table as table_functions
-
     fake, device, table = fake_cuda
     device.streams.add(0x5EED)
     allocate = device.alloc
@@ -713,7 +711,7 @@ def test_a_bad_index_is_the_streams_sticky_error_and_a_null_stream_calls_status(
     assert status == C.DK_OK and 0x5EED in fake.synced
     for _ in range(2):  # sticky
         with pytest.raises(PluginError, match=r"Gather: index 9 \(element 1 of indices\) is out of range") as info:
-            table_functions.stream_synchronize(0, ffi.cast("DK_Stream", 0x5EED))
+            device_table.stream_synchronize(0, ffi.cast("DK_Stream", 0x5EED))
         assert info.value.status == C.DK_OUT_OF_RANGE
     status, _, _ = _call(table, device, "Gather", C.DK_DTYPE_FLOAT32, [(4, 3), (2,)], [(2, 3)], 0, **gather)
     assert status == C.DK_OUT_OF_RANGE
@@ -782,7 +780,7 @@ def test_the_plugin_loads_on_a_stand_in_cupy_with_the_whole_kernel_table():
         import devkit
         from devkit.backends.cuda import sources, table
         plugin = devkit.load_plugin("cuda")
-        print(len(plugin.kernels), len(table.build_kernel_table([sources._CallStandIn()]).entries),
+        print(len(plugin.kernels), len(table.device_table.build_kernel_table([sources._CallStandIn()]).entries),
               plugin.has_graphs, plugin.has_collectives, plugin.device_type)
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 
 from ...abi import C, ffi
-from .runtime import Device, PluginError, cuda, invalid, key_of
+from ..support.boundary import PluginError, handle_key, invalid
+from .runtime import Device, cuda
 
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 # ncclDataType_t by DK dtype key.
@@ -74,9 +75,9 @@ def functions(devices: list[Device]) -> dict:
 
     def comm_of(handle) -> Comm:
         with lock:
-            comm = comms.get(key_of(handle)) if handle != ffi.NULL else None
+            comm = comms.get(handle_key(handle)) if handle != ffi.NULL else None
         if comm is None:
-            raise invalid(f"communicator {key_of(handle):#x} is not live")
+            raise invalid(f"communicator {handle_key(handle):#x} is not live")
         return comm
 
     def buffer(comm: Comm, what: str, mem, offset: int, count: int, dtype: int) -> int:
@@ -118,7 +119,7 @@ def functions(devices: list[Device]) -> dict:
             return
         c = comm_of(comm)
         with lock:
-            comms.pop(key_of(comm), None)
+            comms.pop(handle_key(comm), None)
         c.device.synchronize()
         c.nccl.destroy()
 

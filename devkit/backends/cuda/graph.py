@@ -44,12 +44,11 @@ import threading
 import numpy as np
 
 from ...abi import ffi
-from ..support import graph_capture
-from ..support.graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
-from ..support.boundary import invalid
+from ..support.boundary import handle_key, invalid
+from ..support.graph_capture import copy_kernel_call, rebind_slot
 from . import kernels
 from .kernels import CUDA_MEMCPY_HOST_TO_DEVICE, DEFAULT_SHARED_BYTES, CudaCall, SyncReader, plan_launch
-from .runtime import CUDA_MEMCPY_DEFAULT, Device, current_stream, key_of
+from .runtime import CUDA_MEMCPY_DEFAULT, Device, current_stream
 
 CUDA_STREAM_CAPTURE_MODE_RELAXED = 2  # other threads may call CUDA (compile, cudaMalloc) meanwhile
 CACHED_BINDINGS = 4  # instantiated binding sets kept per graph
@@ -155,7 +154,7 @@ class _Node:
                [self.call.outputs[i] for i in range(self.call.num_outputs)]
 
     def binding(self) -> tuple:
-        return tuple((key_of(t.data), t.byte_offset) for t in self.tensors())
+        return tuple((handle_key(t.data), t.byte_offset) for t in self.tensors())
 
     def steps(self, device_of) -> list:
         """The steps for the current binding, prepared (and kept) on first use."""
@@ -312,8 +311,8 @@ class Graph:
         with self.lock, d.context():
             for node in self.nodes:
                 for handle in node.handles + [t.data for t in node.tensors()]:
-                    if key_of(handle) not in d.mems:
-                        raise invalid(f"the graph uses memory {key_of(handle):#x}, which has been freed")
+                    if handle_key(handle) not in d.mems:
+                        raise invalid(f"the graph uses memory {handle_key(handle):#x}, which has been freed")
             for kind, value in self._instance().pieces:
                 if kind == "graph":
                     d.runtime.graphLaunch(value[0], target)
@@ -348,25 +347,3 @@ class Graph:
             for kind, value in instance.pieces:
                 if kind == "graph":
                     self.device.runtime.graphExecDestroy(value[0])
-
-
-# -- the table functions (graph_capture has the rest) ----------------------------------
-
-
-def begin_capture(d: Device, device_of, stream) -> None:
-    s = capturing_stream(d, stream)
-    with d.lock:
-        if s in d.captures:
-            raise capture_refused(f"stream {s:#x}")
-        d.captures[s] = Graph(d, device_of)
-
-
-def end_capture(d: Device, stream, graph, num_slots) -> None:
-    graph_capture.end_capture(d, stream, graph, num_slots, lambda s: d.captures.pop(s, None))
-
-
-def launch(d: Device, graph, stream) -> None:
-    g = lookup(d, graph)
-    s = d.stream(stream)
-    d.refuse_if_capturing(s)
-    g.launch(s)

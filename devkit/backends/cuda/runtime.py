@@ -19,9 +19,8 @@ import threading
 import numpy as np
 
 from ...abi import C, ffi
-from ..support.graph_capture import capture_refused
 from ..opencl.kernels import DeviceLimits
-from ..support.boundary import PluginError, invalid
+from ..support.boundary import PluginError, handle_key, invalid
 
 # cudaError values the plugin tells apart.
 CUDA_ERROR_MEMORY_ALLOCATION = 2
@@ -96,10 +95,6 @@ def status_of(exc) -> int:
     return C.DK_INTERNAL
 
 
-def key_of(handle) -> int:
-    return int(ffi.cast("uintptr_t", handle))
-
-
 def refuse_in_callback(what: str) -> None:
     if getattr(_in_callback, "active", False):
         raise PluginError(C.DK_FAILED_PRECONDITION,
@@ -168,7 +163,7 @@ class Device:
         """The device address of byte ``offset`` of allocation ``handle``."""
         if handle == ffi.NULL:
             raise invalid(f"{what} handle is NULL")
-        pointer = key_of(handle)
+        pointer = handle_key(handle)
         with self.lock:
             alloc_size = self.mems.get(pointer)
         if alloc_size is None:
@@ -182,13 +177,13 @@ class Device:
         """A kernel's pointer argument for [offset, +size) of allocation
         ``handle``: the allocation's start (kernels add element offsets)."""
         self.mem(what, handle, offset, size)
-        return np.uint64(key_of(handle))
+        return np.uint64(handle_key(handle))
 
     def stream(self, handle) -> int | None:
         """The cudaStream_t; None for the NULL stream."""
         if handle == ffi.NULL:
             return None
-        stream = key_of(handle)
+        stream = handle_key(handle)
         with self.lock:
             live = stream in self.streams
         if not live:
@@ -198,7 +193,7 @@ class Device:
     def event(self, what: str, handle) -> int:
         if handle == ffi.NULL:
             raise invalid(f"{what} is NULL")
-        event = key_of(handle)
+        event = handle_key(handle)
         with self.lock:
             live = event in self.events
         if not live:
@@ -207,13 +202,9 @@ class Device:
 
     # -- graphs and failures ---------------------------------------------------
 
-    def refuse_if_capturing(self, stream: int | None) -> None:
-        if stream is not None and stream in self.captures:
-            raise capture_refused(f"stream {stream:#x}")
-
-    def refuse_if_device_captures(self) -> None:
-        if self.captures:
-            raise capture_refused(f"a stream of {self.name}")
+    def capturing(self) -> bool:
+        """Whether a stream of the device is capturing."""
+        return bool(self.captures)
 
     def capture_stream(self) -> int:
         """The private stream CUDA graphs are captured on (graph.py)."""
@@ -287,7 +278,7 @@ class Device:
         return ffi.cast("DK_Mem", pointer)
 
     def _unregister(self, handle) -> int:
-        pointer = key_of(handle)
+        pointer = handle_key(handle)
         with self.lock:
             if self.mems.pop(pointer, None) is None:
                 raise invalid(f"handle {pointer:#x} is not a live allocation on {self.name}")

@@ -73,10 +73,10 @@ def _reached(fn, seen: set) -> None:
 def _claims() -> dict[object, set[int]]:
     """The dtype keys each function of the families serves: those of every
     entry of the cuda plugin's kernel table whose run reaches it."""
-    from .table import build_kernel_table
+    from .table import device_table
 
     served: dict[object, set[int]] = {}
-    for _op, key, run in build_kernel_table([_CallStandIn()]).runs:
+    for _op, key, run in device_table.build_kernel_table([_CallStandIn()]).runs:
         reached: set = set()
         _reached(run, reached)
         for fn in reached:

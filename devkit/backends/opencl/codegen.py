@@ -18,9 +18,9 @@ import pyopencl as cl
 
 from ...abi import C, ffi
 from ...codegen import cache_dir
-from .errors import PluginError, invalid
+from ..support.boundary import PluginError, handle_key, invalid
 from .kernels import Tensor
-from .runtime import Device, _new_handle, handle_key
+from .runtime import Device, _new_handle
 
 _SCALARS = {C.DK_ARG_INT64: np.int64, C.DK_ARG_FLOAT32: np.float32, C.DK_ARG_FLOAT64: np.float64}
 _lock = threading.Lock()

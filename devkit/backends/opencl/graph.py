@@ -34,10 +34,9 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C
-from ..support import graph_capture
-from ..support.graph_capture import capture_refused, capturing_stream, copy_kernel_call, lookup, rebind_slot
-from .errors import PluginError
-from .runtime import Device, Stream, _failed, _new_handle, handle_key
+from ..support.boundary import PluginError, handle_key
+from ..support.graph_capture import copy_kernel_call, rebind_slot
+from .runtime import Device, Stream, _failed, _new_handle
 
 
 class KernelStep:
@@ -226,30 +225,3 @@ class Graph:
         self.recorder.close()
         with self.lock:
             self._launchable, self.nodes, self.slots = None, [], []
-
-
-# -- the table functions (graph_capture has the rest) ----------------------------------
-
-
-def begin_capture(d: Device, stream) -> None:
-    s = capturing_stream(d, stream)
-    if s.capture is not None:
-        raise capture_refused(f"stream {handle_key(stream):#x}")
-    s.capture = Graph(d)
-
-
-def _take_capture(s: Stream) -> Graph | None:
-    g, s.capture = s.capture, None
-    return g
-
-
-def end_capture(d: Device, stream, graph, num_slots) -> None:
-    graph_capture.end_capture(d, stream, graph, num_slots, _take_capture)
-
-
-def launch(d: Device, graph, stream) -> None:
-    g = lookup(d, graph)
-    s = d.stream(stream)
-    if s is not None and s.capture is not None:
-        raise capture_refused(f"stream {handle_key(stream):#x}")
-    g.launch(s)

@@ -22,7 +22,8 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C, ffi
-from .errors import PluginError, invalid, status_of_cl_error
+from ..support.boundary import PluginError, handle_key, invalid
+from .errors import status_of_cl_error
 from .kernels import DeviceLimits
 
 DEVICES_ENV = "DEVKIT_OPENCL_DEVICES"
@@ -35,10 +36,6 @@ _handle_numbers = itertools.count(1 << 32, 16)
 
 # The stream whose callback worker is the calling thread, if any.
 _worker = threading.local()
-
-
-def handle_key(handle) -> int:
-    return int(ffi.cast("uintptr_t", handle))
 
 
 def _new_handle(ctype: str):

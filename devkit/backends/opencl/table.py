@@ -1,8 +1,9 @@
-"""DK_PluginInit and the DK_DeviceApi table of the opencl plugin.
+"""DK_PluginInit and the DK_DeviceApi table of the opencl plugin: the hooks
+of support.table.DeviceTable on pyopencl (runtime.py), plus the codegen
+section (codegen.py).
 
-Every table function is an ffi.callback with the header's exact function
-pointer type, so the host drives this plugin exactly as it drives a C one.
-DK_PluginInit and the structs it hands out are boundary.PluginInit's.
+Absent (NULL, the host's documented fallback): host_alloc / host_free, whose
+page-locked memory OpenCL only offers as mapped buffers, and the collectives.
 """
 
 from __future__ import annotations
@@ -10,374 +11,174 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from ..._version import __version__
-from ...abi import C, ffi, field_end
-from . import codegen, graph as graphs, kernels
+from ...abi import C, ffi
+from ..support.boundary import PluginError, handle_key, invalid
+from ..support.table import DeviceTable
+from . import codegen, errors, graph as graphs
 from .launch import OpenCLCall
-from ..support import graph_capture
-from ..support.graph_capture import capture_refused
-from ..support.boundary import PluginInit, copy_out as _copy_out, not_null as _not_null
-from .errors import PluginError, callback, invalid
-from .runtime import (
-    Device,
-    Event,
-    Stream,
-    _new_handle,
-    create_devices,
-    handle_key,
-    select_devices,
-    stage_between_contexts,
-)
-
-_devices: list[Device] = []
-_log = {"fn": ffi.NULL, "user_data": ffi.NULL}
+from .runtime import Event, Stream, _new_handle, create_devices, select_devices, stage_between_contexts
 
 
-def log(level: int, message: str) -> None:
-    if _log["fn"] != ffi.NULL:
-        _log["fn"](_log["user_data"], level, message.encode())
-
-
-def _device(dev: int) -> Device:
-    if not 0 <= dev < len(_devices):
-        raise invalid(f"device index {dev} out of range [0, {len(_devices)})")
-    return _devices[dev]
-
-
-def _wait_on_self(what: str, stream: Stream) -> PluginError:
+def _wait_on_self(s: Stream) -> PluginError:
     return PluginError(C.DK_FAILED_PRECONDITION,
-                       f"called from a callback running on {what} {id(stream):#x}, which would "
-                       f"wait for itself")
+                       f"called from a callback running on stream {id(s):#x}, which would wait for itself")
 
 
-# -- device --------------------------------------------------------------------------
+class OpenCLTable(DeviceTable):
+    name, call_class = "opencl", OpenCLCall
 
+    def backend_error(self, exc):
+        return errors.backend_error(exc)
 
-def get_device_count(count):
-    _not_null(count, "count")
-    count[0] = len(_devices)
+    def open_devices(self):
+        try:
+            cl_devices = select_devices()
+            if not cl_devices:
+                raise PluginError(C.DK_UNAVAILABLE, "no OpenCL device found: the ICD loader reports no "
+                                                    "platform with devices (install one, e.g. 'apt-get "
+                                                    "install pocl-opencl-icd')")
+            return create_devices(cl_devices)
+        except cl.Error as exc:
+            raise PluginError(C.DK_UNAVAILABLE, f"OpenCL error while opening the devices: {exc}") from None
 
+    def on_first(self):
+        self.log(C.DK_LOG_INFO, "devkit opencl plugin: " + "; ".join(
+            f"{d.index}: {d.cl_device.name.strip()} ({d.cl_device.platform.name.strip()})" for d in self.devices))
 
-def get_device_properties(dev, props):
-    d = _device(dev)
-    _not_null(props, "props")
-    cl_device = d.cl_device
-    flags = C.DK_DEVICE_FP16 | C.DK_DEVICE_BF16  # stored as ushort, computed in float32
-    if d.fp64:
-        flags |= C.DK_DEVICE_FP64
-    if getattr(cl_device, "host_unified_memory", False):
-        flags |= C.DK_DEVICE_UNIFIED_MEMORY
-    full = ffi.new("DK_DeviceProperties *", {
-        "struct_size": ffi.sizeof("DK_DeviceProperties"),
-        "name": cl_device.name.strip().encode()[:127],
-        "vendor": cl_device.vendor.strip().encode()[:127],
-        "driver_version": cl_device.driver_version.strip().encode()[:63],
-        "device_type": C.DK_DEVICE_TYPE_OPENCL,
-        "compute_units": max(1, int(cl_device.max_compute_units)),
-        "total_memory": d.total_memory,
-        "max_alloc_size": d.max_alloc,
-        "alloc_alignment": d.alignment,
-        "flags": flags,
-    })
-    _copy_out(props, full, "DK_DeviceProperties")
+    def properties(self, d):
+        cl_device = d.cl_device
+        flags = C.DK_DEVICE_FP16 | C.DK_DEVICE_BF16  # stored as ushort, computed in float32
+        if d.fp64:
+            flags |= C.DK_DEVICE_FP64
+        if getattr(cl_device, "host_unified_memory", False):
+            flags |= C.DK_DEVICE_UNIFIED_MEMORY
+        return {"name": cl_device.name.strip().encode()[:127], "vendor": cl_device.vendor.strip().encode()[:127],
+                "driver_version": cl_device.driver_version.strip().encode()[:63],
+                "device_type": C.DK_DEVICE_TYPE_OPENCL, "compute_units": max(1, int(cl_device.max_compute_units)),
+                "total_memory": d.total_memory, "max_alloc_size": d.max_alloc, "alloc_alignment": d.alignment,
+                "flags": flags}
 
+    def capture_of(self, d, s):
+        return s.capture
 
-def device_synchronize(dev):
-    d = _device(dev)
-    _refuse_if_device_captures(d)
-    d.synchronize()
+    # -- memory and copies ----------------------------------------------------------
 
+    def fill(self, d, s, target, offset, value, size, mem):
+        d.submit(s, lambda q: cl.enqueue_fill_buffer(q, target.buffer, np.uint8(value), offset, size))
 
-def _refuse_if_device_captures(d: Device) -> None:
-    if d.capturing():
-        raise capture_refused(f"a stream of {d.name}")
-
-
-def _refuse_if_capturing(s: Stream | None, stream) -> None:
-    if s is not None and s.capture is not None:
-        raise capture_refused(f"stream {handle_key(stream):#x}")
-
-
-# -- memory --------------------------------------------------------------------------
-
-
-def mem_alloc(dev, size, mem):
-    d = _device(dev)
-    _not_null(mem, "mem")
-    mem[0] = d.alloc(size)
-
-
-def mem_free(dev, mem):
-    d = _device(dev)
-    if mem != ffi.NULL:
-        _refuse_if_device_captures(d)
-        d.free(mem)
-
-
-def mem_get_info(dev, free_bytes, total_bytes):
-    d = _device(dev)
-    _not_null(free_bytes, "free_bytes")
-    _not_null(total_bytes, "total_bytes")
-    free_bytes[0], total_bytes[0] = d.mem_info()
-
-
-def memset(dev, mem, offset, value, size, stream):
-    d = _device(dev)
-    m = d.mem("mem", mem, offset, size)
-    s = d.stream(stream)
-    if size:
-        d.submit(s, lambda q: cl.enqueue_fill_buffer(q, m.buffer, np.uint8(value), offset, size))
-
-
-def copy_h2d(dev, dst, dst_offset, src, size, stream):
-    d = _device(dev)
-    if size:
-        _not_null(src, "src")
-    m = d.mem("dst", dst, dst_offset, size)
-    s = d.stream(stream)
-    if size:
+    def upload(self, d, s, to, dst_offset, src, size, dst):
         host = ffi.buffer(src, size)
-        d.copy_host(s, lambda q: cl.enqueue_copy(q, m.buffer, host, dst_offset=dst_offset))
+        d.copy_host(s, lambda q: cl.enqueue_copy(q, to.buffer, host, dst_offset=dst_offset))
 
-
-def copy_d2h(dev, dst, src, src_offset, size, stream):
-    d = _device(dev)
-    if size:
-        _not_null(dst, "dst")
-    m = d.mem("src", src, src_offset, size)
-    s = d.stream(stream)
-    if size:
+    def download(self, d, s, dst, source, src_offset, size, src):
         host = ffi.buffer(dst, size)
-        d.copy_host(s, lambda q: cl.enqueue_copy(q, host, m.buffer, src_offset=src_offset))
+        d.copy_host(s, lambda q: cl.enqueue_copy(q, host, source.buffer, src_offset=src_offset))
 
-
-def copy_d2d(dev, dst, dst_offset, src, src_offset, size, stream):
-    d = _device(dev)
-    to = d.mem("dst", dst, dst_offset, size)
-    source = d.mem("src", src, src_offset, size)
-    s = d.stream(stream)
-    if size:
+    def copy(self, d, s, dst, to, dst_offset, src, source, src_offset, size):
         d.copy_d2d(to, dst_offset, source, src_offset, size, s)
 
+    def copy_peer(self, dd, s, to, dst_offset, sd, source, src_offset, size):
+        if dd.context is sd.context:  # buffers are context-wide: one copy command
+            dd.copy_d2d(to, dst_offset, source, src_offset, size, s)
+        else:
+            stage_between_contexts(dd, to, dst_offset, sd, source, src_offset, size, s)
 
-def copy_p2p(dst_dev, dst, dst_offset, src_dev, src, src_offset, size, stream):
-    dd, sd = _device(dst_dev), _device(src_dev)
-    to = dd.mem("dst", dst, dst_offset, size)
-    source = sd.mem("src", src, src_offset, size)
-    s = dd.stream(stream)
-    if not size:
-        return
-    if dd.context is sd.context:  # buffers are context-wide: one copy command
-        dd.copy_d2d(to, dst_offset, source, src_offset, size, s)
-    else:
-        stage_between_contexts(dd, to, dst_offset, sd, source, src_offset, size, s)
+    # -- streams and events -----------------------------------------------------------
 
+    def create_stream(self, d):
+        s = Stream(d)
+        key, handle = _new_handle("DK_Stream")
+        with d.lock:
+            d.streams[key] = s
+        return handle
 
-def mem_alloc_async(dev, size, stream, mem):
-    d = _device(dev)
-    _refuse_if_capturing(d.stream(stream), stream)  # allocation is immediate: later work may use it
-    _not_null(mem, "mem")
-    mem[0] = d.alloc(size)
+    def destroy_stream(self, d, stream):
+        with d.lock:  # unregistered only if it can be destroyed, so that one destroy wins
+            s = d.streams.get(handle_key(stream))
+            if s is not None and not s.on_worker() and s.capture is None:
+                del d.streams[handle_key(stream)]
+        if s is None:
+            d.stream(stream)  # raises the "not a live stream" error
+        if s.on_worker():
+            raise _wait_on_self(s)
+        self.refuse_if_capturing(d, s, stream)
+        s.close()
 
+    def synchronize_stream(self, d, s):
+        if s.on_worker():
+            raise _wait_on_self(s)
+        return s.check(wait=True)
 
-def mem_free_async(dev, mem, stream):
-    d = _device(dev)
-    s = d.stream(stream)
-    if mem == ffi.NULL:
-        return
-    _refuse_if_capturing(s, stream)
-    if s is None:
-        d.free(mem)
-    else:
-        d.free_async(mem, s)
+    def query_stream(self, d, s):
+        return s.check(wait=False)
 
+    def wait_event(self, d, s, e):
+        if s is not None and s.capture is not None:  # every launch waits for the record current then
+            s.capture.record("wait", e)
+        else:
+            d.wait(s, e)
 
-# -- streams -------------------------------------------------------------------------
-
-
-def stream_create(dev, stream):
-    d = _device(dev)
-    _not_null(stream, "stream")
-    s = Stream(d)
-    key, handle = _new_handle("DK_Stream")
-    with d.lock:
-        d.streams[key] = s
-    stream[0] = handle
-
-
-def stream_destroy(dev, stream):
-    d = _device(dev)
-    if stream == ffi.NULL:
-        return
-    with d.lock:
-        s = d.streams.get(handle_key(stream))
-        if s is not None and not s.on_worker() and s.capture is None:
-            del d.streams[handle_key(stream)]
-    if s is None:
-        d.stream(stream)  # raises the "not a live stream" error
-    if s.on_worker():
-        raise _wait_on_self("stream", s)
-    _refuse_if_capturing(s, stream)
-    s.close()
-
-
-def stream_synchronize(dev, stream):
-    s = _device(dev).stream(stream)
-    if s is None:
-        return C.DK_OK  # NULL-stream work is complete when its call returns
-    _refuse_if_capturing(s, stream)
-    if s.on_worker():
-        raise _wait_on_self("stream", s)
-    return s.check(wait=True)
-
-
-def stream_query(dev, stream):
-    s = _device(dev).stream(stream)
-    _refuse_if_capturing(s, stream)
-    return C.DK_OK if s is None else s.check(wait=False)
-
-
-def stream_wait_event(dev, stream, event):
-    d = _device(dev)
-    e = d.event("event", event)
-    s = d.stream(stream)
-    if s is not None and s.capture is not None:  # every launch waits for the record current then
-        s.capture.record("wait", e)
-    else:
-        d.wait(s, e)
-
-
-def stream_add_callback(dev, stream, fn, user_data):
-    d = _device(dev)
-    _not_null(fn, "fn")
-    s = d.stream(stream)
-    _refuse_if_capturing(s, stream)
-    if s is None:
-        fn(user_data)  # the NULL stream has nothing pending to order after
-    else:
+    def add_callback(self, d, s, fn, user_data):
         s.add_host_work(lambda: fn(user_data))
 
+    def create_event(self, d, timing):
+        key, handle = _new_handle("DK_Event")
+        with d.lock:
+            d.events[key] = Event(timing)
+        return handle
 
-# -- events --------------------------------------------------------------------------
+    def destroy_event(self, d, event):
+        with d.lock:
+            found = d.events.pop(handle_key(event), None)
+        if found is None:  # a pending marker lives on in its queue; nothing else to release
+            raise invalid(f"event {handle_key(event):#x} is not a live event on {d.name}")
 
+    def record_event(self, d, s, e):
+        if s is not None and s.capture is not None:  # every launch re-records the event here
+            s.capture.record("record", e)
+        else:
+            d.record(e, s)
 
-def event_create(dev, flags, event):
-    d = _device(dev)
-    _not_null(event, "event")
-    if flags & ~C.DK_EVENT_DISABLE_TIMING:
-        raise invalid(f"unknown flags {flags:#x} (allowed: DK_EVENT_DISABLE_TIMING = "
-                      f"{C.DK_EVENT_DISABLE_TIMING:#x})")
-    key, handle = _new_handle("DK_Event")
-    with d.lock:
-        d.events[key] = Event(timing=not flags & C.DK_EVENT_DISABLE_TIMING)
-    event[0] = handle
+    def event_status(self, d, e, wait):
+        return C.DK_OK if e.mark is None else e.mark.status(wait)
 
+    def recorded(self, d, e):
+        return e.mark is not None
 
-def event_destroy(dev, event):
-    d = _device(dev)
-    if event == ffi.NULL:
-        return
-    with d.lock:
-        found = d.events.pop(handle_key(event), None)
-    if found is None:  # a pending marker lives on in its queue; nothing else to release
-        raise invalid(f"event {handle_key(event):#x} is not a live event on {d.name}")
+    def timed(self, d, e):
+        return e.timing
 
+    def elapsed_ms(self, d, start, end):
+        if any(e.mark.status(wait=False) == C.DK_NOT_READY for e in (start, end)):
+            return None
+        # Profiling timestamps of the markers: device nanoseconds at completion.
+        return (end.mark.event.profile.end - start.mark.event.profile.end) / 1e6
 
-def event_record(dev, event, stream):
-    d = _device(dev)
-    e = d.event("event", event)
-    s = d.stream(stream)
-    if s is not None and s.capture is not None:  # every launch re-records the event here
-        s.capture.record("record", e)
-    else:
-        d.record(e, s)
+    def begin_capture(self, d, s, stream):
+        self.refuse_if_capturing(d, s, stream)
+        s.capture = graphs.Graph(d)
 
+    def take_capture(self, d, s):
+        g, s.capture = s.capture, None
+        return g
 
-def event_query(dev, event):
-    mark = _device(dev).event("event", event).mark
-    return C.DK_OK if mark is None else mark.status(wait=False)
+    # -- codegen (codegen.py) -----------------------------------------------------------
 
+    def codegen_dialect(self, dev, dialect):
+        codegen.dialect(self.device(dev), dialect)
 
-def event_synchronize(dev, event):
-    mark = _device(dev).event("event", event).mark
-    return C.DK_OK if mark is None else mark.status(wait=True)
+    def codegen_compile(self, dev, source, options, module, from_cache):
+        codegen.compile(self.device(dev), source, options, module, from_cache)
 
+    def codegen_get_function(self, dev, module, name, kinds, num_args, function):
+        codegen.get_function(self.device(dev), module, name, kinds, num_args, function)
 
-def event_elapsed_ms(dev, start, end, ms):
-    d = _device(dev)
-    _not_null(ms, "ms")
-    events = {"start": d.event("start", start), "end": d.event("end", end)}
-    for what, e in events.items():
-        if e.mark is None:
-            raise invalid(f"{what} event was never recorded")
-        if not e.timing:
-            raise invalid(f"{what} event was created with DK_EVENT_DISABLE_TIMING")
-    for e in events.values():
-        if e.mark.status(wait=False) == C.DK_NOT_READY:
-            return C.DK_NOT_READY
-    # Profiling timestamps of the markers: device nanoseconds at completion.
-    ms[0] = (events["end"].mark.event.profile.end - events["start"].mark.event.profile.end) / 1e6
+    def codegen_launch(self, dev, function, args, num_args, shape, stream):
+        codegen.launch(self.device(dev), function, args, num_args, shape, stream)
+
+    def codegen_unload(self, dev, module):
+        codegen.unload(self.device(dev), module)
 
 
-# -- the table and DK_PluginInit -------------------------------------------------------
-
-_FUNCTIONS = {
-    "get_device_count": get_device_count, "get_device_properties": get_device_properties,
-    "device_synchronize": device_synchronize, "mem_alloc": mem_alloc, "mem_free": mem_free,
-    "mem_get_info": mem_get_info, "memset": memset, "copy_h2d": copy_h2d, "copy_d2h": copy_d2h,
-    "copy_d2d": copy_d2d, "stream_create": stream_create, "stream_destroy": stream_destroy,
-    "stream_synchronize": stream_synchronize, "stream_query": stream_query,
-    "stream_wait_event": stream_wait_event, "stream_add_callback": stream_add_callback,
-    "event_create": event_create, "event_destroy": event_destroy, "event_record": event_record,
-    "event_query": event_query, "event_synchronize": event_synchronize,
-    "event_elapsed_ms": event_elapsed_ms, "copy_p2p": copy_p2p,
-    "mem_alloc_async": mem_alloc_async, "mem_free_async": mem_free_async,
-    "graph_begin_capture": lambda dev, stream: graphs.begin_capture(_device(dev), stream),
-    "graph_end_capture": lambda dev, stream, graph, num_slots: graphs.end_capture(
-        _device(dev), stream, graph, num_slots),
-    "graph_launch": lambda dev, graph, stream: graphs.launch(_device(dev), graph, stream),
-    "graph_rebind": lambda dev, graph, slot, mem, offset: graph_capture.rebind(
-        _device(dev), graph, slot, mem, offset),
-    "graph_destroy": lambda dev, graph: graph_capture.destroy(_device(dev), graph),
-    "codegen_dialect": lambda dev, dialect: codegen.dialect(_device(dev), dialect),
-    "codegen_compile": lambda dev, source, options, module, from_cache: codegen.compile(
-        _device(dev), source, options, module, from_cache),
-    "codegen_get_function": lambda dev, module, name, kinds, num_args, function: codegen.get_function(
-        _device(dev), module, name, kinds, num_args, function),
-    "codegen_launch": lambda dev, function, args, num_args, shape, stream: codegen.launch(
-        _device(dev), function, args, num_args, shape, stream),
-    "codegen_unload": lambda dev, module: codegen.unload(_device(dev), module),
-}
-# Absent (NULL, the host's documented fallback): host_alloc / host_free, whose
-# page-locked memory OpenCL only offers as mapped buffers, and the collectives.
-
-
-def _initialise_once() -> tuple[int, str]:
-    try:
-        cl_devices = select_devices()
-        if not cl_devices:
-            return C.DK_UNAVAILABLE, ("no OpenCL device found: the ICD loader reports no platform "
-                                      "with devices (install one, e.g. 'apt-get install "
-                                      "pocl-opencl-icd')")
-        _devices.extend(create_devices(cl_devices))
-        table = kernels.build_table(_devices, _device, OpenCLCall, callback)
-    except PluginError as exc:
-        return exc.status, f"DK_PluginInit: {exc.message}"
-    except cl.Error as exc:
-        return C.DK_UNAVAILABLE, f"DK_PluginInit: OpenCL error while opening the devices: {exc}"
-    _init.publish(_FUNCTIONS, table.entries, keep=[table])
-    return C.DK_OK, ""
-
-
-def _read_host(host) -> None:
-    if host != ffi.NULL and host.struct_size >= field_end("DK_HostInfo", "log_user_data"):
-        _log["fn"], _log["user_data"] = host.log, host.log_user_data
-
-
-def _log_devices() -> None:
-    log(C.DK_LOG_INFO, "devkit opencl plugin: " + "; ".join(
-        f"{d.index}: {d.cl_device.name.strip()} ({d.cl_device.platform.name.strip()})" for d in _devices))
-
-
-_init = PluginInit("opencl", __version__, "opencl", callback, _initialise_once, _read_host, _log_devices)
-dk_plugin_init = _init.entry
+device_table = OpenCLTable()
+dk_plugin_init = device_table.init.entry

@@ -45,6 +45,11 @@ def not_null(pointer, what: str) -> None:
         raise invalid(f"{what} is NULL")
 
 
+def handle_key(handle) -> int:
+    """A handle's value: the key of the plugin's registry of its kind."""
+    return int(ffi.cast("uintptr_t", handle))
+
+
 def copy_out(dst, src, ctype: str) -> None:
     """VERSIONING rule 4: write only what the caller's struct_size holds."""
     size_field = ffi.sizeof("size_t")

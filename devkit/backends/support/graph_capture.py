@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from ...abi import C, ffi
-from .boundary import PluginError, invalid
+from .boundary import PluginError, handle_key, invalid
 
 
 def capture_refused(what: str) -> PluginError:
@@ -91,10 +91,6 @@ def rebind_slot(slots: list, slot: int, mem, offset: int, prepare):
 _graph_numbers = itertools.count(0x6A000001)
 
 
-def _key(handle) -> int:
-    return int(ffi.cast("uintptr_t", handle))
-
-
 def capturing_stream(d, stream):
     """The device's stream ``stream``, which is not the NULL stream."""
     if stream == ffi.NULL:
@@ -110,7 +106,7 @@ def end_capture(d, stream, graph, num_slots, take_capture) -> None:
         raise invalid(f"{'graph' if graph == ffi.NULL else 'num_slots'} is NULL")
     g = take_capture(s)
     if g is None:
-        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {_key(stream):#x} is not capturing")
+        raise PluginError(C.DK_FAILED_PRECONDITION, f"stream {handle_key(stream):#x} is not capturing")
     key = next(_graph_numbers)
     with d.lock:
         d.graphs[key] = g
@@ -121,9 +117,9 @@ def lookup(d, graph):
     if graph == ffi.NULL:
         raise invalid("graph is NULL")
     with d.lock:
-        found = d.graphs.get(_key(graph))
+        found = d.graphs.get(handle_key(graph))
     if found is None:
-        raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
+        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
     return found
 
 
@@ -135,7 +131,7 @@ def destroy(d, graph) -> None:
     if graph == ffi.NULL:
         return
     with d.lock:
-        found = d.graphs.pop(_key(graph), None)
+        found = d.graphs.pop(handle_key(graph), None)
     if found is None:
-        raise invalid(f"graph {_key(graph):#x} is not a live graph on {d.name}")
+        raise invalid(f"graph {handle_key(graph):#x} is not a live graph on {d.name}")
     found.close()  # work already submitted holds its own references
