@@ -26,9 +26,9 @@ from devkit.backends.cuda import kernels as kernels_module
 from devkit.backends.cuda.kernels import LaunchPlan, plan_launch
 from devkit.backends.cuda.runtime import unavailable_reason
 from devkit.backends.cuda.table import device_table
-from devkit.backends.opencl import linalg
-from devkit.backends.opencl.kernels import DeviceLimits, Local
-from devkit.backends.opencl.linalg_gemm import _GPU_TILES, tiles
+from devkit.backends.kernels import linalg
+from devkit.backends.kernels.layer import DeviceLimits, Local
+from devkit.backends.kernels.linalg_gemm import _GPU_TILES, tiles
 from devkit.backends.support.boundary import PluginError
 
 REASON = unavailable_reason()
@@ -80,14 +80,14 @@ def test_the_check_compiles_every_program_the_table_builds(cuda_table):
     programs = sources.programs()
     checked = {p.name.split("[")[0] for p in programs}
     builders = {f"{name}.{builder}" for name in sources.family_modules()
-                for builder, _ in sources._builders(importlib.import_module(f"{sources.OPENCL}.{name}"))}
+                for builder, _ in sources._builders(importlib.import_module(f"{sources.KERNELS}.{name}"))}
     reached = set().union(*(_reached_builders(run) for _, _, run in cuda_table.runs))
     assert reached & builders == checked & builders
     inline = {name for name, _, _ in sources._inline()}
     assert {"training_conv._conv_grad", "training_rows._softmax_grad"} <= reached
     assert {n.split("[")[0] for n in inline} <= checked
     # Each builder's programs cover the dtypes of every kernel that reaches it.
-    from devkit.backends.opencl.kernels import CL_TYPES
+    from devkit.backends.kernels.layer import CL_TYPES
 
     labels = {p.name for p in programs}
     elementwise = [(op, key) for op, key, run in cuda_table.runs if "elementwise._unary_source" in
@@ -244,7 +244,7 @@ def test_a_cuda_device_builds_the_programs_the_check_compiled():
 
 
 def test_the_cuda_table_dispatches_every_float_dtype_of_matmul(cuda_table):
-    from devkit.backends.opencl.kernels import CL_TYPES
+    from devkit.backends.kernels.layer import CL_TYPES
 
     matmul = sorted(CL_TYPES[key].name for op, key, _ in cuda_table.runs if op == "MatMul")
     assert {"float16", "bfloat16", "float32", "float64"} <= set(matmul)
@@ -351,7 +351,7 @@ def test_gemm_transposes_through_the_cublas_plan_match_numpy(trans_a, trans_b):
 
 
 def test_layouts_and_dtypes_cublas_cannot_take_stay_on_the_kernels():
-    from devkit.backends.opencl.linalg_gemm import Matrix
+    from devkit.backends.kernels.linalg_gemm import Matrix
 
     contiguous = Matrix(None, 0, 8, 1)
     assert blas.plan(C.DK_DTYPE_INT32, contiguous, contiguous, contiguous, 8, 8, 8, []) is None

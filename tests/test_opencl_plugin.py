@@ -131,7 +131,7 @@ def test_claims_the_whole_spec_less_justified_exclusions():
     """Every (op, dtype) of the spec has a kernel, or is in a family module's
     UNCLAIMED with its reason; float64 is left out only without fp64."""
     from devkit import ops
-    from devkit.backends.opencl.kernels import family_modules
+    from devkit.backends.kernels.layer import family_modules
     from devkit.ops.spec import dtype_name
 
     plugin = _plugin()

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from ...abi import C
-from ..opencl.kernels import cl_type, copy
+from ..kernels.layer import cl_type, copy
 from .runtime import cuda, current_stream
 
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1

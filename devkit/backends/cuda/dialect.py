@@ -1,5 +1,6 @@
-"""OpenCL C kernel sources rendered as CUDA C: the opencl backend's kernel
-bodies, compiled by NVRTC (and by ``nvcc --ptx`` in the check) unchanged.
+"""OpenCL C kernel sources rendered as CUDA C: the kernel library's kernel
+bodies (devkit/backends/kernels), compiled by NVRTC (and by ``nvcc --ptx``
+in the check) unchanged.
 
 Two parts make one source of the other:
 

@@ -1,5 +1,5 @@
-"""The cuda dialect of the kernel layer (devkit/backends/opencl/kernels.py):
-the opencl backend's kernel families, their OpenCL C rendered as CUDA C
+"""The cuda dialect of the kernel layer (devkit/backends/kernels/layer.py):
+the kernel library's families, their OpenCL C rendered as CUDA C
 (dialect.py) and built by NVRTC through CuPy, launched on CUDA streams.
 
 The families plan every launch (argument lists, ND-ranges, work-group sizes,
@@ -40,7 +40,7 @@ import numpy as np
 
 from ... import codegen
 from ...abi import C
-from ..opencl.kernels import Call, DeviceLimits, Local, Tensor
+from ..kernels.layer import Call, DeviceLimits, Local, Tensor
 from ..support.boundary import PluginError
 from . import blas, dialect
 from .runtime import cuda, current_stream

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from ...abi import C, ffi
-from ..opencl.kernels import DeviceLimits
+from ..kernels.layer import DeviceLimits
 from ..support.boundary import PluginError, handle_key, invalid
 
 # cudaError values the plugin tells apart.
@@ -141,7 +141,7 @@ class Device:
         self.event_failures: dict[int, PluginError] = {}  # events recorded on a stream after its failure
         self._capture_stream: int | None = None
         self.capture_lock = threading.Lock()  # CUDA graphs are captured one at a time (graph.py)
-        # What the kernel layer (devkit/backends/opencl/kernels.py) reads of a device.
+        # What the kernel layer (devkit/backends/kernels/layer.py) reads of a device.
         self.plugin, self.device_type, self.fp64 = "cuda", C.DK_DEVICE_TYPE_CUDA, True
         self.limits = limits_of(self.properties)
         with self.context():

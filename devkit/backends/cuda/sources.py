@@ -1,5 +1,6 @@
-"""Every OpenCL C program the opencl backend's kernel families build, for
-each dtype their ops claim: what the check renders as CUDA C and compiles.
+"""Every OpenCL C program the kernel library's families (devkit/backends/kernels)
+build, for each dtype their ops claim: what the check renders as CUDA C and
+compiles.
 
 The programs come from the families' own source builders, found by name
 (every module-level function ``*_source`` of a family module) and called
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 
 from ...abi import C
 
-OPENCL = "devkit.backends.opencl"
+KERNELS = "devkit.backends.kernels"
 # Parameters holding the dtype of the op's key input, of a second operand
 # (parameters, statistics, work type) and of integer indices or labels.
 _KEY_PARAMETERS = {"key", "x", "x_key", "src_key"}
@@ -35,8 +36,8 @@ _FLOAT_ONLY = {
     "reduce_arg._softmax_source": "k_softmax's run also launches ArgMax/ArgMin/Hardmax, whose "
                                   "integer dtypes take _arg_source",
 }
-# Modules of the opencl package that hold no kernel sources.
-_NOT_FAMILIES = {"runtime", "table", "graph", "errors", "kernels", "launch", "codegen"}
+# Modules of the kernel library that hold no kernel sources.
+_NOT_FAMILIES = {"layer"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +55,10 @@ class _CallStandIn:
 
 
 def _reached(fn, seen: set) -> None:
-    """The functions of the opencl package ``fn`` calls, transitively (by the
+    """The functions of the kernel library ``fn`` calls, transitively (by the
     global names its code and nested code read)."""
     fn = inspect.unwrap(fn)
-    if not inspect.isfunction(fn) or fn in seen or not fn.__module__.startswith(OPENCL):
+    if not inspect.isfunction(fn) or fn in seen or not fn.__module__.startswith(KERNELS):
         return
     seen.add(fn)
     codes = [fn.__code__]
@@ -85,10 +86,10 @@ def _claims() -> dict[object, set[int]]:
 
 
 def family_modules() -> list[str]:
-    """The opencl modules that may hold kernel sources."""
-    from .. import opencl
+    """The kernel library's modules that may hold kernel sources."""
+    from .. import kernels
 
-    return sorted(m.name for m in pkgutil.iter_modules(opencl.__path__) if m.name not in _NOT_FAMILIES)
+    return sorted(m.name for m in pkgutil.iter_modules(kernels.__path__) if m.name not in _NOT_FAMILIES)
 
 
 def _builders(module) -> Iterator[tuple[str, object]]:
@@ -100,7 +101,7 @@ def _builders(module) -> Iterator[tuple[str, object]]:
 
 
 def _arguments(fn, keys: list[int], itemsizes: list[int]) -> Iterator[tuple[list, str]]:
-    from ..opencl.kernels import CL_TYPES
+    from ..kernels.layer import CL_TYPES
 
     choices, labels = [], []
     for parameter in inspect.signature(fn).parameters:
@@ -132,7 +133,7 @@ def _arguments(fn, keys: list[int], itemsizes: list[int]) -> Iterator[tuple[list
 
 
 def _options() -> str:
-    from ..opencl import linalg_gemm
+    from ..kernels import linalg_gemm
 
     return f"-DWG=256 {linalg_gemm._GPU_TILES[0].options()}"
 
@@ -140,10 +141,10 @@ def _options() -> str:
 def _inline():
     """Programs kernels build inline: (name, source, the function that builds
     it, whose dtypes it takes; None for the dtype-free copy)."""
-    from ..opencl import kernels, training_common, training_conv, training_rows
+    from ..kernels import layer, training_common, training_conv, training_rows
 
-    for width, key in kernels.STORAGE_OF_WIDTH.items():
-        yield f"kernels.copy[{width} bytes]", kernels.prelude("X", key, False) + kernels._COPY, None
+    for width, key in layer.STORAGE_OF_WIDTH.items():
+        yield f"layer.copy[{width} bytes]", layer.prelude("X", key, False) + layer._COPY, None
     yield ("training_conv._conv_grad", training_conv.VALID_RANGE + training_common.row_helpers("X")
            + training_conv._TEMPLATE, training_conv._conv_grad)
     yield ("training_rows._softmax_grad", training_common.row_helpers("X") + training_rows._SOFTMAX_TEMPLATE,
@@ -153,8 +154,8 @@ def _inline():
 def programs() -> list[Program]:
     """Every program, each once (two builders may make the same text)."""
     from ..support.boundary import PluginError
-    from ..opencl.kernels import CL_TYPES, prelude
-    from ..opencl.training_common import NO_CONTRACT
+    from ..kernels.layer import CL_TYPES, prelude
+    from ..kernels.training_common import NO_CONTRACT
 
     claims = _claims()
     options = _options()
@@ -167,7 +168,7 @@ def programs() -> list[Program]:
         found.setdefault(source, Program(name, source, options))
 
     for module_name in family_modules():
-        module = importlib.import_module(f"{OPENCL}.{module_name}")
+        module = importlib.import_module(f"{KERNELS}.{module_name}")
         for name, builder in _builders(module):
             keys = keys_of(builder)
             if f"{module_name}.{name}" in _FLOAT_ONLY:

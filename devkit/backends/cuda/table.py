@@ -4,8 +4,8 @@ host memory and the collectives (ccl.py). Without CuPy, a driver or a
 device, DK_PluginInit answers DK_UNAVAILABLE with that reason, which
 devkit.list_plugins() shows.
 
-The kernel table is the opencl plugin's families (the dialect-neutral layer,
-devkit/backends/opencl/kernels.py) launched through kernels.CudaCall.
+The kernel table is the kernel library's families (devkit/backends/kernels,
+which the opencl plugin launches too) launched through kernels.CudaCall.
 
 The graph section records a capturing stream's work and launches it as
 CUDA graphs (graph.py; docs/cuda.md, "Graphs").

@@ -18,8 +18,8 @@ import pyopencl as cl
 
 from ...abi import C, ffi
 from ...codegen import cache_dir
+from ..kernels.layer import Tensor
 from ..support.boundary import PluginError, handle_key, invalid
-from .kernels import Tensor
 from .runtime import Device, _new_handle
 
 _SCALARS = {C.DK_ARG_INT64: np.int64, C.DK_ARG_FLOAT32: np.float32, C.DK_ARG_FLOAT64: np.float64}

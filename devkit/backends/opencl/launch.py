@@ -1,4 +1,4 @@
-"""The opencl dialect of the kernel layer (kernels.py): programs built by
+"""The opencl dialect of the kernel layer (devkit/backends/kernels/layer.py): programs built by
 pyopencl, launched on the plugin's streams.
 
 Programs are built once per (device, source, options) and kept in memory. On
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
+from ..kernels.layer import Call, Local, Tensor
 from .graph import KernelStep
-from .kernels import Call, Local, Tensor
 from .runtime import Device
 
 
@@ -79,7 +79,7 @@ class _QueueReader:
 
 
 class OpenCLCall(Call):
-    """A kernel call on the opencl plugin (see kernels.Call)."""
+    """A kernel call on the opencl plugin (see layer.Call)."""
 
     def run(self, call, run) -> None:
         if self.stream is not None and self.stream.capture is not None:  # graph.py

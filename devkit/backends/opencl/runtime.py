@@ -22,9 +22,9 @@ import numpy as np
 import pyopencl as cl
 
 from ...abi import C, ffi
+from ..kernels.layer import DeviceLimits
 from ..support.boundary import PluginError, handle_key, invalid
 from .errors import status_of_cl_error
-from .kernels import DeviceLimits
 
 DEVICES_ENV = "DEVKIT_OPENCL_DEVICES"
 _COMPLETE = cl.command_execution_status.COMPLETE

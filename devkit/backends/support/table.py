@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ..._version import __version__
 from ...abi import C, ffi, field_end
-from ..opencl import kernels
+from ..kernels import layer
 from . import boundary, graph_capture
 from .boundary import PluginError, PluginInit, copy_out, handle_key, invalid, not_null
 from .graph_capture import capture_refused, capturing_stream
@@ -31,7 +31,7 @@ from .graph_capture import capture_refused, capturing_stream
 
 class DeviceTable:
     name: str               # the plugin's name, which is also its device_type string
-    call_class: type[kernels.Call]  # the dialect's Call (the kernel layer)
+    call_class: type[layer.Call]  # the dialect's Call (the kernel layer)
 
     def __init__(self):
         self.devices: list = []
@@ -163,9 +163,9 @@ class DeviceTable:
         """The C-boundary wrapper (boundary.callback) with the plugin's errors mapped."""
         return boundary.callback(ctype, name, fn, self.backend_error)
 
-    def build_kernel_table(self, devices: list) -> kernels.KernelTable:
+    def build_kernel_table(self, devices: list) -> layer.KernelTable:
         """The kernel table on ``devices``."""
-        return kernels.build_table(devices, self.device, self.call_class, self.callback)
+        return layer.build_table(devices, self.device, self.call_class, self.callback)
 
     def functions(self) -> dict:
         """The table's functions by DK_DeviceApi field name."""

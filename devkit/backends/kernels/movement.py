@@ -26,7 +26,7 @@ import numpy as np
 from ... import dtypes
 from ...abi import C
 from ..support.boundary import PluginError
-from .kernels import (
+from .layer import (
     STORAGE_OF_WIDTH,
     STRIDED,
     Call,
@@ -223,7 +223,7 @@ def _axis(c: Call, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-# ---- strided copies (kernels.copy) ---------------------------------------------------------
+# ---- strided copies (layer.copy) ----------------------------------------------------------
 
 
 def _transpose(c: Call, key: int) -> None:

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from . import training_conv, training_loss, training_pool, training_rows
-from .kernels import STRIDED, Call, launch_items, prelude
+from .layer import STRIDED, Call, launch_items, prelude
 from .training_common import NO_CONTRACT, OFFSETS, acc_scalar, offsets_meta
 
 # ---- activation gradients ------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...abi import C
 from ..support.boundary import PluginError, invalid
-from .kernels import (
+from .layer import (
     STORAGE_OF_WIDTH,
     STRIDED,
     Call,

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .kernels import Call, launch_items, prelude
+from .layer import Call, launch_items, prelude
 from .training_common import (
     NO_CONTRACT,
     RangeCheck,

@@ -14,7 +14,7 @@ import functools
 import numpy as np
 
 from ...abi import C
-from .kernels import CL_TYPES, Call, cl_type, launch_items, prelude
+from .layer import CL_TYPES, Call, cl_type, launch_items, prelude
 from .shape_kit import (
     INDEXING,
     ROUND_TO_ODD,

@@ -19,7 +19,7 @@ import numpy as np
 from ...abi import C
 from ..support.boundary import invalid
 from . import nn_attention
-from .kernels import STRIDED, broadcast_strides, cl_type, launch_items, prelude
+from .layer import STRIDED, broadcast_strides, cl_type, launch_items, prelude
 from .nn_common import (
     GROUP_REDUCE,
     acc,

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from .kernels import Call, cl_type, group_size, round_up
+from .layer import Call, cl_type, group_size, round_up
 from .reduce_common import (
     along_axis,
     build_options,

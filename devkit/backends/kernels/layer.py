@@ -3,9 +3,10 @@ the validation of a kernel call, the launch helpers and the kernel table.
 
 The kernel families (elementwise.py, reduce.py, ...) are written against this
 module only, never against pyopencl: the opencl plugin runs them through
-``launch.OpenCLCall`` (programs built by pyopencl), the cuda plugin through
-``devkit.backends.cuda.kernels.CudaCall`` (the same OpenCL C rendered as CUDA
-C and built by NVRTC). A Call subclass provides what reaches the device:
+``devkit.backends.opencl.launch.OpenCLCall`` (programs built by pyopencl),
+the cuda plugin through ``devkit.backends.cuda.kernels.CudaCall`` (the same
+OpenCL C rendered as CUDA C and built by NVRTC). A Call subclass provides
+what reaches the device:
 
 - ``launch(source, name, args, global_size, local_size=None, options="")``:
   an ND-range of work-items, global_size a multiple of local_size per dim;

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...abi import C
 from ..support.boundary import invalid
-from .kernels import Call, prelude
+from .layer import Call, prelude
 from .training_common import (
     NO_CONTRACT,
     acc_itemsize,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...abi import C
 from ..support.boundary import PluginError, invalid
-from .kernels import STRIDED, broadcast_strides, launch_items, prelude
+from .layer import STRIDED, broadcast_strides, launch_items, prelude
 from .nn_common import GROUP_REDUCE, acc, launch_groups, tensor_args
 
 # attn_mask kinds: k_Attention's mask_kind argument.

@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from ...abi import C
-from .kernels import Call, DeviceLimits, cl_type, launch_items, prelude, round_up
+from .layer import Call, DeviceLimits, cl_type, launch_items, prelude, round_up
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ import math
 
 from ...ops.linalg import parse_einsum
 from ..support.boundary import invalid
-from .kernels import STRIDED, Call
+from .layer import STRIDED, Call
 from .linalg_gemm import Matrix, gemm, scratch, sum_view, work_dtype
 
 

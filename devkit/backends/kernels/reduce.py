@@ -25,7 +25,7 @@ import functools
 import numpy as np
 
 from . import reduce_arg, reduce_scan, reduce_topk
-from .kernels import STRIDED, Call, Tensor, cl_type, group_size, round_up
+from .layer import STRIDED, Call, Tensor, cl_type, group_size, round_up
 from .reduce_common import (
     build_options,
     coalesce,

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...abi import C
 from ..support.boundary import PluginError
-from .kernels import Call, Local, Tensor, group_size, round_up
+from .layer import Call, Local, Tensor, group_size, round_up
 
 ROW_GROUP = 64           # work-items of a row kernel's work-group (a power of two)
 SHORT_ROW = 64           # rows up to this long take one work-item each

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import Local, group_size
+from .layer import Local, group_size
 
 # Work-group reductions over X_acc: each returns the combination of every
 # work-item's v to each of them. scratch holds get_local_size(0) values, a

@@ -10,7 +10,7 @@ MatMul's and Gemm's calls and registers the family.
 from __future__ import annotations
 
 from . import linalg_conv, linalg_einsum, linalg_pool
-from .kernels import STRIDED, Call, Tensor
+from .layer import STRIDED, Call, Tensor
 from .linalg_gemm import Matrix, gemm
 
 # FusedConv runs by its decomposition (Conv -> Add -> Relu), whose Add and

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...ops.shape import _COORDINATE_MODES, _resize_geometry
 from ..support.boundary import invalid
-from .kernels import STORAGE_OF_WIDTH, Call, cl_type, launch_items, prelude
+from .layer import STORAGE_OF_WIDTH, Call, cl_type, launch_items, prelude
 from .shape_cast import fill
 from .shape_kit import (
     ROUND_TO_ODD,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...ops.linalg import window_geometry
 from ..support.boundary import invalid
-from .kernels import Call, launch_items, prelude
+from .layer import Call, launch_items, prelude
 from .training_common import NO_CONTRACT, VALID_RANGE, RangeCheck, scratch
 
 # A list of at most this many dY elements is summed in dY order (that of

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...ops.linalg import window_geometry
 from ..support.boundary import invalid
-from .kernels import Call, launch_items, prelude
+from .layer import Call, launch_items, prelude
 from .training_common import NO_CONTRACT, VALID_RANGE, launch_rows, row_helpers
 
 # meta, per spatial axis of `rank`: X's size, dY's size, the kernel size,

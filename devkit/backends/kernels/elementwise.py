@@ -31,7 +31,7 @@ from ...abi import C
 from ...ops.spec import dtype_name
 from ..support.boundary import invalid
 from .elementwise_tan import TAN_F64
-from .kernels import (
+from .layer import (
     DeviceLimits,
     STRIDED,
     Call,

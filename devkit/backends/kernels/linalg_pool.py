@@ -21,7 +21,7 @@ import numpy as np
 
 from ...abi import C
 from ...ops.linalg import window_geometry
-from .kernels import STRIDED, Call, Local, cl_type, group_size, launch_items, prelude
+from .layer import STRIDED, Call, Local, cl_type, group_size, launch_items, prelude
 
 _WINDOW = """
 /* meta: per spatial axis the input sizes, output sizes, kernel sizes,

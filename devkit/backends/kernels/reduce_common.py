@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import Call, Tensor, cl_type, group_size, prelude
+from .layer import Call, Tensor, cl_type, group_size, prelude
 
 
 def build_options(c: Call) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import Call, ClType, collapse
+from .layer import Call, ClType, collapse
 
 
 def walk(c: Call, *views) -> list:

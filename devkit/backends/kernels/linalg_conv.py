@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from ...ops.linalg import conv_transpose_geometry, window_geometry
-from .kernels import Call, Local, cl_type, prelude, round_up
+from .layer import Call, Local, cl_type, prelude, round_up
 from .linalg_gemm import (
     SKELETON,
     Matrix,
