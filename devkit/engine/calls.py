@@ -122,9 +122,7 @@ class KernelCall:
 
     def label(self) -> str:
         """What an error names: ``kernel Add[float32]``."""
-        from ..ops.spec import dtype_name
-
-        return f"kernel {self.op}[{dtype_name(key_dtype_of(self.entry))}]"
+        return f"kernel {self.op}[{_dtypes.dtype_name(key_dtype_of(self.entry))}]"
 
 
 def launch(call: KernelCall) -> None:
