@@ -178,7 +178,7 @@ def describe_resolution(plugin) -> dict:
     from devkit.ops import all_specs, resolution
     from devkit.ops.spec import dtype_name as spec_dtype_name
 
-    plans = [resolution._plan(plugin, spec.name, d) for spec in all_specs() for d in spec.dtypes]
+    plans = [resolution.resolve(plugin, spec.name, d) for spec in all_specs() for d in spec.dtypes]
     return {"resolution": [{"op": p.op, "dtype": spec_dtype_name(p.dtype), "how": p.how} for p in plans],
             "primitives": resolution.primitive_summary(plugin)}
 
