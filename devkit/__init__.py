@@ -16,6 +16,7 @@ from .creation import arange, empty_like, full, full_like, ones, ones_like, zero
 from . import ops  # noqa: E402
 from .ops import fallback_report, run_op  # noqa: E402
 from .operators import astype, result_type  # noqa: E402  (importing it gives Array its operators)
+from .engine import graph as _graph  # noqa: E402,F401  (importing it gives Stream its capture())
 
 __all__ = [
     "ABI_MAJOR", "ABI_MINOR", "DEFAULT_DEVICE", "arange", "astype", "empty_like", "full", "full_like", "ones",

@@ -124,7 +124,7 @@ def _host_value(spec: OpSpec, decl: _spec.Input, value) -> np.ndarray:
 def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], outputs: list[Array],
                  attributes: list[tuple[str, str, object]], stream: Stream | None) -> KernelCall:
     """Build a call and launch it (through engine.calls.launch, the one launch
-    point), or record it into the graph its stream is capturing (devkit/graph.py);
+    point), or record it into the graph its stream is capturing (devkit/engine/graph.py);
     returns the call, which a later launch may reuse."""
     call = KernelCall(dev, entry, op, inputs, outputs, attributes, _stream_handle(stream, dev))
     if stream is not None and stream.capturing is not None:
