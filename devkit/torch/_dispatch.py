@@ -18,6 +18,7 @@ from torch.utils import _pytree
 
 from ..ops import resolution as _resolution
 from . import _aten, _memory, _replay
+from ._devices import registered_device
 from ._memory import Unsupported
 
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
@@ -118,8 +119,7 @@ def implementation(op):
 
 
 def _plugin_name() -> str:
-    from . import _registry
-    return _registry.registered_device().plugin.name
+    return registered_device().plugin.name
 
 
 def _op_name(op) -> str:
