@@ -19,6 +19,9 @@ from pathlib import Path
 
 from .._version import __version__
 from ..abi import HEADER_PATH, struct_fields
+from ..ops import PRIMITIVES, PRIMITIVES_VERSION, all_specs, get, resolution
+from ..ops.primitives import REASONS
+from ..ops.spec import dtype_name
 from ..plugin import builtin_names
 
 _HERE = Path(__file__).resolve().parent
@@ -103,10 +106,6 @@ class _TemplateKernels:
 
 def primitive_values() -> dict[str, str]:
     """The README's primitive-set placeholders, from devkit.ops as installed."""
-    from ..ops import PRIMITIVES, PRIMITIVES_VERSION, all_specs, get, resolution
-    from ..ops.primitives import REASONS
-    from ..ops.spec import dtype_name
-
     summary = resolution.primitive_summary(_TemplateKernels())
     rows = [f"| {op} | {', '.join(dtype_name(d) for d in get(op).dtypes)} | {REASONS[op]} |"
             for op in sorted(PRIMITIVES)]
