@@ -190,9 +190,6 @@ _SUBCOMMAND = ("start-up: each devkit-bench subcommand's module is imported when
                "collectives ranks (one process per rank) import none of them, nor the ONNX side "
                "(devkit.onnx and onnx, about 0.1 s) that engine, ops, cuda and fusion import")
 _TORCH = "optional dependency: devkit.torch imports torch, imported once it is known to be installed"
-_LAZY_SOURCES = ("no cycle and no optional dependency behind it (the tests below check): a lazy import of "
-                 "the cuda check's program lister, left to the Python plugins' rework that moves these "
-                 "modules (backends.kernels), to hoist")
 
 # Every function-level devkit import, (importer, imported module) -> why it is deferred.
 DEFERRED = {
@@ -204,11 +201,6 @@ DEFERRED = {
        for command in ("fusion", "torch", "engine", "opencl", "cuda", "ops")},
     ("devkit.bench.torch", "devkit.torch"): _TORCH,
     ("devkit.bench.torch", "devkit.torch.models"): _TORCH,
-    ("devkit.backends.opencl", "devkit.backends.opencl.table"): "optional dependency: the table imports pyopencl, "
-                                                                "only when dk_plugin_init is asked for",
-    **{("devkit.backends.cuda.sources", f"devkit.backends.{module}"): _LAZY_SOURCES
-       for module in ("cuda.table", "opencl", "opencl.kernels", "opencl.linalg_gemm", "opencl.training_common",
-                      "opencl.training_conv", "opencl.training_rows", "python_plugin")},
 }
 
 
