@@ -5,6 +5,7 @@
  * DEVKIT_DEFECT_* define picks the wrapper, and plugin.c then runs on
  * cpu_defect_hooks() instead of cpu_hooks.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "cpu.h"
