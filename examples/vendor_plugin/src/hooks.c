@@ -44,7 +44,7 @@ static DK_Status acme_properties(int32_t dev, DK_DeviceProperties *p) {
   snprintf(p->vendor, sizeof p->vendor, "acme");
   snprintf(p->driver_version, sizeof p->driver_version, "host memory");
   p->device_type = acme_hooks.device_type;
-  p->compute_units = cores < 1 ? 1 : cores > 1024 ? 1024 : (int32_t)cores;
+  p->compute_units = cores < 1 ? 1 : (int32_t)cores;
   p->total_memory = p->max_alloc_size = TOTAL_MEMORY;
   p->alloc_alignment = ALIGNMENT;
   /* The last two flags let the host read and write the memory in place. Drop
