@@ -141,7 +141,8 @@ typedef struct dks_device_hooks {
   const char *plugin_name;
   /* Required. DK_PluginInfo.version, e.g. "0.1.0". */
   const char *version;
-  /* DK_DeviceType of the plugin's tensors (DK_Tensor.device.device_type). */
+  /* DK_DeviceType of the plugin's tensors (DK_Tensor.device.device_type),
+   * which the launcher checks; the library reports it in the properties. */
   int32_t device_type;
 
   /* Required. Called once, by the first DK_PluginInit, before anything
@@ -300,7 +301,6 @@ typedef struct dks_device dks_device;
  * out of range, DK_DEVICE_LOST for DEVKIT_<NAME>_LOST_DEVICE. *out is NULL
  * on failure. */
 DK_Status dks_device_get(const char *fn, int32_t dev, dks_device **out);
-int32_t dks_device_index(const dks_device *d);
 
 /* Validates that `mem` is a live allocation (or registration) of `d` and
  * that [offset, offset + size) lies inside it, then stores the address of
