@@ -43,7 +43,6 @@ static DK_Status @name@_properties(int32_t dev, DK_DeviceProperties *p) {
   snprintf(p->name, sizeof p->name, "@name@ device %d", (int)dev);
   snprintf(p->vendor, sizeof p->vendor, "@name@");
   snprintf(p->driver_version, sizeof p->driver_version, "host memory");
-  p->device_type = @name@_hooks.device_type;
   p->compute_units = cores < 1 ? 1 : (int32_t)cores;
   p->total_memory = p->max_alloc_size = TOTAL_MEMORY;
   p->alloc_alignment = ALIGNMENT;

@@ -43,7 +43,6 @@ static DK_Status acme_properties(int32_t dev, DK_DeviceProperties *p) {
   snprintf(p->name, sizeof p->name, "acme device %d", (int)dev);
   snprintf(p->vendor, sizeof p->vendor, "acme");
   snprintf(p->driver_version, sizeof p->driver_version, "host memory");
-  p->device_type = acme_hooks.device_type;
   p->compute_units = cores < 1 ? 1 : (int32_t)cores;
   p->total_memory = p->max_alloc_size = TOTAL_MEMORY;
   p->alloc_alignment = ALIGNMENT;
