@@ -250,12 +250,13 @@ class PreparedModel:
     ``optimize=False`` makes none."""
 
     def __init__(self, model, device: str | Device | None = None, plan: bool = True, fuse: bool | None = None,
-                 optimize: bool = True):
+                 optimize: bool = True, prepare_weights: bool = True):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
         # Fusion (engine.fusion) is on by default where the plugin has the codegen section.
         self.fuse = self.device.plugin.has_codegen if fuse is None else bool(fuse)
+        self.prepare_weights = prepare_weights
         self.input_names = checked.input_names
         self.feed_names = checked.feed_names
         self.output_names = checked.output_names
@@ -383,7 +384,7 @@ class PreparedModel:
                               {name: array for name, array in self._host_twins.items() if name not in feed},
                               {name: (array.shape, _dtypes.normalize(array.dtype)) for name, array in feed.items()},
                               self.output_names, self._static_values.setdefault(frozenset(feed), {}),
-                              fuse=self.fuse)
+                              fuse=self.fuse, prepare_weights=self.prepare_weights)
         except NotPlannable as exc:
             return str(exc)
 
@@ -411,7 +412,7 @@ def _deliver(value, given, device: Device, device_outputs: bool):
 
 
 def prepare(model, device: str | Device | None = None, plan: bool = True,
-            fuse: bool | None = None, optimize: bool = True) -> PreparedModel:
+            fuse: bool | None = None, optimize: bool = True, prepare_weights: bool = True) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node. ``plan``:
@@ -421,5 +422,7 @@ def prepare(model, device: str | Device | None = None, plan: bool = True,
     ``optimize``: the graph rewrites of devkit.onnx.rewrite (BatchNormalization
     folded into Conv; Conv [-> Add] -> Relu as FusedConv where the plugin has
     its kernel), once, for plans and the interpreter alike; ``rewrites``
-    reports them."""
-    return PreparedModel(model, device, plan, fuse, optimize)
+    reports them. ``prepare_weights``: where a kernel prepares its constant
+    inputs (ABI 1.4: packed or widened weights), plans run it on prepared
+    copies made once; each plan's ``prepared`` lists them."""
+    return PreparedModel(model, device, plan, fuse, optimize, prepare_weights)

@@ -308,6 +308,11 @@ DK_Status dks_device_get(const char *fn, int32_t dev, dks_device **out);
  * names the operand in messages ("dst"). */
 DK_Status dks_mem_range(const char *fn, const char *what, dks_device *d, DK_Mem mem,
                         size_t offset, size_t size, uint8_t **addr);
+/* As dks_mem_range for the bytes from `offset` to the end of `mem`'s
+ * allocation (offset inside it): their address in *addr and their count in
+ * *size. */
+DK_Status dks_mem_extent(const char *fn, const char *what, dks_device *d, DK_Mem mem,
+                         size_t offset, uint8_t **addr, size_t *size);
 
 /* ======================================================================== */
 /* Streams and work items                                                    */

@@ -66,6 +66,11 @@ typedef struct dks_tensor {
   int64_t size;     /* element count */
   int64_t shape[DKS_MAX_DIMS];
   int64_t strides[DKS_MAX_DIMS]; /* elements; compact row-major unless DKS_STRIDED */
+  /* A prepared input (DK_KernelCall.prepared_inputs; see dks_prepare_fn):
+   * the bytes from `data` to the end of its allocation, where the kernel's
+   * prepare wrote its prepared form; shape, dtype and strides describe the
+   * original tensor. 0 for every other tensor. */
+  size_t prepared_bytes;
 } dks_tensor;
 
 /* Validates tensor `t` of a call made by `op` (role "input"/"output"/...,
@@ -172,6 +177,31 @@ void dks_register_validators(const dks_validator *validators, size_t count);
 #define DKS_REGISTER_VALIDATORS(validators)                                         \
   __attribute__((constructor)) static void dks_register_##validators(void) {        \
     dks_register_validators(validators, sizeof(validators) / sizeof((validators)[0])); \
+  }
+
+/* ---- Prepared weights (devkit.h, DK_PrepareFn) ------------------------------ */
+
+/* An op's prepare, for its entries of every dtype: with dst NULL, sets
+ * *size to the bytes of the prepared form of input `input` of the call in
+ * `k` (0: not prepared -- another input, a dtype or shape it does not
+ * prepare), reading nothing but the call's geometry and attributes; with
+ * dst, writes that form (*size bytes) there from the input's values, in
+ * stream order like a compute. The library has validated the call as it
+ * validates a launch (schema, validators, every tensor's memory) and
+ * checked dst's range. A compute then finds the form at k->in[input].data,
+ * with prepared_bytes set, and checks it before it reads it: a raw call may
+ * mark any memory as prepared. */
+typedef DK_Status (*dks_prepare_fn)(const dks_kernel_args *k, size_t input, uint8_t *dst,
+                                    size_t *size);
+typedef struct dks_preparer {
+  const char *op;
+  dks_prepare_fn prepare;
+} dks_preparer;
+
+void dks_register_preparers(const dks_preparer *preparers, size_t count);
+#define DKS_REGISTER_PREPARERS(preparers)                                        \
+  __attribute__((constructor)) static void dks_register_##preparers(void) {      \
+    dks_register_preparers(preparers, sizeof(preparers) / sizeof((preparers)[0])); \
   }
 
 /* From a validator: sets "<op>: <message>" and returns DK_INVALID_ARGUMENT. */

@@ -65,14 +65,31 @@ void dks_register_validators(const dks_validator *validators, size_t count) {
   }
 }
 
-/* What a kernel entry's user_data points to: its definition, and how its calls are checked. */
+static const dks_preparer *g_preparers[64];
+static size_t g_num_preparers;
+
+void dks_register_preparers(const dks_preparer *preparers, size_t count) {
+  for (size_t i = 0; i < count; i++) {
+    if (g_num_preparers == sizeof g_preparers / sizeof g_preparers[0]) {
+      g_registration_overflow = true;
+      return;
+    }
+    g_preparers[g_num_preparers++] = &preparers[i];
+  }
+}
+
+/* What a kernel entry's user_data points to: its definition, how its calls
+ * are checked, and its prepare. */
 typedef struct entry_rules {
   const dks_kernel_def *def;
   const dks_op_schema *schema; /* NULL: the op has none */
   dks_validate_fn validate;    /* NULL: the op has none */
+  dks_prepare_fn prepare;      /* NULL: the op prepares no input */
 } entry_rules;
 
 static DK_Status kernel_launch(const DK_KernelCall *call);
+static DK_Status kernel_prepare(const DK_KernelCall *call, size_t input, DK_Mem prepared,
+                                size_t prepared_offset, size_t *prepared_size);
 static entry_rules *g_rules;
 
 static DK_KernelEntry *g_entries;
@@ -138,6 +155,8 @@ static DK_Status build_table(void) {
         if (strcmp(g_schemas[j]->op, def->op) == 0) g_rules[n].schema = g_schemas[j];
       for (size_t j = 0; j < g_num_validators; j++)
         if (strcmp(g_validators[j]->op, def->op) == 0) g_rules[n].validate = g_validators[j]->validate;
+      for (size_t j = 0; j < g_num_preparers; j++)
+        if (strcmp(g_preparers[j]->op, def->op) == 0) g_rules[n].prepare = g_preparers[j]->prepare;
       g_entries[n] = (DK_KernelEntry){
           .struct_size = sizeof(DK_KernelEntry),
           .op = def->op,
@@ -147,6 +166,7 @@ static DK_Status build_table(void) {
           .fn = kernel_launch,
           .flags = def->flags,
           .user_data = &g_rules[n],
+          .prepare = g_rules[n].prepare ? kernel_prepare : NULL,
       };
       g_entry_ptrs[n] = &g_entries[n];
       n++;
@@ -185,7 +205,12 @@ DK_Status dks_kernel_table(const DK_KernelEntry *const **entries, size_t *count)
  * attributes and an arena for what the attributes point to. */
 typedef struct launch {
   const dks_kernel_def *def;
+  dks_prepare_fn prepare;
   dks_kernel_args args;
+  /* A prepare's (kernel_prepare): the input, where its form goes, its size. */
+  size_t prepare_input;
+  uint8_t *prepare_dst;
+  size_t prepare_size;
 } launch;
 
 #define ALIGN8(n) (((n) + 7) & ~(size_t)7)
@@ -233,9 +258,10 @@ void dks_compact_strides(int32_t ndim, const int64_t *shape, int64_t *strides) {
   }
 }
 
-DK_Status dks_resolve_tensor(const char *op, dks_device *d, int32_t dev, bool strided,
-                             const char *role, size_t i, const DK_Tensor *t,
-                             dks_tensor *r) {
+/* The checks of dks_resolve_tensor that read no memory: rank, shape, dtype,
+ * device and strides, into *r (data left NULL). */
+static DK_Status resolve_geometry(const char *op, int32_t dev, bool strided, const char *role,
+                                  size_t i, const DK_Tensor *t, dks_tensor *r) {
   memset(r, 0, sizeof *r);
   if (t->ndim == -1 && role[0] == 'i') {
     r->ndim = -1;
@@ -288,7 +314,14 @@ DK_Status dks_resolve_tensor(const char *op, dks_device *d, int32_t dev, bool st
       r->strides[k] = t->strides[k];
     }
   }
-  if (r->size == 0) return DK_OK;
+  return DK_OK;
+}
+
+DK_Status dks_resolve_tensor(const char *op, dks_device *d, int32_t dev, bool strided,
+                             const char *role, size_t i, const DK_Tensor *t,
+                             dks_tensor *r) {
+  DK_Status st = resolve_geometry(op, dev, strided, role, i, t, r);
+  if (st != DK_OK || r->ndim < 0 || r->size == 0) return st;
   /* Byte offsets reached, relative to element 0; every step overflow-checked. */
   int64_t low = 0, high = 0, reach, start_offset, span_elements, span_bytes;
   bool overflows = false;
@@ -310,7 +343,7 @@ DK_Status dks_resolve_tensor(const char *op, dks_device *d, int32_t dev, bool st
   uint8_t *first;
   size_t start = (size_t)start_offset;
   size_t span = (size_t)span_bytes;
-  DK_Status st = dks_mem_range(op, role, d, (DK_Mem)t->data, start, span, &first);
+  st = dks_mem_range(op, role, d, (DK_Mem)t->data, start, span, &first);
   if (st != DK_OK) { /* checked again to name the tensor: formatted on failure only */
     char what[32];
     snprintf(what, sizeof what, "%s %zu", role, i);
@@ -318,6 +351,20 @@ DK_Status dks_resolve_tensor(const char *op, dks_device *d, int32_t dev, bool st
   }
   r->data = first - low;
   return DK_OK;
+}
+
+/* A prepared input: its geometry as given (any strides: the kernel reads
+ * the prepared form, not the tensor), its memory from byte_offset to the
+ * end of the allocation. */
+static DK_Status resolve_prepared(const char *op, dks_device *d, int32_t dev, size_t i,
+                                  const DK_Tensor *t, dks_tensor *r) {
+  DK_Status st = resolve_geometry(op, dev, true, "input", i, t, r);
+  if (st == DK_OK && r->ndim < 0)
+    st = dks_set_error(DK_INVALID_ARGUMENT, "%s: input %zu is marked prepared and omitted", op, i);
+  if (st == DK_OK)
+    st = dks_mem_extent(op, "prepared input", d, (DK_Mem)t->data, t->byte_offset, &r->data,
+                        &r->prepared_bytes);
+  return st;
 }
 
 DK_Status dks_invalid(const dks_kernel_args *k, const char *fmt, ...) {
@@ -560,7 +607,30 @@ static void run_launch(void *arg) {
   l->def->compute(&l->args);
 }
 
-static DK_Status kernel_launch(const DK_KernelCall *call) {
+static void run_prepare(void *arg) {
+  launch *l = arg;
+  size_t size = l->prepare_size;
+  DK_Status st = l->prepare(&l->args, l->prepare_input, l->prepare_dst, &size);
+  if (st == DK_OK && size != l->prepare_size)
+    dks_kernel_fail(&l->args, DK_INTERNAL, "prepare of input %zu wrote %zu bytes, not the %zu it asked for",
+                    l->prepare_input, size, l->prepare_size);
+}
+
+/* The inputs a call marks prepared (DK_KernelCall.prepared_inputs; 0 past
+ * the caller's struct_size). */
+static uint64_t prepared_inputs(const DK_KernelCall *call) {
+  return call->struct_size >= offsetof(DK_KernelCall, prepared_inputs) + sizeof(uint64_t)
+             ? call->prepared_inputs
+             : 0;
+}
+
+/* Validates `call` as its entry's launch (its tensors, their memory, the
+ * op's schema and validators) and builds the stream work item that `run`
+ * runs, on *out_s, pinned (the caller submits or discards the item, then
+ * releases the stream). */
+static DK_Status build_launch(const DK_KernelCall *call, void (*run)(void *), launch **out,
+                              dks_stream **out_s, dks_device **out_d) {
+  *out = NULL;
   if (!call || call->struct_size < offsetof(DK_KernelCall, user_data) + sizeof(void *))
     return dks_set_error(DK_INVALID_ARGUMENT, "kernel: call is NULL or its struct_size is too small");
   const entry_rules *rules = call->user_data;
@@ -576,6 +646,13 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
     return dks_set_error(DK_INVALID_ARGUMENT, "%s: a tensor or attribute array is NULL", op);
   if (call->num_inputs > 64 || call->num_outputs > 64 || call->num_attributes > 64)
     return dks_set_error(DK_INVALID_ARGUMENT, "%s: more than 64 inputs, outputs or attributes", op);
+  uint64_t prepared = prepared_inputs(call);
+  if (prepared && !rules->prepare)
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: the call marks inputs prepared, and this kernel "
+                         "prepares none", op);
+  if (call->num_inputs < 64 && prepared >> call->num_inputs)
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: the call marks input %d prepared, of %zu inputs", op,
+                         63 - __builtin_clzll(prepared), call->num_inputs);
   dks_device *d;
   DK_Status st = dks_device_get(op, call->device, &d);
   if (st != DK_OK) return st;
@@ -589,7 +666,7 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   }
   dks_stream *s;
   if ((st = dks_stream_acquire(op, d, call->stream, &s)) != DK_OK) return st;
-  launch *l = dks_work_new(bytes, run_launch, NULL);
+  launch *l = dks_work_new(bytes, run, NULL);
   if (!l) {
     dks_stream_release(s);
     return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory queuing the kernel", op);
@@ -598,6 +675,7 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   DK_Attribute *attrs = (DK_Attribute *)(tensors + call->num_inputs + call->num_outputs);
   uint8_t *arena = (uint8_t *)(attrs + call->num_attributes);
   l->def = def;
+  l->prepare = rules->prepare;
   l->args = (dks_kernel_args){
       .op = op, .dtype = def->dtype, .device = call->device,
       .num_inputs = call->num_inputs, .num_outputs = call->num_outputs,
@@ -607,7 +685,9 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   bool strided_in = def->flags & DK_KERNEL_STRIDED_INPUTS;
   bool strided_out = def->flags & DK_KERNEL_STRIDED_OUTPUTS;
   for (size_t i = 0; st == DK_OK && i < call->num_inputs; i++)
-    st = dks_resolve_tensor(op, d, call->device, strided_in, "input", i, &call->inputs[i], &tensors[i]);
+    st = prepared >> i & 1
+             ? resolve_prepared(op, d, call->device, i, &call->inputs[i], &tensors[i])
+             : dks_resolve_tensor(op, d, call->device, strided_in, "input", i, &call->inputs[i], &tensors[i]);
   for (size_t i = 0; st == DK_OK && i < call->num_outputs; i++)
     st = dks_resolve_tensor(op, d, call->device, strided_out, "output", i, &call->outputs[i],
                         &tensors[call->num_inputs + i]);
@@ -639,8 +719,25 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   st = check_schema(&l->args, rules->schema, def->dtype);
   if (st == DK_OK && rules->validate) st = rules->validate(&l->args);
 #endif
-  dks_graph *g = st == DK_OK ? dks_stream_capture(s) : NULL;
-  if (st == DK_OK && g) st = dks_graph_add_tensors(g, call, tensors);
+  if (st != DK_OK) {
+    dks_work_discard(l);
+    dks_stream_release(s);
+    return st;
+  }
+  *out = l;
+  *out_s = s;
+  *out_d = d;
+  return DK_OK;
+}
+
+static DK_Status kernel_launch(const DK_KernelCall *call) {
+  launch *l;
+  dks_stream *s;
+  dks_device *d;
+  DK_Status st = build_launch(call, run_launch, &l, &s, &d);
+  if (st != DK_OK) return st;
+  dks_graph *g = dks_stream_capture(s);
+  if (g) st = dks_graph_add_tensors(g, call, (dks_tensor *)l->args.in);
   if (st != DK_OK) {
     dks_work_discard(l);
     dks_stream_release(s);
@@ -650,6 +747,49 @@ static DK_Status kernel_launch(const DK_KernelCall *call) {
   dks_stream_release(s);
   return st;
 }
+
+/* DK_KernelEntry.prepare of an entry whose definition has a prepare. */
+static DK_Status kernel_prepare(const DK_KernelCall *call, size_t input, DK_Mem prepared,
+                                size_t prepared_offset, size_t *prepared_size) {
+  launch *l;
+  dks_stream *s;
+  dks_device *d;
+  DK_Status st = build_launch(call, run_prepare, &l, &s, &d);
+  if (st != DK_OK) return st;
+  const char *op = l->def->op;
+  uint8_t *dst = NULL;
+  size_t size = 0;
+  if (!prepared_size)
+    st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: prepared_size is NULL", op);
+  else if (input >= call->num_inputs || l->args.in[input].ndim < 0)
+    st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: input %zu is not a present input of the call",
+                       op, input);
+  else if (l->args.in[input].prepared_bytes)
+    st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: input %zu is marked prepared already", op, input);
+  if (st == DK_OK) st = l->prepare(&l->args, input, NULL, &size);
+  if (st == DK_OK && prepared) {
+    if (size == 0 || size != *prepared_size)
+      st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: prepared_size %zu for input %zu; its query "
+                         "gives %zu", op, *prepared_size, input, size);
+    else if (dks_stream_capture(s))
+      st = dks_capture_refused(op, s);
+    else
+      st = dks_mem_range(op, "prepared", d, prepared, prepared_offset, size, &dst);
+  }
+  if (st != DK_OK || !prepared) {
+    if (st == DK_OK) *prepared_size = size;
+    dks_work_discard(l);
+    dks_stream_release(s);
+    return st;
+  }
+  l->prepare_input = input;
+  l->prepare_dst = dst;
+  l->prepare_size = size;
+  st = dks_work_submit(s, l);
+  dks_stream_release(s);
+  return st;
+}
+
 
 DK_Status dks_kernel_fail(const dks_kernel_args *k, DK_Status status, const char *fmt, ...) {
   char message[768];

@@ -239,27 +239,53 @@ DK_Status dks_mem_unregister_host(int32_t dev, DK_Mem mem) {
   return DK_OK;
 }
 
-DK_Status dks_mem_range(const char *fn, const char *what, dks_device *d,
-                        DK_Mem mem, size_t offset, size_t size,
-                        uint8_t **addr) {
-  *addr = NULL;
+/* The size of live allocation (or registration) `mem` of `d`. */
+static DK_Status live_size(const char *fn, const char *what, dks_device *d, DK_Mem mem,
+                           size_t *alloc_size) {
   if (!mem)
     return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s handle is NULL", fn, what);
-  size_t alloc_size;
   pthread_mutex_lock(&d->mem_mu);
-  bool live = dks_table_find(&d->mems, (uintptr_t)mem, &alloc_size);
+  bool live = dks_table_find(&d->mems, (uintptr_t)mem, alloc_size);
   pthread_mutex_unlock(&d->mem_mu);
   if (!live)
     return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: %s handle %p is not a live allocation on %s "
                          "device %d",
                          fn, what, (void *)mem, dks_name(), (int)d->index);
+  return DK_OK;
+}
+
+static uint8_t *address_of(dks_device *d, DK_Mem mem, size_t offset) {
+  return dks_hooks.address ? dks_hooks.address(d->index, mem, offset) : (uint8_t *)mem + offset;
+}
+
+DK_Status dks_mem_extent(const char *fn, const char *what, dks_device *d, DK_Mem mem,
+                         size_t offset, uint8_t **addr, size_t *size) {
+  *addr = NULL;
+  size_t alloc_size;
+  DK_Status st = live_size(fn, what, d, mem, &alloc_size);
+  if (st != DK_OK) return st;
+  if (offset >= alloc_size)
+    return dks_set_error(DK_OUT_OF_RANGE, "%s: %s offset %zu is not inside the %zu-byte allocation",
+                         fn, what, offset, alloc_size);
+  *addr = address_of(d, mem, offset);
+  *size = alloc_size - offset;
+  return DK_OK;
+}
+
+DK_Status dks_mem_range(const char *fn, const char *what, dks_device *d,
+                        DK_Mem mem, size_t offset, size_t size,
+                        uint8_t **addr) {
+  *addr = NULL;
+  size_t alloc_size;
+  DK_Status st = live_size(fn, what, d, mem, &alloc_size);
+  if (st != DK_OK) return st;
   if (offset > alloc_size || size > alloc_size - offset)
     return dks_set_error(DK_OUT_OF_RANGE,
                          "%s: %s range [offset %zu, +%zu) exceeds the "
                          "%zu-byte allocation",
                          fn, what, offset, size, alloc_size);
-  *addr = dks_hooks.address ? dks_hooks.address(d->index, mem, offset) : (uint8_t *)mem + offset;
+  *addr = address_of(d, mem, offset);
   return DK_OK;
 }
 

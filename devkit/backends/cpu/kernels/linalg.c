@@ -7,6 +7,7 @@
  * loop with wrapping arithmetic: BLAS has no integer GEMM.
  */
 #include "linalg.h"
+#include "linalg_packed.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -279,6 +280,15 @@ static bool is_low_float(const dks_tensor *t) {
   return t->ndim >= 0 && (t->dtype == DK_DTYPE_FLOAT16 || t->dtype == DK_DTYPE_BFLOAT16);
 }
 
+/* A compact float32 copy of float16/bfloat16 tensor t (scratch the caller
+ * frees), or NULL, the failure reported, when out of memory. */
+static float *widen_copy(const dks_kernel_args *k, const dks_tensor *t) {
+  float *buffer = linalg_scratch(k, (size_t)t->size, sizeof(float));
+  if (buffer && t->size)
+    gather(t, (uint8_t *)buffer, sizeof(float), t->dtype == DK_DTYPE_FLOAT16 ? widen_f16 : widen_bf16);
+  return buffer;
+}
+
 DK_Status linalg_run_as_f32(const dks_kernel_args *k, dks_compute_fn core) {
   size_t total = k->num_inputs + k->num_outputs;
   dks_tensor *wide = linalg_scratch(k, total, sizeof *wide);
@@ -288,14 +298,12 @@ DK_Status linalg_run_as_f32(const dks_kernel_args *k, dks_compute_fn core) {
   DK_Status st = DK_OK;
   for (size_t i = 0; i < total && st == DK_OK; i++) {
     dks_tensor *t = &wide[i];
-    if (!is_low_float(t)) continue;
-    float *buffer = linalg_scratch(k, (size_t)t->size, sizeof(float));
+    if (!is_low_float(t) || t->prepared_bytes) continue; /* a prepared form is the kernel's own */
+    float *buffer = i < k->num_inputs ? widen_copy(k, t) : linalg_scratch(k, (size_t)t->size, sizeof(float));
     if (!buffer) {
       st = DK_RESOURCE_EXHAUSTED;
       break;
     }
-    if (i < k->num_inputs && t->size)
-      gather(t, (uint8_t *)buffer, sizeof(float), t->dtype == DK_DTYPE_FLOAT16 ? widen_f16 : widen_bf16);
     t->data = (uint8_t *)buffer;
     t->dtype = DK_DTYPE_FLOAT32;
     t->itemsize = sizeof(float);
@@ -571,9 +579,71 @@ static bool mm_foldable(const mm_geometry *g, const mm_operand *a, bool a_trans,
   return true;
 }
 
+/* ---- Prepared B: packed panels (linalg_packed.h) ------------------------------ */
+
+/* The k x n matrix a MatMul or Gemm multiplies by, as B's element strides:
+ * element (i, j) at B + i * rs + j * cs. False where B cannot be prepared
+ * (a batched MatMul B). */
+static bool product_b(const dks_kernel_args *k, int64_t *kk, int64_t *n, bool *trans) {
+  const dks_tensor *b = &k->in[1];
+  if (b->ndim != 2) return false;
+  *trans = strcmp(k->op, "Gemm") == 0 && dks_attr_int(k, "transB", 0) != 0;
+  *kk = b->shape[*trans], *n = b->shape[!*trans];
+  return true;
+}
+
+/* The prepare of float32/float16/bfloat16 MatMul and Gemm: a constant B
+ * packed into float32 panels once, so a call neither packs B (OpenBLAS does
+ * at every call: most of a small-M product's time) nor widens it. */
+static DK_Status prepare_b(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
+  int64_t kk, n;
+  bool trans;
+  *size = 0;
+  DK_DTypeKey dtype = k->in[1].dtype;
+  bool floats = dtype == DK_DTYPE_FLOAT32 || dtype == DK_DTYPE_FLOAT16 || dtype == DK_DTYPE_BFLOAT16;
+  if (input != 1 || !floats || !product_b(k, &kk, &n, &trans)) return DK_OK;
+  *size = packed_b_bytes(kk, n);
+  if (!dst || !*size) return DK_OK;
+  const dks_tensor *b = &k->in[1];
+  float *wide = b->dtype == DK_DTYPE_FLOAT32 ? NULL : widen_copy(k, b); /* compact, as B is laid out */
+  if (b->dtype != DK_DTYPE_FLOAT32 && !wide) return DK_RESOURCE_EXHAUSTED;
+  const int64_t *strides = b->strides, compact[2] = {b->shape[1], 1};
+  if (wide) strides = compact;
+  packed_b_pack(wide ? wide : (const float *)b->data, strides[trans], strides[!trans], kk, n, dst);
+  free(wide);
+  return DK_OK;
+}
+
+/* y (m x n, compact) (+)= alpha * a @ B for a prepared B, a the m x kk
+ * operand as a tensor view (copied when its rows are not compact). */
+static DK_Status product_prepared(const dks_kernel_args *k, const dks_tensor *a, int64_t m, int64_t kk,
+                                  int64_t n, float alpha, bool accumulate, float *y) {
+  const dks_tensor *b = &k->in[1];
+  if (!packed_b_check(b->data, b->prepared_bytes, kk, n))
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is marked prepared and is not this kernel's packed form of a "
+                           "%lld x %lld B", (long long)kk, (long long)n);
+  bool rows = a->strides[a->ndim - 1] == 1 || kk <= 1;
+  for (int32_t d = a->ndim - 2; rows && d >= 0; d--)
+    rows = a->shape[d] <= 1 || a->strides[d] == a->strides[d + 1] * a->shape[d + 1];
+  float *copy = rows ? NULL : linalg_compact_copy(k, a);
+  if (!rows && !copy) return DK_RESOURCE_EXHAUSTED;
+  packed_gemm(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
+  free(copy);
+  return DK_OK;
+}
+
+static DK_Status matmul_prepared(const dks_kernel_args *k) {
+  const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  int64_t kk = b->shape[0], n = b->shape[1];
+  return product_prepared(k, a, kk ? a->size / kk : y->size / (n ? n : 1), kk, n, 1.0f, false,
+                          (float *)y->data);
+}
+
 static DK_Status matmul_float(const dks_kernel_args *k) {
   const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
+  if (b->prepared_bytes) return matmul_prepared(k);
   linalg_real real = linalg_real_of(y);
   mm_geometry g;
   mm_setup(a, b, y, &g);
@@ -715,6 +785,10 @@ static DK_Status gemm_float(const dks_kernel_args *k) {
     vb.shape[0] = b->shape[1], vb.shape[1] = b->shape[0];
     vb.strides[0] = b->strides[1], vb.strides[1] = b->strides[0];
   }
+  if (b->prepared_bytes) {
+    if (c) gemm_fill_f32(c, beta, (float *)y->data, m, n);
+    return product_prepared(k, &va, m, kk, n, (float)alpha, c != NULL, (float *)y->data);
+  }
   mm_geometry g = {.m = m, .n = n, .k = kk, .batch_nd = 0, .batches = 1};
   mm_operand oa, ob;
   bool ta, tb;
@@ -753,6 +827,9 @@ static const dks_kernel_def k_linalg_gemm[] = {
     {"Gemm", DK_DTYPE_BFLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
 };
 DKS_REGISTER_KERNELS(k_linalg_gemm)
+
+static const dks_preparer p_linalg_gemm[] = {{"MatMul", prepare_b}, {"Gemm", prepare_b}};
+DKS_REGISTER_PREPARERS(p_linalg_gemm)
 
 /* ---- Validators ------------------------------------------------------------------- */
 
