@@ -87,11 +87,15 @@ void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, in
  * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool. *redo
  * is set when an output is not finite: the transforms spread a non-finite
  * value differently than the direct sums, so the caller computes y again
- * the direct way. */
+ * the direct way. u: the filters' transforms (linalg_winograd_filters) made
+ * beforehand (a prepared W), or NULL: made now. */
 bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
 DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
-                               const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group,
-                               bool *redo);
+                               const float *u, const dks_tensor *b, const dks_tensor *y, const linalg_window *w,
+                               int64_t group, bool *redo);
+/* The transforms U = G g G^T of the 3x3 filters of W (group * mg * cg of
+ * them) into u[group][16][mg][cg], split over the pool. */
+void linalg_winograd_filters(const float *wt, int64_t group, int64_t mg, int64_t cg, float *u);
 
 /* One row of a zero-padded, strided copy of a float32 plane (h x wd), as the
  * direct Convs lay out their inputs: dst[j] = plane[iy][x0 + j * step] for

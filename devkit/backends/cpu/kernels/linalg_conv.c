@@ -407,7 +407,7 @@ typedef struct wino_job {
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
   const float *x, *b;
   conv_epilogue rest; /* Z and the activation (b is added in the output transform) */
-  float *u; /* [group][16][mg][cg] */
+  const float *u; /* [group][16][mg][cg] */
   float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
   const float *wt;
   float *y;
@@ -455,15 +455,25 @@ DKS_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, flo
 
 /* The transforms of kernels [begin, end) of W (index (g * mg + m) * cg + c),
  * into u[g][xi][m][c]. */
+typedef struct wino_filter_job {
+  const float *wt;
+  float *u;
+  int64_t per_group; /* mg * cg */
+} wino_filter_job;
+
 static void wino_filters(void *arg, int64_t begin, int64_t end) {
-  wino_job *j = arg;
-  int64_t per_group = j->mg * j->cg;
+  const wino_filter_job *j = arg;
   while (begin < end) {
-    int64_t g = begin / per_group, i = begin % per_group;
-    int64_t count = per_group - i < end - begin ? per_group - i : end - begin;
-    wino_filter_run(j->wt + 9 * begin, count, j->u + g * 16 * per_group + i, per_group);
+    int64_t g = begin / j->per_group, i = begin % j->per_group;
+    int64_t count = j->per_group - i < end - begin ? j->per_group - i : end - begin;
+    wino_filter_run(j->wt + 9 * begin, count, j->u + g * 16 * j->per_group + i, j->per_group);
     begin += count;
   }
+}
+
+void linalg_winograd_filters(const float *wt, int64_t group, int64_t mg, int64_t cg, float *u) {
+  wino_filter_job j = {.wt = wt, .u = u, .per_group = mg * cg};
+  dks_parallel_for(group * mg * cg, 8192, wino_filters, &j);
 }
 
 /* v[xi * step + i] = (B^T d B)[xi] for the 4x4 patches d at p + 2 * i
@@ -678,8 +688,8 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
 }
 
 DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
-                               const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group,
-                               bool *redo) {
+                               const float *u, const dks_tensor *b, const dks_tensor *y, const linalg_window *w,
+                               int64_t group, bool *redo) {
   wino_job j = {.s = {.real = LINALG_F32, .w = w, .es = sizeof(float), .group = group},
                 .batch = x->shape[0], .cg = x->shape[1] / group, .mg = y->shape[1] / group,
                 .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
@@ -710,21 +720,22 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
   j.mblocks = ceil_div(j.mg, j.mblock);
-  j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
-  if (!j.u) return DK_RESOURCE_EXHAUSTED;
-  dks_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
+  float *own_u = u ? NULL : uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
+  if (!u && !own_u) return DK_RESOURCE_EXHAUSTED;
+  if (own_u) linalg_winograd_filters(j.wt, group, j.mg, j.cg, own_u);
+  j.u = u ? u : own_u;
   /* Runs of filters of one tile block would each transform its patches
    * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
   if (j.mblocks > 1) {
     j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
     if (!j.v) {
-      free(j.u);
+      free(own_u);
       return DK_RESOURCE_EXHAUSTED;
     }
     dks_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
   }
   dks_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
-  free(j.u);
+  free(own_u);
   free(j.v);
   *redo = atomic_load(&j.non_finite);
   return split_status(k, &j.s);
@@ -1068,6 +1079,65 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
   return DK_OK;
 }
 
+/* ---- Prepared W (DK_KernelEntry.prepare) --------------------------------------------- */
+
+/* A float32 Conv's W, prepared where the call goes by Winograd: the
+ * filters' transforms, made once instead of at every call (on a 49-tile
+ * plane they cost about what the transform saves), then W itself, which a
+ * call whose outputs are not finite sums again the direct way. */
+typedef struct conv_prepared {
+  uint32_t tag; /* CONV_PREPARED_TAG */
+  uint32_t reserved;
+  int64_t group, mg, cg, w_elements;
+  uint8_t pad[24]; /* to 64 bytes: U starts cache-line aligned */
+} conv_prepared;
+_Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
+#define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
+
+static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+
+static size_t conv_prepared_bytes(int64_t group, int64_t mg, int64_t cg, int64_t w_elements) {
+  return sizeof(conv_prepared) + (size_t)(group * 16 * mg * cg + w_elements) * sizeof(float);
+}
+
+static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
+  const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0];
+  *size = 0;
+  if (input != 1 || y->dtype != DK_DTYPE_FLOAT32 || x->ndim != 4 || y->size == 0) return DK_OK;
+  linalg_window w;
+  linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
+  int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
+  if (!winograd_chosen(&w, y->dtype, cg, mg)) return DK_OK;
+  *size = conv_prepared_bytes(group, mg, cg, wt->size);
+  if (!dst) return DK_OK;
+  conv_prepared h = {.tag = CONV_PREPARED_TAG, .group = group, .mg = mg, .cg = cg, .w_elements = wt->size};
+  memcpy(dst, &h, sizeof h);
+  float *u = (float *)(dst + sizeof h);
+  linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
+  memcpy(u + group * 16 * mg * cg, wt->data, (size_t)wt->size * sizeof(float));
+  return DK_OK;
+}
+
+/* A prepared W's transforms (*u) and W (*view, a compact tensor like wt),
+ * once its header is checked. */
+static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, int64_t group, int64_t mg,
+                             int64_t cg, const float **u, dks_tensor *view) {
+  conv_prepared h;
+  bool ok = wt->prepared_bytes >= sizeof h;
+  if (ok) memcpy(&h, wt->data, sizeof h);
+  ok = ok && h.tag == CONV_PREPARED_TAG && h.group == group && h.mg == mg && h.cg == cg &&
+       h.w_elements == wt->size && wt->prepared_bytes >= conv_prepared_bytes(group, mg, cg, wt->size);
+  if (!ok)
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is marked prepared and is not this kernel's prepared form of "
+                           "its W");
+  *u = (const float *)(wt->data + sizeof h);
+  *view = *wt;
+  view->data = (uint8_t *)(*u + group * 16 * mg * cg);
+  view->prepared_bytes = 0;
+  return DK_OK;
+}
+
 static DK_Status conv_float(const dks_kernel_args *k) {
   const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
@@ -1075,6 +1145,13 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1);
+  const float *u = NULL;
+  dks_tensor w_view;
+  if (wt->prepared_bytes) {
+    DK_Status st = conv_unpack(k, wt, group, y->shape[1] / group, x->shape[1] / group, &u, &w_view);
+    if (st != DK_OK) return st;
+    wt = &w_view;
+  }
   conv_epilogue ep = conv_epilogue_of(k);
   conv_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
                 .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = y->shape[1] / group,
@@ -1089,7 +1166,7 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
     bool redo = false;
-    DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);
+    DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
   }
   atomic_init(&j.s.failed, false);
@@ -1114,6 +1191,12 @@ static DK_Status conv_float(const dks_kernel_args *k) {
 }
 
 static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
+
+/* Whether conv_float takes the Winograd path for this geometry (the order of its tests). */
+static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
+         !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+}
 
 /* ---- ConvTranspose --------------------------------------------------------------------- */
 
@@ -1238,6 +1321,9 @@ static const dks_kernel_def k_linalg_conv[] = {
     {"ConvTranspose", DK_DTYPE_BFLOAT16, conv_transpose_low, 0},
 };
 DKS_REGISTER_KERNELS(k_linalg_conv)
+
+static const dks_preparer p_linalg_conv[] = {{"Conv", prepare_conv}, {"FusedConv", prepare_conv}};
+DKS_REGISTER_PREPARERS(p_linalg_conv)
 
 /* X, W, optional B and Y: one dtype; Y's shape as X, W and the attributes give it. */
 static DK_Status validate_conv_common(const dks_kernel_args *k, bool transpose) {

@@ -118,7 +118,7 @@ static DK_Status grad_input_winograd(const dks_kernel_args *k, const linalg_wind
           kernels[((g * cg + c) * mg + m) * 9 + t] = from[((g * mg + m) * cg + c) * 9 + 8 - t];
   turned.data = (uint8_t *)kernels;
   bool redo = false;
-  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, dx, &flipped, group, &redo);
+  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, NULL, dx, &flipped, group, &redo);
   free(kernels);
   *done = st == DK_OK && !redo;
   return st;
