@@ -389,10 +389,14 @@ enum DK_KernelFlags {
  *    prepared_inputs set and inputs[input].data / byte_offset pointing at
  *    it.
  * A kernel must not trust that bit: a call through the raw ABI may set it
- * on any memory. The prepared form carries what the kernel needs to check
- * it (a tag and the geometry it was made for, say) within the queried size,
- * and a kernel given a prepared input that fails the check, or lies outside
- * its allocation, returns DK_INVALID_ARGUMENT. Results with a prepared
+ * on any memory. A kernel refuses a bit on an input its prepare would not
+ * prepare for the call, and one whose memory, from byte_offset to the end of
+ * its allocation, is shorter than the queried size; the prepared form
+ * carries what the kernel needs to check its contents (a tag and the
+ * geometry it was made for, say), and a form that fails the check is
+ * DK_INVALID_ARGUMENT, at launch or from the stream. (A kernel whose entry
+ * has no prepare may refuse the bit or ignore it: the input is then an
+ * ordinary tensor, checked as such.) Results with a prepared
  * input are those of the op on the original input, within the op's
  * tolerance (a prepared kernel may sum in another order). */
 typedef DK_Status (*DK_PrepareFn)(const DK_KernelCall *call, size_t input,

@@ -98,13 +98,15 @@ def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, obj
     """Plan, interpreter and onnxruntime on one model, and the plan's device
     work alone (Plan.launch_device_work) in the same interleaving: times in
     ms and ratios; the plan's time beyond its device work is host_ms."""
-    # Unfused, so the plan runs the interpreter's kernels and must match it
-    # bit for bit; devkit-bench fusion measures the fused plans.
+    # Unfused (devkit-bench fusion measures the fused plans), on prepared
+    # weights where the plugin prepares them. The same plan on the weights as
+    # given runs the interpreter's kernels and must match it bit for bit.
     planned = donnx.prepare(model, f"{plugin}:0", fuse=False)
+    given = donnx.prepare(model, f"{plugin}:0", fuse=False, prepare_weights=False)
     interpreted = donnx.prepare(model, f"{plugin}:0", plan=False)
     sessions = _ort_sessions(model)
     want = sessions["onnxruntime_1t"].run(None, inputs)
-    got, interpreted_got = planned.run(inputs), interpreted.run(inputs)
+    got, given_got, interpreted_got = planned.run(inputs), given.run(inputs), interpreted.run(inputs)
     (plan,) = planned.plans.values()
     ort_1t, ort_2t = (lambda s=s: s.run(None, inputs) for s in sessions.values())
     # The plan and its device work each come after an onnxruntime session,
@@ -124,7 +126,10 @@ def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, obj
            "interpreter_over_onnxruntime": medians["interpreter"] / min(beside_interpreter["onnxruntime_1t"],
                                                                          beside_interpreter["onnxruntime_2t"]),
            "plan_over_interpreter": medians["plan"] / medians["interpreter"],
-           "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(got, interpreted_got)),
+           "prepared_inputs": len(plan.prepared),
+           "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(given_got, interpreted_got)),
+           "max_abs_diff_prepared_vs_given": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
+                                                 for a, b in zip(got, given_got)),
            "max_abs_diff_vs_onnxruntime": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
                                               for a, b in zip(got, want))}
     wall, cpu = _submission_seconds(planned, inputs, plugin, repeat)

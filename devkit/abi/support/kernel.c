@@ -719,6 +719,19 @@ static DK_Status build_launch(const DK_KernelCall *call, void (*run)(void *), la
   st = check_schema(&l->args, rules->schema, def->dtype);
   if (st == DK_OK && rules->validate) st = rules->validate(&l->args);
 #endif
+  /* A prepared input must be one the preparer makes for this call, and its
+   * allocation must hold the form: the compute then checks only its tag. */
+  for (size_t i = 0; st == DK_OK && i < call->num_inputs; i++) {
+    size_t needed = 0;
+    if (!(prepared >> i & 1)) continue;
+    st = rules->prepare(&l->args, i, NULL, &needed);
+    if (st == DK_OK && !needed)
+      st = dks_set_error(DK_INVALID_ARGUMENT, "%s: input %zu is marked prepared, and this kernel "
+                         "prepares no such input for this call", op, i);
+    else if (st == DK_OK && needed > tensors[i].prepared_bytes)
+      st = dks_set_error(DK_OUT_OF_RANGE, "%s: prepared input %zu has %zu bytes to the end of its "
+                         "allocation; its prepared form takes %zu", op, i, tensors[i].prepared_bytes, needed);
+  }
   if (st != DK_OK) {
     dks_work_discard(l);
     dks_stream_release(s);
