@@ -1,0 +1,197 @@
+"""The phi kernels the bridge registers for the devkit place, lowered to devkit ops.
+
+``KERNELS[name](device, *args)`` gets the kernel's arguments in Paddle's
+signature order (bridge.cc's DEVKIT_KERNEL lines): inputs as devkit Arrays
+viewing Paddle's memory, attributes as Python values, outputs as Arrays that
+Paddle allocated (None where Paddle does not want that output). A kernel runs
+devkit ops with ``run_op`` (so decompositions and counted CPU fallback apply)
+and writes the results into the outputs. Float32 only, as registered.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ops import run_op
+from ..runtime import Array
+
+
+def _op(name: str, inputs: list, attrs: dict | None = None) -> Array:
+    return run_op(name, inputs, attrs, outputs=1)[0]
+
+
+def _write(out: Array | None, result: Array) -> None:
+    """Copies a contiguous result into an output (same element count; shapes may differ by 1-dims)."""
+    if out is None:
+        return
+    if out.nbytes != result.nbytes:
+        raise ValueError(f"result of shape {result.shape} does not fit the output of shape {out.shape}")
+    if out.nbytes:
+        out.buffer.view(out.offset, out.nbytes).copy_from(result.buffer.view(result.offset, result.nbytes))
+
+
+def _unbroadcast(grad: Array, shape: tuple) -> Array:
+    """The gradient of a broadcast: sums ``grad`` over the dims that broadcasting added or stretched."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    axes = list(range(lead)) + [lead + k for k, n in enumerate(shape) if n == 1 and grad.shape[lead + k] != 1]
+    if axes:
+        grad = _op("ReduceSum", [grad, np.array(axes, np.int64)], {"keepdims": 0})
+    return grad.reshape(shape) if grad.shape != shape else grad
+
+
+def _swapped_axes(ndim: int) -> list[int]:
+    axes = list(range(ndim))
+    axes[-2], axes[-1] = axes[-1], axes[-2]
+    return axes
+
+
+def _swap(a: Array) -> Array:
+    """The last two dims exchanged (a view)."""
+    return a.transpose(*_swapped_axes(a.ndim))
+
+
+def relu(dev, x, out):
+    _write(out, _op("Relu", [x]))
+
+
+def relu_grad(dev, out, dout, dx):
+    _write(dx, _op("ReluGrad", [dout, out]))
+
+
+def add(dev, x, y, out):
+    _write(out, _op("Add", [x, y]))
+
+
+def add_grad(dev, x, y, dout, axis, dx, dy):
+    if axis != -1:
+        raise NotImplementedError(f"add_grad: axis={axis} (only -1, numpy broadcasting)")
+    _write(dx, _unbroadcast(dout, x.shape))
+    _write(dy, _unbroadcast(dout, y.shape))
+
+
+def subtract(dev, x, y, out):
+    _write(out, _op("Sub", [x, y]))
+
+
+def multiply(dev, x, y, out):
+    _write(out, _op("Mul", [x, y]))
+
+
+def _as_matrices(x, y, tx, ty):
+    """x and y with 1-D operands made 2-D and the transposes applied (views)."""
+    x2 = x.reshape(1, x.shape[0]) if x.ndim == 1 else x
+    y2 = y.reshape(y.shape[0], 1) if y.ndim == 1 else y
+    return (_swap(x2) if tx and x.ndim > 1 else x2), (_swap(y2) if ty and y.ndim > 1 else y2)
+
+
+def matmul(dev, x, y, tx, ty, out):
+    a, b = _as_matrices(x, y, tx, ty)
+    _write(out, _op("MatMul", [a, b]))
+
+
+def matmul_grad(dev, x, y, dout, tx, ty, dx, dy):
+    a, b = _as_matrices(x, y, tx, ty)
+    out_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
+    dout = dout.reshape(*out_shape)
+    if dx is not None:
+        da = _op("MatMul", [dout, _swap(b)])  # d(a) = dout b^T
+        da = _unbroadcast(da, a.shape)
+        if tx and x.ndim > 1:
+            da = _op("Transpose", [da], {"perm": _swapped_axes(da.ndim)})
+        _write(dx, da)
+    if dy is not None:
+        db = _op("MatMul", [_swap(a), dout])  # d(b) = a^T dout
+        db = _unbroadcast(db, b.shape)
+        if ty and y.ndim > 1:
+            db = _op("Transpose", [db], {"perm": _swapped_axes(db.ndim)})
+        _write(dy, db)
+
+
+def softmax(dev, x, axis, out):
+    _write(out, _op("Softmax", [x], {"axis": axis}))
+
+
+def softmax_grad(dev, out, dout, axis, dx):
+    _write(dx, _op("SoftmaxGrad", [dout, out], {"axis": axis}))
+
+
+def _hard_labels(logits, label, soft_label, axis, what):
+    """The label as a 1-D index per row: hard labels, class axis last, 2-D logits."""
+    if soft_label or logits.ndim != 2 or axis not in (-1, 1):
+        raise NotImplementedError(f"{what}: only hard labels over the last axis of 2-D logits "
+                                  f"(got soft_label={soft_label}, axis={axis}, logits {logits.shape})")
+    return label.reshape(label.size)
+
+
+def cross_entropy_with_softmax(dev, logits, label, soft_label, use_softmax, numeric_stable_mode,
+                               ignore_index, axis, softmax_out, loss):
+    labels = _hard_labels(logits, label, soft_label, axis, "cross_entropy_with_softmax")
+    if not use_softmax:
+        raise NotImplementedError("cross_entropy_with_softmax: use_softmax=False")
+    probabilities = _op("Softmax", [logits], {"axis": -1})
+    losses = run_op("SoftmaxCrossEntropyLoss", [logits, labels],
+                    {"reduction": "none", "ignore_index": ignore_index}, outputs=1)[0]
+    _write(softmax_out, probabilities)
+    _write(loss, losses)
+
+
+def cross_entropy_with_softmax_grad(dev, label, softmax_in, loss_grad, soft_label, use_softmax,
+                                    numeric_stable_mode, ignore_index, axis, logits_grad):
+    labels = _hard_labels(softmax_in, label, soft_label, axis, "cross_entropy_with_softmax_grad")
+    log_prob = _op("Log", [softmax_in])
+    grad = _op("SoftmaxCrossEntropyLossGrad", [loss_grad.reshape(labels.size), log_prob, labels],
+               {"reduction": "none", "ignore_index": ignore_index})
+    _write(logits_grad, grad)
+
+
+def mean_all(dev, x, out):
+    _write(out, _op("ReduceMean", [x], {"keepdims": 0}))
+
+
+def mean_all_grad(dev, x, dout, dx):
+    scaled = _op("Mul", [dout, np.array(1.0 / max(x.size, 1), np.float32)])
+    _write(dx, _op("Expand", [scaled, list(x.shape)]))
+
+
+def mean(dev, x, dims, keep_dim, out):
+    axes = np.array(dims if dims else range(x.ndim), np.int64)
+    _write(out, _op("ReduceMean", [x, axes], {"keepdims": int(keep_dim)}))
+
+
+def mean_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
+    axes = list(range(x.ndim)) if reduce_all or not dims else [d % x.ndim for d in dims]
+    count = math.prod(x.shape[a] for a in axes)
+    kept = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
+    scaled = _op("Mul", [dout.reshape(*kept), np.array(1.0 / max(count, 1), np.float32)])
+    _write(dx, _op("Expand", [scaled, list(x.shape)]))
+
+
+def sgd(dev, param, learning_rate, grad, master_param, multi_precision, param_out, master_param_out):
+    if multi_precision:
+        raise NotImplementedError("sgd: multi_precision (float32 parameters only)")
+    step = _op("Mul", [grad, learning_rate])  # learning_rate has shape [1]: it broadcasts
+    _write(param_out, _op("Sub", [param, step]))
+
+
+def _fill(out, value) -> None:
+    if out is not None and out.size:
+        host = np.full(out.shape, value, dtype=out.dtype)
+        out.buffer.copy_from_host(host, offset=out.offset)
+
+
+def full(dev, shape, value, dtype, out):
+    _fill(out, value)
+
+
+def full_like(dev, x, value, dtype, out):
+    _fill(out, value)
+
+
+KERNELS = {fn.__name__: fn for fn in (
+    relu, relu_grad, add, add_grad, subtract, multiply, matmul, matmul_grad, softmax, softmax_grad,
+    cross_entropy_with_softmax, cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad,
+    sgd, full, full_like)}
