@@ -4,7 +4,7 @@
     import paddle
     paddle.set_device("devkit:0") # device 0 of the plugin DEVKIT_PADDLE_PLUGIN names (default cpu)
 
-Importing this module sets, unless already set, CUSTOM_DEVICE_ROOT (the
+Importing this module sets, where unset or empty, CUSTOM_DEVICE_ROOT (the
 directory of the bridge library, built on first use against the installed
 paddle wheel) and DEVKIT_PADDLE_PLUGIN (cpu). Paddle reads CUSTOM_DEVICE_ROOT
 when it is imported, so import this first; ``python -m devkit.paddle --root``
@@ -30,9 +30,12 @@ def setup() -> str:
     """Builds the bridge if needed and sets CUSTOM_DEVICE_ROOT and DEVKIT_PADDLE_PLUGIN
     where unset; returns the bridge's directory."""
     root = str(library_dir())
-    os.environ.setdefault(ROOT_ENV, root)
-    os.environ.setdefault(PLUGIN_ENV, DEFAULT_PLUGIN)
-    if "paddle" in sys.modules and os.environ[ROOT_ENV] == root:
+    before = os.environ.get(ROOT_ENV)
+    if not before:  # unset, or the empty value paddle's import leaves
+        os.environ[ROOT_ENV] = root
+    if not os.environ.get(PLUGIN_ENV):
+        os.environ[PLUGIN_ENV] = DEFAULT_PLUGIN
+    if "paddle" in sys.modules and before != root:
         warnings.warn("devkit.paddle was imported after paddle: Paddle has already looked for custom "
                       "devices, so 'devkit' is not one; import devkit.paddle first", RuntimeWarning, stacklevel=3)
     return root

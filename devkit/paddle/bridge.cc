@@ -28,7 +28,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -441,7 +440,7 @@ PyObject* tensor_arg(const DenseTensor& t, const void* data) {
   // NoNeedBuffer inputs, such as mean_all_grad's x), travels as shape only.
   if (t.numel() > 0 && data != nullptr) {
     DK_Mem mem;
-    if (!resolve(data, &mem, &offset)) throw std::runtime_error("a tensor is not in devkit memory");
+    if (!resolve(data, &mem, &offset)) PD_THROW("a kernel argument is not in devkit memory");
     start = reinterpret_cast<uintptr_t>(data) - offset;
   }
   return Py_BuildValue("(KnNi)", (unsigned long long)start, (Py_ssize_t)offset, shape_of(t),
@@ -501,7 +500,7 @@ void run(const char* op, const phi::Context& ctx, Ts&&... args) {
   Args a{ctx, phi::capi::CppTypeToPDType<T>::Type(), PyList_New(0)};
   (add(a, std::forward<Ts>(args)), ...);
   PyObject* result = call_python("run", Py_BuildValue("(siN)", op, t_current, a.list));
-  if (result == nullptr) throw std::runtime_error(std::string("devkit kernel '") + op + "': " + python_error());
+  if (result == nullptr) PD_THROW(std::string("devkit kernel '") + op + "': " + python_error());
   Py_DECREF(result);
 }
 

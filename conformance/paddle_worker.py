@@ -1,0 +1,243 @@
+"""The paddle suite's checks of the bridge against Paddle's own CPU place, in a process of their own.
+
+``python paddle_worker.py`` (DEVKIT_PADDLE_PLUGIN picks the plugin) runs
+every case in CASES and prints one JSON object: case -> {"ok", "detail"}.
+A process of its own because Paddle reads CUSTOM_DEVICE_ROOT and loads the
+plugin once, at import; conformance/test_paddle.py runs it once per plugin
+under test. Each op case runs forward and backward on both places from the
+same inputs and compares outputs and input gradients, and checks that the op
+ran on the devkit device (devkit.paddle.kernel_counts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import numpy as np
+
+RTOL, ATOL = 1e-5, 1e-6
+LOSS_RTOL = 1e-4
+TRAINING_STEPS = 5
+
+
+def _inputs(seed: int, *shapes):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+# op cases: name -> (phi kernels that must run on the device, inputs, fn(paddle, *tensors) -> tensor)
+OP_CASES = {
+    "relu": (("relu", "relu_grad"), _inputs(0, (4, 5)), lambda p, x: p.nn.functional.relu(x)),
+    "add_broadcast": (("add", "add_grad"), _inputs(1, (3, 4), (4,)), lambda p, x, y: x + y),
+    "subtract": (("subtract",), _inputs(2, (3, 4), (3, 4)), lambda p, x, y: x - y),
+    "multiply": (("multiply",), _inputs(3, (3, 4), (1, 4)), lambda p, x, y: x * y),
+    "matmul": (("matmul", "matmul_grad"), _inputs(4, (3, 4), (4, 5)), lambda p, x, y: p.matmul(x, y)),
+    "matmul_transpose_x": (("matmul", "matmul_grad"), _inputs(5, (4, 3), (4, 5)),
+                           lambda p, x, y: p.matmul(x, y, transpose_x=True)),
+    "matmul_transpose_y": (("matmul", "matmul_grad"), _inputs(6, (3, 4), (5, 4)),
+                           lambda p, x, y: p.matmul(x, y, transpose_y=True)),
+    "matmul_batched": (("matmul", "matmul_grad"), _inputs(7, (2, 3, 4), (4, 5)), lambda p, x, y: p.matmul(x, y)),
+    "linear": (("matmul", "add"), _inputs(8, (6, 4), (4, 3), (3,)),
+               lambda p, x, w, b: p.nn.functional.linear(x, w, b)),
+    "softmax": (("softmax", "softmax_grad"), _inputs(9, (3, 5)), lambda p, x: p.nn.functional.softmax(x)),
+    "softmax_axis0": (("softmax", "softmax_grad"), _inputs(10, (3, 5)),
+                      lambda p, x: p.nn.functional.softmax(x, axis=0)),
+    "cross_entropy": (("cross_entropy_with_softmax", "cross_entropy_with_softmax_grad"), _inputs(11, (6, 4)),
+                      lambda p, x: p.nn.functional.cross_entropy(
+                          x, p.to_tensor(np.array([[0], [3], [1], [2], [3], [0]], np.int64)), reduction="none")),
+    "cross_entropy_ignore_index": (("cross_entropy_with_softmax", "cross_entropy_with_softmax_grad"),
+                                   _inputs(12, (4, 3)),
+                                   lambda p, x: p.nn.functional.cross_entropy(
+                                       x, p.to_tensor(np.array([[0], [1], [2], [1]], np.int64)),
+                                       ignore_index=1, reduction="sum")),
+    "mean_all": (("mean_all", "mean_all_grad"), _inputs(13, (3, 4)), lambda p, x: p._C_ops.mean_all(x)),
+    "mean_reduce_all": (("mean", "mean_grad"), _inputs(16, (3, 4)), lambda p, x: p.mean(x)),
+    "mean_axis": (("mean", "mean_grad"), _inputs(14, (3, 4, 2)), lambda p, x: p.mean(x, axis=1)),
+    "mean_axis_keepdim": (("mean", "mean_grad"), _inputs(15, (3, 4)), lambda p, x: p.mean(x, axis=[0], keepdim=True)),
+}
+CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", *OP_CASES, "mlp_training",
+         "missing_kernel_falls_back", "missing_kernel_is_named", "kernel_error_is_raised")
+
+
+def _run_op_case(paddle, place: str, fn, arrays):
+    paddle.set_device(place)
+    tensors = [paddle.to_tensor(a, stop_gradient=False) for a in arrays]
+    out = fn(paddle, *tensors)
+    weights = paddle.to_tensor(np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape))
+    (out * weights).sum().backward()
+    return [out.numpy()] + [t.grad.numpy() for t in tensors]
+
+
+def op_case(paddle, counts, name: str) -> str:
+    kernels, arrays, fn = OP_CASES[name]
+    expected = _run_op_case(paddle, "cpu", fn, arrays)
+    before = counts()
+    got = _run_op_case(paddle, "devkit:0", fn, arrays)
+    after = counts()
+    for label, e, g in zip(["output"] + [f"grad of input {k}" for k in range(len(arrays))], expected, got):
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=f"{name}: {label}")
+    missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
+    assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
+    return f"{len(expected)} arrays match"
+
+
+def places(paddle, counts) -> str:
+    assert paddle.device.get_all_custom_device_type() == ["devkit"]
+    available = paddle.device.get_available_custom_device()
+    assert available == ["devkit"] or available[0] == "devkit:0", available  # one device: its type alone
+    paddle.set_device("devkit:0")
+    assert paddle.device.get_device() == "devkit:0"
+    return f"devices {available}"
+
+
+def round_trips(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    values = {"float32": np.arange(-3, 9, dtype=np.float32).reshape(3, 4) / 3, "float64": np.linspace(0, 1, 7),
+              "int64": np.arange(10, dtype=np.int64), "int32": np.array([[1, -2], [3, 4]], np.int32),
+              "bool": np.array([True, False, True])}
+    for dtype, value in values.items():
+        x = paddle.to_tensor(value)
+        assert "devkit" in str(x.place), x.place
+        back = x.numpy()
+        assert back.dtype == value.dtype and np.array_equal(back, value), dtype
+        assert np.array_equal(x.cpu().numpy(), value), dtype
+    empty = paddle.to_tensor(np.zeros((0, 3), np.float32))
+    assert empty.numpy().shape == (0, 3)
+    return f"{len(values)} dtypes and an empty tensor"
+
+
+def views_and_copies(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    value = np.arange(24, dtype=np.float32).reshape(4, 6)
+    x = paddle.to_tensor(value)
+    assert np.array_equal(x[1:3].numpy(), value[1:3])
+    assert np.array_equal(x[:, 2].numpy(), value[:, 2])
+    y = x.clone()
+    assert np.array_equal(y.numpy(), value)
+    z = paddle.to_tensor(value, place=paddle.CPUPlace()).to("devkit:0")
+    assert "devkit" in str(z.place) and np.array_equal(z.numpy(), value)
+    return "slices, clone, to()"
+
+
+def fills(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    for dtype in ("float32", "float64", "int64", "int32", "bool"):
+        ones = paddle.ones([2, 3], dtype=dtype)
+        assert np.array_equal(ones.numpy(), np.ones((2, 3), dtype)), dtype
+        full = paddle.full([4], 7 if dtype != "bool" else True, dtype=dtype)
+        assert np.array_equal(full.numpy(), np.full(4, 7 if dtype != "bool" else True, dtype)), dtype
+    like = paddle.full_like(paddle.to_tensor(np.zeros((2, 2), np.float32)), 2.5)
+    assert np.array_equal(like.numpy(), np.full((2, 2), 2.5, np.float32))
+    assert counts().get("full", 0) and counts().get("full_like", 0)
+    return "full and full_like, 5 dtypes"
+
+
+def sgd_step(paddle, counts) -> str:
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        param = paddle.create_parameter([3, 2], "float32",
+                                        default_initializer=paddle.nn.initializer.Assign(
+                                            np.arange(6, dtype=np.float32).reshape(3, 2)))
+        optimizer = paddle.optimizer.SGD(learning_rate=0.25, parameters=[param])
+        (param * param).sum().backward()
+        optimizer.step()
+        results.append(param.numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=RTOL)
+    assert counts().get("sgd", 0)
+    return "one step"
+
+
+def train_mlp(paddle, place: str) -> list[float]:
+    """Five SGD steps of Linear-ReLU-Linear with CrossEntropyLoss, from fixed weights."""
+    paddle.set_device(place)
+    net = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.ReLU(), paddle.nn.Linear(16, 4))
+    rng = np.random.default_rng(20)
+    for parameter in net.parameters():
+        parameter.set_value((rng.standard_normal(parameter.shape) * 0.3).astype(np.float32))
+    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=net.parameters())
+    loss_fn = paddle.nn.CrossEntropyLoss()
+    x = paddle.to_tensor(rng.standard_normal((32, 8)).astype(np.float32))
+    y = paddle.to_tensor(rng.integers(0, 4, (32, 1)).astype(np.int64))
+    losses = []
+    for _ in range(TRAINING_STEPS):
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss.numpy()))
+    return losses
+
+
+def mlp_training(paddle, counts) -> str:
+    expected = train_mlp(paddle, "cpu")
+    got = train_mlp(paddle, "devkit:0")
+    np.testing.assert_allclose(got, expected, rtol=LOSS_RTOL)
+    assert got[-1] < got[0], got
+    return f"losses {['%.5f' % v for v in got]}"
+
+
+def missing_kernel_falls_back(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    value = np.array([0.5, -1.0, 2.0], np.float32)
+    y = paddle.exp(paddle.to_tensor(value))  # no devkit kernel: Paddle runs it on its CPU
+    assert "devkit" in str(y.place), y.place
+    np.testing.assert_allclose(y.numpy(), np.exp(value), rtol=RTOL)
+    return "exp ran on Paddle's CPU, result on devkit:0"
+
+
+def missing_kernel_is_named(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    x = paddle.to_tensor(np.array([1.0], np.float32))
+    paddle.set_flags({"FLAGS_enable_api_kernel_fallback": False})
+    try:
+        paddle.exp(x)
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        raise AssertionError("exp ran without a devkit kernel and without fallback")
+    finally:
+        paddle.set_flags({"FLAGS_enable_api_kernel_fallback": True})
+    assert "NotFound" in message and "`exp`" in message and "devkit" in message, message
+    return message.splitlines()[0][:120]
+
+
+def kernel_error_is_raised(paddle, counts) -> str:
+    paddle.set_device("devkit:0")
+    logits = paddle.to_tensor(np.zeros((2, 3), np.float32))
+    soft = paddle.to_tensor(np.full((2, 3), 1 / 3, np.float32))
+    try:
+        paddle.nn.functional.cross_entropy(logits, soft, soft_label=True)
+    except Exception as error:  # Paddle raises the kernel's exception as OSError
+        message = str(error)
+    else:
+        raise AssertionError("soft labels ran, but the devkit kernel refuses them")
+    assert "devkit kernel 'cross_entropy_with_softmax'" in message and "hard labels" in message, message
+    np.testing.assert_allclose(paddle.nn.functional.relu(logits).numpy(), 0)  # the process goes on
+    return message.splitlines()[0][:120]
+
+
+def main() -> int:
+    # Imported here, in the worker process only: devkit.paddle sets CUSTOM_DEVICE_ROOT, which
+    # Paddle reads when it is imported, and the suite's process imports neither.
+    import devkit.paddle
+    import paddle
+
+    results = {}
+    for case in CASES:
+        try:
+            if case in OP_CASES:
+                detail = op_case(paddle, devkit.paddle.kernel_counts, case)
+            else:
+                detail = globals()[case](paddle, devkit.paddle.kernel_counts)
+            results[case] = {"ok": True, "detail": detail}
+        except Exception:  # reported per case; the others still run
+            results[case] = {"ok": False, "detail": traceback.format_exc(limit=4)}
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

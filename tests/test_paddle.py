@@ -1,0 +1,78 @@
+"""devkit.paddle's set-up on the cpu plugin: the build and its cache, the
+environment it sets, the pointer rule, and a plugin that does not load.
+Each case runs in a fresh interpreter: Paddle reads CUSTOM_DEVICE_ROOT and
+loads the plugin once, at import. The bridge on every plugin under test
+(ops, training, errors) is conformance/test_paddle.py."""
+
+import importlib.util
+import os
+
+import pytest
+
+from .conftest import run_python
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("paddle") is None,
+                                reason="PaddlePaddle is not installed: pip install 'devkit[paddle]'")
+
+QUIET = {"GLOG_minloglevel": "2", "DEVKIT_PADDLE_PLUGIN": "cpu"}
+
+
+def _run(code: str, **env) -> str:
+    environment = {**QUIET, **env}
+    if "CUSTOM_DEVICE_ROOT" not in env:
+        os.environ.pop("CUSTOM_DEVICE_ROOT", None)
+    done = run_python(code, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_root_is_the_cached_build_and_holds_only_the_bridge():
+    first = _run("import runpy, sys; sys.argv = ['devkit.paddle', '--root']; "
+                 "runpy.run_module('devkit.paddle', run_name='__main__')").strip()
+    assert os.listdir(first) == ["libpaddle-devkit.so"]
+    again = _run("import devkit.paddle, os; print(os.environ['CUSTOM_DEVICE_ROOT'])").strip()
+    assert again == first
+
+
+def test_import_sets_defaults_and_keeps_what_is_set():
+    out = _run("import os; os.environ.pop('DEVKIT_PADDLE_PLUGIN'); import devkit.paddle; "
+               "print(os.environ['DEVKIT_PADDLE_PLUGIN'], bool(os.environ['CUSTOM_DEVICE_ROOT']))")
+    assert out.split() == ["cpu", "True"]
+    out = _run("import devkit.paddle, os; print(os.environ['CUSTOM_DEVICE_ROOT'], os.environ['DEVKIT_PADDLE_PLUGIN'])",
+               CUSTOM_DEVICE_ROOT="/elsewhere", DEVKIT_PADDLE_PLUGIN="opencl")
+    assert out.split() == ["/elsewhere", "opencl"]
+
+
+def test_importing_after_paddle_warns():
+    out = _run("import warnings, paddle\n"
+               "with warnings.catch_warnings(record=True) as caught:\n"
+               "    warnings.simplefilter('always')\n"
+               "    import devkit.paddle\n"
+               "print([str(w.message) for w in caught if 'import devkit.paddle first' in str(w.message)])")
+    assert "import devkit.paddle first" in out
+
+
+def test_cpu_pointers_are_the_plugins_host_addresses():
+    # The cpu plugin reports DK_DEVICE_HOST_POINTER_HANDLES: the pointer Paddle holds is the
+    # handle itself, a host address whose bytes are the tensor's.
+    out = _run("import ctypes, numpy as np, devkit.paddle, paddle\n"
+               "paddle.set_device('devkit:0')\n"
+               "x = paddle.to_tensor(np.arange(6, dtype=np.float32))\n"
+               "view = np.ctypeslib.as_array((ctypes.c_float * 6).from_address(x.data_ptr()))\n"
+               "print(view.tolist(), devkit.paddle.kernel_counts())")
+    assert out.startswith("[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]")
+
+
+def test_a_plugin_that_does_not_load_leaves_the_device_type_without_devices():
+    done = run_python("import devkit.paddle, paddle\n"
+                      "print(paddle.device.get_all_custom_device_type(), "
+                      "paddle.device.get_available_custom_device())\n"
+                      "try:\n"
+                      "    paddle.set_device('devkit:0')\n"
+                      "except Exception as error:\n"
+                      "    print('refused:', type(error).__name__)\n",
+                      env={**QUIET, "DEVKIT_PADDLE_PLUGIN": "nosuch"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[devkit.paddle] loading the devkit plugin: PluginLoadError" in done.stderr
+    assert "nosuch" in done.stderr
+    assert "refused:" in done.stdout
