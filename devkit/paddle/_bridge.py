@@ -15,6 +15,7 @@ so that no two allocations' byte ranges overlap (as devkit.torch's tokens are).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import threading
@@ -24,7 +25,7 @@ import numpy as np
 
 from .. import dtypes, load_plugin
 from ..abi import ffi
-from ..runtime import Array, Buffer, empty
+from ..runtime import Array, Buffer, _contiguous_strides, empty
 from . import ops
 
 PLUGIN_ENV = "DEVKIT_PADDLE_PLUGIN"
@@ -104,10 +105,16 @@ def array(index: int, arg) -> Array | None:
     if dtype is None:
         raise TypeError(f"Paddle dtype {pd_dtype} has no devkit dtype")
     if start:
-        return Array(_buffers[start], shape, dtype, offset=offset)
+        # Paddle's tensor lies inside the allocation bridge.cc resolved it to: no checks to repeat.
+        return Array.trusted(_buffers[start], shape, dtype, _strides(shape), offset)
     if not math.prod(shape):  # an empty tensor: Paddle gives it no memory
         return empty(shape, dtype, plugin().device(index))
     return TensorMeta(shape, dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _strides(shape: tuple) -> tuple:
+    return tuple(_contiguous_strides(shape))
 
 
 class TensorMeta(NamedTuple):
