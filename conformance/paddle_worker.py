@@ -56,8 +56,18 @@ OP_CASES = {
     "mean_reduce_all": (("mean", "mean_grad"), _inputs(16, (3, 4)), lambda p, x: p.mean(x)),
     "mean_axis": (("mean", "mean_grad"), _inputs(14, (3, 4, 2)), lambda p, x: p.mean(x, axis=1)),
     "mean_axis_keepdim": (("mean", "mean_grad"), _inputs(15, (3, 4)), lambda p, x: p.mean(x, axis=[0], keepdim=True)),
+    "layer_norm": (("layer_norm", "layer_norm_grad"), _inputs(17, (4, 5), (5,), (5,)),
+                   lambda p, x, w, b: p.nn.functional.layer_norm(x, [5], w, b)),
+    "layer_norm_two_axes": (("layer_norm", "layer_norm_grad"), _inputs(18, (2, 3, 4), (12,)),
+                            lambda p, x, w: p.nn.functional.layer_norm(x, [3, 4], w, epsilon=1e-3)),
+    "conv2d": (("conv2d", "conv2d_grad"), _inputs(19, (2, 3, 6, 6), (4, 3, 3, 3)),
+               lambda p, x, w: p.nn.functional.conv2d(x, w, padding=1)),
+    "conv2d_strided_groups": (("conv2d", "conv2d_grad"), _inputs(20, (1, 4, 7, 7), (6, 2, 3, 3)),
+                              lambda p, x, w: p.nn.functional.conv2d(x, w, stride=2, padding=[1, 0, 2, 1],
+                                                                     dilation=1, groups=2)),
 }
-CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", *OP_CASES, "mlp_training",
+CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES, "mlp_training",
+         "cnn_training",
          "missing_kernel_falls_back", "missing_kernel_is_named", "kernel_error_is_raised")
 
 
@@ -148,6 +158,57 @@ def sgd_step(paddle, counts) -> str:
     np.testing.assert_allclose(results[1], results[0], rtol=RTOL)
     assert counts().get("sgd", 0)
     return "one step"
+
+
+def adam_steps(paddle, counts) -> str:
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        param = paddle.create_parameter([3, 2], "float32",
+                                        default_initializer=paddle.nn.initializer.Assign(
+                                            np.arange(6, dtype=np.float32).reshape(3, 2) - 2))
+        optimizer = paddle.optimizer.Adam(learning_rate=0.1, parameters=[param])
+        for _ in range(3):
+            (param * param * param).sum().backward()
+            optimizer.step()
+            optimizer.clear_grad()
+        results.append(param.numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=RTOL, atol=ATOL)
+    assert counts().get("adam", 0) >= 3
+    return "three steps"
+
+
+def train(paddle, place: str, net, optimizer_class, x_shape, classes: int) -> list[float]:
+    """TRAINING_STEPS steps of ``net`` with CrossEntropyLoss, from fixed weights and data."""
+    rng = np.random.default_rng(20)
+    for parameter in net.parameters():
+        parameter.set_value((rng.standard_normal(parameter.shape) * 0.3).astype(np.float32))
+    optimizer = optimizer_class(learning_rate=0.05, parameters=net.parameters())
+    loss_fn = paddle.nn.CrossEntropyLoss()
+    x = paddle.to_tensor(rng.standard_normal(x_shape).astype(np.float32))
+    y = paddle.to_tensor(rng.integers(0, classes, (x_shape[0], 1)).astype(np.int64))
+    losses = []
+    for _ in range(TRAINING_STEPS):
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(loss.numpy()))
+    return losses
+
+
+def cnn_training(paddle, counts) -> str:
+    """Conv2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm with Adam."""
+    def run(place):
+        paddle.set_device(place)
+        net = paddle.nn.Sequential(
+            paddle.nn.Conv2D(2, 4, 3, padding=1), paddle.nn.ReLU(), paddle.nn.Conv2D(4, 4, 3, stride=2),
+            paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(36, 5), paddle.nn.LayerNorm(5))
+        return train(paddle, place, net, paddle.optimizer.Adam, (8, 2, 8, 8), 5)
+    expected, got = run("cpu"), run("devkit:0")
+    np.testing.assert_allclose(got, expected, rtol=LOSS_RTOL)
+    assert got[-1] < got[0], got
+    return f"losses {['%.5f' % v for v in got]}"
 
 
 def train_mlp(paddle, place: str) -> list[float]:

@@ -491,6 +491,16 @@ void add(Args& a, const phi::IntArray& v) {
   append(a, o);
 }
 
+void add(Args& a, const std::vector<int>& v) {
+  PyObject* o = PyList_New(0);
+  for (int x : v) {
+    PyObject* item = PyLong_FromLong(x);
+    PyList_Append(o, item);
+    Py_DECREF(item);
+  }
+  append(a, o);
+}
+void add(Args& a, const std::string& v) { append(a, PyUnicode_FromString(v.c_str())); }
 void add(Args& a, const phi::Scalar& v) { append(a, PyFloat_FromDouble(v.to<double>())); }
 void add(Args& a, PD_DataType v) { append(a, PyLong_FromLong(static_cast<long>(v))); }
 
@@ -561,6 +571,42 @@ DEVKIT_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTenso
                     const paddle::optional<DenseTensor>& master_param, bool multi_precision,
                     DenseTensor* param_out, DenseTensor* master_param_out),
               c, param, lr, grad, master_param, multi_precision, param_out, master_param_out)
+DEVKIT_KERNEL(layer_norm, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+                           const paddle::optional<DenseTensor>& bias, float epsilon, int begin_norm_axis,
+                           DenseTensor* out, DenseTensor* mean, DenseTensor* variance),
+              c, x, scale, bias, epsilon, begin_norm_axis, out, mean, variance)
+DEVKIT_KERNEL(layer_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+                                const paddle::optional<DenseTensor>& bias, const DenseTensor& mean,
+                                const DenseTensor& variance, const DenseTensor& out_grad, float epsilon,
+                                int begin_norm_axis, DenseTensor* x_grad, DenseTensor* scale_grad,
+                                DenseTensor* bias_grad),
+              c, x, scale, bias, mean, variance, out_grad, epsilon, begin_norm_axis, x_grad, scale_grad, bias_grad)
+DEVKIT_KERNEL(conv2d, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+                       const std::vector<int>& strides, const std::vector<int>& paddings,
+                       const std::string& padding_algorithm, const std::vector<int>& dilations, int groups,
+                       const std::string& data_format, DenseTensor* out),
+              c, input, filter, strides, paddings, padding_algorithm, dilations, groups, data_format, out)
+DEVKIT_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+                            const DenseTensor& out_grad, const std::vector<int>& strides,
+                            const std::vector<int>& paddings, const std::string& padding_algorithm,
+                            const std::vector<int>& dilations, int groups, const std::string& data_format,
+                            DenseTensor* input_grad, DenseTensor* filter_grad),
+              c, input, filter, out_grad, strides, paddings, padding_algorithm, dilations, groups, data_format,
+              input_grad, filter_grad)
+DEVKIT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
+                     const DenseTensor& moment1, const DenseTensor& moment2,
+                     const paddle::optional<DenseTensor>& moment2_max, const DenseTensor& beta1_pow,
+                     const DenseTensor& beta2_pow, const paddle::optional<DenseTensor>& master_param,
+                     const paddle::optional<DenseTensor>& skip_update, const phi::Scalar& beta1,
+                     const phi::Scalar& beta2, const phi::Scalar& epsilon, bool lazy_mode,
+                     int64_t min_row_size_to_use_multithread, bool multi_precision, bool use_global_beta_pow,
+                     bool amsgrad, DenseTensor* param_out, DenseTensor* moment1_out, DenseTensor* moment2_out,
+                     DenseTensor* moment2_max_out, DenseTensor* beta1_pow_out, DenseTensor* beta2_pow_out,
+                     DenseTensor* master_param_out),
+              c, param, grad, lr, moment1, moment2, moment2_max, beta1_pow, beta2_pow, master_param, skip_update,
+              beta1, beta2, epsilon, lazy_mode, min_row_size_to_use_multithread, multi_precision,
+              use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
+              beta2_pow_out, master_param_out)
 DEVKIT_FILL_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
                            DenseTensor* out), c, shape, value, dtype, out)
 DEVKIT_FILL_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..abi import ffi
 from ..ops import run_op
-from ..runtime import Array
+from ..runtime import Array, asarray
 
 
 def _op(name: str, inputs: list, attrs: dict | None = None) -> Array:
@@ -156,7 +156,7 @@ def mean_all(dev, x, out):
 
 
 def mean_all_grad(dev, x, dout, dx):
-    scaled = _op("Mul", [dout, np.array(1.0 / max(x.size, 1), np.float32)])
+    scaled = _op("Mul", [dout, _scalar(1.0 / max(x.size, 1))])
     _write(dx, _op("Expand", [scaled, list(x.shape)]))
 
 
@@ -169,7 +169,7 @@ def mean_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
     axes = list(range(x.ndim)) if reduce_all or not dims else [d % x.ndim for d in dims]
     count = math.prod(x.shape[a] for a in axes)
     kept = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
-    scaled = _op("Mul", [dout.reshape(*kept), np.array(1.0 / max(count, 1), np.float32)])
+    scaled = _op("Mul", [dout.reshape(*kept), _scalar(1.0 / max(count, 1))])
     _write(dx, _op("Expand", [scaled, list(x.shape)]))
 
 
@@ -178,6 +178,96 @@ def sgd(dev, param, learning_rate, grad, master_param, multi_precision, param_ou
         raise NotImplementedError("sgd: multi_precision (float32 parameters only)")
     step = _op("Mul", [grad, learning_rate])  # learning_rate has shape [1]: it broadcasts
     _write(param_out, _op("Sub", [param, step]))
+
+
+def layer_norm(dev, x, scale, bias, epsilon, begin_norm_axis, out, mean_out, variance_out):
+    normalized = x.shape[begin_norm_axis:]
+    scale = scale.reshape(*normalized) if scale is not None else _fill_like(dev, normalized, 1.0)
+    inputs = [x, scale] + ([bias.reshape(*normalized)] if bias is not None else [])
+    y, mean, inv_std = run_op("LayerNormalization", inputs, {"axis": begin_norm_axis, "epsilon": epsilon})
+    _write(out, y)
+    _write(mean_out, mean)
+    if variance_out is not None:  # Paddle keeps the variance, devkit 1 / sqrt(variance + epsilon)
+        squared = _op("Mul", [inv_std, inv_std])
+        _write(variance_out, _op("Sub", [_op("Reciprocal", [squared]), _scalar(epsilon)]))
+
+
+def layer_norm_grad(dev, x, scale, bias, mean, variance, out_grad, epsilon, begin_norm_axis, x_grad, scale_grad,
+                    bias_grad):
+    normalized = x.shape[begin_norm_axis:]
+    stats_shape = x.shape[:begin_norm_axis] + (1,) * len(normalized)
+    scale = scale.reshape(*normalized) if scale is not None else _fill_like(dev, normalized, 1.0)
+    inv_std = _op("Reciprocal", [_op("Sqrt", [_op("Add", [variance.reshape(*stats_shape),
+                                                          _scalar(epsilon)])])])
+    dx, dscale, dbias = run_op("LayerNormalizationGrad", [out_grad, x, scale, mean.reshape(*stats_shape), inv_std],
+                               {"axis": begin_norm_axis})
+    _write(x_grad, dx)
+    _write(scale_grad, dscale)
+    _write(bias_grad, dbias)
+
+
+def _conv_attrs(filter_, strides, paddings, padding_algorithm, dilations, groups, data_format) -> dict:
+    if data_format not in ("NCHW", "AnyLayout"):
+        raise NotImplementedError(f"conv2d: data_format {data_format!r} (only NCHW)")
+    if padding_algorithm == "VALID":
+        pads = [0, 0, 0, 0]
+    elif padding_algorithm == "EXPLICIT":
+        if len(paddings) == 2:
+            pads = [paddings[0], paddings[1], paddings[0], paddings[1]]
+        elif len(paddings) == 4:  # Paddle: top, bottom, left, right; ONNX: begins, then ends
+            pads = [paddings[0], paddings[2], paddings[1], paddings[3]]
+        else:
+            raise ValueError(f"conv2d: paddings {paddings} (2 or 4 values)")
+    else:
+        raise NotImplementedError(f"conv2d: padding_algorithm {padding_algorithm!r} (EXPLICIT or VALID)")
+    return {"strides": list(strides), "pads": pads, "dilations": list(dilations), "group": groups,
+            "kernel_shape": list(filter_.shape[2:])}
+
+
+def conv2d(dev, x, filter_, strides, paddings, padding_algorithm, dilations, groups, data_format, out):
+    attrs = _conv_attrs(filter_, strides, paddings, padding_algorithm, dilations, groups, data_format)
+    _write(out, _op("Conv", [x, filter_], attrs))
+
+
+def conv2d_grad(dev, x, filter_, out_grad, strides, paddings, padding_algorithm, dilations, groups, data_format,
+                x_grad, filter_grad):
+    attrs = _conv_attrs(filter_, strides, paddings, padding_algorithm, dilations, groups, data_format)
+    dx, dw = run_op("ConvGrad", [out_grad, x, filter_], attrs, outputs=2)[:2]  # dB is always returned
+    _write(x_grad, dx)
+    _write(filter_grad, dw)
+
+
+def adam(dev, param, grad, learning_rate, moment1, moment2, moment2_max, beta1_pow, beta2_pow, master_param,
+         skip_update, beta1, beta2, epsilon, lazy_mode, min_row_size_to_use_multithread, multi_precision,
+         use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
+         beta2_pow_out, master_param_out):
+    """Paddle's dense Adam, in its order of operations (phi's AdamFunctor)."""
+    if multi_precision or amsgrad or skip_update is not None:
+        raise NotImplementedError("adam: multi_precision, amsgrad and skip_update are not supported yet")
+    f32 = np.float32
+    b1, b2, eps = f32(beta1), f32(beta2), f32(epsilon)
+    pow1, pow2, lr = (f32(a.numpy().reshape(-1)[0]) for a in (beta1_pow, beta2_pow, learning_rate))
+    lr = lr * np.sqrt(f32(1) - pow2) / (f32(1) - pow1)
+    m1 = _op("Add", [_op("Mul", [moment1, _scalar(b1)]), _op("Mul", [grad, _scalar(f32(1) - b1)])])
+    m2 = _op("Add", [_op("Mul", [moment2, _scalar(b2)]),
+                     _op("Mul", [_op("Mul", [grad, grad]), _scalar(f32(1) - b2)])])
+    denominator = _op("Add", [_op("Sqrt", [m2]), _scalar(eps * np.sqrt(f32(1) - pow2))])
+    step = _op("Mul", [_op("Div", [m1, denominator]), _scalar(lr)])
+    _write(param_out, _op("Sub", [param, step]))
+    _write(moment1_out, m1)
+    _write(moment2_out, m2)
+    if not use_global_beta_pow:
+        for out, value in ((beta1_pow_out, pow1 * b1), (beta2_pow_out, pow2 * b2)):
+            _fill(out, value)
+
+
+def _scalar(value) -> np.ndarray:
+    """A float32 0-d host input (run_op copies it to the device)."""
+    return np.array(value, np.float32)
+
+
+def _fill_like(dev, shape, value) -> Array:
+    return asarray(np.full(shape, value, np.float32), dev)
 
 
 def _fill(out, value) -> None:
@@ -197,4 +287,4 @@ def full_like(dev, x, value, dtype, out):
 KERNELS = {fn.__name__: fn for fn in (
     relu, relu_grad, add, add_grad, subtract, multiply, matmul, matmul_grad, softmax, softmax_grad,
     cross_entropy_with_softmax, cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad,
-    sgd, full, full_like)}
+    sgd, full, full_like, layer_norm, layer_norm_grad, conv2d, conv2d_grad, adam)}
