@@ -468,7 +468,7 @@ void add(Args& a, const paddle::optional<DenseTensor>& t) {
   }
 }
 void add(Args& a, DenseTensor* t) {
-  if (t == nullptr) {
+  if (t == nullptr || !t->valid()) {  // an output Paddle does not want, or gave no meta (reserve_space)
     PyList_Append(a.list, Py_None);
     return;
   }
@@ -593,6 +593,24 @@ DEVKIT_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const De
                             DenseTensor* input_grad, DenseTensor* filter_grad),
               c, input, filter, out_grad, strides, paddings, padding_algorithm, dilations, groups, data_format,
               input_grad, filter_grad)
+DEVKIT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTensor& mean,
+                           const DenseTensor& variance, const paddle::optional<DenseTensor>& scale,
+                           const paddle::optional<DenseTensor>& bias, bool is_test, float momentum, float epsilon,
+                           const std::string& data_layout, bool use_global_stats, bool trainable_statistics,
+                           DenseTensor* y, DenseTensor* mean_out, DenseTensor* variance_out, DenseTensor* saved_mean,
+                           DenseTensor* saved_variance, DenseTensor* reserve_space),
+              c, x, mean, variance, scale, bias, is_test, momentum, epsilon, data_layout, use_global_stats,
+              trainable_statistics, y, mean_out, variance_out, saved_mean, saved_variance, reserve_space)
+DEVKIT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+                                const paddle::optional<DenseTensor>& bias, const paddle::optional<DenseTensor>& mean,
+                                const paddle::optional<DenseTensor>& variance, const DenseTensor& saved_mean,
+                                const DenseTensor& saved_variance, const paddle::optional<DenseTensor>& reserve_space,
+                                const DenseTensor& y_grad, float momentum, float epsilon,
+                                const std::string& data_layout, bool is_test, bool use_global_stats,
+                                bool trainable_statistics, DenseTensor* x_grad, DenseTensor* scale_grad,
+                                DenseTensor* bias_grad),
+              c, x, scale, bias, mean, variance, saved_mean, saved_variance, reserve_space, y_grad, momentum, epsilon,
+              data_layout, is_test, use_global_stats, trainable_statistics, x_grad, scale_grad, bias_grad)
 DEVKIT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
                      const DenseTensor& moment1, const DenseTensor& moment2,
                      const paddle::optional<DenseTensor>& moment2_max, const DenseTensor& beta1_pow,

@@ -206,6 +206,62 @@ def layer_norm_grad(dev, x, scale, bias, mean, variance, out_grad, epsilon, begi
     _write(bias_grad, dbias)
 
 
+def _channels_first(layout: str, what: str) -> None:
+    if layout not in ("NCHW", "NCL", "NC", "AnyLayout"):
+        raise NotImplementedError(f"{what}: data_layout {layout!r} (channels first only)")
+
+
+def batch_norm(dev, x, mean, variance, scale, bias, is_test, momentum, epsilon, data_layout, use_global_stats,
+               trainable_statistics, y, mean_out, variance_out, saved_mean, saved_variance, reserve_space):
+    """Paddle keeps the batch's mean and 1 / sqrt(variance + epsilon) for the grad (saved_*), and
+    running statistics that move by ``momentum`` as ONNX's do."""
+    _channels_first(data_layout, "batch_norm")
+    channels = x.shape[1]
+    scale = scale if scale is not None else _fill_like(dev, (channels,), 1.0)
+    bias = bias if bias is not None else _fill_like(dev, (channels,), 0.0)
+    attrs = {"epsilon": epsilon, "momentum": momentum}
+    if is_test or use_global_stats:
+        _write(y, _op("BatchNormalization", [x, scale, bias, mean, variance], {**attrs, "training_mode": 0}))
+        _write(mean_out, mean)
+        _write(variance_out, variance)
+        return
+    result, running_mean, running_var = run_op("BatchNormalization", [x, scale, bias, mean, variance],
+                                               {**attrs, "training_mode": 1})
+    axes = np.array([0, *range(2, x.ndim)], np.int64)
+    batch_mean = _op("ReduceMean", [x, axes], {"keepdims": 1})
+    centred = _op("Sub", [x, batch_mean])
+    batch_var = _op("ReduceMean", [_op("Mul", [centred, centred]), axes], {"keepdims": 0})
+    _write(y, result)
+    _write(mean_out, running_mean)
+    _write(variance_out, running_var)
+    _write(saved_mean, batch_mean)
+    _write(saved_variance, _op("Reciprocal", [_op("Sqrt", [_op("Add", [batch_var, _scalar(epsilon)])])]))
+
+
+def batch_norm_grad(dev, x, scale, bias, mean, variance, saved_mean, saved_variance, reserve_space, y_grad, momentum,
+                    epsilon, data_layout, is_test, use_global_stats, trainable_statistics, x_grad, scale_grad,
+                    bias_grad):
+    _channels_first(data_layout, "batch_norm_grad")
+    scale = scale if scale is not None else _fill_like(dev, (x.shape[1],), 1.0)
+    if is_test or use_global_stats:  # the statistics are constants: y is affine in x
+        dx, dscale, dbias = _batch_norm_grad_global(x, scale, mean, variance, y_grad, epsilon)
+    else:
+        dx, dscale, dbias = run_op("BatchNormalizationGrad", [y_grad, x, scale, saved_mean, saved_variance])
+    _write(x_grad, dx)
+    _write(scale_grad, dscale)
+    _write(bias_grad, dbias)
+
+
+def _batch_norm_grad_global(x, scale, mean, variance, y_grad, epsilon):
+    per_channel = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    axes = np.array([0, *range(2, x.ndim)], np.int64)
+    inv_std = _op("Reciprocal", [_op("Sqrt", [_op("Add", [variance, _scalar(epsilon)])])]).reshape(*per_channel)
+    dx = _op("Mul", [y_grad, _op("Mul", [scale.reshape(*per_channel), inv_std])])
+    normalized = _op("Mul", [_op("Sub", [x, mean.reshape(*per_channel)]), inv_std])
+    dscale = _op("ReduceSum", [_op("Mul", [y_grad, normalized]), axes], {"keepdims": 0})
+    return dx, dscale, _op("ReduceSum", [y_grad, axes], {"keepdims": 0})
+
+
 def _conv_attrs(filter_, strides, paddings, padding_algorithm, dilations, groups, data_format) -> dict:
     if data_format not in ("NCHW", "AnyLayout"):
         raise NotImplementedError(f"conv2d: data_format {data_format!r} (only NCHW)")
@@ -287,4 +343,4 @@ def full_like(dev, x, value, dtype, out):
 KERNELS = {fn.__name__: fn for fn in (
     relu, relu_grad, add, add_grad, subtract, multiply, matmul, matmul_grad, softmax, softmax_grad,
     cross_entropy_with_softmax, cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad,
-    sgd, full, full_like, layer_norm, layer_norm_grad, conv2d, conv2d_grad, adam)}
+    sgd, full, full_like, layer_norm, layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad)}
