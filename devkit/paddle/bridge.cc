@@ -222,6 +222,9 @@ C_Status deallocate(const C_Device device, void* pointer, size_t) {
       return C_ERROR;
     }
   }
+  // Paddle may release its cached chunks after Python has finalized, at exit:
+  // the process is ending and takes the memory with it.
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return C_SUCCESS;
   Gil gil;
   PyObject* result = call_python("free", Py_BuildValue("(K)", (unsigned long long)(uintptr_t)pointer));
   if (result == nullptr) {
