@@ -152,46 +152,39 @@ def fills(paddle, counts) -> str:
     return "full and full_like, 5 dtypes"
 
 
-def sgd_step(paddle, counts) -> str:
-    results = []
-    for place in ("cpu", "devkit:0"):
-        paddle.set_device(place)
-        param = paddle.create_parameter([3, 2], "float32",
-                                        default_initializer=paddle.nn.initializer.Assign(
-                                            np.arange(6, dtype=np.float32).reshape(3, 2)))
-        optimizer = paddle.optimizer.SGD(learning_rate=0.25, parameters=[param])
-        (param * param).sum().backward()
-        optimizer.step()
-        results.append(param.numpy())
-    np.testing.assert_allclose(results[1], results[0], rtol=RTOL)
-    assert counts().get("sgd", 0)
-    return "one step"
-
-
-def adam_steps(paddle, counts) -> str:
+def _optimizer_steps(paddle, counts, optimizer_class, learning_rate: float, steps: int, kernel: str) -> str:
+    """``steps`` steps on sum(p^3) from the same parameter, on Paddle CPU and devkit:0."""
     results = []
     for place in ("cpu", "devkit:0"):
         paddle.set_device(place)
         param = paddle.create_parameter([3, 2], "float32",
                                         default_initializer=paddle.nn.initializer.Assign(
                                             np.arange(6, dtype=np.float32).reshape(3, 2) - 2))
-        optimizer = paddle.optimizer.Adam(learning_rate=0.1, parameters=[param])
-        for _ in range(3):
+        optimizer = optimizer_class(learning_rate=learning_rate, parameters=[param])
+        for _ in range(steps):
             (param * param * param).sum().backward()
             optimizer.step()
             optimizer.clear_grad()
         results.append(param.numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=RTOL, atol=ATOL)
-    assert counts().get("adam", 0) >= 3
-    return "three steps"
+    assert counts().get(kernel, 0) >= steps, f"{kernel} did not run on the devkit device"
+    return f"{steps} steps"
 
 
-def train(paddle, place: str, net, optimizer_class, x_shape, classes: int) -> list[float]:
+def sgd_step(paddle, counts) -> str:
+    return _optimizer_steps(paddle, counts, paddle.optimizer.SGD, 0.25, 1, "sgd")
+
+
+def adam_steps(paddle, counts) -> str:
+    return _optimizer_steps(paddle, counts, paddle.optimizer.Adam, 0.1, 3, "adam")
+
+
+def train(paddle, net, optimizer_class, learning_rate: float, x_shape, classes: int) -> list[float]:
     """TRAINING_STEPS steps of ``net`` with CrossEntropyLoss, from fixed weights and data."""
     rng = np.random.default_rng(20)
     for parameter in net.parameters():
         parameter.set_value((rng.standard_normal(parameter.shape) * 0.3).astype(np.float32))
-    optimizer = optimizer_class(learning_rate=0.05, parameters=net.parameters())
+    optimizer = optimizer_class(learning_rate=learning_rate, parameters=net.parameters())
     loss_fn = paddle.nn.CrossEntropyLoss()
     x = paddle.to_tensor(rng.standard_normal(x_shape).astype(np.float32))
     y = paddle.to_tensor(rng.integers(0, classes, (x_shape[0], 1)).astype(np.int64))
@@ -205,6 +198,14 @@ def train(paddle, place: str, net, optimizer_class, x_shape, classes: int) -> li
     return losses
 
 
+def compare_training(paddle, run) -> str:
+    """``run(place)`` trains on a place: the devkit losses match Paddle CPU's and fall."""
+    expected, got = run("cpu"), run("devkit:0")
+    np.testing.assert_allclose(got, expected, rtol=LOSS_RTOL)
+    assert got[-1] < got[0], got
+    return f"losses {['%.5f' % v for v in got]}"
+
+
 def cnn_training(paddle, counts) -> str:
     """Conv2D-BatchNorm2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm with Adam."""
     def run(place):
@@ -213,40 +214,17 @@ def cnn_training(paddle, counts) -> str:
             paddle.nn.Conv2D(2, 4, 3, padding=1), paddle.nn.BatchNorm2D(4), paddle.nn.ReLU(),
             paddle.nn.Conv2D(4, 4, 3, stride=2),
             paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(36, 5), paddle.nn.LayerNorm(5))
-        return train(paddle, place, net, paddle.optimizer.Adam, (8, 2, 8, 8), 5)
-    expected, got = run("cpu"), run("devkit:0")
-    np.testing.assert_allclose(got, expected, rtol=LOSS_RTOL)
-    assert got[-1] < got[0], got
-    return f"losses {['%.5f' % v for v in got]}"
-
-
-def train_mlp(paddle, place: str) -> list[float]:
-    """Five SGD steps of Linear-ReLU-Linear with CrossEntropyLoss, from fixed weights."""
-    paddle.set_device(place)
-    net = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.ReLU(), paddle.nn.Linear(16, 4))
-    rng = np.random.default_rng(20)
-    for parameter in net.parameters():
-        parameter.set_value((rng.standard_normal(parameter.shape) * 0.3).astype(np.float32))
-    optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=net.parameters())
-    loss_fn = paddle.nn.CrossEntropyLoss()
-    x = paddle.to_tensor(rng.standard_normal((32, 8)).astype(np.float32))
-    y = paddle.to_tensor(rng.integers(0, 4, (32, 1)).astype(np.int64))
-    losses = []
-    for _ in range(TRAINING_STEPS):
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        losses.append(float(loss.numpy()))
-    return losses
+        return train(paddle, net, paddle.optimizer.Adam, 0.05, (8, 2, 8, 8), 5)
+    return compare_training(paddle, run)
 
 
 def mlp_training(paddle, counts) -> str:
-    expected = train_mlp(paddle, "cpu")
-    got = train_mlp(paddle, "devkit:0")
-    np.testing.assert_allclose(got, expected, rtol=LOSS_RTOL)
-    assert got[-1] < got[0], got
-    return f"losses {['%.5f' % v for v in got]}"
+    """Linear-ReLU-Linear with SGD."""
+    def run(place):
+        paddle.set_device(place)
+        net = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.ReLU(), paddle.nn.Linear(16, 4))
+        return train(paddle, net, paddle.optimizer.SGD, 0.1, (32, 8), 4)
+    return compare_training(paddle, run)
 
 
 def missing_kernel_falls_back(paddle, counts) -> str:

@@ -122,14 +122,6 @@ class TensorMeta(NamedTuple):
     shape: tuple
     dtype: np.dtype
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
 
 def run(op: str, index: int, args: list) -> None:
     """Runs phi kernel ``op`` on device ``index``: args in Paddle's signature order."""

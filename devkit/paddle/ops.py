@@ -156,7 +156,7 @@ def mean_all(dev, x, out):
 
 
 def mean_all_grad(dev, x, dout, dx):
-    scaled = _op("Mul", [dout, _scalar(1.0 / max(x.size, 1))])
+    scaled = _op("Mul", [dout, _scalar(1.0 / max(math.prod(x.shape), 1))])  # x may be shape only
     _write(dx, _op("Expand", [scaled, list(x.shape)]))
 
 
@@ -166,7 +166,8 @@ def mean(dev, x, dims, keep_dim, out):
 
 
 def mean_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
-    axes = list(range(x.ndim)) if reduce_all or not dims else [d % x.ndim for d in dims]
+    ndim = len(x.shape)  # x may be shape only
+    axes = list(range(ndim)) if reduce_all or not dims else [d % ndim for d in dims]
     count = math.prod(x.shape[a] for a in axes)
     kept = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
     scaled = _op("Mul", [dout.reshape(*kept), _scalar(1.0 / max(count, 1))])
