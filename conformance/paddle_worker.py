@@ -65,6 +65,22 @@ OP_CASES = {
     "conv2d_strided_groups": (("conv2d", "conv2d_grad"), _inputs(20, (1, 4, 7, 7), (6, 2, 3, 3)),
                               lambda p, x, w: p.nn.functional.conv2d(x, w, stride=2, padding=[1, 0, 2, 1],
                                                                      dilation=1, groups=2)),
+    **{name: ((name, f"{name}_grad"), _inputs(30 + k, (3, 4)) if name not in ("sqrt", "log") else
+              [np.abs(a) + 0.5 for a in _inputs(30 + k, (3, 4))], lambda p, x, name=name: getattr(p, name)(x))
+       for k, name in enumerate(("exp", "tanh", "sigmoid", "sqrt", "log", "sin", "cos", "abs", "square"))},
+    "divide": (("divide", "divide_grad"), [_inputs(40, (3, 4))[0], np.abs(_inputs(41, (4,))[0]) + 0.5],
+               lambda p, x, y: x / y),
+    "subtract_grad": (("subtract", "subtract_grad"), _inputs(42, (2, 3), (3,)), lambda p, x, y: x - y),
+    "multiply_grad": (("multiply", "multiply_grad"), _inputs(43, (2, 3), (2, 1)), lambda p, x, y: x * y),
+    "gelu": (("gelu", "gelu_grad"), _inputs(44, (3, 4)), lambda p, x: p.nn.functional.gelu(x)),
+    "gelu_tanh": (("gelu", "gelu_grad"), _inputs(45, (3, 4)), lambda p, x: p.nn.functional.gelu(x, approximate=True)),
+    "scale": (("scale",), _inputs(46, (3, 4)), lambda p, x: p.scale(x, scale=2.5, bias=0.5)),
+    "scale_bias_first": (("scale",), _inputs(47, (3, 4)),
+                         lambda p, x: p.scale(x, scale=2.5, bias=0.5, bias_after_scale=False)),
+    "sum_axis": (("sum", "sum_grad"), _inputs(48, (3, 4, 2)), lambda p, x: p.sum(x, axis=[0, 2])),
+    "sum_all_keepdim": (("sum", "sum_grad"), _inputs(49, (3, 4)), lambda p, x: p.sum(x, keepdim=True)),
+    # Paddle's transpose makes a strided view: the contiguous kernel compacts it.
+    "transpose": (("contiguous",), _inputs(50, (2, 3, 4)), lambda p, x: p.transpose(x, [2, 0, 1])),
     "batch_norm": (("batch_norm", "batch_norm_grad"), _inputs(21, (4, 3, 5, 5), (3,), (3,)),
                    lambda p, x, w, b: p.nn.functional.batch_norm(x, p.zeros([3]), p.ones([3]), w, b, training=True)),
     "batch_norm_inference": (("batch_norm",), _inputs(22, (2, 3, 4, 4)),
@@ -72,9 +88,9 @@ OP_CASES = {
                                  x, p.to_tensor(np.array([0.1, -0.2, 0.3], np.float32)),
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
 }
-CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES, "mlp_training",
-         "cnn_training",
-         "missing_kernel_falls_back", "missing_kernel_is_named", "kernel_error_is_raised")
+CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
+         "transpose_without_stride_kernels", "mlp_training", "cnn_training", "missing_kernel_falls_back",
+         "missing_kernel_is_named", "kernel_error_is_raised")
 
 
 def _run_op_case(paddle, place: str, fn, arrays):
@@ -86,8 +102,7 @@ def _run_op_case(paddle, place: str, fn, arrays):
     return [out.numpy()] + [t.grad.numpy() for t in tensors]
 
 
-def op_case(paddle, counts, name: str) -> str:
-    kernels, arrays, fn = OP_CASES[name]
+def op_case(paddle, counts, name: str, kernels, arrays, fn) -> str:
     expected = _run_op_case(paddle, "cpu", fn, arrays)
     before = counts()
     got = _run_op_case(paddle, "devkit:0", fn, arrays)
@@ -99,6 +114,15 @@ def op_case(paddle, counts, name: str) -> str:
     missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
     assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
     return f"{len(expected)} arrays match"
+
+
+def transpose_without_stride_kernels(paddle, counts) -> str:
+    """With Paddle's stride kernels off, transpose and its grad are kernels, not views."""
+    paddle.set_flags({"FLAGS_use_stride_kernel": False})
+    try:
+        return op_case(paddle, counts, "transpose", ("transpose", "transpose_grad"), *OP_CASES["transpose"][1:])
+    finally:
+        paddle.set_flags({"FLAGS_use_stride_kernel": True})
 
 
 def places(paddle, counts) -> str:
@@ -230,10 +254,10 @@ def mlp_training(paddle, counts) -> str:
 def missing_kernel_falls_back(paddle, counts) -> str:
     paddle.set_device("devkit:0")
     value = np.array([0.5, -1.0, 2.0], np.float32)
-    y = paddle.exp(paddle.to_tensor(value))  # no devkit kernel: Paddle runs it on its CPU
+    y = paddle.atan(paddle.to_tensor(value))  # no devkit kernel: Paddle runs it on its CPU
     assert "devkit" in str(y.place), y.place
-    np.testing.assert_allclose(y.numpy(), np.exp(value), rtol=RTOL)
-    return "exp ran on Paddle's CPU, result on devkit:0"
+    np.testing.assert_allclose(y.numpy(), np.arctan(value), rtol=RTOL)
+    return "atan ran on Paddle's CPU, result on devkit:0"
 
 
 def missing_kernel_is_named(paddle, counts) -> str:
@@ -241,14 +265,14 @@ def missing_kernel_is_named(paddle, counts) -> str:
     x = paddle.to_tensor(np.array([1.0], np.float32))
     paddle.set_flags({"FLAGS_enable_api_kernel_fallback": False})
     try:
-        paddle.exp(x)
+        paddle.atan(x)
     except RuntimeError as error:
         message = str(error)
     else:
-        raise AssertionError("exp ran without a devkit kernel and without fallback")
+        raise AssertionError("atan ran without a devkit kernel and without fallback")
     finally:
         paddle.set_flags({"FLAGS_enable_api_kernel_fallback": True})
-    assert "NotFound" in message and "`exp`" in message and "devkit" in message, message
+    assert "NotFound" in message and "`atan`" in message and "devkit" in message, message
     return message.splitlines()[0][:120]
 
 
@@ -277,7 +301,7 @@ def main() -> int:
     for case in CASES:
         try:
             if case in OP_CASES:
-                detail = op_case(paddle, devkit.paddle.kernel_counts, case)
+                detail = op_case(paddle, devkit.paddle.kernel_counts, case, *OP_CASES[case])
             else:
                 detail = globals()[case](paddle, devkit.paddle.kernel_counts)
             results[case] = {"ok": True, "detail": detail}

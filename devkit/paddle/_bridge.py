@@ -97,16 +97,16 @@ def live_allocations() -> int:
 
 
 def array(index: int, arg) -> Array | None:
-    """The devkit Array viewing a kernel's tensor argument (start, offset, shape, PD dtype)."""
+    """The devkit Array viewing a kernel's tensor argument (start, offset, shape, PD dtype, strides)."""
     if arg is None:
         return None
-    start, offset, shape, pd_dtype = arg
+    start, offset, shape, pd_dtype, strides = arg
     dtype = PD_DTYPES.get(pd_dtype)
     if dtype is None:
         raise TypeError(f"Paddle dtype {pd_dtype} has no devkit dtype")
     if start:
         # Paddle's tensor lies inside the allocation bridge.cc resolved it to: no checks to repeat.
-        return Array.trusted(_buffers[start], shape, dtype, _strides(shape), offset)
+        return Array.trusted(_buffers[start], shape, dtype, strides or _strides(shape), offset)
     if not math.prod(shape):  # an empty tensor: Paddle gives it no memory
         return empty(shape, dtype, plugin().device(index))
     return TensorMeta(shape, dtype)

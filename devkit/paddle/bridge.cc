@@ -421,7 +421,7 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
 // Every kernel packs its arguments, in Paddle's signature order, into a Python
 // list and calls devkit.paddle._bridge.run(op, device, args); devkit/paddle/ops.py
 // lowers the op to devkit ops. Tensors travel as (allocation token, byte
-// offset, shape, PD_DataType); outputs are allocated here first (their shapes
+// offset, shape, PD_DataType, strides); outputs are allocated here first (their shapes
 // were inferred by Paddle), and an output or optional input Paddle leaves out
 // is None.
 
@@ -429,11 +429,10 @@ namespace {
 
 using phi::capi::DenseTensor;
 
-PyObject* shape_of(const DenseTensor& t) {
-  std::vector<int64_t> dims = t.dims();
-  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(dims.size()));
-  for (size_t k = 0; k < dims.size(); ++k) PyTuple_SET_ITEM(shape, k, PyLong_FromLongLong(dims[k]));
-  return shape;
+PyObject* int_tuple(const std::vector<int64_t>& values) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t k = 0; k < values.size(); ++k) PyTuple_SET_ITEM(tuple, k, PyLong_FromLongLong(values[k]));
+  return tuple;
 }
 
 PyObject* tensor_arg(const DenseTensor& t, const void* data) {
@@ -446,8 +445,11 @@ PyObject* tensor_arg(const DenseTensor& t, const void* data) {
     if (!resolve(data, &mem, &offset)) PD_THROW("a kernel argument is not in devkit memory");
     start = reinterpret_cast<uintptr_t>(data) - offset;
   }
-  return Py_BuildValue("(KnNi)", (unsigned long long)start, (Py_ssize_t)offset, shape_of(t),
-                       static_cast<int>(t.dtype()));
+  // Strides are in elements; only a view (the input of contiguous) has other than compact ones.
+  std::vector<int64_t> strides = t.strides();
+  if (strides.size() != t.dims().size()) strides.clear();  // no strides set: compact
+  return Py_BuildValue("(KnNiN)", (unsigned long long)start, (Py_ssize_t)offset, int_tuple(t.dims()),
+                       static_cast<int>(t.dtype()), int_tuple(strides));
 }
 
 struct Args {
@@ -524,26 +526,76 @@ void run(const char* op, const phi::Context& ctx, Ts&&... args) {
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
 
-// Fills for every dtype: Paddle's CPU fallback for them writes the output's
-// memory from the host (set_constant_with_place), which only a device with
-// host-pointer handles survives.
-#define DEVKIT_FILL_KERNEL(name, params, ...)                         \
+// Kernels for every dtype: fills, because Paddle's CPU fallback for them
+// writes the output's memory from the host (set_constant_with_place), which
+// only a device with host-pointer handles survives; contiguous, because
+// Paddle has no fallback for it.
+#define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...)                         \
   template <typename T>                                               \
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t, bool) {}
 
 using phi::Context;
 
-DEVKIT_KERNEL(relu, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
-DEVKIT_KERNEL(relu_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, DenseTensor* dx),
-              c, out, dout, dx)
-DEVKIT_KERNEL(add, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out), c, x, y, out)
-DEVKIT_KERNEL(add_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
-                         int axis, DenseTensor* dx, DenseTensor* dy), c, x, y, dout, axis, dx, dy)
-DEVKIT_KERNEL(subtract, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out),
-              c, x, y, out)
-DEVKIT_KERNEL(multiply, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out),
-              c, x, y, out)
+// y = f(x), and grads taking (x or out, dout): the Python side knows which.
+#define DEVKIT_UNARY_KERNEL(name) \
+  DEVKIT_KERNEL(name, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+#define DEVKIT_UNARY_GRAD_KERNEL(name)                                                              \
+  DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout, \
+                              DenseTensor* dx), c, x_or_out, dout, dx)
+// Elementwise binary ops with numpy broadcasting, and their grads (axis is -1).
+#define DEVKIT_BINARY_KERNEL(name) \
+  DEVKIT_KERNEL(name, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out), c, x, y, out)
+#define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
+  DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,        \
+                              const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy), \
+                c, x, y, dout, axis, dx, dy)
+
+DEVKIT_UNARY_KERNEL(exp)
+DEVKIT_UNARY_GRAD_KERNEL(exp)
+DEVKIT_UNARY_KERNEL(tanh)
+DEVKIT_UNARY_GRAD_KERNEL(tanh)
+DEVKIT_UNARY_KERNEL(sigmoid)
+DEVKIT_UNARY_GRAD_KERNEL(sigmoid)
+DEVKIT_UNARY_KERNEL(sqrt)
+DEVKIT_UNARY_GRAD_KERNEL(sqrt)
+DEVKIT_UNARY_KERNEL(log)
+DEVKIT_UNARY_GRAD_KERNEL(log)
+DEVKIT_UNARY_KERNEL(sin)
+DEVKIT_UNARY_GRAD_KERNEL(sin)
+DEVKIT_UNARY_KERNEL(cos)
+DEVKIT_UNARY_GRAD_KERNEL(cos)
+DEVKIT_UNARY_KERNEL(abs)
+DEVKIT_UNARY_GRAD_KERNEL(abs)
+DEVKIT_UNARY_KERNEL(square)
+DEVKIT_UNARY_GRAD_KERNEL(square)
+DEVKIT_BINARY_KERNEL(divide)
+DEVKIT_KERNEL(divide_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& out,
+                            const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
+              c, x, y, out, dout, axis, dx, dy)
+DEVKIT_BINARY_GRAD_KERNEL(subtract)
+DEVKIT_BINARY_GRAD_KERNEL(multiply)
+DEVKIT_KERNEL(gelu, (const Context& c, const DenseTensor& x, bool approximate, DenseTensor* out), c, x, approximate,
+              out)
+DEVKIT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, bool approximate,
+                          DenseTensor* dx), c, x, dout, approximate, dx)
+DEVKIT_KERNEL(scale, (const Context& c, const DenseTensor& x, const phi::Scalar& scale, const phi::Scalar& bias,
+                      bool bias_after_scale, DenseTensor* out), c, x, scale, bias, bias_after_scale, out)
+DEVKIT_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
+                    bool keep_dim, DenseTensor* out), c, x, dims, out_dtype, keep_dim, out)
+DEVKIT_KERNEL(sum_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
+                         bool keep_dim, bool reduce_all, DenseTensor* dx), c, x, dout, dims, keep_dim, reduce_all, dx)
+DEVKIT_KERNEL(transpose, (const Context& c, const DenseTensor& x, const std::vector<int>& perm, DenseTensor* out),
+              c, x, perm, out)
+DEVKIT_KERNEL(transpose_grad, (const Context& c, const DenseTensor& dout, const std::vector<int>& perm,
+                               DenseTensor* dx), c, dout, perm, dx)
+
+DEVKIT_UNARY_KERNEL(relu)
+DEVKIT_UNARY_GRAD_KERNEL(relu)
+DEVKIT_BINARY_KERNEL(add)
+DEVKIT_BINARY_GRAD_KERNEL(add)
+DEVKIT_BINARY_KERNEL(subtract)
+DEVKIT_BINARY_KERNEL(multiply)
 DEVKIT_KERNEL(matmul, (const Context& c, const DenseTensor& x, const DenseTensor& y, bool tx, bool ty,
                        DenseTensor* out), c, x, y, tx, ty, out)
 DEVKIT_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
@@ -628,7 +680,9 @@ DEVKIT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTens
               beta1, beta2, epsilon, lazy_mode, min_row_size_to_use_multithread, multi_precision,
               use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
               beta2_pow_out, master_param_out)
-DEVKIT_FILL_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
+// A strided view made compact (Paddle's stride kernels make views: transpose, slices).
+DEVKIT_ALL_DTYPES_KERNEL(contiguous, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+DEVKIT_ALL_DTYPES_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
                            DenseTensor* out), c, shape, value, dtype, out)
-DEVKIT_FILL_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
+DEVKIT_ALL_DTYPES_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
                                DenseTensor* out), c, x, value, dtype, out)

@@ -57,6 +57,139 @@ def _swap(a: Array) -> Array:
     return a.transpose(*_swapped_axes(a.ndim))
 
 
+# y = f(x): phi kernel -> devkit op.
+UNARY = {"relu": "Relu", "exp": "Exp", "tanh": "Tanh", "sigmoid": "Sigmoid", "sqrt": "Sqrt", "log": "Log",
+         "sin": "Sin", "cos": "Cos", "abs": "Abs"}
+# phi grad kernel -> dx from (its first input: x or out, as Paddle declares it; dout).
+UNARY_GRADS = {
+    "relu_grad": lambda out, dout: _op("ReluGrad", [dout, out]),
+    "exp_grad": lambda out, dout: _op("Mul", [dout, out]),
+    "tanh_grad": lambda out, dout: _op("TanhGrad", [dout, out]),
+    "sigmoid_grad": lambda out, dout: _op("SigmoidGrad", [dout, out]),
+    "sqrt_grad": lambda out, dout: _op("Div", [_op("Mul", [dout, _scalar(0.5)]), out]),
+    "log_grad": lambda x, dout: _op("Div", [dout, x]),
+    "sin_grad": lambda x, dout: _op("Mul", [dout, _op("Cos", [x])]),
+    "cos_grad": lambda x, dout: _op("Neg", [_op("Mul", [dout, _op("Sin", [x])])]),
+    "abs_grad": lambda x, dout: _op("Mul", [dout, _op("Sign", [x])]),
+    "square_grad": lambda x, dout: _op("Mul", [dout, _op("Mul", [x, _scalar(2.0)])]),
+}
+# Elementwise binary ops with numpy broadcasting: phi kernel -> devkit op.
+BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}
+
+
+def _unary(op: str):
+    def kernel(dev, x, out):
+        _write(out, _op(op, [x]))
+    return kernel
+
+
+def _unary_grad(gradient):
+    def kernel(dev, x_or_out, dout, dx):
+        _write(dx, gradient(x_or_out, dout))
+    return kernel
+
+
+def _binary(op: str):
+    def kernel(dev, x, y, out):
+        _write(out, _op(op, [x, y]))
+    return kernel
+
+
+def square(dev, x, out):
+    _write(out, _op("Mul", [x, x]))
+
+
+def _check_axis(what: str, axis: int) -> None:
+    if axis != -1:
+        raise NotImplementedError(f"{what}: axis={axis} (only -1, numpy broadcasting)")
+
+
+def add_grad(dev, x, y, dout, axis, dx, dy):
+    _check_axis("add_grad", axis)
+    _write(dx, _unbroadcast(dout, x.shape))
+    _write(dy, _unbroadcast(dout, y.shape))
+
+
+def subtract_grad(dev, x, y, dout, axis, dx, dy):
+    _check_axis("subtract_grad", axis)
+    _write(dx, _unbroadcast(dout, x.shape))
+    if dy is not None:
+        _write(dy, _unbroadcast(_op("Neg", [dout]), y.shape))
+
+
+def multiply_grad(dev, x, y, dout, axis, dx, dy):
+    _check_axis("multiply_grad", axis)
+    if dx is not None:
+        _write(dx, _unbroadcast(_op("Mul", [dout, y]), x.shape))
+    if dy is not None:
+        _write(dy, _unbroadcast(_op("Mul", [dout, x]), y.shape))
+
+
+def divide_grad(dev, x, y, out, dout, axis, dx, dy):
+    _check_axis("divide_grad", axis)
+    if dx is not None:
+        _write(dx, _unbroadcast(_op("Div", [dout, y]), x.shape))
+    if dy is not None:  # d(x/y)/dy = -out / y
+        _write(dy, _unbroadcast(_op("Neg", [_op("Div", [_op("Mul", [dout, out]), y])]), y.shape))
+
+
+def gelu(dev, x, approximate, out):
+    _write(out, _op("Gelu", [x], {"approximate": "tanh" if approximate else "none"}))
+
+
+def gelu_grad(dev, x, dout, approximate, dx):
+    _write(dx, _op("GeluGrad", [dout, x], {"approximate": "tanh" if approximate else "none"}))
+
+
+def scale(dev, x, factor, bias, bias_after_scale, out):
+    if bias_after_scale:
+        result = _op("Add", [_op("Mul", [x, _scalar(factor)]), _scalar(bias)])
+    else:
+        result = _op("Mul", [_op("Add", [x, _scalar(bias)]), _scalar(factor)])
+    _write(out, result)
+
+
+def _axes(dims, ndim: int) -> list[int]:
+    """Paddle's reduce dims: empty means every axis."""
+    return [d % ndim for d in dims] if dims else list(range(ndim))
+
+
+def reduce_sum(dev, x, dims, out_dtype, keep_dim, out):
+    if x.ndim == 0:
+        _write(out, x)
+        return
+    _write(out, _op("ReduceSum", [x, np.array(_axes(dims, x.ndim), np.int64)], {"keepdims": int(keep_dim)}))
+
+
+def sum_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
+    ndim = len(x.shape)  # x may be shape only
+    axes = list(range(ndim)) if reduce_all else _axes(dims, ndim)
+    kept = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
+    _write(dx, _op("Expand", [dout.reshape(*kept), list(x.shape)]))
+
+
+def transpose(dev, x, perm, out):
+    _write(out, _op("Transpose", [x], {"perm": [p % x.ndim for p in perm]}))
+
+
+def transpose_grad(dev, dout, perm, dx):
+    inverse = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inverse[p % len(perm)] = k
+    _write(dx, _op("Transpose", [dout], {"perm": inverse}))
+
+
+def _swapped_axes(ndim: int) -> list[int]:
+    axes = list(range(ndim))
+    axes[-2], axes[-1] = axes[-1], axes[-2]
+    return axes
+
+
+def _swap(a: Array) -> Array:
+    """The last two dims exchanged (a view)."""
+    return a.transpose(*_swapped_axes(a.ndim))
+
+
 def relu(dev, x, out):
     _write(out, _op("Relu", [x]))
 
@@ -327,6 +460,10 @@ def _fill_like(dev, shape, value) -> Array:
     return asarray(np.full(shape, value, np.float32), dev)
 
 
+def contiguous(dev, x, out):
+    _write(out, _op("Identity", [x]))  # a strided input is made compact by run_op or the kernel
+
+
 def _fill(out, value) -> None:
     if out is not None and out.size:
         host = np.full(out.shape, value, dtype=out.dtype)
@@ -341,7 +478,14 @@ def full_like(dev, x, value, dtype, out):
     _fill(out, value)
 
 
-KERNELS = {fn.__name__: fn for fn in (
-    relu, relu_grad, add, add_grad, subtract, multiply, matmul, matmul_grad, softmax, softmax_grad,
-    cross_entropy_with_softmax, cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad,
-    sgd, full, full_like, layer_norm, layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad)}
+KERNELS = {
+    **{name: _unary(op) for name, op in UNARY.items()},
+    **{name: _unary_grad(gradient) for name, gradient in UNARY_GRADS.items()},
+    **{name: _binary(op) for name, op in BINARY.items()},
+    "sum": reduce_sum,
+    **{fn.__name__: fn for fn in (
+        square, add_grad, subtract_grad, multiply_grad, divide_grad, gelu, gelu_grad, scale, sum_grad,
+        transpose, transpose_grad, matmul, matmul_grad, softmax, softmax_grad, cross_entropy_with_softmax,
+        cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad, sgd, contiguous, full, full_like, layer_norm,
+        layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad)},
+}
