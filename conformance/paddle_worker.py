@@ -89,7 +89,7 @@ OP_CASES = {
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "transpose_without_stride_kernels", "mlp_training", "cnn_training", "missing_kernel_falls_back",
+         "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised")
 
 
@@ -239,6 +239,37 @@ def cnn_training(paddle, counts) -> str:
             paddle.nn.Conv2D(4, 4, 3, stride=2),
             paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(36, 5), paddle.nn.LayerNorm(5))
         return train(paddle, net, paddle.optimizer.Adam, 0.05, (8, 2, 8, 8), 5)
+    return compare_training(paddle, run)
+
+
+def transformer_training(paddle, counts) -> str:
+    """A pre-norm transformer block (one attention head pair, GELU MLP) and a classifier, with Adam."""
+    nn, functional = paddle.nn, paddle.nn.functional
+
+    class Block(nn.Layer):
+        def __init__(self, width=8, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.norm1, self.norm2, self.norm3 = nn.LayerNorm(width), nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            self.head = nn.Linear(width, 3)
+
+        def forward(self, x):
+            batch, length, width = x.shape
+            q, k, v = paddle.split(self.qkv(self.norm1(x)), 3, axis=-1)
+            def heads(t):
+                return t.reshape([batch, length, self.heads, width // self.heads]).transpose([0, 2, 1, 3])
+            q, k, v = heads(q), heads(k), heads(v)
+            attention = functional.softmax(paddle.matmul(q, k, transpose_y=True) * (width // self.heads) ** -0.5)
+            mixed = paddle.matmul(attention, v).transpose([0, 2, 1, 3]).reshape([batch, length, width])
+            x = x + self.proj(mixed)
+            x = x + self.mlp(self.norm2(x))
+            return self.head(self.norm3(x).mean(axis=1))
+
+    def run(place):
+        paddle.set_device(place)
+        return train(paddle, Block(), paddle.optimizer.Adam, 0.01, (4, 5, 8), 3)
     return compare_training(paddle, run)
 
 

@@ -76,3 +76,15 @@ def test_a_plugin_that_does_not_load_leaves_the_device_type_without_devices():
     assert "[devkit.paddle] loading the devkit plugin: PluginLoadError" in done.stderr
     assert "nosuch" in done.stderr
     assert "refused:" in done.stdout
+
+
+def test_every_registered_kernel_has_a_lowering():
+    # bridge.cc registers the phi kernels; devkit/paddle/ops.py lowers them: the two lists agree.
+    out = _run("import pathlib, re, devkit.paddle\n"
+               "from devkit.paddle import ops\n"
+               "source = pathlib.Path(devkit.paddle.__file__).with_name('bridge.cc').read_text()\n"
+               "found = re.findall(r'^DEVKIT_(\\w+?)\\((\\w+)', source, re.M)\n"
+               "names = {n + '_grad' if kind.endswith('GRAD_KERNEL') else n for kind, n in found}\n"
+               "print(sorted(names ^ set(ops.KERNELS)), len(names))")
+    missing, count = out.rsplit(" ", 1)
+    assert missing == "[]" and int(count) >= 50, out
