@@ -89,7 +89,7 @@ OP_CASES = {
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "forward_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised")
 
 
@@ -114,6 +114,34 @@ def op_case(paddle, counts, name: str, kernels, arrays, fn) -> str:
     missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
     assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
     return f"{len(expected)} arrays match"
+
+
+def forward_ops(paddle, counts) -> str:
+    """Ops without gradients (comparisons, casts, integer arithmetic) and concat / split, forward."""
+    x = np.array([[1.0, -2.0, 3.0], [0.5, 2.0, -1.0]], np.float32)
+    y = np.array([1.0, 2.0, -1.0], np.float32)
+    labels = np.array([[3], [0], [2]], np.int64)
+    expressions = {
+        "equal": lambda p, a, b, n: a == b, "not_equal": lambda p, a, b, n: a != b,
+        "less_than": lambda p, a, b, n: a < b, "less_equal": lambda p, a, b, n: a <= b,
+        "greater_than": lambda p, a, b, n: a > b, "greater_equal": lambda p, a, b, n: a >= b,
+        "cast": lambda p, a, b, n: p.cast(a > b, "float32"),
+        "multiply": lambda p, a, b, n: n * (n != 0).astype("int64"),
+        "add": lambda p, a, b, n: n + n,
+        "concat": lambda p, a, b, n: p.concat([a, p.unsqueeze(b, 0)], axis=0),
+        "split_with_num": lambda p, a, b, n: p.split(a, 3, axis=1)[2],
+    }
+    results = {}
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        a, b, n = (paddle.to_tensor(v) for v in (x, y, labels))
+        results[place] = {name: f(paddle, a, b, n).numpy() for name, f in expressions.items()}
+    for name, expected in results["cpu"].items():
+        got = results["devkit:0"][name]
+        assert got.dtype == expected.dtype and np.array_equal(got, expected), (name, got, expected)
+    missing = [name for name in expressions if not counts().get(name, 0)]
+    assert not missing, f"kernels {missing} did not run on the devkit device"
+    return f"{len(expressions)} expressions"
 
 
 def transpose_without_stride_kernels(paddle, counts) -> str:
@@ -213,12 +241,19 @@ def train(paddle, net, optimizer_class, learning_rate: float, x_shape, classes: 
     x = paddle.to_tensor(rng.standard_normal(x_shape).astype(np.float32))
     y = paddle.to_tensor(rng.integers(0, classes, (x_shape[0], 1)).astype(np.int64))
     losses = []
-    for _ in range(TRAINING_STEPS):
-        loss = loss_fn(net(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.clear_grad()
-        losses.append(float(loss.numpy()))
+    # On the devkit device every step runs there: an op without a devkit kernel is an error, not a
+    # silent trip to Paddle's CPU (the initialisers above, uniform and gaussian, may take it).
+    on_devkit = paddle.device.get_device().startswith("devkit")
+    paddle.set_flags({"FLAGS_enable_api_kernel_fallback": not on_devkit})
+    try:
+        for _ in range(TRAINING_STEPS):
+            loss = loss_fn(net(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.clear_grad()
+            losses.append(float(loss.numpy()))
+    finally:
+        paddle.set_flags({"FLAGS_enable_api_kernel_fallback": True})
     return losses
 
 

@@ -127,6 +127,8 @@ def run(op: str, index: int, args: list) -> None:
     """Runs phi kernel ``op`` on device ``index``: args in Paddle's signature order."""
     kernel = ops.KERNELS[op]
     dev = plugin().device(index)
-    converted = [array(index, a) if isinstance(a, tuple) else a for a in args]
+    converted = [array(index, a) if isinstance(a, tuple) else
+                 [array(index, t) for t in a] if isinstance(a, list) and any(isinstance(t, tuple) for t in a) else a
+                 for a in args]  # a tensor, a list of tensors (outputs), or an attribute
     kernel(dev, *converted)
     kernel_counts[op] += 1

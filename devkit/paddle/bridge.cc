@@ -481,6 +481,18 @@ void add(Args& a, DenseTensor* t) {
   void* data = a.ctx.Alloc(t, dtype);
   append(a, tensor_arg(*t, data));
 }
+void add(Args& a, const std::vector<const DenseTensor*>& inputs) {
+  PyObject* list = PyList_New(0);
+  Args items{a.ctx, a.kernel_dtype, list};
+  for (const DenseTensor* t : inputs) add(items, *t);
+  append(a, list);
+}
+void add(Args& a, const std::vector<DenseTensor*>& outputs) {
+  PyObject* list = PyList_New(0);
+  Args items{a.ctx, a.kernel_dtype, list};
+  for (DenseTensor* t : outputs) add(items, t);
+  append(a, list);
+}
 void add(Args& a, bool v) { PyList_Append(a.list, v ? Py_True : Py_False); }
 void add(Args& a, int v) { append(a, PyLong_FromLong(v)); }
 void add(Args& a, int64_t v) { append(a, PyLong_FromLongLong(v)); }
@@ -543,9 +555,14 @@ using phi::Context;
 #define DEVKIT_UNARY_GRAD_KERNEL(name)                                                              \
   DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout, \
                               DenseTensor* dx), c, x_or_out, dout, dx)
-// Elementwise binary ops with numpy broadcasting, and their grads (axis is -1).
-#define DEVKIT_BINARY_KERNEL(name) \
-  DEVKIT_KERNEL(name, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out), c, x, y, out)
+// Elementwise binary ops with numpy broadcasting, for the numeric dtypes (integer
+// arithmetic runs on the device too: labels, masks), and their grads (axis is -1).
+#define DEVKIT_BINARY_KERNEL(name)                                                                           \
+  template <typename T>                                                                                       \
+  void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) {        \
+    run<T>(#name, c, x, y, out);                                                                              \
+  }                                                                                                           \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t) {}
 #define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
   DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,        \
                               const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy), \
@@ -682,6 +699,20 @@ DEVKIT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTens
               beta2_pow_out, master_param_out)
 // A strided view made compact (Paddle's stride kernels make views: transpose, slices).
 DEVKIT_ALL_DTYPES_KERNEL(contiguous, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+DEVKIT_ALL_DTYPES_KERNEL(equal, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out),
+                         c, x, y, out)
+DEVKIT_ALL_DTYPES_KERNEL(not_equal, (const Context& c, const DenseTensor& x, const DenseTensor& y,
+                                     DenseTensor* out), c, x, y, out)
+DEVKIT_BINARY_KERNEL(less_than)
+DEVKIT_BINARY_KERNEL(less_equal)
+DEVKIT_BINARY_KERNEL(greater_than)
+DEVKIT_BINARY_KERNEL(greater_equal)
+DEVKIT_ALL_DTYPES_KERNEL(cast, (const Context& c, const DenseTensor& x, PD_DataType out_dtype, DenseTensor* out),
+                         c, x, out_dtype, out)
+DEVKIT_KERNEL(concat, (const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis,
+                       DenseTensor* out), c, xs, axis, out)
+DEVKIT_KERNEL(split_with_num, (const Context& c, const DenseTensor& x, int num, const phi::Scalar& axis,
+                               std::vector<DenseTensor*> outs), c, x, num, axis, outs)
 DEVKIT_ALL_DTYPES_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
                            DenseTensor* out), c, shape, value, dtype, out)
 DEVKIT_ALL_DTYPES_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,

@@ -74,7 +74,9 @@ UNARY_GRADS = {
     "square_grad": lambda x, dout: _op("Mul", [dout, _op("Mul", [x, _scalar(2.0)])]),
 }
 # Elementwise binary ops with numpy broadcasting: phi kernel -> devkit op.
-BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div"}
+BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "equal": "Equal",
+          "less_than": "Less", "less_equal": "LessOrEqual", "greater_than": "Greater",
+          "greater_equal": "GreaterOrEqual"}
 
 
 def _unary(op: str):
@@ -93,6 +95,26 @@ def _binary(op: str):
     def kernel(dev, x, y, out):
         _write(out, _op(op, [x, y]))
     return kernel
+
+
+def not_equal(dev, x, y, out):
+    _write(out, _op("Not", [_op("Equal", [x, y])]))
+
+
+def cast(dev, x, out_dtype, out):
+    _write(out, _op("Cast", [x], {"to": out.dtype}))  # Paddle inferred the output's dtype
+
+
+def concat(dev, xs, axis, out):
+    _write(out, _op("Concat", list(xs), {"axis": int(axis) % xs[0].ndim}))
+
+
+def split_with_num(dev, x, num, axis, outs):
+    axis = int(axis) % x.ndim
+    if x.shape[axis] % num:
+        raise ValueError(f"split_with_num: {x.shape[axis]} elements on axis {axis} do not split {num} ways")
+    for out, part in zip(outs, run_op("Split", [x], {"axis": axis, "num_outputs": num})):
+        _write(out, part)
 
 
 def square(dev, x, out):
@@ -484,7 +506,7 @@ KERNELS = {
     **{name: _binary(op) for name, op in BINARY.items()},
     "sum": reduce_sum,
     **{fn.__name__: fn for fn in (
-        square, add_grad, subtract_grad, multiply_grad, divide_grad, gelu, gelu_grad, scale, sum_grad,
+        square, not_equal, cast, concat, split_with_num, add_grad, subtract_grad, multiply_grad, divide_grad, gelu, gelu_grad, scale, sum_grad,
         transpose, transpose_grad, matmul, matmul_grad, softmax, softmax_grad, cross_entropy_with_softmax,
         cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad, sgd, contiguous, full, full_like, layer_norm,
         layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad)},
