@@ -87,7 +87,7 @@ void report(const std::string& what) {
 }
 
 // Calls devkit.paddle._bridge.<fn>(*args) with the GIL held; a new reference or
-// NULL with the error reported (and kept in _bridge.last_error).
+// NULL with the Python exception pending.
 PyObject* call_python(const char* fn, PyObject* args) {
   PyObject* result = nullptr;
   if (g_module != nullptr) {
