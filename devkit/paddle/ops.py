@@ -201,44 +201,6 @@ def transpose_grad(dev, dout, perm, dx):
     _write(dx, _op("Transpose", [dout], {"perm": inverse}))
 
 
-def _swapped_axes(ndim: int) -> list[int]:
-    axes = list(range(ndim))
-    axes[-2], axes[-1] = axes[-1], axes[-2]
-    return axes
-
-
-def _swap(a: Array) -> Array:
-    """The last two dims exchanged (a view)."""
-    return a.transpose(*_swapped_axes(a.ndim))
-
-
-def relu(dev, x, out):
-    _write(out, _op("Relu", [x]))
-
-
-def relu_grad(dev, out, dout, dx):
-    _write(dx, _op("ReluGrad", [dout, out]))
-
-
-def add(dev, x, y, out):
-    _write(out, _op("Add", [x, y]))
-
-
-def add_grad(dev, x, y, dout, axis, dx, dy):
-    if axis != -1:
-        raise NotImplementedError(f"add_grad: axis={axis} (only -1, numpy broadcasting)")
-    _write(dx, _unbroadcast(dout, x.shape))
-    _write(dy, _unbroadcast(dout, y.shape))
-
-
-def subtract(dev, x, y, out):
-    _write(out, _op("Sub", [x, y]))
-
-
-def multiply(dev, x, y, out):
-    _write(out, _op("Mul", [x, y]))
-
-
 def _as_matrices(x, y, tx, ty):
     """x and y with 1-D operands made 2-D and the transposes applied (views)."""
     x2 = x.reshape(1, x.shape[0]) if x.ndim == 1 else x
