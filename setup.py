@@ -45,7 +45,7 @@ root = os.path.dirname(os.path.abspath(__file__))
 cpu_plugin = Extension(
     "devkit.backends.cpu.libdevkit_cpu",
     sources=[os.path.relpath(p, root) for p in cpu_build.sources()],
-    include_dirs=["devkit/abi", "devkit/backends/cpu"],
+    include_dirs=[os.path.relpath(p, root) for p in cpu_build.include_dirs()],
     depends=[os.path.relpath(p, root) for p in cpu_build.headers()],
     extra_compile_args=[*cpu_build.COMPILE_ARGS, *blas_compile],
     extra_link_args=["-pthread", *blas_link, "-lm"],

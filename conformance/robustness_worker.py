@@ -614,6 +614,49 @@ def _output_tensors(outputs) -> list[Tensor]:
     return [Tensor(np.zeros(shape, dtype)) for shape, dtype in outputs]
 
 
+# -- prepared inputs (ABI 1.4): a bit on memory that is no prepared form ---------------------
+
+def _preparing_matmul(ctx: Context):
+    """The plugin's float32 MatMul entry where it prepares inputs (DK_KernelEntry.prepare)."""
+    entry = _entry(ctx, "MatMul", "float32")
+    if entry is None or calls.prepare_fn(entry) is None:
+        raise NotClaimed("float32 MatMul with a prepare (ABI 1.4 prepared weights)")
+    return entry
+
+
+def _matmul_marked(ctx: Context, position: int, b_elements: int) -> list[list[int]]:
+    """A valid 4x8 @ 8x6 MatMul whose input ``position`` is marked prepared; B's
+    allocation holds ``b_elements`` zeros (its logical shape stays 8x6)."""
+    a = np.ones((4, 8), np.float32)
+    b = Tensor(np.zeros(b_elements, np.float32), shape=(8, 6))
+    call = KernelCall([Tensor(a), b], [Tensor(np.zeros((4, 6), np.float32))], [])
+    return run_kernel(ctx, _preparing_matmul(ctx), call,
+                      lambda raw, keep: setattr(raw, "prepared_inputs", 1 << position))
+
+
+@case
+def prepared_input_the_kernel_does_not_prepare(ctx):
+    """MatMul prepares B, not A."""
+    return _matmul_marked(ctx, 0, 48)
+
+
+@case
+def prepared_input_shorter_than_its_form(ctx):
+    """B marked prepared in an allocation of B's own 192 bytes, short of any packed form."""
+    return _matmul_marked(ctx, 1, 48)
+
+
+@case
+def prepared_input_that_is_not_a_prepared_form(ctx):
+    """B marked prepared in an allocation large enough for the form, holding zeros."""
+    return _matmul_marked(ctx, 1, 1 << 16)
+
+
+@case
+def prepared_input_past_the_inputs(ctx):
+    return _matmul_marked(ctx, 5, 48)
+
+
 def _is_invalid(v: Valid, attrs: dict, inputs: list, outputs=None) -> bool:
     """Whether the op spec refuses the call, or infers other outputs than those passed."""
     outputs = v.outputs if outputs is None else outputs

@@ -58,7 +58,7 @@ def capture_affine(stream, mode, x, w, b):
 
 
 def require_kernels(dev, *ops):
-    """Skips a case whose ops the plugin has no float32 kernel for (the 1.0 example has two)."""
+    """Skips a case whose ops the plugin has no float32 kernel for (the ABI 1.0 test plugin has two)."""
     lacking = [name for name in ops if dev.plugin.kernel_entry(name, np.float32) is None]
     if lacking:
         pytest.skip(reason=f"plugin '{dev.plugin.name}' has no float32 {', '.join(lacking)}")

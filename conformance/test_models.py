@@ -33,6 +33,7 @@ import pytest
 
 import devkit
 from devkit import onnx as donnx
+from devkit.engine import calls
 from devkit.onnx import zoo
 from devkit.ops import spec as _spec
 
@@ -97,9 +98,11 @@ def _run_expecting(dev, name: str, check) -> None:
 
 
 def _prepared_pair(model, dev):
-    """The model as an unfused plan and as the interpreter (the fused plan
-    rounds differently: test_zoo_model_fused compares it within tolerance)."""
-    return donnx.prepare(model, dev, fuse=False), donnx.prepare(model, dev, plan=False)
+    """The model as an unfused plan on its weights as given, and as the
+    interpreter (a fused plan, and kernels on prepared weights, sum in another
+    order: test_zoo_model_fused and test_zoo_model_prepared_weights compare
+    them within tolerance)."""
+    return donnx.prepare(model, dev, fuse=False, prepare_weights=False), donnx.prepare(model, dev, plan=False)
 
 
 def _same_outputs(planned: list, interpreted: list) -> None:
@@ -266,6 +269,32 @@ def test_zoo_model_fused(dev, name, record_property):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, unfused, **ZOO_TOLERANCE, err_msg=f"{name}: fused vs unfused plan")
         np.testing.assert_allclose(got, want, **ZOO_TOLERANCE, err_msg=f"{name} fused vs onnxruntime")
+
+    _run_expecting(dev, name, check)
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_zoo_model_prepared_weights(dev, name, record_property):
+    """Prepared weights (ABI 1.4): where the plugin's kernels prepare constant
+    inputs, the plan runs them on the prepared forms, within ZOO_TOLERANCE of
+    the plan on the weights as given; only entries with a prepare are
+    prepared; a plugin without the hook runs the weights as given. The
+    prepared memory goes with the model (the suite's leak check)."""
+    model, inputs = zoo.MODELS[name]()
+
+    def check():
+        prepared = donnx.prepare(model, dev, fuse=False)
+        (got,) = prepared.run(inputs)
+        (given,) = donnx.prepare(model, dev, fuse=False, prepare_weights=False).run(inputs)
+        plan = next(iter(prepared.plans.values()))
+        preparing = {call.label() for call in plan.calls if calls.prepare_fn(call.entry) is not None}
+        record_property("prepared_inputs", len(plan.prepared))
+        assert {p.call for p in plan.prepared} <= preparing, plan.prepared
+        assert all(p.nbytes > 0 for p in plan.prepared)
+        assert got.shape == given.shape and got.dtype == given.dtype
+        np.testing.assert_allclose(got, given, **ZOO_TOLERANCE, err_msg=f"{name}: prepared vs given weights")
+        (again,) = prepared.run(inputs)  # a replay reads the same prepared forms
+        np.testing.assert_array_equal(again, got)
 
     _run_expecting(dev, name, check)
 

@@ -1,4 +1,21 @@
-"""devkit: one C ABI for device plugins, and the runtime that drives them."""
+"""devkit: one C ABI for device plugins, and the runtime that drives them.
+
+Layers, each importing only itself and those below (tests/test_layering.py
+checks it; README.md, "Layers"):
+
+1. abi, errors, dtypes, _version, openblas
+2. driver: Device, Stream, Event, Buffer
+3. plugin: finding and loading plugins (built-ins through a table: the host
+   core imports no backend)
+4. runtime (Array, device specs), creation
+5. engine.calls, engine.launch, engine.memory: prebuilt kernel calls
+6. ops (specs, resolution, dispatch), operators
+7. engine: graph capture, plans, fusion, codegen, the interpreter
+8. this package's public names (this module)
+9. backends: the reference plugins, loaded by name
+10. frameworks and tools: onnx, torch, paddle, distributed, bench,
+    conformance_cli, cli, new_plugin, ops.reference_doc
+"""
 
 from ._version import __version__  # noqa: F401
 from .abi import ABI_MAJOR, ABI_MINOR, ffi  # noqa: E402
@@ -16,6 +33,7 @@ from .creation import arange, empty_like, full, full_like, ones, ones_like, zero
 from . import ops  # noqa: E402
 from .ops import fallback_report, run_op  # noqa: E402
 from .operators import astype, result_type  # noqa: E402  (importing it gives Array its operators)
+from .engine import graph as _graph  # noqa: E402,F401  (importing it gives Stream its capture())
 
 __all__ = [
     "ABI_MAJOR", "ABI_MINOR", "DEFAULT_DEVICE", "arange", "astype", "empty_like", "full", "full_like", "ones",

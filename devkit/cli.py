@@ -18,10 +18,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     new = commands.add_parser(
         "new-plugin", help="write a buildable C plugin project for a new device",
-        description="Write a C plugin project for device NAME: a working host-memory device "
-                    "(the runtime of devkit's cpu reference plugin, renamed), an example kernel, a "
-                    "pip-installable build registering the plugin under the devkit.plugins entry "
-                    "point, a README and a CI workflow running devkit-conformance.")
+        description="Write a C plugin project for device NAME: its device hooks (host memory "
+                    "until the driver's calls go in), DK_PluginInit and an example kernel, built "
+                    "on devkit's plugin-support library, which the build compiles in from the "
+                    "installed devkit; a pip-installable build registering the plugin under the "
+                    "devkit.plugins entry point, a README and a CI workflow running "
+                    "devkit-conformance.")
     new.add_argument("name", metavar="NAME",
                      help="the plugin's name: a lowercase C identifier, e.g. myaccel")
     new.add_argument("directory", metavar="DIR", nargs="?", type=Path,
@@ -37,8 +39,8 @@ def _new_plugin(args: argparse.Namespace) -> int:
     written = new_plugin.generate(args.name, directory, force=args.force)
     print(f"wrote {len(written)} files into {directory}/; next:")
     print(f"  cd {directory}")
-    print("  pip install .")
-    print(f"  devkit-conformance {args.name} --suite runtime")
+    print("  pip install --no-build-isolation .   # builds against the installed devkit")
+    print(f"  devkit-conformance {args.name} --suite runtime --suite robustness --suite graphs")
     return 0
 
 

@@ -34,6 +34,10 @@ from .errors import DevkitError, NotReadyError, OutOfMemoryError
 if TYPE_CHECKING:
     from .plugin import Plugin
 
+# Stream.capture's implementation: devkit.engine.graph (the graph layer, above the
+# runtime) sets it when it is imported, as devkit's __init__ does.
+_graph_capture = None
+
 
 def _flag(bit: int) -> property:
     return property(lambda self: bool(self.flags & bit), doc=f"DK_DeviceFlags bit {bit:#x}")
@@ -66,7 +70,7 @@ class Device:
         self.index = index
         self._properties: DeviceProperties | None = None
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet()
-        # Graph captures open on this device's streams (devkit/graph.py), which
+        # Graph captures open on this device's streams (devkit/engine/graph.py), which
         # see every call while they are open, and the frees they deferred.
         self._captures: list = []
         self._capture_hook = None
@@ -178,7 +182,7 @@ class Stream(Destroyable):
         self._pending: list = []  # objects pending work still uses
         self._allocations: set[_Allocation] = set()  # the device memory among them
         self._callback_errors: list[BaseException] = []
-        self.capturing = None  # the devkit.graph.Graph being captured from this stream
+        self.capturing = None  # the devkit.engine.graph.Graph being captured from this stream
         with dev._streams_lock:
             dev._streams.add(self)
 
@@ -190,13 +194,11 @@ class Stream(Destroyable):
 
     def capture(self, mode: str = "auto", *, fuse: bool = False):
         """``with stream.capture() as graph:`` records the block's work on this
-        stream into a graph (devkit/graph.py); ``mode`` "host" replays it on the
+        stream into a graph (devkit/engine/graph.py); ``mode`` "host" replays it on the
         host even where the plugin has the graph section. ``fuse``: the host
         records the block and fuses its elementwise kernels when it ends, every
         Array still referenced then an output (docs/fusion.md)."""
-        from .graph import capture
-
-        return capture(self, mode, fuse)
+        return _graph_capture(self, mode, fuse)
 
     def retain(self, *objects) -> None:
         """Keep ``objects`` alive until work submitted so far has completed
@@ -753,7 +755,7 @@ class Buffer:
         (by any stream when None). Past the device's max_alloc_size: OutOfMemoryError."""
         nbytes = _check_size(nbytes, "nbytes")
         if stream is not None and stream.capturing is not None:
-            stream = None  # allocated at capture time, kept by the graph (devkit/graph.py)
+            stream = None  # allocated at capture time, kept by the graph (devkit/engine/graph.py)
         if stream is not None:
             _stream_handle(stream, dev)
         return cls(dev._memory.allocate(nbytes, stream), 0, nbytes)

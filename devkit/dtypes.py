@@ -57,6 +57,11 @@ def from_attribute(value) -> np.dtype:
     return normalize(value)
 
 
+def dtype_name(dtype) -> str:
+    """The dtype's name as the op set spells it (float32, bfloat16)."""
+    return "bfloat16" if dtype == bfloat16 else np.dtype(dtype).name
+
+
 def code_bits(dtype) -> tuple[int, int]:
     """DLPack (type code, bits) of a supported dtype."""
     dtype = normalize(dtype)

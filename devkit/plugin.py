@@ -33,14 +33,15 @@ from pathlib import Path
 from ._version import __version__
 from .abi import (ABI_MAJOR, ABI_MINOR, C, ffi, field_end, field_present, open_library,
                   struct_fields)
-from .backends.cpu import links_blas, single_threaded_blas
 from .driver import Device
 from .dtypes import code_bits
 from .errors import PluginLoadError, STATUS_NAMES, error_for_status
+from .openblas import links_blas, single_threaded_blas
 
 ENTRY_POINT_GROUP = "devkit.plugins"
 PLUGIN_PATH_ENV = "DEVKIT_PLUGIN_PATH"
 
+# The built-in plugins are found through these tables alone: the loader imports no backend.
 _BACKENDS_DIR = Path(__file__).parent / "backends"
 _BUILTIN_LIBRARIES = {"cpu": _BACKENDS_DIR / "cpu" / "libdevkit_cpu.so"}
 # Built-ins written in Python: modules exposing ``dk_plugin_init``.
@@ -366,10 +367,10 @@ def _load_library(path: Path, source: str) -> Plugin:
     with _registry_lock:
         if location in _registry:
             return _registry[location]
-    # Builds of the cpu plugin (the built-in one, and the variants that
-    # devkit.backends.cpu.build makes) link scipy-openblas32's OpenBLAS:
-    # loaded first, from the importable package, without its thread pool.
-    # Only for them, so that other plugins never load it.
+    # A library that links scipy-openblas32's OpenBLAS (builds of the cpu
+    # plugin: the built-in one, and the variants devkit.backends.cpu.build
+    # makes) gets it loaded first, from the importable package, without its
+    # thread pool (devkit.openblas). Only such a library: others never load it.
     blas = single_threaded_blas() if links_blas(location) else contextlib.nullcontext()
     try:
         with blas:

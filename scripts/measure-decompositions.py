@@ -21,7 +21,7 @@ import numpy as np
 import devkit
 from devkit import ops
 from devkit.onnx import zoo
-from devkit.ops import resolution
+from devkit.ops import dispatch
 
 
 def _f32(rng, *shape):
@@ -83,7 +83,7 @@ def measure_ops(repeat: int) -> None:
         inputs = [v if v is None or spec.inputs[min(i, len(spec.inputs) - 1)].host else devkit.asarray(v, dev)
                   for i, v in enumerate(make(rng))]
         native, decomposed = _median_pair(lambda: devkit.run_op(op, inputs, attrs),
-                                          lambda: resolution.run_decomposed(op, inputs, attrs), repeat)
+                                          lambda: dispatch.run_decomposed(op, inputs, attrs), repeat)
         print(f"| {label} | {native * 1e3:.2f} | {decomposed * 1e3:.2f} | {decomposed / native:.1f} |")
 
 

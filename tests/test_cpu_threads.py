@@ -1,4 +1,4 @@
-"""The cpu plugin's thread pool (threads.c) and what runs on it.
+"""The cpu plugin's thread pool (the support library's threads.c) and what runs on it.
 
 The pool is driven alone by tests/native/pool_driver.c (built here with
 threads.c): every index covered once, chunks of at least the grain, small
@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devkit.abi import include_dir
+from devkit.abi import include_dir, support_dir
 from tests.conftest import run_python
 
-CPU_DIR = Path(__file__).resolve().parent.parent / "devkit" / "backends" / "cpu"
 DRIVER = Path(__file__).parent / "native" / "pool_driver.c"
 CHECKS = ["every_index_once", "small_work_on_caller", "chunks_per_budget", "workers_started",
           "idle_workers_sleep", "home_shares", "nested_runs_serially", "concurrent_callers", "spinning_worker_moved_off_caller_cpu", "fork_child_pool", "shutdown_joins_workers",
@@ -34,7 +33,8 @@ CHECKS = ["every_index_once", "small_work_on_caller", "chunks_per_budget", "work
 def pool_driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("pool") / "pool_driver"
     subprocess.run([os.environ.get("CC", "cc"), "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread",
-                    f"-I{include_dir()}", f"-I{CPU_DIR}", str(DRIVER), str(CPU_DIR / "threads.c"), "-o", str(out)],
+                    f"-I{include_dir()}", f"-I{support_dir()}", str(DRIVER), str(Path(support_dir()) / "threads.c"),
+                    "-o", str(out)],
                    check=True, capture_output=True, text=True)
     return out
 

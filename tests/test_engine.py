@@ -6,9 +6,10 @@ from __future__ import annotations
 import collections
 import itertools
 
+import ml_dtypes
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import devkit
 from devkit import onnx as donnx
@@ -91,8 +92,10 @@ def test_a_chain_plan_holds_two_activations():
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
 def test_plan_outputs_are_the_interpreters_bit_for_bit(name):
     model, inputs = zoo.MODELS[name]()
-    # Unfused: a fused plan sums in another order (tests/test_fusion.py, the models suite).
-    planned, interpreted = donnx.prepare(model, fuse=False), donnx.prepare(model, plan=False)
+    # Unfused and unprepared: a fused plan, and a kernel on a prepared weight, may sum in
+    # another order (tests/test_fusion.py; the models suite's prepared-weight cases).
+    planned = donnx.prepare(model, fuse=False, prepare_weights=False)
+    interpreted = donnx.prepare(model, plan=False)
     want = interpreted.run(inputs)
     for _ in range(2):  # the build's run and a replay
         got = planned.run(inputs)
@@ -198,7 +201,7 @@ def test_device_work_alone_computes_its_feed_with_no_host_work_of_a_run(plugin_c
     if not staged:
         monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
     model, inputs = zoo.mlp()
-    prepared, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    prepared, interpreted = donnx.prepare(model, prepare_weights=False), donnx.prepare(model, plan=False)
     rng = np.random.default_rng(3)
     first, second = ({name: rng.standard_normal(value.shape).astype(np.float32)} for name, value in
                      [*inputs.items()] * 2)
@@ -219,7 +222,7 @@ def test_device_work_alone_computes_its_feed_with_no_host_work_of_a_run(plugin_c
 def test_a_run_of_a_new_input_value_reads_it():
     """The staged graph reads its host input arrays at every launch: each run sees its own feed."""
     model, inputs = zoo.mlp()
-    planned, interpreted = donnx.prepare(model), donnx.prepare(model, plan=False)
+    planned, interpreted = donnx.prepare(model, prepare_weights=False), donnx.prepare(model, plan=False)
     rng = np.random.default_rng(5)
     (name, example), = inputs.items()
     shape = example.shape  # not the declared one, whose batch dimension is symbolic
@@ -233,7 +236,7 @@ def test_a_run_of_a_new_input_value_reads_it():
 
 def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
     model, inputs = zoo.mlp()
-    prepared = donnx.prepare(model)
+    prepared = donnx.prepare(model, prepare_weights=False)  # bit for bit with the interpreter
     (want,) = donnx.prepare(model, plan=False).run(inputs)
     prepared.run(inputs)
     dev = devkit.device("cpu:0")
@@ -450,3 +453,61 @@ def test_kernels_are_found_by_op_and_dtype():
     assert entry in plugin.kernel_entries("Add") and entry.dtype.bits == 32
     assert plugin.kernel_entry("Add", np.dtype("bool")) is None
     assert plugin.kernel_entry("NoSuchOp", np.float32) is None
+
+
+# -- prepared weights (ABI 1.4): the cpu plugin's MatMul, Gemm and Winograd Conv -----------------
+
+def _conv_model(channels: int, size: int, dtype=np.float32):
+    onnx_dtype = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    weights = (np.random.default_rng(0).standard_normal((channels, channels, 3, 3)) * 0.1).astype(dtype)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+                              [helper.make_tensor_value_info("x", onnx_dtype, [1, channels, size, size])],
+                              [helper.make_tensor_value_info("y", onnx_dtype, None)],
+                              [numpy_helper.from_array(weights, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _matmul_model(dtype):
+    onnx_dtype = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    weights = np.random.default_rng(0).standard_normal((64, 48)).astype(dtype)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", onnx_dtype, [2, 5, 64])],
+                              [helper.make_tensor_value_info("y", onnx_dtype, None)],
+                              [numpy_helper.from_array(weights, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_the_mlp_plan_runs_its_products_on_prepared_weights():
+    model, inputs = zoo.mlp()
+    prepared, given = donnx.prepare(model, fuse=False), donnx.prepare(model, fuse=False, prepare_weights=False)
+    got, want = prepared.run(inputs), given.run(inputs)
+    assert [(p.call, p.input) for p in only_plan(prepared).prepared] == [
+        ("kernel Gemm[float32]", 1), ("kernel Gemm[float32]", 1), ("kernel MatMul[float32]", 1)]
+    assert only_plan(given).prepared == []
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_a_batched_matmul_on_a_prepared_weight(dtype):
+    """A (2, 5, 64) @ (64, 48): the batches fold into the rows of one product on the packed B;
+    float16 and bfloat16 weights are widened once, at the preparation."""
+    x = np.random.default_rng(1).standard_normal((2, 5, 64)).astype(dtype)
+    prepared = donnx.prepare(_matmul_model(dtype))
+    (got,) = prepared.run({"x": x})
+    (want,) = donnx.prepare(_matmul_model(dtype), prepare_weights=False).run({"x": x})
+    assert [p.input for p in only_plan(prepared).prepared] == [1]
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 2e-2, "atol": 5e-2}
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), **tolerance)
+
+
+@pytest.mark.parametrize(("channels", "size", "prepares"), [(64, 32, True), (16, 32, False)])
+def test_a_winograd_conv_prepares_its_filter_transforms(channels, size, prepares):
+    """Where the cpu Conv goes by Winograd its W is prepared (the transforms made once, the same
+    sums: bit for bit); on the other paths it is taken as given."""
+    model = _conv_model(channels, size)
+    x = np.random.default_rng(2).standard_normal((1, channels, size, size)).astype(np.float32)
+    prepared = donnx.prepare(model)
+    (got,) = prepared.run({"x": x})
+    (want,) = donnx.prepare(model, prepare_weights=False).run({"x": x})
+    assert [p.call for p in only_plan(prepared).prepared] == (["kernel Conv[float32]"] if prepares else [])
+    np.testing.assert_array_equal(got, want)

@@ -147,8 +147,8 @@ def test_codegen_section_states_its_conventions():
 
 def test_graph_section_names_what_it_records_and_refuses():
     """The header says which calls a capture records and which it refuses, and the
-    host's replay path (devkit.graph) follows the same lists."""
-    from devkit import graph
+    host's replay path (devkit.engine.graph) follows the same lists."""
+    from devkit.engine import graph
 
     comment = _graph_section_comment()
     recorded, refused = comment.split("Refused with DK_FAILED_PRECONDITION")

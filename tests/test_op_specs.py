@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from devkit import ops
-from devkit.ops import testing
+from devkit.ops import dispatch, testing
 from devkit.ops.dispatch import infer, reference_arguments
 from devkit.ops.spec import ALL, dtype_name
 
@@ -102,7 +102,7 @@ class _PrimitivesOnly:
 
 def test_every_pair_resolves_on_the_primitives_alone():
     plugin = _PrimitivesOnly()
-    plans = [resolution._plan(plugin, s.name, d) for s in ops.all_specs() for d in s.dtypes]
+    plans = [resolution.resolve(plugin, s.name, d) for s in ops.all_specs() for d in s.dtypes]
     unsupported = [p.label for p in plans if p.how == "unsupported"]
     assert not unsupported, f"{len(unsupported)} pairs do not decompose: {', '.join(unsupported[:20])}"
     for plan in plans:
@@ -137,7 +137,7 @@ def test_decomposition_matches_the_reference(op, dtype):
         inputs = [v if v is None or decl.host else devkit.asarray(np.asarray(v))
                   for decl, v in zip([spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(len(case.inputs))],
                                      case.inputs)]
-        outputs = resolution.run_decomposed(op, inputs, case.attrs, record=record)
+        outputs = dispatch.run_decomposed(op, inputs, case.attrs, record=record)
         undeclared = {(o, dtype_name(d)) for o, d in record} - {(o, dtype_name(d)) for o, d in declared}
         assert not undeclared, f"case {case.name}: the rule calls undeclared {sorted(undeclared)}"
         ref_inputs, attrs = reference_arguments(spec, case.inputs, case.attrs)
@@ -158,4 +158,4 @@ def test_decomposition_tolerances_say_why():
 
 def test_run_decomposed_refuses_a_primitive():
     with pytest.raises(ValueError, match="Add has no decomposition"):
-        resolution.run_decomposed("Add", [np.ones(2, np.float32), np.ones(2, np.float32)])
+        dispatch.run_decomposed("Add", [np.ones(2, np.float32), np.ones(2, np.float32)])

@@ -83,7 +83,7 @@ def test_missing_kernel_names_op_and_dtype(bare):
 def test_cpu_fallback_runs_counts_and_reports(bare):
     a = f32(5)
     x = devkit.asarray(a, bare.device(0))
-    dispatch.fallback_report(reset=True)
+    ops.resolution.fallback_report(reset=True)
     with ops.cpu_fallback():
         out = ops.Add(x, x)
         out2 = ops.Add(x, x)
@@ -94,7 +94,7 @@ def test_cpu_fallback_runs_counts_and_reports(bare):
     assert not ops.fallback_enabled()  # the block restored the setting
     with pytest.raises(devkit.UnimplementedError):
         ops.Add(x, x)
-    dispatch.fallback_report(reset=True)
+    ops.resolution.fallback_report(reset=True)
 
 
 def test_work_on_a_stream_keeps_its_inputs_alive():

@@ -103,8 +103,8 @@ def test_unsupported_dtype_is_named():
 
 def test_count_fallback_adds_to_the_same_report():
     devkit.fallback_report(reset=True)
-    devkit.ops.dispatch.count_fallback("cpu", "aten::example", np.dtype("float32"))
-    devkit.ops.dispatch.count_fallback("cpu", "aten::example", np.dtype("float32"))
+    devkit.ops.resolution.count_fallback("cpu", "aten::example", np.dtype("float32"))
+    devkit.ops.resolution.count_fallback("cpu", "aten::example", np.dtype("float32"))
     assert devkit.fallback_report(reset=True) == [
         {"plugin": "cpu", "op": "aten::example", "dtype": "float32", "count": 2}]
 

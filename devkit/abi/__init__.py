@@ -13,6 +13,8 @@ from pathlib import Path
 import cffi
 
 HEADER_PATH = Path(__file__).with_name("devkit.h")
+# The plugin-support library (dks.h): C sources compiled into each plugin.
+SUPPORT_DIR = Path(__file__).with_name("support")
 
 # Macros the header puts on declarations that mean nothing to cffi.
 _ATTRIBUTE_MACROS = ("DK_EXPORT",)
@@ -22,6 +24,19 @@ _INTEGER_DEFINE = re.compile(r"#\s*define\s+\w+\s+-?(0x[0-9a-fA-F]+|\d+)[uUlL]*\
 def include_dir() -> str:
     """The directory to put on a C compiler's include path for ``devkit.h``."""
     return str(HEADER_PATH.parent)
+
+
+def support_dir() -> str:
+    """The plugin-support library's directory: its headers (``dks.h``,
+    ``dks_kernel.h``) and sources. A plugin puts it on the include path
+    beside :func:`include_dir`."""
+    return str(SUPPORT_DIR)
+
+
+def support_sources() -> list[str]:
+    """The support library's C sources, to compile into a plugin library
+    with the plugin's own (see the top of ``dks.h``)."""
+    return [str(path) for path in sorted(SUPPORT_DIR.glob("*.c"))]
 
 
 def header_to_cdef(text: str) -> str:

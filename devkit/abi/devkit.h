@@ -36,7 +36,10 @@
  *     host then runs its plans unfused); 1.3 appends the OPTIONAL host
  *     memory registration section (mem_register_host, mem_unregister_host)
  *     after that (an older plugin's table ends before it, and the host then
- *     copies plan inputs and outputs through its own staging memory).
+ *     copies plan inputs and outputs through its own staging memory);
+ *     1.4 appends DK_KernelCall.prepared_inputs and the OPTIONAL
+ *     DK_KernelEntry.prepare (prepared weights; an older plugin's entries
+ *     end before it, and the host then passes constant inputs as they are).
  *
  * ========================================================================
  * ERROR MODEL
@@ -117,7 +120,7 @@ extern "C" {
 #endif
 
 #define DK_ABI_MAJOR 1
-#define DK_ABI_MINOR 3
+#define DK_ABI_MINOR 4
 
 #if defined(_WIN32)
 #define DK_EXPORT __declspec(dllexport)
@@ -346,6 +349,12 @@ typedef struct DK_KernelCall {
   const DK_Attribute *const *attributes; /* (borrowed) array of num_attributes */
   size_t num_attributes;
   void *user_data;               /* DK_KernelEntry.user_data */
+  /* ABI 1.4: bit i set: inputs[i]'s data and byte_offset are where this
+   * entry's prepare wrote its prepared form of that input (see
+   * DK_PrepareFn), while its shape, dtype and strides still describe the
+   * original tensor. Only a host that called this entry's prepare for input
+   * i sets bit i (inputs past 63 are never prepared). */
+  uint64_t prepared_inputs;
 } DK_KernelCall;
 
 /* A kernel enqueues its work on call->stream and may return before the work
@@ -358,6 +367,42 @@ enum DK_KernelFlags {
   DK_KERNEL_STRIDED_OUTPUTS = 1 << 1  /* accepts non-compact output strides */
 };
 
+/* Prepared weights (ABI 1.4, OPTIONAL; onnxruntime's PrePack): a kernel
+ * transforms an input that stays constant over many calls -- a weight --
+ * once, into the form its compute reads fastest (packed GEMM panels,
+ * transposed or widened filters), and the host keeps the result and passes
+ * it in place of the input from then on.
+ *
+ * `call` is the call the host will launch, complete: every tensor's shape,
+ * dtype and strides and every attribute final, input `input` holding its
+ * constant value; other inputs' and the outputs' contents are undefined.
+ *  - Query (prepared NULL): *prepared_size = the bytes the prepared form
+ *    of input `input` needs, or 0: this call's input is not prepared (the
+ *    kernel declines: another input, a shape it gains nothing on). Nothing
+ *    is enqueued. Deterministic: the same call gives the same size.
+ *  - Prepare (prepared non-NULL): writes the prepared form into
+ *    [prepared_offset, prepared_offset + *prepared_size) of `prepared`, a
+ *    live allocation of call->device the host made (its memory, aligned
+ *    like any allocation of the device), enqueued on call->stream like a
+ *    kernel; *prepared_size is the queried size. The host keeps the memory
+ *    as long as it launches the call, and launches it with bit `input` of
+ *    prepared_inputs set and inputs[input].data / byte_offset pointing at
+ *    it.
+ * A kernel must not trust that bit: a call through the raw ABI may set it
+ * on any memory. A kernel refuses a bit on an input its prepare would not
+ * prepare for the call, and one whose memory, from byte_offset to the end of
+ * its allocation, is shorter than the queried size; the prepared form
+ * carries what the kernel needs to check its contents (a tag and the
+ * geometry it was made for, say), and a form that fails the check is
+ * DK_INVALID_ARGUMENT, at launch or from the stream. (A kernel whose entry
+ * has no prepare may refuse the bit or ignore it: the input is then an
+ * ordinary tensor, checked as such.) Results with a prepared
+ * input are those of the op on the original input, within the op's
+ * tolerance (a prepared kernel may sum in another order). */
+typedef DK_Status (*DK_PrepareFn)(const DK_KernelCall *call, size_t input,
+                                  DK_Mem prepared, size_t prepared_offset,
+                                  size_t *prepared_size);
+
 typedef struct DK_KernelEntry {
   size_t struct_size;
   const char *op;        /* (owned by the plugin) ONNX op name, e.g. "Add" */
@@ -365,6 +410,9 @@ typedef struct DK_KernelEntry {
   DK_KernelFn fn;
   uint64_t flags;        /* DK_KernelFlags */
   void *user_data;       /* (owned by the plugin) passed in DK_KernelCall */
+  /* ABI 1.4, OPTIONAL: NULL (or past struct_size): the kernel takes its
+   * inputs as they are. */
+  DK_PrepareFn prepare;
 } DK_KernelEntry;
 
 /* ------------------------------------------------------------------------

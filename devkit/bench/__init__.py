@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     fusion_bench.add_argument("--no-models", action="store_true", help="the four patterns only")
     fusion_bench.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
+    # Each subcommand's module is imported when it runs: the collectives ranks (python -m
+    # devkit.bench _rank, one process per rank) import none of them, nor the ONNX side
+    # (devkit.onnx and onnx: about 0.1 s a rank) that engine, ops, cuda and fusion import.
     if args.command == "fusion":
         from .fusion import fusion_main
 

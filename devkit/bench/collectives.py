@@ -30,6 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+import devkit
+
+from .. import distributed
+from ..distributed import launch as _launch
+
 RANK_COMMAND = "_rank"
 MIN_ITERATIONS = 3  # one timed call is too noisy to report
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
@@ -121,17 +126,13 @@ class DevkitRank:
     """Runs the measurements through devkit.distributed."""
 
     def __init__(self, config: dict):
-        import devkit
-        from devkit import distributed
-
-        self.devkit = devkit
         self.comm = distributed.init(config["plugin"])
         self.rank, self.size = self.comm.rank, self.comm.size
         self.dtype = np.dtype(config["dtype"])
 
     def operands(self, collective: str, count: int, inplace: bool):
         """(call, output array) with the send data in place."""
-        comm, devkit, n = self.comm, self.devkit, self.size
+        comm, n = self.comm, self.size
         data = send_data(collective, self.rank, n, count, self.dtype)
         send = devkit.asarray(data, comm.device)
         block = slice(self.rank * count, (self.rank + 1) * count)
@@ -161,7 +162,7 @@ class DevkitRank:
 
     def combine(self, values: np.ndarray, op: str) -> np.ndarray:
         """``values`` (float64) reduced elementwise over the ranks with op "max" or "sum"."""
-        array = self.devkit.asarray(np.asarray(values, np.float64), self.comm.device)
+        array = devkit.asarray(np.asarray(values, np.float64), self.comm.device)
         return self.comm.all_reduce(array, op=op).numpy()
 
     def barrier(self) -> None:
@@ -181,9 +182,7 @@ class GlooRank:
         import torch
         import torch.distributed as dist
 
-        from ..distributed import launch_environment
-
-        env = launch_environment()
+        env = distributed.launch_environment()
         self.torch, self.dist = torch, dist
         self.rank, self.size = env.rank, env.world_size
         dist.init_process_group("gloo", init_method=f"file://{config['gloo_store']}",
@@ -286,11 +285,9 @@ def rank_main(args) -> int:
 
 
 def run_ranks(backend: str, config_path: Path, out_path: Path, nranks: int, timeout: float) -> list:
-    from ..distributed.launch import run
-
     command = [sys.executable, "-m", "devkit.bench", RANK_COMMAND, "--backend", backend,
                "--config", str(config_path), "--out", str(out_path)]
-    code = run(command, nranks, timeout=timeout)
+    code = _launch.run(command, nranks, timeout=timeout)
     if code != 0:
         raise SystemExit(f"devkit-bench: the {backend} ranks failed (devkit-run exit code {code})")
     return json.loads(out_path.read_text())

@@ -28,8 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+import devkit
+
+from .. import dtypes
 from .engine import _interleaved
-from .ops import MI
+from .ops import MI, table_console
 
 ADD_ELEMENTS = 256 * MI
 MATMUL_SIZE = 8192
@@ -38,8 +41,6 @@ ADD_GOAL, MATMUL_GOAL = 0.8, 0.9
 
 def skip_reason() -> str | None:
     """Why the cuda plugin cannot run here (its own load error), or None."""
-    import devkit
-
     found = [d for d in devkit.list_plugins() if d.name == "cuda"]
     if not found:
         return "no cuda plugin is listed"
@@ -58,8 +59,6 @@ def _synchronised(fn):
 
 def add_bandwidth(repeat: int) -> dict:
     import cupy
-
-    import devkit
 
     dev = devkit.device("cuda:0")
     n = ADD_ELEMENTS
@@ -85,9 +84,6 @@ def add_bandwidth(repeat: int) -> dict:
 
 def matmul_rate(dtype_name: str, repeat: int) -> dict:
     import cupy
-
-    import devkit
-    from devkit import dtypes
 
     dev = devkit.device("cuda:0")
     n = MATMUL_SIZE
@@ -126,8 +122,6 @@ def cuda_main(args) -> int:
             Path(args.json).write_text(json.dumps({"skipped": reason}, indent=2))
         return 0
     from rich.table import Table
-
-    from .ops import table_console
 
     rows = [add_bandwidth(args.repeat), matmul_rate("float32", args.repeat), matmul_rate("bfloat16", args.repeat)]
     table = Table(title="cuda plugin vs peers on the same device (medians of interleaved runs)")

@@ -38,6 +38,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+import devkit
+
+from .. import onnx as donnx
+from ..onnx import zoo
+
 CHAIN_OPS = ("Add", "Mul", "Relu", "Sigmoid", "Neg", "Abs")
 CHAIN_WIDTH = 16
 
@@ -93,15 +98,15 @@ def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, obj
     """Plan, interpreter and onnxruntime on one model, and the plan's device
     work alone (Plan.launch_device_work) in the same interleaving: times in
     ms and ratios; the plan's time beyond its device work is host_ms."""
-    from .. import onnx as donnx
-
-    # Unfused, so the plan runs the interpreter's kernels and must match it
-    # bit for bit; devkit-bench fusion measures the fused plans.
+    # Unfused (devkit-bench fusion measures the fused plans), on prepared
+    # weights where the plugin prepares them. The same plan on the weights as
+    # given runs the interpreter's kernels and must match it bit for bit.
     planned = donnx.prepare(model, f"{plugin}:0", fuse=False)
+    given = donnx.prepare(model, f"{plugin}:0", fuse=False, prepare_weights=False)
     interpreted = donnx.prepare(model, f"{plugin}:0", plan=False)
     sessions = _ort_sessions(model)
     want = sessions["onnxruntime_1t"].run(None, inputs)
-    got, interpreted_got = planned.run(inputs), interpreted.run(inputs)
+    got, given_got, interpreted_got = planned.run(inputs), given.run(inputs), interpreted.run(inputs)
     (plan,) = planned.plans.values()
     ort_1t, ort_2t = (lambda s=s: s.run(None, inputs) for s in sessions.values())
     # The plan and its device work each come after an onnxruntime session,
@@ -121,7 +126,10 @@ def _model_row(model, inputs: dict, plugin: str, repeat: int) -> tuple[dict, obj
            "interpreter_over_onnxruntime": medians["interpreter"] / min(beside_interpreter["onnxruntime_1t"],
                                                                          beside_interpreter["onnxruntime_2t"]),
            "plan_over_interpreter": medians["plan"] / medians["interpreter"],
-           "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(got, interpreted_got)),
+           "prepared_inputs": len(plan.prepared),
+           "plan_equals_interpreter": all(np.array_equal(a, b) for a, b in zip(given_got, interpreted_got)),
+           "max_abs_diff_prepared_vs_given": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
+                                                 for a, b in zip(got, given_got)),
            "max_abs_diff_vs_onnxruntime": max(float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0
                                               for a, b in zip(got, want))}
     wall, cpu = _submission_seconds(planned, inputs, plugin, repeat)
@@ -135,8 +143,6 @@ def _submission_seconds(planned, inputs: dict, plugin: str, repeat: int) -> tupl
     caller's stream until it returns (before its work completes): wall time,
     and the CPU time of the submitting thread, which a loaded machine or a
     device sharing the host's cores (PoCL's pthread device) inflates less."""
-    import devkit
-
     stream = devkit.device(f"{plugin}:0").create_stream()
     planned.run(inputs, stream)
     stream.synchronize()
@@ -153,8 +159,6 @@ def _submission_seconds(planned, inputs: dict, plugin: str, repeat: int) -> tupl
 
 def eager_rows(repeat: int, calls: int) -> list[dict]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its pool
-    import devkit
-
     one = np.ones(1, np.float32)
     a, b = devkit.asarray(one), devkit.asarray(one)
     contenders = {"devkit": lambda: devkit.ops.Add(a, b), "numpy": lambda: np.add(one, one)}
@@ -185,8 +189,6 @@ def chain_rows(plugins: list[str], nodes: int, repeat: int) -> list[dict]:
 
 
 def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat: int) -> list[dict]:
-    from ..onnx import zoo
-
     builders = {**zoo.MODELS, **zoo.LARGE_MODELS}
     if models is None:  # the quick run (the test's): two small models
         models = ["mlp", "resnet"] if quick else list(builders)

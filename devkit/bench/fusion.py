@@ -34,6 +34,9 @@ import time
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from .. import onnx as donnx
+from ..onnx import zoo
+
 
 def _model(name: str, nodes: list, inputs: list[tuple[str, tuple]], initializers: dict, opset: int = 18):
     graph = helper.make_graph(
@@ -111,9 +114,7 @@ def _contender(model, feed: dict, device: str, fuse: bool):
     """The model's plan's timers (kernels, calls, run; see the module doc),
     and its fusion report. A timer runs its work and returns the seconds
     that count."""
-    import devkit.onnx
-
-    prepared = devkit.onnx.prepare(model, device, fuse=fuse)
+    prepared = donnx.prepare(model, device, fuse=fuse)
     prepared.run(feed)  # builds the plan
     (plan,) = prepared.plans.values()
     stream = plan.device.create_stream()
@@ -189,8 +190,6 @@ def _wins(fused: list[float], unfused: list[float]) -> float:
 
 
 def run(plugins: list[str], rows: int, width: int, repeat: int, models: bool = True) -> list[dict]:
-    from ..onnx import zoo
-
     results = []
     for plugin in plugins:
         for name, build in MODELS.items():

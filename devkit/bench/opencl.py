@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+import devkit
+
 from .ops import MI, _median_seconds, table_console
 
 _STARTUP_SCRIPT = """
@@ -95,8 +97,6 @@ def run(repeat: int) -> list[dict]:
     import pyopencl as cl
     import pyopencl.array as cla
 
-    import devkit
-
     dev = devkit.device("opencl:0")
     context = cl.Context([_find_cl_device(dev.properties.name)])
     queue = cl.CommandQueue(context)
@@ -149,8 +149,6 @@ def _find_cl_device(name: str):
 
 def opencl_main(args) -> int:
     from rich.table import Table
-
-    import devkit
 
     if _missing("pyopencl", "pyopencl"):
         print("devkit-bench opencl: pyopencl is not installed: pip install 'devkit[opencl]', and an OpenCL "

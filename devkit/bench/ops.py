@@ -19,7 +19,6 @@ cores devkit's turn needs.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import re
@@ -28,47 +27,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+import devkit
+
 from .engine import _interleaved, _ort_sessions
+from .op_cases import MI, OpBench, _f32, _gelu, _layer_norm, _sigmoid, _softmax
+from .ops_nn import NN_BENCHMARKS
 
-MI = 1 << 20
 PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: rich sizes it to its content
-
-
-@dataclasses.dataclass
-class OpBench:
-    name: str
-    op: str
-    inputs: Callable[[np.random.Generator], list[np.ndarray]]
-    numpy: Callable[..., np.ndarray]
-    attrs: dict = dataclasses.field(default_factory=dict)
-    memory_bound: bool = False  # report GB/s: the inputs read and the output written
-    blas: bool = False  # NumPy runs it through its BLAS (its threads), not on one core
-
-
-def _f32(rng, *shape):
-    return rng.standard_normal(shape, dtype=np.float32)
-
-
-def _softmax(x, axis=-1):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def _layer_norm(x, scale, bias, eps=1e-5):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * scale + bias
-
-
-def _sigmoid(x):
-    return 1 / (1 + np.exp(-x))
-
-
-def _gelu(x):
-    """NumPy's Gelu, the tanh form: NumPy has no erf, and math.erf per element
-    would time Python. devkit and onnxruntime run the op's default erf form,
-    so max |diff| is the forms' difference (~5e-4)."""
-    return 0.5 * x * (1 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
 BENCHMARKS = [
@@ -96,6 +61,8 @@ BENCHMARKS = [
             lambda x: np.ascontiguousarray(x.T)),
     OpBench("LayerNormalization 4096x1024", "LayerNormalization",
             lambda r: [_f32(r, 4096, 1024), _f32(r, 1024), _f32(r, 1024)], _layer_norm),
+    # The neural-network cases (row kernels, pools, BatchNormalization, convolutions).
+    *NN_BENCHMARKS,
 ]
 
 
@@ -139,9 +106,7 @@ def single_node_model(bench: OpBench, inputs: list[np.ndarray]):
     (BatchNormalization in inference mode takes no other)."""
     from onnx import TensorProto, helper
 
-    from .. import ops
-
-    spec = ops.get(bench.op)
+    spec = devkit.ops.get(bench.op)
     names = [f"in{i}" for i in range(len(inputs))]
     node = helper.make_node(bench.op, names, ["out"], **bench.attrs)  # optional trailing outputs left off
     graph = helper.make_graph(
@@ -165,8 +130,6 @@ def _onnxruntime_sessions(bench: OpBench, inputs: list[np.ndarray]) -> dict[str,
 
 
 def run(plugin: str, only: list[str] | None, repeat: int) -> list[dict]:
-    import devkit
-
     dev = devkit.load_plugin(plugin).device(0)  # a name or a library path
     copy_gbps = copy_bandwidth_gbps(repeat)
     blas_threads = numpy_blas_threads()
@@ -257,10 +220,3 @@ def ops_main(args) -> int:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
 
-
-# The last block of BENCHMARKS, the neural-network cases (row kernels, pools,
-# BatchNormalization, convolutions): devkit/bench/ops_nn.py, which takes OpBench
-# and the helpers above.
-from .ops_nn import NN_BENCHMARKS  # noqa: E402
-
-BENCHMARKS += NN_BENCHMARKS

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops import OpBench, _f32, _layer_norm, _softmax
+from .op_cases import OpBench, _f32, _layer_norm, _softmax
 
 
 def _log_softmax(x, axis=-1):

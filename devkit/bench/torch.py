@@ -96,6 +96,7 @@ def torch_main(args) -> int:
     except ImportError:
         print("devkit-bench torch needs PyTorch: pip install 'devkit[torch]'")
         return 1
+    # devkit.torch imports torch, an optional dependency: only once it is known to be installed.
     import devkit.torch as dt
     from devkit.torch import models
 

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from ..abi import C, ffi
+from ..engine.calls import _fill_tensor
 from .printers import PRINTERS, Printer, printer
 from .render import Group, GroupOp, Kernel, TensorArg, render
 from .rules import REDUCTIONS, RULES
@@ -76,8 +77,6 @@ class Function:
 
 def launch_args(values: list[tuple[str, object]], keep: list):
     """A DK_LaunchArg array of (kind, value) pairs; tensors are Arrays."""
-    from ..engine.calls import _fill_tensor
-
     arguments = ffi.new("DK_LaunchArg[]", max(len(values), 1))
     for slot, (kind, value) in zip(arguments, values):
         slot.struct_size = ARG_STRUCT_SIZE

@@ -23,6 +23,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 from rich.table import Table
 
+from .. import ops
+from ..ops.spec import dtype_name
 from ..plugin import _looks_like_path
 from . import reports
 from .expectations import ExpectationFileError, apply_expectations, load_expectations, unused
@@ -164,9 +166,6 @@ def _run(argv: list[str], console: Console) -> int:
 
 def _required_native(text: str) -> list[tuple[str, str | None]]:
     """--require-native's (op, dtype or None for every dtype of the op)."""
-    from devkit import ops
-    from devkit.ops.spec import dtype_name
-
     required = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         op, _, dtype = item.partition("[")
@@ -183,9 +182,6 @@ def _required_native(text: str) -> list[tuple[str, str | None]]:
 
 def _not_native(required, plugin: dict) -> list[str]:
     """The required (op, dtype) pairs the plugin's kernel table lacks."""
-    from devkit import ops
-    from devkit.ops.spec import dtype_name
-
     have = {(k["op"], k["dtype"]) for k in plugin["kernels"]}
     missing = []
     for op, dtype in required:

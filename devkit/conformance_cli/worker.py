@@ -28,6 +28,11 @@ from pathlib import Path
 
 import pytest
 
+import devkit
+from devkit.abi import ffi
+from devkit.ops import all_specs, resolution
+from devkit.ops.spec import dtype_name as spec_dtype_name
+
 from . import progress
 
 
@@ -78,10 +83,6 @@ class CaseReporter:
 
 def _drain_fallbacks() -> dict[str, int]:
     """Ops the case ran on the cpu plugin instead (--allow-cpu-fallback), as "op[dtype]" -> count."""
-    if "devkit" not in sys.modules:
-        return {}
-    import devkit
-
     return {f"{row['op']}[{row['dtype']}]": row["count"] for row in devkit.fallback_report(reset=True)}
 
 
@@ -151,8 +152,6 @@ def _jsonable(value):
 
 def describe_plugin(name: str) -> dict:
     """Identity, devices and kernel table of the plugin, for the reports."""
-    import devkit
-
     plugin = devkit.load_plugin(name)
     major, minor = plugin.abi_version
     description = {
@@ -175,17 +174,12 @@ def describe_resolution(plugin) -> dict:
     """How every (op, dtype) of the op set runs on the plugin (native,
     decomposed or unsupported: the report counts fallback apart), and what its
     primitive kernels give it."""
-    from devkit.ops import all_specs, resolution
-    from devkit.ops.spec import dtype_name as spec_dtype_name
-
-    plans = [resolution._plan(plugin, spec.name, d) for spec in all_specs() for d in spec.dtypes]
+    plans = [resolution.resolve(plugin, spec.name, d) for spec in all_specs() for d in spec.dtypes]
     return {"resolution": [{"op": p.op, "dtype": spec_dtype_name(p.dtype), "how": p.how} for p in plans],
             "primitives": resolution.primitive_summary(plugin)}
 
 
 def describe_device(device) -> dict:
-    from devkit.abi import ffi
-
     properties = dataclasses.asdict(device.properties)
     device_types = ffi.typeof("enum DK_DeviceType").elements
     properties["device_type"] = device_types.get(properties["device_type"], "DK_DEVICE_TYPE_?")\
@@ -195,15 +189,11 @@ def describe_device(device) -> dict:
 
 
 def dtype_name(code: int, bits: int) -> str:
-    from devkit.abi import ffi
-
     kind = ffi.typeof("enum DK_DataTypeCode").elements.get(code, f"CODE{code}_").removeprefix("DK_DTYPE_CODE_")
     return "bool" if kind == "BOOL" else f"{kind.lower()}{bits}"
 
 
 def _flag_names(flags: int, enum: str, prefix: str) -> list[str]:
-    from devkit.abi import ffi
-
     names = ffi.typeof(f"enum {enum}").elements
     return [names[bit].removeprefix(prefix).lower() for bit in sorted(names) if flags & bit]
 

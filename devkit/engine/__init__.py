@@ -7,7 +7,13 @@ section, launch.HostReplay elsewhere); a run that waits is one
 launch.StagedGraph, the copies in and out captured with the calls.
 ``devkit.onnx.prepare`` compiles
 models into plans (plan.build_plan); an eager op reuses its prebuilt call
-from devkit.ops' call cache. See docs/engine.md.
+from devkit.ops' call cache. A graph a plan cannot run goes node by node
+through interpreter.Interpreter; graph.py holds Stream.capture's graphs.
+See docs/engine.md.
+
+calls, launch and memory sit below devkit.ops (this package's __init__
+imports only them, so that ops can import calls); binding, plan, fusion,
+graph and interpreter sit above it (README.md, "Layers").
 """
 
 from .calls import KernelCall, launch

@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..abi import C, ffi
+from ..abi import C, ffi, field_end
 
 _DK_OK, _DK_NOT_READY = C.DK_OK, C.DK_NOT_READY
 _ATTRIBUTE_STRUCT_SIZE = ffi.sizeof("DK_Attribute")
 _CALL_STRUCT_SIZE = ffi.sizeof("DK_KernelCall")
+_PREPARE_END = field_end("DK_KernelEntry", "prepare")
 
 
 def _fill_tensor(slot, array, keep: list) -> None:
@@ -82,6 +83,14 @@ def key_dtype_of(entry) -> np.dtype:
     return np.dtype("bool" if kind == "bool" else f"{kind}{bits}")
 
 
+def prepare_fn(entry):
+    """The entry's DK_PrepareFn (ABI 1.4 prepared weights), or None: NULL, or
+    past the struct_size of an entry an older plugin wrote."""
+    if entry.struct_size < _PREPARE_END or entry.prepare == ffi.NULL:
+        return None
+    return entry.prepare
+
+
 class KernelCall:
     """One kernel call, built once. ``inputs``/``outputs`` are the DK_Tensor
     slots (an omitted optional input has ndim -1); ``bind`` repoints one."""
@@ -122,9 +131,7 @@ class KernelCall:
 
     def label(self) -> str:
         """What an error names: ``kernel Add[float32]``."""
-        from ..ops.spec import dtype_name
-
-        return f"kernel {self.op}[{dtype_name(key_dtype_of(self.entry))}]"
+        return f"kernel {self.op}[{_dtypes.dtype_name(key_dtype_of(self.entry))}]"
 
 
 def launch(call: KernelCall) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from .. import codegen
 from ..abi import C, ffi
 from ..errors import DeviceError
-from ..ops import dispatch
+from ..ops import dispatch, resolution
 from ..ops import spec as _spec
 from .calls import key_dtype_of
 
@@ -162,7 +162,7 @@ class _Unfusable(Exception):
 
 
 class _SymbolicBuilder:
-    """The Builder a decomposition rule gets (resolution.Builder's
+    """The Builder a decomposition rule gets (dispatch.Builder's
     interface), recording GroupOps instead of running ops: an op with an
     expression rule is recorded, one without is expanded through its own
     decomposition, anything else makes the op unfusable."""
@@ -228,7 +228,7 @@ def expand(op: str, inputs: list, attrs: dict, ops: list):
         raise _Unfusable(f"{op} has no elementwise decomposition")
     dtype = inputs[spec.key].dtype if not isinstance(spec.key, str) else np.dtype(attrs[spec.key])
     builder = _SymbolicBuilder(ops, dtype)
-    if (wide := rule.wider(dtype)) is not None:  # between Casts, as resolution._widened runs it
+    if (wide := rule.wider(dtype)) is not None:  # between Casts, as dispatch._widened runs it
         if wide not in _FUSABLE_DTYPES:
             raise _Unfusable(f"{op} computes at {wide}")
         (wanted,) = [d for _, d in builder.infer(op, *inputs, **attrs)]
@@ -395,7 +395,7 @@ def _fuse(device, dialect: str, run: list, domain: tuple, readers: dict, kept: s
     except (DeviceError, NotImplementedError) as exc:
         reason = str(exc).splitlines()[0]
         report.fallbacks.append((ops_of_run, reason))
-        dispatch.count_fallback(device.plugin.name, f"Fused({'+'.join(ops_of_run)})", None)
+        resolution.count_fallback(device.plugin.name, f"Fused({'+'.join(ops_of_run)})", None)
         return run
     arguments = ffi.new("DK_LaunchArg[]", len(inputs) + len(outputs))
     tensor_size = ffi.sizeof("DK_Tensor")

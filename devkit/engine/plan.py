@@ -8,7 +8,10 @@ nodes whose inputs are all host values), and the device nodes that depend
 on no input values (weights made by ConstantOfShape, folded constants),
 which are computed once and kept resident. What is left are device kernels
 on intermediates, each a prebuilt call whose tensors sit at fixed offsets of
-the arena (memory.plan_memory).
+the arena (memory.plan_memory). Where a call's kernel prepares its constant
+inputs (ABI 1.4, DK_KernelEntry.prepare: packed or widened weights), the
+plan has it do so once, keeps the prepared memory and launches the call on
+it (``prepare_weights``; ``plan.prepared`` lists what was prepared).
 
 A run copies the inputs into their arena slots, replays the calls on a
 stream and copies the outputs out: one synchronisation, or none when the
@@ -33,12 +36,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..abi import ffi
+from ..abi import C, ffi
 from ..ops import dispatch
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
 from .binding import BIND_IN_PLACE_BYTES, BoundRun, slot_references
-from .calls import KernelCall, bind, launch
+from .calls import KernelCall, bind, launch, prepare_fn
 from .fusion import fuse_steps
 from .launch import StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
@@ -289,14 +292,16 @@ def _alignment(device: Device) -> int:
 
 def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array | np.ndarray],
                host_twins: Mapping[str, np.ndarray], feed: Mapping[str, tuple[tuple, np.dtype]],
-               output_names: Sequence[str], static_cache: dict, fuse: bool = False) -> Plan:
+               output_names: Sequence[str], static_cache: dict, fuse: bool = False,
+               prepare_weights: bool = True) -> Plan:
     """Compile ``nodes`` for inputs ``feed`` (name -> (shape, dtype)).
 
     ``values`` are the resident values (initializers not fed); ``host_twins``
     host copies of small ones. ``static_cache`` keeps, across plans of the
     same fed names, the values that depend on no fed input. ``fuse``: run
     the fusion pass (engine.fusion) over the calls; its report is
-    ``plan.fusion``."""
+    ``plan.fusion``. ``prepare_weights``: calls whose kernel prepares
+    constant inputs run on prepared copies (``plan.prepared``)."""
     stand_in_buffer = device.alloc(1)
     env: dict[str, object] = dict(values)
     static = set(values)
@@ -344,6 +349,7 @@ def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array
             bind(call.inputs[position], slot.array)
         for position, slot in outputs_of_call:
             bind(call.outputs[position], slot.array)
+    prepared = _prepare_constants(device, steps, resident) if prepare_weights else []
     references = slot_references(steps)
     # An output is bound where a call writes its slot and no other output is the same value.
     bindable = [isinstance(value, _Slot) and value.first >= 0
@@ -353,7 +359,44 @@ def build_plan(nodes: Sequence[Node], device: Device, values: Mapping[str, Array
                 resident, [references.get(id(slot), []) for _, slot in fed_slots],
                 [references.get(id(value), []) if can else None for value, can in zip(outputs, bindable)])
     plan.fusion = fusion_report
+    plan.prepared = prepared
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedInput:
+    """One constant input a kernel prepared: ``plan.prepared``'s entries."""
+
+    call: str    # the call's label, "kernel Gemm[float32]"
+    input: int   # its position in the call
+    nbytes: int  # the prepared form's size
+
+
+def _prepare_constants(device: Device, steps: list, resident: list) -> list[PreparedInput]:
+    """Has each call whose kernel prepares inputs (DK_PrepareFn) prepare
+    its constant ones (no arena slot: weights, folded constants) into memory
+    the plan keeps, and points the call at it."""
+    prepared = []
+    size = ffi.new("size_t *")
+    for call, slot_inputs, _ in steps:
+        prepare = prepare_fn(call.entry) if isinstance(call, KernelCall) else None
+        if prepare is None:
+            continue
+        fed = {position for position, _ in slot_inputs}
+        for position in range(min(call.cdata.num_inputs, 64)):
+            if position in fed or call.inputs[position].ndim < 0:
+                continue
+            _check_prepare(call, prepare(call.cdata, position, ffi.NULL, 0, size))
+            if size[0] == 0:
+                continue
+            buffer = device.alloc(size[0])
+            _check_prepare(call, prepare(call.cdata, position, buffer.handle, buffer.offset, size))
+            call.inputs[position].data = buffer.handle
+            call.inputs[position].byte_offset = buffer.offset
+            call.cdata.prepared_inputs |= 1 << position
+            resident.append(buffer)
+            prepared.append(PreparedInput(call.label(), position, size[0]))
+    return prepared
 
 
 def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: Device, stand_in_buffer,
@@ -404,6 +447,11 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
                       bound.attributes)
     steps.append((call, slot_inputs, list(enumerate(made))))
     return made
+
+
+def _check_prepare(call: KernelCall, status: int) -> None:
+    if status != C.DK_OK:
+        call.plugin.raise_status(status, f"{call.label()} prepare")
 
 
 def _host_value(name: str, env: dict, host_twins: Mapping) -> np.ndarray | None:

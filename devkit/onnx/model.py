@@ -5,26 +5,15 @@ attributes, the dtypes of graph inputs and initializers, and (where ONNX's
 type inference knows them) the dtype of every node's key input. Anything outside the
 op set raises UnsupportedNodeError naming the node, before anything runs.
 
-Values live in two places. Device values (Arrays) are what the model
-computes: graph inputs, initializers (uploaded once, at prepare) and the
-outputs of device ops. Host values (NumPy) are what only describes shapes:
-Constant outputs, Shape and Size of any value (its shape is known without
-touching the device), small initializers, and every node whose inputs are all
-host values and whose outputs are small -- evaluated with the op spec's NumPy
-reference. So shape subgraphs (Shape -> Gather -> Concat -> Reshape's target)
-never reach the device.
-
-Two caches make repeated runs cheap. Values that depend on no graph input
-(weights made by ConstantOfShape, a transposed initializer, folded shape
-arithmetic) are computed at the first run and kept; host values that depend
-on input shapes are kept per set of input shapes. Other intermediate values
-are dropped after their last use, so device memory holds the weights, the
-folded constants and the live activations only.
+Each set of input shapes runs as a devkit.engine plan, or, where it
+cannot be planned (or ``plan=False``), in devkit.engine's interpreter, node
+by node. Either way shape subgraphs (Shape -> Gather -> Concat -> Reshape's
+target) are evaluated on the host and never reach the device, and values
+that depend on no graph input are computed once and kept.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import os
 from collections.abc import Mapping
@@ -32,8 +21,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..engine.plan import (HOST_VALUE_LIMIT, SHAPE_OPS, Node, NotPlannable, Plan, build_plan, fits_host,
-                           host_eval, shape_eval)
+from ..engine.interpreter import Interpreter
+from ..engine.plan import HOST_VALUE_LIMIT, Node, NotPlannable, Plan, build_plan
 from ..ops import dispatch, resolution
 from ..ops import spec as _spec
 from ..runtime import Array, Device, Stream, asarray
@@ -248,16 +237,6 @@ class _Checked:
             self.input_types[value.name] = (dtype, shape)
 
 
-@dataclasses.dataclass
-class _Liveness:
-    """What the interpreter's runs with one set of fed inputs share."""
-
-    static: list[bool]            # per step: depends on no fed input
-    kept: set[str]                # static values a non-static step or a graph output reads
-    release: list[list[str]]      # per step: values it is the last to read
-    constants: dict | None = None  # the kept static values, once a run made them
-
-
 class PreparedModel:
     """A model checked against the op set, its initializers on the device.
 
@@ -271,12 +250,13 @@ class PreparedModel:
     ``optimize=False`` makes none."""
 
     def __init__(self, model, device: str | Device | None = None, plan: bool = True, fuse: bool | None = None,
-                 optimize: bool = True):
+                 optimize: bool = True, prepare_weights: bool = True):
         checked = _Checked(load(model))
         self.model = checked.model
         self.device = _device(device)
         # Fusion (engine.fusion) is on by default where the plugin has the codegen section.
         self.fuse = self.device.plugin.has_codegen if fuse is None else bool(fuse)
+        self.prepare_weights = prepare_weights
         self.input_names = checked.input_names
         self.feed_names = checked.feed_names
         self.output_names = checked.output_names
@@ -286,18 +266,17 @@ class PreparedModel:
             steps, initializers, self.rewrites = _rewrite.optimize(
                 steps, initializers, checked.input_names, checked.output_names, checked.value_infos,
                 self._has_fused_conv)
-        self._steps = steps
         self._input_types = checked.input_types
         self._initializers = {name: asarray(array, self.device) for name, array in initializers.items()}
         self._host_twins = {name: array for name, array in initializers.items()
                             if array.size <= HOST_VALUE_LIMIT}
-        self._liveness: dict[frozenset, _Liveness] = {}
-        self._shape_values: dict[tuple, dict[str, np.ndarray]] = {}
         self.planned = plan
         self.plans: dict[tuple, Plan | str] = {}
         self._static_values: dict[frozenset, dict] = {}
         self._nodes = [Node(step.node.op_type, step.spec, tuple(step.node.input), tuple(step.node.output),
-                            step.attrs, step.constant) for step in self._steps]
+                            step.attrs, step.constant) for step in steps]
+        self._interpreter = Interpreter(self._nodes, self.device, self._initializers, self._host_twins,
+                                        self.output_names)
         # The fast path of a run: a dict of exactly the fed names, each an
         # ndarray of its declared dtype and of a shape already accepted.
         self._feed_set = frozenset(self.feed_names)
@@ -357,33 +336,6 @@ class PreparedModel:
 
     # -- running -------------------------------------------------------------------------
 
-    def _schedule(self, fed: frozenset) -> _Liveness:
-        schedule = self._liveness.get(fed)
-        if schedule is not None:
-            return schedule
-        static_values = {name for name in self._initializers if name not in fed}
-        static, last_read, kept = [], {}, set()
-        for index, step in enumerate(self._steps):
-            names = [name for name in step.node.input if name]
-            is_static = all(name in static_values for name in names)
-            static.append(is_static)
-            for name in names:
-                last_read[name] = index
-                if not is_static and name in static_values:
-                    kept.add(name)
-            for name in step.node.output:
-                if name:
-                    last_read.setdefault(name, index)  # an output nothing reads goes at once
-                    if is_static:
-                        static_values.add(name)
-        kept.update(name for name in self.output_names if name in static_values)
-        release = [[] for _ in self._steps]
-        for name, index in last_read.items():
-            if name not in self.output_names:
-                release[index].append(name)
-        schedule = self._liveness[fed] = _Liveness(static, kept, release)
-        return schedule
-
     def run(self, inputs, stream: Stream | None = None, *, outputs=None) -> list:
         """Run the model: ``inputs`` is a list (graph-input order) or a dict by
         name of NumPy arrays or devkit Arrays on the model's device. A dict
@@ -416,7 +368,7 @@ class PreparedModel:
                 plan = self.plans[signature] = self._build_plan(feed)
             if isinstance(plan, Plan):
                 return plan.run(feed, stream, outputs=outputs, device_outputs=device_outputs)
-        results = self._interpret(feed, signature)
+        results = self._interpreter.run(feed, signature)
         if outputs is None:
             return [asarray(value, self.device) for value in results] if device_outputs else \
                 [to_numpy(value) for value in results]
@@ -432,7 +384,7 @@ class PreparedModel:
                               {name: array for name, array in self._host_twins.items() if name not in feed},
                               {name: (array.shape, _dtypes.normalize(array.dtype)) for name, array in feed.items()},
                               self.output_names, self._static_values.setdefault(frozenset(feed), {}),
-                              fuse=self.fuse)
+                              fuse=self.fuse, prepare_weights=self.prepare_weights)
         except NotPlannable as exc:
             return str(exc)
 
@@ -442,66 +394,6 @@ class PreparedModel:
         (groups, ops per group, kernels saved, groups that fell back)."""
         return {signature: plan.fusion.as_dict() for signature, plan in self.plans.items()
                 if isinstance(plan, Plan) and plan.fusion is not None}
-
-    def _interpret(self, feed: dict, signature: tuple) -> list[np.ndarray]:
-        """The node-by-node run."""
-        schedule = self._schedule(frozenset(feed))
-        shape_values = self._shape_values.get(signature)
-        # Each value is an Array (on the device) or a NumPy array (a host value).
-        values: dict[str, Array | np.ndarray] = {
-            name: array for name, array in self._initializers.items() if name not in feed}
-        values.update({name: asarray(array, self.device) for name, array in feed.items()})
-        host_twins = {name: array for name, array in self._host_twins.items() if name not in feed}
-        values.update(schedule.constants or {})
-        values.update(shape_values or {})
-        new_constants = {} if schedule.constants is None else None
-        new_shape_values = {} if shape_values is None else None
-        for index, step in enumerate(self._steps):
-            outputs = [name for name in step.node.output if name]
-            done = schedule.constants is not None if schedule.static[index] else all(name in values for name in outputs)
-            if not done:
-                for name, value in zip(step.node.output, self._run_step(step, values, host_twins)):
-                    if not name:
-                        continue
-                    values[name] = value
-                    if new_constants is not None and schedule.static[index] and name in schedule.kept:
-                        new_constants[name] = value
-                    elif new_shape_values is not None and not schedule.static[index] and isinstance(value, np.ndarray):
-                        new_shape_values[name] = value
-            for name in schedule.release[index]:
-                values.pop(name, None)
-        if new_constants is not None:
-            schedule.constants = new_constants
-        if new_shape_values is not None:
-            self._shape_values[signature] = new_shape_values
-        # Host values, weights and the kept static values are the model's: the caller gets copies.
-        kept = schedule.constants or {}
-        return [np.array(value) if isinstance(value, np.ndarray)
-                else value.copy() if name in kept or name in self._initializers else value
-                for name, value in ((name, values[name]) for name in self.output_names)]
-
-    def _run_step(self, step: Step, values: dict, host_twins: dict) -> list:
-        node, spec, attrs = step.node, step.spec, step.attrs
-        if spec is None:  # Constant: a host value unless it is too big for one
-            value = step.constant
-            return [value if value.size <= HOST_VALUE_LIMIT else asarray(value, self.device)]
-        names = list(node.input)
-        if node.op_type in SHAPE_OPS:
-            return shape_eval(spec, values[names[0]], attrs)
-        host_inputs = [self._host_value(name, values, host_twins) if name else None for name in names]
-        if all(value is not None for name, value in zip(names, host_inputs) if name):
-            inferred = dispatch.infer(node.op_type, host_inputs, attrs)
-            if fits_host(inferred):
-                return host_eval(spec, host_inputs, attrs, inferred)
-        return dispatch.run_op(node.op_type, [values[name] if name else None for name in names], attrs,
-                               device=self.device, outputs=dispatch.outputs_named(node.output))
-
-    @staticmethod
-    def _host_value(name: str, values: dict, host_twins: dict) -> np.ndarray | None:
-        """The value on the host (a host value or an initializer's twin), or None."""
-        value = values[name]
-        return value if isinstance(value, np.ndarray) else host_twins.get(name)
-
 
 
 def _deliver(value, given, device: Device, device_outputs: bool):
@@ -520,7 +412,7 @@ def _deliver(value, given, device: Device, device_outputs: bool):
 
 
 def prepare(model, device: str | Device | None = None, plan: bool = True,
-            fuse: bool | None = None, optimize: bool = True) -> PreparedModel:
+            fuse: bool | None = None, optimize: bool = True, prepare_weights: bool = True) -> PreparedModel:
     """Check ``model`` (a ModelProto, its bytes or a path) against devkit's op
     set and upload its initializers to ``device``. An op, attribute or dtype
     outside the set raises UnsupportedNodeError naming the node. ``plan``:
@@ -530,5 +422,7 @@ def prepare(model, device: str | Device | None = None, plan: bool = True,
     ``optimize``: the graph rewrites of devkit.onnx.rewrite (BatchNormalization
     folded into Conv; Conv [-> Add] -> Relu as FusedConv where the plugin has
     its kernel), once, for plans and the interpreter alike; ``rewrites``
-    reports them."""
-    return PreparedModel(model, device, plan, fuse, optimize)
+    reports them. ``prepare_weights``: where a kernel prepares its constant
+    inputs (ABI 1.4: packed or widened weights), plans run it on prepared
+    copies made once; each plan's ``prepared`` lists them."""
+    return PreparedModel(model, device, plan, fuse, optimize, prepare_weights)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from .dispatch import (call_cache_info, clear_call_cache, cpu_fallback, fallback_enabled, fallback_report, infer,
-                       run_op, set_fallback)
+from .dispatch import call_cache_info, clear_call_cache, infer, run_op
 from .primitives import PRIMITIVES, PRIMITIVES_VERSION
 from .spec import OpSpec, all_specs, get
 
@@ -29,7 +28,7 @@ RULES = ("rules_elementwise", "rules_movement", "rules_reduce", "rules_nn", "rul
 for _rules in RULES:
     importlib.import_module(f"{__name__}.{_rules}")
 from . import resolution  # noqa: E402
-from .resolution import coverage, explain  # noqa: E402
+from .resolution import coverage, cpu_fallback, explain, fallback_enabled, fallback_report, set_fallback  # noqa: E402
 
 
 def output_keyword(output: str) -> str:

@@ -1,13 +1,13 @@
 """run_op: checks a call against the op spec, allocates the outputs and calls
-the plugin's kernel for (op, dtype) on the inputs' device and stream."""
+the plugin's kernel for (op, dtype) on the inputs' device and stream; where
+the plugin has none, runs the op the way devkit.ops.resolution resolves it
+(its decomposition, each op of the rule through run_op again, or the cpu
+plugin)."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -16,56 +16,14 @@ import numpy as np
 from .. import driver as _driver
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
-from ..engine.calls import KernelCall, launch
+from ..engine.calls import KernelCall, key_dtype_of, launch
+from ..errors import UnimplementedError
 from ..runtime import Array, Buffer, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
+from . import resolution
 from . import spec as _spec
+from .primitives import PRIMITIVES
 from .spec import OpSpec, TensorInfo, dtype_name
-
-# -- CPU fallback -------------------------------------------------------------------
-
-_fallback = threading.local()
-_fallback_default = os.environ.get("DEVKIT_CPU_FALLBACK", "") not in ("", "0")
-_fallback_counts: collections.Counter = collections.Counter()
-_fallback_lock = threading.Lock()
-
-
-def fallback_enabled() -> bool:
-    return getattr(_fallback, "enabled", _fallback_default)
-
-
-def set_fallback(enabled: bool) -> None:
-    """Allow (or forbid) running ops that a plugin lacks on the cpu plugin, in
-    this thread. Off unless DEVKIT_CPU_FALLBACK=1; every fallback is counted."""
-    _fallback.enabled = bool(enabled)
-
-
-@contextlib.contextmanager
-def cpu_fallback(enabled: bool = True):
-    """``with devkit.ops.cpu_fallback(): ...`` allows fallback inside the block."""
-    previous = fallback_enabled()
-    set_fallback(enabled)
-    try:
-        yield
-    finally:
-        set_fallback(previous)
-
-
-def count_fallback(plugin: str, op: str, dtype) -> None:
-    """Count one fallback of ``op`` (an op of devkit's or another layer's, such as
-    an aten op the torch bridge ran on torch's CPU) in ``fallback_report``."""
-    with _fallback_lock:
-        _fallback_counts[(plugin, op, "-" if dtype is None else dtype_name(dtype))] += 1
-
-
-def fallback_report(reset: bool = False) -> list[dict]:
-    """Every fallback so far: plugin, op, dtype and count, most frequent first."""
-    with _fallback_lock:
-        rows = [{"plugin": p, "op": op, "dtype": d, "count": n}
-                for (p, op, d), n in _fallback_counts.most_common()]
-        if reset:
-            _fallback_counts.clear()
-    return rows
-
+from .testing import upcast
 
 # -- binding --------------------------------------------------------------------------
 
@@ -166,7 +124,7 @@ def _host_value(spec: OpSpec, decl: _spec.Input, value) -> np.ndarray:
 def _call_kernel(dev: Device, entry, op: str, inputs: list[Array | None], outputs: list[Array],
                  attributes: list[tuple[str, str, object]], stream: Stream | None) -> KernelCall:
     """Build a call and launch it (through engine.calls.launch, the one launch
-    point), or record it into the graph its stream is capturing (devkit/graph.py);
+    point), or record it into the graph its stream is capturing (devkit/engine/graph.py);
     returns the call, which a later launch may reuse."""
     call = KernelCall(dev, entry, op, inputs, outputs, attributes, _stream_handle(stream, dev))
     if stream is not None and stream.capturing is not None:
@@ -248,8 +206,6 @@ def reference_arguments(spec: OpSpec, inputs: Sequence, attrs: Mapping | None = 
     """What ``spec.reference`` takes for a call: the inputs (floats upcast to
     float64, host inputs as arrays) and the attributes, defaults applied and
     the host inputs' values added under their names."""
-    from .testing import upcast
-
     bound, attrs = _bind_all(spec, inputs, attrs)
     resolved = resolve_attrs(spec, attrs)
     arguments = []
@@ -378,8 +334,8 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     bound = bind_call(spec, inputs, attrs, device, stream, outputs)
     dev, entry = bound.device, bound.entry
     if entry is None:
-        return resolution.run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
-                                             stream)[:bound.returned_outputs]
+        return run_without_kernel(spec, dev, inputs, bound.attrs, bound.host_values, bound.key_dtype,
+                                  stream)[:bound.returned_outputs]
     compacted = False
     call_inputs: list[Array | None] = []
     for position in bound.call_inputs:
@@ -537,4 +493,127 @@ def _declared(spec: OpSpec, count: int) -> list[_spec.Input]:
     return [spec.inputs[min(i, len(spec.inputs) - 1)] for i in range(count)]
 
 
-from . import resolution  # noqa: E402  (it calls run_op back)
+
+# -- running a decomposition ---------------------------------------------------------------
+
+class Builder:
+    """What a decomposition rule calls ops through: on the op's device and stream."""
+
+    def __init__(self, dev: Device, stream: Stream | None, dtype: np.dtype, record: list | None = None):
+        self.device, self.stream, self.dtype = dev, stream, dtype
+        self._record = record
+
+    def __call__(self, op: str, *inputs, **attrs):
+        spec = _spec.get(op)
+        if self._record is not None:
+            self._record.append((op, _key_dtype(spec, inputs, attrs)))
+        outputs = run_op(op, inputs, attrs, stream=self.stream, device=self.device)
+        single = len(spec.outputs) == 1 and not spec.outputs[0].endswith("...")
+        return outputs[0] if single else tuple(outputs)
+
+    def infer(self, op: str, *inputs, **attrs) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """The output shapes and dtypes of a call, without running it."""
+        return infer(op, inputs, attrs)
+
+    @staticmethod
+    def spec_attr(op: str, name: str) -> bool:
+        """Whether ``name`` is an attribute of ``op`` (not a host input's value)."""
+        return _spec.get(op).attr(name) is not None
+
+    def const(self, value, dtype=None) -> Array:
+        """A constant (a scalar or a small table computed from shapes) on the
+        device; integers wrap into ``dtype`` (-1 is 255 in uint8)."""
+        value = np.asarray(value)
+        dtype = _dtypes.normalize(dtype) if dtype is not None else (
+            np.dtype(bool) if value.dtype == bool else self.dtype)
+        return asarray(value.astype(dtype), self.device, stream=self.stream)
+
+
+def _key_dtype(spec: OpSpec, inputs: Sequence, attrs: dict) -> np.dtype:
+    if isinstance(spec.key, str):
+        return _dtypes.normalize(attrs[spec.key])
+    value = inputs[spec.key]
+    return value.dtype if isinstance(value, Array) else _dtypes.normalize(np.asarray(value).dtype)
+
+
+def rule_inputs(spec: OpSpec, dev: Device, inputs: Sequence, host_values: dict,
+                stream: Stream | None) -> list:
+    """The positional inputs a rule gets: device Arrays (NumPy inputs copied
+    there), None where omitted, host inputs as their NumPy values."""
+    host_positions = [i for i, d in enumerate(spec.inputs) if d.host and d.name in host_values]
+    result = []
+    for position in range(max([len(inputs)] + [i + 1 for i in host_positions])):
+        decl = spec.inputs[min(position, len(spec.inputs) - 1)]
+        if decl.host:
+            result.append(host_values.get(decl.name))
+            continue
+        value = inputs[position] if position < len(inputs) else None
+        if value is not None and not isinstance(value, Array):
+            value = asarray(np.asarray(value), dev, stream=stream)
+        result.append(value)
+    return result
+
+
+def decompose(spec: OpSpec, dev: Device, xs: list, attrs: dict, host_values: dict, dtype: np.dtype,
+              stream: Stream | None, record: list | None = None) -> list[Array]:
+    """Runs ``spec``'s rule on rule inputs ``xs`` (see rule_inputs) and the
+    resolved attributes; the rule sees the host values among the attributes.
+    ``record`` collects the calls."""
+    b = Builder(dev, stream, dtype, record)
+    rule = spec.decompose
+    if (wide := rule.wider(dtype)) is not None:
+        return _widened(spec, b, xs, attrs, dtype, wide)
+    outputs = rule.rule(b, xs, {**attrs, **host_values})
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def _widened(spec: OpSpec, b: Builder, xs: list, attrs: dict, dtype: np.dtype, wide: np.dtype) -> list[Array]:
+    """The op at a wider float dtype between Casts: what a float16/bfloat16
+    kernel computes (float32), or a float32 one that accumulates in double."""
+    widened = [b("Cast", x, to=wide) if isinstance(x, Array) and x.dtype == dtype else x for x in xs]
+    own = dict(attrs)
+    if isinstance(spec.key, str):
+        own[spec.key] = wide
+    wanted = [d for _, d in b.infer(spec.name, *xs, **attrs)]
+    outputs = b(spec.name, *widened, **own)
+    outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
+    return [b("Cast", y, to=d) if y.dtype != d else y for y, d in zip(outputs, wanted)]
+
+
+def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict, host_values: dict,
+                       key_dtype: np.dtype, stream: Stream | None) -> list[Array]:
+    """After the native kernel: the decomposition, then fallback, then UnimplementedError."""
+    plugin = dev.plugin
+    plan = resolution.resolve(plugin, spec.name, key_dtype)
+    if plan.how == resolution.DECOMPOSED:
+        xs = rule_inputs(spec, dev, inputs, host_values, stream)
+        return decompose(spec, dev, xs, attrs, host_values, key_dtype, stream)
+    if not resolution.may_fall_back(dev):
+        have = sorted({dtype_name(key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
+        detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
+        if spec.decompose is not None:
+            lacking = sorted(plan.missing())
+            shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
+            detail += f", and its decomposition needs kernels for {shown}"
+        raise UnimplementedError(
+            f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
+            f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
+            C.DK_UNIMPLEMENTED)
+    resolution.count_fallback(plugin.name, spec.name, key_dtype)
+    moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
+    results = run_op(spec.name, moved, attrs, device=device("cpu:0"))
+    return [result.to(dev, stream) for result in results]
+
+
+def run_decomposed(op: str, inputs: Sequence, attrs=None, *, device=None, stream: Stream | None = None,
+                   record: list | None = None) -> list[Array]:
+    """Runs ``op`` through its decomposition even where a native kernel exists
+    (the ops it uses resolve as usual): for checking a rule against the op's
+    reference, and for timing it against the kernel. ``record`` collects the
+    (op, key dtype) calls the rule makes."""
+    spec = _spec.get(op)
+    if spec.decompose is None:
+        raise ValueError(f"{op} has no decomposition (it is {'a primitive' if op in PRIMITIVES else 'undecomposed'})")
+    dev, _, host_values, _, resolved, key_dtype = _prepare(spec, inputs, attrs, device, stream)
+    xs = rule_inputs(spec, dev, inputs, host_values, stream)
+    return decompose(spec, dev, xs, resolved, host_values, key_dtype, stream, record)

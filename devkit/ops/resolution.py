@@ -5,28 +5,73 @@ For (op, key dtype, plugin): the plugin's native kernel; else the op's
 decomposition (its spec's ``decompose`` rule) when every op the rule uses
 resolves on the same plugin without leaving the device; else the cpu
 plugin, when fallback is allowed (counted in ``fallback_report``); else
-UnimplementedError. ``explain`` and ``coverage`` show the result.
+UnimplementedError. ``explain`` and ``coverage`` show the result; run_op
+(devkit.ops.dispatch, above this module) follows it.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import os
+import threading
 
 import numpy as np
 
 from .. import dtypes as _dtypes
-from ..abi import C
-from ..engine.calls import key_dtype_of
-from ..errors import UnimplementedError
-from ..runtime import Array, Device, Stream, asarray
+from ..runtime import Device
 from ..runtime import device as _device
-from . import dispatch
 from . import spec as _spec
 from .primitives import PRIMITIVES
-from .spec import OpSpec, dtype_name
+from .spec import dtype_name
 
 NATIVE, DECOMPOSED, FALLBACK, UNSUPPORTED = "native", "decomposed", "fallback", "unsupported"
+
+# -- CPU fallback -------------------------------------------------------------------
+
+_fallback = threading.local()
+_fallback_default = os.environ.get("DEVKIT_CPU_FALLBACK", "") not in ("", "0")
+_fallback_counts: collections.Counter = collections.Counter()
+_fallback_lock = threading.Lock()
+
+
+def fallback_enabled() -> bool:
+    return getattr(_fallback, "enabled", _fallback_default)
+
+
+def set_fallback(enabled: bool) -> None:
+    """Allow (or forbid) running ops that a plugin lacks on the cpu plugin, in
+    this thread. Off unless DEVKIT_CPU_FALLBACK=1; every fallback is counted."""
+    _fallback.enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def cpu_fallback(enabled: bool = True):
+    """``with devkit.ops.cpu_fallback(): ...`` allows fallback inside the block."""
+    previous = fallback_enabled()
+    set_fallback(enabled)
+    try:
+        yield
+    finally:
+        set_fallback(previous)
+
+
+def count_fallback(plugin: str, op: str, dtype) -> None:
+    """Count one fallback of ``op`` (an op of devkit's or another layer's, such as
+    an aten op the torch bridge ran on torch's CPU) in ``fallback_report``."""
+    with _fallback_lock:
+        _fallback_counts[(plugin, op, "-" if dtype is None else dtype_name(dtype))] += 1
+
+
+def fallback_report(reset: bool = False) -> list[dict]:
+    """Every fallback so far: plugin, op, dtype and count, most frequent first."""
+    with _fallback_lock:
+        rows = [{"plugin": p, "op": op, "dtype": d, "count": n}
+                for (p, op, d), n in _fallback_counts.most_common()]
+        if reset:
+            _fallback_counts.clear()
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +121,7 @@ def _plans_of(plugin) -> dict:
     return plans
 
 
-def _plan(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -> Resolution:
+def resolve(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -> Resolution:
     """Native or decomposed (recursively, on this plugin alone), else unsupported."""
     plans = _plans_of(plugin)
     key = (op, dtype_name(dtype))
@@ -88,7 +133,7 @@ def _plan(plugin, op: str, dtype: np.dtype, visiting: frozenset = frozenset()) -
     elif spec.decompose is None or key in visiting:
         plan = Resolution(op, dtype, UNSUPPORTED)
     else:
-        uses = tuple(_plan(plugin, name, d, visiting | {key}) for name, d in spec.decompose.uses_for(op, dtype))
+        uses = tuple(resolve(plugin, name, d, visiting | {key}) for name, d in spec.decompose.uses_for(op, dtype))
         ok = all(u.how != UNSUPPORTED for u in uses)
         plan = Resolution(op, dtype, DECOMPOSED if ok else UNSUPPORTED, uses)
     plans[key] = plan  # (the uses graph is acyclic: tests/test_op_specs.py)
@@ -105,9 +150,9 @@ def explain(op: str, dtype, device: str | Device | None = None) -> Resolution:
         raise TypeError(f"{op}: dtype {dtype_name(dtype)} is not supported "
                         f"(the op takes {', '.join(dtype_name(d) for d in spec.dtypes)})")
     target = device if isinstance(device, Device) else _device(device or "cpu:0")
-    plan = _plan(target.plugin, op, dtype)
-    if plan.how == UNSUPPORTED and _may_fall_back(target):
-        if _plan(_device("cpu:0").plugin, op, dtype).how != UNSUPPORTED:
+    plan = resolve(target.plugin, op, dtype)
+    if plan.how == UNSUPPORTED and may_fall_back(target):
+        if resolve(_device("cpu:0").plugin, op, dtype).how != UNSUPPORTED:
             return Resolution(op, dtype, FALLBACK)
     return plan
 
@@ -131,139 +176,14 @@ def primitive_summary(plugin) -> dict:
     dtype) pairs it runs (natively or decomposed) on its own."""
     complete = sorted(p for p in PRIMITIVES
                       if all(plugin.kernel_entry(p, d) is not None for d in _spec.get(p).dtypes))
-    plans = [_plan(plugin, s.name, d) for s in _spec.all_specs() for d in s.dtypes]
+    plans = [resolve(plugin, s.name, d) for s in _spec.all_specs() for d in s.dtypes]
     return {"primitives": complete, "missing": sorted(PRIMITIVES - set(complete)),
             "native": sum(p.how == NATIVE for p in plans),
             "decomposed": sum(p.how == DECOMPOSED for p in plans), "pairs": len(plans)}
 
 
-def _may_fall_back(dev: Device) -> bool:
-    return dispatch.fallback_enabled() and dev.plugin is not _device("cpu:0").plugin
-
-
-# -- running a decomposition ---------------------------------------------------------------
-
-class Builder:
-    """What a decomposition rule calls ops through: on the op's device and stream."""
-
-    def __init__(self, dev: Device, stream: Stream | None, dtype: np.dtype, record: list | None = None):
-        self.device, self.stream, self.dtype = dev, stream, dtype
-        self._record = record
-
-    def __call__(self, op: str, *inputs, **attrs):
-        spec = _spec.get(op)
-        if self._record is not None:
-            self._record.append((op, _key_dtype(spec, inputs, attrs)))
-        outputs = dispatch.run_op(op, inputs, attrs, stream=self.stream, device=self.device)
-        single = len(spec.outputs) == 1 and not spec.outputs[0].endswith("...")
-        return outputs[0] if single else tuple(outputs)
-
-    def infer(self, op: str, *inputs, **attrs) -> list[tuple[tuple[int, ...], np.dtype]]:
-        """The output shapes and dtypes of a call, without running it."""
-        return dispatch.infer(op, inputs, attrs)
-
-    @staticmethod
-    def spec_attr(op: str, name: str) -> bool:
-        """Whether ``name`` is an attribute of ``op`` (not a host input's value)."""
-        return _spec.get(op).attr(name) is not None
-
-    def const(self, value, dtype=None) -> Array:
-        """A constant (a scalar or a small table computed from shapes) on the
-        device; integers wrap into ``dtype`` (-1 is 255 in uint8)."""
-        value = np.asarray(value)
-        dtype = _dtypes.normalize(dtype) if dtype is not None else (
-            np.dtype(bool) if value.dtype == bool else self.dtype)
-        return asarray(value.astype(dtype), self.device, stream=self.stream)
-
-
-def _key_dtype(spec: OpSpec, inputs: Sequence, attrs: dict) -> np.dtype:
-    if isinstance(spec.key, str):
-        return _dtypes.normalize(attrs[spec.key])
-    value = inputs[spec.key]
-    return value.dtype if isinstance(value, Array) else _dtypes.normalize(np.asarray(value).dtype)
-
-
-def rule_inputs(spec: OpSpec, dev: Device, inputs: Sequence, host_values: dict,
-                stream: Stream | None) -> list:
-    """The positional inputs a rule gets: device Arrays (NumPy inputs copied
-    there), None where omitted, host inputs as their NumPy values."""
-    host_positions = [i for i, d in enumerate(spec.inputs) if d.host and d.name in host_values]
-    result = []
-    for position in range(max([len(inputs)] + [i + 1 for i in host_positions])):
-        decl = spec.inputs[min(position, len(spec.inputs) - 1)]
-        if decl.host:
-            result.append(host_values.get(decl.name))
-            continue
-        value = inputs[position] if position < len(inputs) else None
-        if value is not None and not isinstance(value, Array):
-            value = asarray(np.asarray(value), dev, stream=stream)
-        result.append(value)
-    return result
-
-
-def decompose(spec: OpSpec, dev: Device, xs: list, attrs: dict, host_values: dict, dtype: np.dtype,
-              stream: Stream | None, record: list | None = None) -> list[Array]:
-    """Runs ``spec``'s rule on rule inputs ``xs`` (see rule_inputs) and the
-    resolved attributes; the rule sees the host values among the attributes.
-    ``record`` collects the calls."""
-    b = Builder(dev, stream, dtype, record)
-    rule = spec.decompose
-    if (wide := rule.wider(dtype)) is not None:
-        return _widened(spec, b, xs, attrs, dtype, wide)
-    outputs = rule.rule(b, xs, {**attrs, **host_values})
-    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-
-
-def _widened(spec: OpSpec, b: Builder, xs: list, attrs: dict, dtype: np.dtype, wide: np.dtype) -> list[Array]:
-    """The op at a wider float dtype between Casts: what a float16/bfloat16
-    kernel computes (float32), or a float32 one that accumulates in double."""
-    widened = [b("Cast", x, to=wide) if isinstance(x, Array) and x.dtype == dtype else x for x in xs]
-    own = dict(attrs)
-    if isinstance(spec.key, str):
-        own[spec.key] = wide
-    wanted = [d for _, d in b.infer(spec.name, *xs, **attrs)]
-    outputs = b(spec.name, *widened, **own)
-    outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
-    return [b("Cast", y, to=d) if y.dtype != d else y for y, d in zip(outputs, wanted)]
-
-
-def run_without_kernel(spec: OpSpec, dev: Device, inputs: Sequence, attrs: dict, host_values: dict,
-                       key_dtype: np.dtype, stream: Stream | None) -> list[Array]:
-    """After the native kernel: the decomposition, then fallback, then UnimplementedError."""
-    plugin = dev.plugin
-    plan = _plan(plugin, spec.name, key_dtype)
-    if plan.how == DECOMPOSED:
-        xs = rule_inputs(spec, dev, inputs, host_values, stream)
-        return decompose(spec, dev, xs, attrs, host_values, key_dtype, stream)
-    if not _may_fall_back(dev):
-        have = sorted({dtype_name(key_dtype_of(e)) for e in plugin.kernel_entries(spec.name)})
-        detail = f"it has {', '.join(have)}" if have else "it has no kernel for the op"
-        if spec.decompose is not None:
-            lacking = sorted(plan.missing())
-            shown = ", ".join(lacking[:8]) + (f" and {len(lacking) - 8} more" if len(lacking) > 8 else "")
-            detail += f", and its decomposition needs kernels for {shown}"
-        raise UnimplementedError(
-            f"{spec.name}: plugin '{plugin.name}' has no kernel for dtype {dtype_name(key_dtype)} "
-            f"({detail}); devkit.ops.set_fallback(True) allows running it on the cpu plugin",
-            C.DK_UNIMPLEMENTED)
-    dispatch.count_fallback(plugin.name, spec.name, key_dtype)
-    moved = [value.numpy(stream) if isinstance(value, Array) else value for value in inputs]
-    results = dispatch.run_op(spec.name, moved, attrs, device=_device("cpu:0"))
-    return [result.to(dev, stream) for result in results]
-
-
-def run_decomposed(op: str, inputs: Sequence, attrs=None, *, device=None, stream: Stream | None = None,
-                   record: list | None = None) -> list[Array]:
-    """Runs ``op`` through its decomposition even where a native kernel exists
-    (the ops it uses resolve as usual): for checking a rule against the op's
-    reference, and for timing it against the kernel. ``record`` collects the
-    (op, key dtype) calls the rule makes."""
-    spec = _spec.get(op)
-    if spec.decompose is None:
-        raise ValueError(f"{op} has no decomposition (it is {'a primitive' if op in PRIMITIVES else 'undecomposed'})")
-    dev, _, host_values, _, resolved, key_dtype = dispatch._prepare(spec, inputs, attrs, device, stream)
-    xs = rule_inputs(spec, dev, inputs, host_values, stream)
-    return decompose(spec, dev, xs, resolved, host_values, key_dtype, stream, record)
+def may_fall_back(dev: Device) -> bool:
+    return fallback_enabled() and dev.plugin is not _device("cpu:0").plugin
 
 
 def find_cycle(uses) -> list | None:

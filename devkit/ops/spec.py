@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dtypes
+from ..dtypes import dtype_name
 
 # -- dtype groups ---------------------------------------------------------------
 
@@ -47,10 +48,6 @@ ALL_FLOAT = FLOAT + LOW_FLOAT
 INT = (I8, U8, I32, I64)
 NUMERIC = ALL_FLOAT + INT
 ALL = NUMERIC + (BOOL,)
-
-
-def dtype_name(dtype) -> str:
-    return "bfloat16" if dtype == bfloat16 else np.dtype(dtype).name
 
 
 # -- building blocks ---------------------------------------------------------------
@@ -158,7 +155,7 @@ class Case:
 class Decomposition:
     """How to run an op from other ops when a plugin has no kernel for it.
 
-    ``rule(b, inputs, attrs)`` gets a :class:`devkit.ops.resolution.Builder`
+    ``rule(b, inputs, attrs)`` gets a :class:`devkit.ops.dispatch.Builder`
     (``b("Add", x, y)`` runs an op on the same device and stream;
     ``b.const(value)`` puts a small constant there), the device inputs as
     Arrays (None where omitted), and the attributes after defaults with the

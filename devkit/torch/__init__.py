@@ -19,7 +19,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._dispatch import implementation, supported_ops
 from . import _memory, _replay
 from ._memory import DEVICE_TYPE, Unsupported, live_allocations, to_array, wrap
-from ._registry import register, registered_device
+from ._devices import registered_device
+from ._registry import register
 
 
 def collect() -> int:

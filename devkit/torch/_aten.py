@@ -21,6 +21,7 @@ from ..ops import dispatch as _dispatch
 from ..ops import run_op as _run_op
 from ..runtime import Array
 from . import _memory, _replay
+from ._devices import devkit_device
 from ._memory import Unsupported, numpy_dtype, to_array, wrap
 
 aten = torch.ops.aten
@@ -222,18 +223,13 @@ def copy(dst, src, non_blocking=False):
 
 @lower(aten.empty.memory_format)
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _memory.empty_tensor(size, dtype or torch.get_default_dtype(), _registry_device(device))
+    return _memory.empty_tensor(size, dtype or torch.get_default_dtype(), devkit_device(device))
 
 
 @lower(aten.empty_strided)
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return _memory.empty_strided_tensor(size, stride, dtype or torch.get_default_dtype(),
-                                        _registry_device(device))
-
-
-def _registry_device(device):
-    from . import _registry
-    return _registry.devkit_device(device)
+                                        devkit_device(device))
 
 
 @lower(aten.resize_)
@@ -294,7 +290,7 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     length = max(0, math.ceil((end - start) / step))
     compute = np.float64 if dtype.is_floating_point else np.int64
     result = run_op("Range", [np.asarray(start, compute), np.asarray(start + length * step, compute),
-                              np.asarray(step, compute)], device=_registry_device(device))[0]
+                              np.asarray(step, compute)], device=devkit_device(device))[0]
     return out(cast(result, numpy_dtype(dtype)))
 
 

@@ -16,8 +16,9 @@ import torch
 from torch._decomp import core_aten_decompositions, decomposition_table
 from torch.utils import _pytree
 
-from ..ops import dispatch as _ops_dispatch
+from ..ops import resolution as _resolution
 from . import _aten, _memory, _replay
+from ._devices import registered_device
 from ._memory import Unsupported
 
 _DECOMPOSITIONS = {**decomposition_table, **core_aten_decompositions()}
@@ -118,8 +119,7 @@ def implementation(op):
 
 
 def _plugin_name() -> str:
-    from . import _registry
-    return _registry.registered_device().plugin.name
+    return registered_device().plugin.name
 
 
 def _op_name(op) -> str:
@@ -131,7 +131,7 @@ def _no_lowering(op) -> str:
 
 
 def _cpu_or_raise(op, args, kwargs, reason: str):
-    if not _ops_dispatch.fallback_enabled():
+    if not _resolution.fallback_enabled():
         raise Unsupported(f"{reason} (plugin '{_plugin_name()}'); devkit.ops.set_fallback(True) "
                           f"runs it on torch's CPU")
     return _run_on_cpu(op, args, kwargs)
@@ -139,7 +139,7 @@ def _cpu_or_raise(op, args, kwargs, reason: str):
 
 def _run_on_cpu(op, args, kwargs):
     dtype = next((a.dtype for a in _pytree.tree_leaves((args, kwargs)) if _aten.is_devkit(a)), None)
-    _ops_dispatch.count_fallback(_plugin_name(), f"aten::{op.name().split('::')[1]}",
+    _resolution.count_fallback(_plugin_name(), f"aten::{op.name().split('::')[1]}",
                                  _memory.numpy_dtype(dtype) if dtype is not None else None)
     originals = {}
 

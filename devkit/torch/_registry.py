@@ -10,11 +10,10 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ..plugin import Plugin, load_plugin
 from ..runtime import Device
-from . import _dispatch, _memory, _replay
+from . import _compile, _devices, _dispatch, _memory, _replay
+from ._devices import devkit_device, registered_device
 
 _lock = threading.Lock()
-_device: Device | None = None  # device 0 of the registered plugin
-_current = threading.local()  # .index: this thread's current devkit device (torch.devkit.set_device)
 _libraries: list = []  # torch unregisters kernels when their Library dies
 
 
@@ -23,23 +22,23 @@ class _BackendModule:
 
     @staticmethod
     def is_available() -> bool:
-        return _device is not None
+        return _devices.registered is not None
 
     @staticmethod
     def is_initialized() -> bool:
-        return _device is not None
+        return _devices.registered is not None
 
     @staticmethod
     def device_count() -> int:
-        return registered_device().plugin.device_count if _device is not None else 0
+        return registered_device().plugin.device_count if _devices.registered is not None else 0
 
     @staticmethod
     def current_device() -> int:
-        return getattr(_current, "index", 0)
+        return getattr(_devices.current, "index", 0)
 
     @staticmethod
     def set_device(device) -> None:
-        _current.index = devkit_device(device).index
+        _devices.current.index = devkit_device(device).index
 
     @staticmethod
     def _is_in_bad_fork() -> bool:
@@ -65,11 +64,10 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
     with another plugin moves where new tensors go; tensors made before stay on
     their plugin (an op mixing the two raises an error naming both devices).
     """
-    global _device
     with _lock:
         dev = (plugin if isinstance(plugin, Plugin) else load_plugin(plugin)).device(0)
-        if _device is not None:
-            _device = dev
+        if _devices.registered is not None:
+            _devices.registered = dev
             _replay.clear()  # devkit:0 is another device now
             return dev
         if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _memory.DEVICE_TYPE):
@@ -80,8 +78,7 @@ def register(plugin: str | os.PathLike | Plugin = "cpu") -> Device:
         _library = torch.library.Library("_", "IMPL")
         _library.fallback(_dispatch.kernel, "PrivateUse1")
         _libraries.extend([_library, _kernels()])
-        _device = dev
-        from . import _compile
+        _devices.registered = dev
         _compile.register_backend()
         return dev
 
@@ -94,24 +91,3 @@ def _kernels() -> torch.library.Library:
     for op in _dispatch.direct_kernel_ops():
         kernels.impl(op, _dispatch.kernel_for(op), "PrivateUse1")
     return kernels
-
-
-def registered_device() -> Device:
-    if _device is None:
-        raise RuntimeError("devkit.torch.register(plugin) has not been called")
-    return _device
-
-
-def devkit_device(device) -> Device:
-    """The devkit Device a torch device argument names (None or ``devkit``: the current one)."""
-    plugin = registered_device().plugin
-    index = None
-    if device is not None:
-        index = device if isinstance(device, int) else torch.device(device).index
-    if index is None:
-        index = getattr(_current, "index", 0)
-    if not 0 <= index < plugin.device_count:
-        raise RuntimeError(f"devkit:{index} does not exist: plugin '{plugin.name}' has "
-                           f"{plugin.device_count} device{'s' if plugin.device_count != 1 else ''} "
-                           f"(devkit:0 to devkit:{plugin.device_count - 1})")
-    return registered_device() if index == 0 else plugin.device(index)

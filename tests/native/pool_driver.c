@@ -1,7 +1,8 @@
 /*
- * pool_driver.c -- drives the cpu plugin's thread pool (threads.c) alone,
- * for tests/test_cpu_threads.py. Built with threads.c; the thread budget
- * comes from the environment as the plugin's would.
+ * pool_driver.c -- drives the plugin-support library's thread pool
+ * (devkit/abi/support/threads.c) alone, for tests/test_cpu_threads.py. Built
+ * with threads.c; the thread budget comes from the command line, where the
+ * library's configuration would give it.
  *
  *   pool_driver THREADS [SPIN_US]
  *                         prints one "name ok" line per check, or the
@@ -20,12 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernel.h"
+#include "dks.h"
 
 static int g_threads;
 static int64_t g_spin_ns;
-int32_t cpu_thread_count(void) { return g_threads; }
-int64_t cpu_spin_ns(void) { return g_spin_ns; }
+int32_t dks_thread_count(void) { return g_threads; }
+int64_t dks_spin_ns(void) { return g_spin_ns; }
 
 static int failures;
 #define CHECK(name, cond)                                         \
@@ -84,7 +85,7 @@ static void cover(void *arg, int64_t begin, int64_t end) {
 static bool covered_once(int64_t n, int64_t grain, coverage *c) {
   *c = (coverage){.hits = calloc((size_t)(n ? n : 1), sizeof(atomic_int)), .n = n, .grain = grain,
                   .caller = pthread_self()};
-  cpu_parallel_for(n, grain, cover, c);
+  dks_parallel_for(n, grain, cover, c);
   bool ok = c->short_chunks == 0;
   for (int64_t i = 0; i < n; i++) ok = ok && c->hits[i] == 1;
   free(c->hits);
@@ -114,7 +115,7 @@ static void outer(void *arg, int64_t begin, int64_t end) {
   nested *n = arg;
   for (int64_t i = begin; i < end; i++) {
     inner_probe p = {0};
-    cpu_parallel_for(1000, 10, inner_record, &p);
+    dks_parallel_for(1000, 10, inner_record, &p);
     if (p.calls != 1 || !pthread_equal(p.thread, pthread_self()) || p.begin != 0 || p.end != 1000)
       atomic_fetch_add(&n->bad, 1);
   }
@@ -126,8 +127,8 @@ static void outer(void *arg, int64_t begin, int64_t end) {
 typedef struct share_probe {
   int job; /* 1, 2, ...: a thread's order restarts in each */
   pthread_t caller;
-  pthread_t thread[4 * CPU_MAX_THREADS];
-  int order[4 * CPU_MAX_THREADS];
+  pthread_t thread[4 * DKS_MAX_THREADS];
+  int order[4 * DKS_MAX_THREADS];
 } share_probe;
 
 static _Thread_local int t_job, t_chunks_run;
@@ -151,7 +152,7 @@ static bool shares_of_job(int job, pthread_t *opener) {
   memset(&p, 0, sizeof p);
   p.job = job;
   p.caller = pthread_self();
-  cpu_parallel_for(4 * g_threads, 1, record_share, &p);
+  dks_parallel_for(4 * g_threads, 1, record_share, &p);
   bool ok = true;
   for (int s = 0; s < g_threads; s++) {
     int first = 4 * s;
@@ -220,11 +221,11 @@ static bool spinning_worker_moved_off_caller_cpu(void) {
   g_spin_ns = 200000000; /* the workers spin through the check */
   set_all_threads_cpus(&first);
   cpu_probe warm = {.caller = pthread_self(), .caller_cpu = -1};
-  cpu_parallel_for(8 * g_threads, 1, record_cpu, &warm); /* the workers take part, then spin on `cpu` */
+  dks_parallel_for(8 * g_threads, 1, record_cpu, &warm); /* the workers take part, then spin on `cpu` */
   set_all_threads_cpus(&all);
   sched_setaffinity(0, sizeof first, &first); /* the caller stays there */
   cpu_probe p = {.caller = pthread_self(), .caller_cpu = cpu};
-  cpu_parallel_for(8 * g_threads, 1, record_cpu, &p);
+  dks_parallel_for(8 * g_threads, 1, record_cpu, &p);
   g_spin_ns = spin;
   sched_setaffinity(0, sizeof all, &all);
   bool restored = false;
@@ -272,13 +273,13 @@ int main(int argc, char **argv) {
   CHECK("idle_workers_sleep", asleep);
 
   /* Every member runs its own share first, and the same one in every job. */
-  pthread_t first_job[CPU_MAX_THREADS], second_job[CPU_MAX_THREADS];
+  pthread_t first_job[DKS_MAX_THREADS], second_job[DKS_MAX_THREADS];
   bool shares = shares_of_job(1, first_job) && shares_of_job(2, second_job);
   for (int s = 0; s < g_threads; s++) shares = shares && pthread_equal(first_job[s], second_job[s]);
   CHECK("home_shares", shares);
 
   nested nest = {0};
-  cpu_parallel_for(64, 1, outer, &nest);
+  dks_parallel_for(64, 1, outer, &nest);
   CHECK("nested_runs_serially", nest.bad == 0);
 
   pthread_t callers[3];
@@ -300,7 +301,7 @@ int main(int argc, char **argv) {
   waitpid(child, &status, 0);
   CHECK("fork_child_pool", WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
-  cpu_threads_shutdown();
+  dks_threads_shutdown();
   CHECK("shutdown_joins_workers", task_count() == baseline);
   CHECK("restart_after_shutdown", covered_once(1 << 16, 100, &c));
   return failures ? 1 : 0;

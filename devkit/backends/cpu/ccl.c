@@ -72,6 +72,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -84,7 +85,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cpu_internal.h"
+#include "cpu.h"
 
 #define ID_SIZE 64
 #define ID_VERSION 2
@@ -450,12 +451,12 @@ static ccl_layout layout_for(int32_t nranks) {
 /* A queued item's link in its communicator's pending list. */
 typedef struct pending_node {
   struct pending_node *prev, *next;
-  cpu_stream *stream; /* NULL: the default stream */
+  dks_stream *stream; /* NULL: the default stream */
 } pending_node;
 
 typedef struct ccl_comm {
   int32_t rank, nranks;
-  cpu_device *device;
+  dks_device *device;
   double timeout_s;
   uint64_t timeout_ns;
   ccl_layout lay;
@@ -479,7 +480,7 @@ typedef struct ccl_comm {
 } ccl_comm;
 
 static pthread_mutex_t g_comms_mu = PTHREAD_MUTEX_INITIALIZER;
-static cpu_table g_comms; /* live ccl_comm pointers */
+static dks_table g_comms; /* live ccl_comm pointers */
 
 static uint8_t *in_buf(const ccl_comm *c, int32_t r, size_t b) {
   return c->base + c->lay.data + (size_t)r * 2 * (c->lay.buf + c->lay.res) +
@@ -499,15 +500,15 @@ static uint8_t *chan_slot(const ccl_comm *c, int32_t from, int32_t to,
 
 static DK_Status comm_acquire(const char *fn, DK_Comm handle, ccl_comm **out) {
   *out = NULL;
-  if (!handle) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (!handle) return dks_set_error(DK_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   ccl_comm *c = (ccl_comm *)handle;
   DK_Status st = DK_OK;
   pthread_mutex_lock(&g_comms_mu);
-  bool live = cpu_table_find(&g_comms, (uintptr_t)c, NULL);
+  bool live = dks_table_find(&g_comms, (uintptr_t)c, NULL);
   if (live) {
     pthread_mutex_lock(&c->mu);
     if (c->failed != DK_OK)
-      st = cpu_set_error(DK_ABORTED,
+      st = dks_set_error(DK_ABORTED,
                          "%s: communicator %p (rank %d of %d) has failed: %s",
                          fn, (void *)c, (int)c->rank, (int)c->nranks,
                          c->fail_msg);
@@ -517,7 +518,7 @@ static DK_Status comm_acquire(const char *fn, DK_Comm handle, ccl_comm **out) {
   }
   pthread_mutex_unlock(&g_comms_mu);
   if (!live)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: comm %p is not a live communicator", fn,
                          (void *)handle);
   if (st == DK_OK) *out = c;
@@ -530,7 +531,7 @@ static void comm_release(ccl_comm *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static void comm_pend(ccl_comm *c, pending_node *n, cpu_stream *s) {
+static void comm_pend(ccl_comm *c, pending_node *n, dks_stream *s) {
   pthread_mutex_lock(&c->mu);
   n->stream = s;
   n->prev = &c->pending;
@@ -588,7 +589,7 @@ static DK_Status work_fail(ccl_comm *c, DK_Status st, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   comm_fail(c, st, msg);
-  return cpu_work_fail(st, "%s", msg);
+  return dks_work_fail(st, "%s", msg);
 }
 
 /* Whether another rank failed the communicator. */
@@ -609,7 +610,7 @@ static DK_Status abort_fail(ccl_comm *c, const char *fn) {
 static DK_Status comm_check(ccl_comm *c, const char *fn) {
   char msg[1024];
   if (comm_failed(c, msg, sizeof msg) != DK_OK)
-    return cpu_work_fail(DK_ABORTED,
+    return dks_work_fail(DK_ABORTED,
                          "%s: communicator %p (rank %d of %d) failed "
                          "earlier: %s",
                          fn, (void *)c, (int)c->rank, (int)c->nranks, msg);
@@ -660,20 +661,20 @@ static void flag_ring(ccl_flag *f) {
 static bool wait_until(ccl_flag *f, uint32_t target, uint64_t until,
                        bool spin) {
   if (spin) {
-    uint64_t start = cpu_now_ns();
+    uint64_t start = dks_now_ns();
     for (unsigned i = 1;; i++) {
       if (flag_reached(f, target)) return true;
       if (i % 64 == 0) {
-        uint64_t spent = cpu_now_ns() - start;
+        uint64_t spent = dks_now_ns() - start;
         if (spent > YIELD_NS) break;
         if (spent > SPIN_NS) sched_yield();
       }
-      cpu_spin_pause();
+      dks_spin_pause();
     }
   }
   for (;;) {
     if (flag_reached(f, target)) return true;
-    uint64_t now = cpu_now_ns();
+    uint64_t now = dks_now_ns();
     if (now >= until) return false;
     atomic_fetch_add(&f->sleepers, 1u);
     uint32_t seen = atomic_load(&f->value);
@@ -703,7 +704,7 @@ static DK_Status wait_peer(ccl_comm *c, const char *fn, int32_t j,
                            uint32_t target, uint64_t deadline) {
   ccl_flag *f = &c->ctl[j].seq;
   for (bool spin = true;; spin = false) {
-    if (wait_until(f, target, min_u64(deadline, cpu_now_ns() + CHECK_NS), spin))
+    if (wait_until(f, target, min_u64(deadline, dks_now_ns() + CHECK_NS), spin))
       return DK_OK;
     if (peer_abort(c) != DK_OK) return abort_fail(c, fn);
     if (peer_dead(c, j))
@@ -712,12 +713,12 @@ static DK_Status wait_peer(ccl_comm *c, const char *fn, int32_t j,
                        "(this is rank %d of %d)",
                        fn, (int)j, (int)c->watch[j], (unsigned)c->coll,
                        (int)c->rank, (int)c->nranks);
-    if (cpu_now_ns() >= deadline) return lagging_fail(c, fn, target);
+    if (dks_now_ns() >= deadline) return lagging_fail(c, fn, target);
   }
 }
 
 static DK_Status wait_all(ccl_comm *c, const char *fn, uint32_t target) {
-  uint64_t deadline = cpu_now_ns() + c->timeout_ns;
+  uint64_t deadline = dks_now_ns() + c->timeout_ns;
   for (int32_t j = 0; j < c->nranks; j++) {
     if (j == c->rank) continue;
     DK_Status st = wait_peer(c, fn, j, target, deadline);
@@ -845,7 +846,7 @@ static DK_Status run_reduce(ccl_comm *c, const char *fn, const ccl_call *k,
 #endif
     step(c);
     if (out) {
-      uint64_t deadline = cpu_now_ns() + c->timeout_ns;
+      uint64_t deadline = dks_now_ns() + c->timeout_ns;
       for (int32_t j = 0; j < n; j++) {
         if (!to_all && j == me) continue; /* the root's share is in place */
         if (j != me && (st = wait_peer(c, fn, j, t + 2, deadline)) != DK_OK)
@@ -877,7 +878,7 @@ static DK_Status run_broadcast(ccl_comm *c, const char *fn, const ccl_call *k) {
       if (k->recv != k->send) memcpy(k->recv + at, k->send + at, bytes);
     } else {
       step(c);
-      st = wait_peer(c, fn, root, t + 1, cpu_now_ns() + c->timeout_ns);
+      st = wait_peer(c, fn, root, t + 1, dks_now_ns() + c->timeout_ns);
       if (st != DK_OK) return st;
       memcpy(k->recv + at, in_buf(c, root, b), bytes);
     }
@@ -901,7 +902,7 @@ static DK_Status run_all_gather(ccl_comm *c, const char *fn,
     step(c);
     uint8_t *mine = k->recv + ((size_t)me * count + off) * es;
     if (mine != k->send + off * es) memcpy(mine, k->send + off * es, bytes);
-    uint64_t deadline = cpu_now_ns() + c->timeout_ns;
+    uint64_t deadline = dks_now_ns() + c->timeout_ns;
     for (int32_t j = 0; j < n; j++) {
       if (j == me) continue;
       if ((st = wait_peer(c, fn, j, t + 1, deadline)) != DK_OK) return st;
@@ -945,7 +946,7 @@ static DK_Status run_blocks(ccl_comm *c, const char *fn, const ccl_call *k,
     } else {
       size_t own = ((size_t)me * count + off) * es;
       if (k->recv != k->send) memcpy(k->recv + own, k->send + own, bytes);
-      uint64_t deadline = cpu_now_ns() + c->timeout_ns;
+      uint64_t deadline = dks_now_ns() + c->timeout_ns;
       for (int32_t j = 0; j < n; j++) {
         if (j == me) continue;
         if ((st = wait_peer(c, fn, j, t + 1, deadline)) != DK_OK) return st;
@@ -1020,7 +1021,7 @@ typedef struct first_error {
 static void note(first_error *f, DK_Status st) {
   if (st == DK_OK || f->st != DK_OK) return;
   f->st = st;
-  copy_str(f->msg, sizeof f->msg, cpu_last_error());
+  copy_str(f->msg, sizeof f->msg, dks_last_error());
 }
 
 static const char *p2p_fn(const p2p_op *o) {
@@ -1161,7 +1162,7 @@ static void run_p2p(void *arg) {
   first_error fe = {DK_OK, ""};
   ccl_comm **comms = malloc(a->n * sizeof *comms);
   if (!comms) {
-    cpu_work_fail(DK_RESOURCE_EXHAUSTED,
+    dks_work_fail(DK_RESOURCE_EXHAUSTED,
                   "%s: host out of memory running %zu send/recv calls",
                   p2p_fn(&a->ops[0]), a->n);
     return;
@@ -1178,7 +1179,7 @@ static void run_p2p(void *arg) {
     note(&fe, st);
   }
 
-  uint64_t deadline = cpu_now_ns() + timeout;
+  uint64_t deadline = dks_now_ns() + timeout;
   bool spin = true;
   for (size_t turn = 0;; turn++) {
     /* The bell is read before the scan: progress a peer makes after the
@@ -1203,7 +1204,7 @@ static void run_p2p(void *arg) {
       p2p_end_comm(a, o->c);
       note(&fe, st);
     }
-    uint64_t now = cpu_now_ns();
+    uint64_t now = dks_now_ns();
     if (any) {
       deadline = now + timeout;
       spin = true;
@@ -1214,11 +1215,11 @@ static void run_p2p(void *arg) {
                    min_u64(deadline, now + slice), spin))
       continue;
     spin = false;
-    p2p_check(a, cpu_now_ns() >= deadline, &fe);
+    p2p_check(a, dks_now_ns() >= deadline, &fe);
   }
   for (size_t i = nc; i-- > 0;) pthread_mutex_unlock(&comms[i]->exec_mu);
   free(comms);
-  if (fe.st != DK_OK) cpu_work_fail(fe.st, "%s", fe.msg);
+  if (fe.st != DK_OK) dks_work_fail(fe.st, "%s", fe.msg);
 }
 
 static void destroy_p2p(void *arg) {
@@ -1232,7 +1233,7 @@ static void destroy_p2p(void *arg) {
 
 DK_Status cpu_ccl_unique_id_size(size_t *size) {
   if (!size)
-    return cpu_set_error(DK_INVALID_ARGUMENT, "ccl_unique_id_size: size is NULL");
+    return dks_set_error(DK_INVALID_ARGUMENT, "ccl_unique_id_size: size is NULL");
   *size = ID_SIZE;
   return DK_OK;
 }
@@ -1252,9 +1253,9 @@ static bool valid_job_id(const char *job, size_t len) {
  * alike, whatever its own environment. */
 DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
   static const char fn[] = "ccl_get_unique_id";
-  if (!id) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: id is NULL", fn);
+  if (!id) return dks_set_error(DK_INVALID_ARGUMENT, "%s: id is NULL", fn);
   if (size != ID_SIZE)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: size is %zu, expected %d (ccl_unique_id_size)",
                          fn, size, ID_SIZE);
   uint8_t buf[ID_SIZE] = {0};
@@ -1263,7 +1264,7 @@ DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
   const char *job = getenv("DEVKIT_JOB_ID");
   if (job && *job) {
     if (!valid_job_id(job, strlen(job)))
-      return cpu_set_error(DK_INVALID_ARGUMENT,
+      return dks_set_error(DK_INVALID_ARGUMENT,
                            "%s: DEVKIT_JOB_ID=\"%s\" is invalid: expected 1 to "
                            "%d lowercase hex digits (devkit-run sets it)",
                            fn, job, ID_JOB_MAX);
@@ -1273,7 +1274,7 @@ DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
     ssize_t n = getrandom(buf + 16 + got, 16 - got, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      return cpu_set_error(DK_UNAVAILABLE, "%s: getrandom failed: %s", fn,
+      return dks_set_error(DK_UNAVAILABLE, "%s: getrandom failed: %s", fn,
                            strerror(errno));
     got += (size_t)n;
   }
@@ -1282,30 +1283,30 @@ DK_Status cpu_ccl_get_unique_id(void *id, size_t size) {
 }
 
 static DK_Status check_id(const char *fn, const uint8_t *id, size_t size) {
-  if (!id) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: id is NULL", fn);
+  if (!id) return dks_set_error(DK_INVALID_ARGUMENT, "%s: id is NULL", fn);
   if (size != ID_SIZE)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: id_size is %zu, expected %d (ccl_unique_id_size)",
                          fn, size, ID_SIZE);
   if (memcmp(id, k_id_magic, sizeof k_id_magic) != 0)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: id was not made by ccl_get_unique_id of the cpu "
                          "plugin (bad magic)",
                          fn);
   uint32_t version = (uint32_t)id[8] | (uint32_t)id[9] << 8 |
                      (uint32_t)id[10] << 16 | (uint32_t)id[11] << 24;
   if (version != ID_VERSION)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: id has version %u, this plugin reads version %d",
                          fn, (unsigned)version, ID_VERSION);
   size_t job_len = strnlen((const char *)id + ID_JOB, ID_JOB_MAX);
   if (job_len && !valid_job_id((const char *)id + ID_JOB, job_len))
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: the id's job id is not hex digits (corrupt id)",
                          fn);
   for (size_t i = 12; i < ID_SIZE; i++)
     if ((i < 16 || i >= ID_JOB + job_len) && id[i] != 0)
-      return cpu_set_error(DK_INVALID_ARGUMENT,
+      return dks_set_error(DK_INVALID_ARGUMENT,
                            "%s: id byte %zu is %u, must be 0 (corrupt id)", fn,
                            i, (unsigned)id[i]);
   return DK_OK;
@@ -1318,7 +1319,7 @@ static DK_Status read_timeout(const char *fn, double *out) {
   char *end;
   double v = strtod(s, &end);
   if (end == s || *end != '\0' || !(v > 0 && v <= 1e9))
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: DEVKIT_CCL_TIMEOUT=\"%s\" is invalid: expected "
                          "a number of seconds in (0, 1e9]",
                          fn, s);
@@ -1350,7 +1351,7 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
     /* Unlinked in between (the previous users of this id all joined). */
   }
   if (fd < 0)
-    return cpu_set_error(DK_UNAVAILABLE,
+    return dks_set_error(DK_UNAVAILABLE,
                          "%s: cannot open shared memory segment %s: %s", fn,
                          name, strerror(errno));
 
@@ -1368,7 +1369,7 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
     }
     if (rc != 0) {
       shm_unlink(name);
-      st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+      st = dks_set_error(DK_RESOURCE_EXHAUSTED,
                          "%s: cannot reserve %zu bytes of shared memory for "
                          "%d ranks (segment %s): %s",
                          fn, lay->size, (int)c->nranks, name, strerror(rc));
@@ -1386,18 +1387,18 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
 
   struct stat sb;
   int rc;
-  while ((rc = fstat(fd, &sb)) == 0 && sb.st_size == 0 && cpu_now_ns() < deadline)
+  while ((rc = fstat(fd, &sb)) == 0 && sb.st_size == 0 && dks_now_ns() < deadline)
     sleep_ms(1);
   if (rc != 0) {
     rc = errno;
     close(fd);
-    return cpu_set_error(DK_UNAVAILABLE, "%s: cannot stat segment %s: %s", fn,
+    return dks_set_error(DK_UNAVAILABLE, "%s: cannot stat segment %s: %s", fn,
                          name, strerror(rc));
   }
   if ((size_t)sb.st_size < sizeof(ccl_header)) {
     shm_unlink(name); /* its creator is gone */
     close(fd);
-    return cpu_set_error(DK_DEADLINE_EXCEEDED,
+    return dks_set_error(DK_DEADLINE_EXCEEDED,
                          "%s: shared memory segment %s was never set up by "
                          "the rank that created it (waited %g s, "
                          "DEVKIT_CCL_TIMEOUT)",
@@ -1408,31 +1409,31 @@ static DK_Status seg_attach(const char *fn, ccl_comm *c, const char *name,
   int err = errno;
   close(fd);
   if (p == MAP_FAILED)
-    return cpu_set_error(DK_UNAVAILABLE, "%s: cannot map segment %s: %s", fn,
+    return dks_set_error(DK_UNAVAILABLE, "%s: cannot map segment %s: %s", fn,
                          name, strerror(err));
   ccl_header *h = p;
   while (atomic_load_explicit(&h->ready, memory_order_acquire) != SEG_READY &&
-         cpu_now_ns() < deadline)
+         dks_now_ns() < deadline)
     sleep_ms(1);
   if (atomic_load_explicit(&h->ready, memory_order_acquire) != SEG_READY) {
     shm_unlink(name);
-    st = cpu_set_error(DK_DEADLINE_EXCEEDED,
+    st = dks_set_error(DK_DEADLINE_EXCEEDED,
                        "%s: shared memory segment %s was never initialised "
                        "by the rank that created it (waited %g s, "
                        "DEVKIT_CCL_TIMEOUT)",
                        fn, name, c->timeout_s);
   } else if (h->version != SEG_VERSION) {
-    st = cpu_set_error(DK_FAILED_PRECONDITION,
+    st = dks_set_error(DK_FAILED_PRECONDITION,
                        "%s: segment %s has layout version %u, this plugin "
                        "uses %d (ranks run different plugin builds)",
                        fn, name, (unsigned)h->version, SEG_VERSION);
   } else if (h->nranks != c->nranks) {
-    st = cpu_set_error(DK_INVALID_ARGUMENT,
+    st = dks_set_error(DK_INVALID_ARGUMENT,
                        "%s: nranks is %d, but the rank that created this "
                        "id's communicator passed %d",
                        fn, (int)c->nranks, (int)h->nranks);
   } else if (h->size != lay->size || size != lay->size) {
-    st = cpu_set_error(DK_FAILED_PRECONDITION,
+    st = dks_set_error(DK_FAILED_PRECONDITION,
                        "%s: segment %s is %zu bytes, this plugin expects %zu "
                        "for %d ranks (ranks run different plugin builds)",
                        fn, name, size, lay->size, (int)c->nranks);
@@ -1454,7 +1455,7 @@ static DK_Status seg_join(const char *fn, ccl_comm *c, const char *name,
   uint32_t n = (uint32_t)c->nranks;
   unsigned unclaimed = 0;
   if (!atomic_compare_exchange_strong(&me->claimed, &unclaimed, 1u))
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: rank %d of this id was already joined by pid %d",
                          fn, (int)c->rank, (int)atomic_load(&me->pid));
   atomic_store(&me->pid, (int)getpid());
@@ -1473,7 +1474,7 @@ static DK_Status seg_join(const char *fn, ccl_comm *c, const char *name,
       if (atomic_load(&join->sleepers)) futex_wake_all(&join->value);
       return DK_OK;
     }
-    uint64_t now = cpu_now_ns();
+    uint64_t now = dks_now_ns();
     if (now < deadline) {
       wait_until(join, j + 1, min_u64(deadline, now + CHECK_NS), spin);
       continue;
@@ -1486,14 +1487,14 @@ static DK_Status seg_join(const char *fn, ccl_comm *c, const char *name,
       for (int32_t r = 0; r < c->nranks; r++)
         if (!atomic_load(&c->ctl[r].claimed))
           append(ranks, sizeof ranks, &len, "%s%d", len ? ", " : "", (int)r);
-      return cpu_set_error(DK_DEADLINE_EXCEEDED,
+      return dks_set_error(DK_DEADLINE_EXCEEDED,
                            "%s: rank(s) %s of %d did not join within %g s "
                            "(DEVKIT_CCL_TIMEOUT; this is rank %d)",
                            fn, ranks, (int)c->nranks, c->timeout_s,
                            (int)c->rank);
     }
   }
-  return cpu_set_error(DK_DEADLINE_EXCEEDED,
+  return dks_set_error(DK_DEADLINE_EXCEEDED,
                        "%s: another rank gave up waiting for all %d ranks to "
                        "join within its DEVKIT_CCL_TIMEOUT (this is rank %d)",
                        fn, (int)c->nranks, (int)c->rank);
@@ -1510,24 +1511,24 @@ static void comm_free(ccl_comm *c) {
 DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
                             size_t id_size, int32_t rank, DK_Comm *comm) {
   static const char fn[] = "ccl_comm_init";
-  cpu_device *d;
+  dks_device *d;
   double timeout;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
-  if (!comm) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (!comm) return dks_set_error(DK_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   if ((st = check_id(fn, id, id_size)) != DK_OK) return st;
   if (nranks < 1 || nranks > MAX_RANKS)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: nranks %d out of range [1, %d]", fn, (int)nranks,
                          MAX_RANKS);
   if (rank < 0 || rank >= nranks)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: rank %d out of range [0, %d)", fn, (int)rank,
                          (int)nranks);
   if ((st = read_timeout(fn, &timeout)) != DK_OK) return st;
 
   ccl_comm *c = calloc(1, sizeof *c + (size_t)nranks * sizeof c->watch[0]);
-  if (!c) return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  if (!c) return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   c->rank = rank;
   c->nranks = nranks;
   c->device = d;
@@ -1539,11 +1540,11 @@ DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
   pthread_mutex_lock(&g_comms_mu);
-  bool ok = cpu_table_insert(&g_comms, (uintptr_t)c, 0);
+  bool ok = dks_table_insert(&g_comms, (uintptr_t)c, 0);
   pthread_mutex_unlock(&g_comms_mu);
   if (!ok) {
     comm_free(c);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
 
   const uint8_t *bytes = id;
@@ -1556,7 +1557,7 @@ DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
   for (int i = 16; i < 32; i++)
     len += snprintf(name + len, sizeof name - (size_t)len, "%02x", bytes[i]);
 
-  uint64_t deadline = cpu_now_ns() + c->timeout_ns;
+  uint64_t deadline = dks_now_ns() + c->timeout_ns;
   st = seg_attach(fn, c, name, deadline);
   if (st == DK_OK) {
     c->hdr = (ccl_header *)c->base;
@@ -1566,7 +1567,7 @@ DK_Status cpu_ccl_comm_init(int32_t dev, int32_t nranks, const void *id,
   }
   if (st != DK_OK) {
     pthread_mutex_lock(&g_comms_mu);
-    cpu_table_remove(&g_comms, (uintptr_t)c, NULL);
+    dks_table_remove(&g_comms, (uintptr_t)c, NULL);
     pthread_mutex_unlock(&g_comms_mu);
     comm_free(c);
     return st;
@@ -1586,24 +1587,24 @@ DK_Status cpu_ccl_comm_destroy(DK_Comm comm) {
   static const char fn[] = "ccl_comm_destroy";
   if (!comm) return DK_OK;
   ccl_comm *c = (ccl_comm *)comm;
-  cpu_stream *self = cpu_stream_current();
+  dks_stream *self = dks_stream_current();
   bool waits_on_self = false;
   pthread_mutex_lock(&g_comms_mu);
-  bool live = cpu_table_find(&g_comms, (uintptr_t)c, NULL);
+  bool live = dks_table_find(&g_comms, (uintptr_t)c, NULL);
   if (live && self) {
     pthread_mutex_lock(&c->mu);
     for (pending_node *n = c->pending.next; n != &c->pending; n = n->next)
       if (n->stream == self) waits_on_self = true;
     pthread_mutex_unlock(&c->mu);
   }
-  if (live && !waits_on_self) cpu_table_remove(&g_comms, (uintptr_t)c, NULL);
+  if (live && !waits_on_self) dks_table_remove(&g_comms, (uintptr_t)c, NULL);
   pthread_mutex_unlock(&g_comms_mu);
   if (!live)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: comm %p is not a live communicator", fn,
                          (void *)comm);
   if (waits_on_self)
-    return cpu_set_error(DK_FAILED_PRECONDITION,
+    return dks_set_error(DK_FAILED_PRECONDITION,
                          "%s: called from a callback running on stream %p, "
                          "which has work of this communicator queued and "
                          "would wait for itself",
@@ -1625,14 +1626,14 @@ DK_Status cpu_ccl_comm_destroy(DK_Comm comm) {
 typedef struct pinned_call {
   ccl_call call;
   ccl_comm *c;
-  cpu_stream *s;
+  dks_stream *s;
 } pinned_call;
 
 static bool is_p2p(ccl_kind kind) { return kind == K_SEND || kind == K_RECV; }
 
 static void unpin(pinned_call *p, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    cpu_stream_release(p[i].s);
+    dks_stream_release(p[i].s);
     comm_release(p[i].c);
   }
 }
@@ -1642,14 +1643,14 @@ static DK_Status pin(const char *fn, DK_Comm comm, DK_Stream stream,
                      pinned_call *p) {
   DK_Status st = comm_acquire(fn, comm, &p->c);
   if (st != DK_OK) return st;
-  if ((st = cpu_stream_acquire(fn, p->c->device, stream, &p->s)) != DK_OK)
+  if ((st = dks_stream_acquire(fn, p->c->device, stream, &p->s)) != DK_OK)
     comm_release(p->c);
   return st;
 }
 
 /* One work item of an issue: a collective, or a batch of p2p calls. */
 typedef struct plan_item {
-  cpu_stream *s;
+  dks_stream *s;
   bool batch;
   size_t nops; /* p2p calls of a batch */
   void *arg;   /* the work item */
@@ -1684,20 +1685,20 @@ static DK_Status issue(const char *fn, pinned_call *p, size_t n) {
   }
   for (size_t i = 0; ok && i < nitems; i++) {
     plan_item *it = &items[i];
-    it->arg = it->batch ? cpu_work_new(sizeof(p2p_args) +
+    it->arg = it->batch ? dks_work_new(sizeof(p2p_args) +
                                            it->nops * sizeof(p2p_op),
                                        run_p2p, destroy_p2p)
-                        : cpu_work_new(sizeof(coll_args), run_coll,
+                        : dks_work_new(sizeof(coll_args), run_coll,
                                        destroy_coll);
     ok = it->arg != NULL;
   }
   if (!ok) {
     for (size_t i = 0; items && i < nitems; i++)
-      if (items[i].arg) cpu_work_discard(items[i].arg);
+      if (items[i].arg) dks_work_discard(items[i].arg);
     free(open);
     free(item_of);
     free(items);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+    return dks_set_error(DK_RESOURCE_EXHAUSTED,
                          "%s: host out of memory queuing %zu call(s)", fn, n);
   }
 
@@ -1723,13 +1724,13 @@ static DK_Status issue(const char *fn, pinned_call *p, size_t n) {
 
   first_error fe = {DK_OK, ""};
   for (size_t i = 0; i < nitems; i++)
-    if (items[i].s) cpu_work_submit(items[i].s, items[i].arg);
+    if (items[i].s) dks_work_submit(items[i].s, items[i].arg);
   for (size_t i = 0; i < nitems; i++)
-    if (!items[i].s) note(&fe, cpu_work_submit(NULL, items[i].arg));
+    if (!items[i].s) note(&fe, dks_work_submit(NULL, items[i].arg));
   free(open);
   free(item_of);
   free(items);
-  return fe.st == DK_OK ? DK_OK : cpu_set_error(fe.st, "%s", fe.msg);
+  return fe.st == DK_OK ? DK_OK : dks_set_error(fe.st, "%s", fe.msg);
 }
 
 /* A call as the API received it. */
@@ -1756,7 +1757,7 @@ static DK_Status check_call(const char *fn, const ccl_comm *c,
   int32_t n = c->nranks, me = c->rank;
   const dtype_info *dt = dtype_find(r->dtype);
   if (!dt)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: dtype key 0x%x (code %u, %u bits, %u lanes) is "
                          "not supported; use int8, uint8, int32, int64, "
                          "float16, bfloat16, float32 or float64",
@@ -1767,20 +1768,20 @@ static DK_Status check_call(const char *fn, const ccl_comm *c,
                  kind == K_REDUCE_SCATTER;
   bool rooted = kind == K_BROADCAST || kind == K_REDUCE;
   if (reduces && (r->op < DK_REDUCE_SUM || r->op > DK_REDUCE_AVG))
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: op %d is not a DK_ReduceOp (SUM 0, PROD 1, MAX "
                          "2, MIN 3, AVG 4)",
                          fn, (int)r->op);
   if (reduces && r->op == DK_REDUCE_AVG && !dt->avg)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: DK_REDUCE_AVG needs a floating dtype, got %s",
                          fn, dt->name);
   if ((rooted || is_p2p(kind)) && (r->root < 0 || r->root >= n))
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s %d out of range [0, %d)",
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s %d out of range [0, %d)",
                          fn, rooted ? "root" : "peer", (int)r->root, (int)n);
   size_t es = dt->size;
   if (r->count > SIZE_MAX / es)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: count %zu of %s overflows the address space", fn,
                          r->count, dt->name);
   size_t bytes = r->count * es, whole = bytes;
@@ -1788,7 +1789,7 @@ static DK_Status check_call(const char *fn, const ccl_comm *c,
                 kind == K_ALL_TO_ALL;
   if (blocks) {
     if (bytes > SIZE_MAX / (size_t)n)
-      return cpu_set_error(DK_INVALID_ARGUMENT,
+      return dks_set_error(DK_INVALID_ARGUMENT,
                            "%s: %d ranks x count %zu of %s overflows the "
                            "address space",
                            fn, (int)n, r->count, dt->name);
@@ -1803,11 +1804,11 @@ static DK_Status check_call(const char *fn, const ccl_comm *c,
   uint8_t *send = NULL, *recv = NULL;
   DK_Status st;
   if (uses_send &&
-      (st = cpu_mem_range(fn, kind == K_SEND ? "buf" : "send", c->device,
+      (st = dks_mem_range(fn, kind == K_SEND ? "buf" : "send", c->device,
                           r->send, r->send_offset, send_bytes, &send)) != DK_OK)
     return st;
   if (uses_recv &&
-      (st = cpu_mem_range(fn, kind == K_RECV ? "buf" : "recv", c->device,
+      (st = dks_mem_range(fn, kind == K_RECV ? "buf" : "recv", c->device,
                           r->recv, r->recv_offset, recv_bytes, &recv)) != DK_OK)
     return st;
   if (uses_send && uses_recv && overlap(send, send_bytes, recv, recv_bytes)) {
@@ -1822,7 +1823,7 @@ static DK_Status check_call(const char *fn, const ccl_comm *c,
       how = "recv == send + rank * recv_count elements";
     }
     if (recv != want)
-      return cpu_set_error(DK_INVALID_ARGUMENT,
+      return dks_set_error(DK_INVALID_ARGUMENT,
                            "%s: send [%p, +%zu bytes) and recv [%p, +%zu "
                            "bytes) overlap but are not in place (in place "
                            "means %s)",
@@ -1848,7 +1849,7 @@ static DK_Status group_add(const char *fn, const ccl_call *k) {
     size_t cap = t_group.cap ? 2 * t_group.cap : 16;
     ccl_call *calls = realloc(t_group.calls, cap * sizeof *calls);
     if (!calls)
-      return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+      return dks_set_error(DK_RESOURCE_EXHAUSTED,
                            "%s: host out of memory queuing the call in a "
                            "group",
                            fn);
@@ -1874,7 +1875,7 @@ static DK_Status submit(const raw_call *r) {
 
 DK_Status cpu_group_start(void) {
   if (t_group.depth == INT_MAX)
-    return cpu_set_error(DK_OUT_OF_RANGE,
+    return dks_set_error(DK_OUT_OF_RANGE,
                          "group_start: groups nested %d deep on this thread",
                          INT_MAX);
   t_group.depth++;
@@ -1886,7 +1887,7 @@ DK_Status cpu_group_start(void) {
 DK_Status cpu_group_end(void) {
   static const char fn[] = "group_end";
   if (t_group.depth == 0)
-    return cpu_set_error(DK_FAILED_PRECONDITION,
+    return dks_set_error(DK_FAILED_PRECONDITION,
                          "%s: no group_start is open on this thread", fn);
   if (--t_group.depth > 0) return DK_OK;
   ccl_call *calls = t_group.calls;
@@ -1900,7 +1901,7 @@ DK_Status cpu_group_end(void) {
   DK_Status st = DK_OK;
   pinned_call *p = malloc(n * sizeof *p);
   if (!p)
-    st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+    st = dks_set_error(DK_RESOURCE_EXHAUSTED,
                        "%s: host out of memory issuing %zu call(s)", fn, n);
   while (st == DK_OK && pinned < n) {
     char where[96];

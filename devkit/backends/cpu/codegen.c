@@ -9,13 +9,15 @@
  * <cache> being $DEVKIT_CACHE_DIR, else $XDG_CACHE_HOME/devkit, else
  * ~/.cache/devkit; the hash covers the source, the options and the compiler.
  * A launch is one stream work item that runs the function over the launch
- * range in chunks (cpu_parallel_for).
+ * range in chunks (dks_parallel_for).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cpu_internal.h"
-#include "kernel.h"
+#include "cpu.h"
 
 extern char **environ;
 
@@ -47,7 +48,7 @@ struct cpu_function {
 
 /* Live module and function handles (the module of a function is live too). */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static cpu_table g_modules, g_functions;
+static dks_table g_modules, g_functions;
 static char g_compiler[4096];
 static char g_cpu_features[8192]; /* /proc/cpuinfo's first flags (x86) or Features (Arm) line */
 static atomic_ulong g_counter;
@@ -171,23 +172,23 @@ static DK_Status run_compiler(const char *fn, const char *src, const char *so,
   posix_spawn_file_actions_destroy(&actions);
   free(opts);
   if (rc != 0)
-    return cpu_set_error(DK_UNAVAILABLE, "%s: cannot run the C compiler %s: %s", fn, g_compiler,
+    return dks_set_error(DK_UNAVAILABLE, "%s: cannot run the C compiler %s: %s", fn, g_compiler,
                          strerror(rc));
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return DK_OK;
   char *log = read_file(log_path);
-  DK_Status st = cpu_set_error(DK_INVALID_ARGUMENT, "%s: the source does not compile (%s):\n%s",
+  DK_Status st = dks_set_error(DK_INVALID_ARGUMENT, "%s: the source does not compile (%s):\n%s",
                                fn, g_compiler, log ? log : "(no log)");
   free(log);
   return st;
 }
 
 DK_Status cpu_codegen_dialect(int32_t dev, const char **dialect) {
-  cpu_device *d;
-  DK_Status st = cpu_device_get("codegen_dialect", dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get("codegen_dialect", dev, &d);
   if (st != DK_OK) return st;
-  if (!dialect) return cpu_set_error(DK_INVALID_ARGUMENT, "codegen_dialect: dialect is NULL");
+  if (!dialect) return dks_set_error(DK_INVALID_ARGUMENT, "codegen_dialect: dialect is NULL");
   *dialect = "c";
   return DK_OK;
 }
@@ -195,18 +196,18 @@ DK_Status cpu_codegen_dialect(int32_t dev, const char **dialect) {
 DK_Status cpu_codegen_compile(int32_t dev, const char *source, const char *options,
                               DK_Module *module, int32_t *from_cache) {
   static const char fn[] = "codegen_compile";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if (!source || !module)
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, source ? "module" : "source");
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, source ? "module" : "source");
   char dir[2048], so[2400], src[2400], log[2500];
   unsigned long unique = atomic_fetch_add(&g_counter, 1);
   bool cached_dir = cache_dir(dir, sizeof dir);
   if (!cached_dir) {
     snprintf(dir, sizeof dir, "%s/devkit-codegen-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     if (!mkdtemp(dir))
-      return cpu_set_error(DK_UNAVAILABLE, "%s: no cache directory and no temporary one: %s", fn,
+      return dks_set_error(DK_UNAVAILABLE, "%s: no cache directory and no temporary one: %s", fn,
                            strerror(errno));
   }
   uint64_t h = fnv1a(fnv1a(fnv1a(fnv1a(0xcbf29ce484222325ULL, source), options ? options : ""), g_compiler),
@@ -221,14 +222,14 @@ DK_Status cpu_codegen_compile(int32_t dev, const char *source, const char *optio
     snprintf(tmp_so, sizeof tmp_so, "%s.%d.%lu.tmp", so, (int)getpid(), unique);
     snprintf(log, sizeof log, "%s.log", src);
     FILE *f = fopen(src, "w");
-    if (!f) return cpu_set_error(DK_UNAVAILABLE, "%s: cannot write %s: %s", fn, src, strerror(errno));
+    if (!f) return dks_set_error(DK_UNAVAILABLE, "%s: cannot write %s: %s", fn, src, strerror(errno));
     fputs(source, f);
     fclose(f);
     st = run_compiler(fn, src, tmp_so, options, log);
     unlink(src);
     unlink(log);
     if (st == DK_OK && rename(tmp_so, so) != 0)
-      st = cpu_set_error(DK_UNAVAILABLE, "%s: cannot move the object to %s: %s", fn, so, strerror(errno));
+      st = dks_set_error(DK_UNAVAILABLE, "%s: cannot move the object to %s: %s", fn, so, strerror(errno));
     if (st != DK_OK) {
       unlink(tmp_so);
       if (!cached_dir) rmdir(dir);
@@ -240,20 +241,20 @@ DK_Status cpu_codegen_compile(int32_t dev, const char *source, const char *optio
     unlink(so);
     rmdir(dir);
   }
-  if (!library) return cpu_set_error(DK_INTERNAL, "%s: dlopen of %s failed: %s", fn, so, dlerror());
+  if (!library) return dks_set_error(DK_INTERNAL, "%s: dlopen of %s failed: %s", fn, so, dlerror());
   cpu_module *m = calloc(1, sizeof *m);
   if (!m) {
     dlclose(library);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   atomic_init(&m->refs, 1);
   m->library = library;
   pthread_mutex_lock(&g_mu);
-  bool ok = cpu_table_insert(&g_modules, (uintptr_t)m, 0);
+  bool ok = dks_table_insert(&g_modules, (uintptr_t)m, 0);
   pthread_mutex_unlock(&g_mu);
   if (!ok) {
     module_put(m);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   *module = (DK_Module)m;
   if (from_cache) *from_cache = hit;
@@ -264,32 +265,32 @@ DK_Status cpu_codegen_get_function(int32_t dev, DK_Module module, const char *na
                                    const int32_t *arg_kinds, size_t num_args,
                                    DK_Function *function) {
   static const char fn[] = "codegen_get_function";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if (!name || !function || (num_args && !arg_kinds))
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn,
                          !name ? "name" : !function ? "function" : "arg_kinds");
   for (size_t k = 0; k < num_args; k++)
     if (arg_kinds[k] < DK_ARG_TENSOR || arg_kinds[k] > DK_ARG_FLOAT64)
-      return cpu_set_error(DK_INVALID_ARGUMENT, "%s: argument %zu has unknown kind %d", fn, k,
+      return dks_set_error(DK_INVALID_ARGUMENT, "%s: argument %zu has unknown kind %d", fn, k,
                            arg_kinds[k]);
   pthread_mutex_lock(&g_mu);
   cpu_module *m = (cpu_module *)module;
-  if (!module || !cpu_table_find(&g_modules, (uintptr_t)m, NULL)) {
+  if (!module || !dks_table_find(&g_modules, (uintptr_t)m, NULL)) {
     pthread_mutex_unlock(&g_mu);
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: module %p is not a live module", fn, (void *)module);
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: module %p is not a live module", fn, (void *)module);
   }
   codegen_fn symbol = (codegen_fn)dlsym(m->library, name);
   if (!symbol) {
     pthread_mutex_unlock(&g_mu);
-    return cpu_set_error(DK_NOT_FOUND, "%s: the module has no function '%s'", fn, name);
+    return dks_set_error(DK_NOT_FOUND, "%s: the module has no function '%s'", fn, name);
   }
   cpu_function *f = calloc(1, sizeof *f + num_args * sizeof(int32_t));
-  if (!f || !cpu_table_insert(&g_functions, (uintptr_t)f, 0)) {
+  if (!f || !dks_table_insert(&g_functions, (uintptr_t)f, 0)) {
     pthread_mutex_unlock(&g_mu);
     free(f);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   f->module = m;
   f->fn = symbol;
@@ -318,7 +319,7 @@ static void run_chunk(void *ctx, int64_t begin, int64_t end) {
 
 static void run_launch(void *arg) {
   launch_args *a = arg;
-  if (a->items) cpu_parallel_for(a->items, a->grain, run_chunk, a);
+  if (a->items) dks_parallel_for(a->items, a->grain, run_chunk, a);
 }
 
 static void destroy_launch(void *arg) {
@@ -329,47 +330,47 @@ static void destroy_launch(void *arg) {
 DK_Status cpu_codegen_launch(int32_t dev, DK_Function function, const DK_LaunchArg *args,
                              size_t num_args, const DK_LaunchShape *shape, DK_Stream stream) {
   static const char fn[] = "codegen_launch";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if (!shape || (num_args && !args))
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, shape ? "args" : "shape");
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, shape ? "args" : "shape");
   if (shape->struct_size < sizeof(DK_LaunchShape))
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: shape->struct_size %zu is short (needs %zu)", fn,
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: shape->struct_size %zu is short (needs %zu)", fn,
                          shape->struct_size, sizeof(DK_LaunchShape));
   if (shape->ndim < 1 || shape->ndim > 3)
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: shape->ndim is %u; it must be 1, 2 or 3", fn,
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: shape->ndim is %u; it must be 1, 2 or 3", fn,
                          shape->ndim);
   int64_t items = 1, grain = 1;
   bool has_local = false;
   for (uint32_t k = 0; k < shape->ndim; k++) has_local |= shape->local[k] != 0;
   for (uint32_t k = 0; k < shape->ndim; k++) {
     if (shape->global[k] > (uint64_t)INT64_MAX / (uint64_t)(items ? items : 1))
-      return cpu_set_error(DK_INVALID_ARGUMENT, "%s: the launch range overflows int64", fn);
+      return dks_set_error(DK_INVALID_ARGUMENT, "%s: the launch range overflows int64", fn);
     items *= (int64_t)shape->global[k];
     if (has_local && shape->local[k] == 0)
-      return cpu_set_error(DK_INVALID_ARGUMENT, "%s: shape->local[%u] is 0 while another is set", fn, k);
+      return dks_set_error(DK_INVALID_ARGUMENT, "%s: shape->local[%u] is 0 while another is set", fn, k);
     grain *= has_local ? (int64_t)shape->local[k] : 1;
   }
   pthread_mutex_lock(&g_mu);
   cpu_function *f = (cpu_function *)function;
-  if (!function || !cpu_table_find(&g_functions, (uintptr_t)f, NULL)) {
+  if (!function || !dks_table_find(&g_functions, (uintptr_t)f, NULL)) {
     pthread_mutex_unlock(&g_mu);
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: function %p is not a live function", fn,
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: function %p is not a live function", fn,
                          (void *)function);
   }
   atomic_fetch_add(&f->module->refs, 1); /* the launch's, dropped by destroy_launch */
   pthread_mutex_unlock(&g_mu);
   if (num_args != f->num_args) {
     module_put(f->module);
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %zu arguments given; the function takes %zu", fn,
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %zu arguments given; the function takes %zu", fn,
                          num_args, f->num_args);
   }
   size_t bytes = sizeof(launch_args) + num_args * (sizeof(void *) + sizeof(double));
-  launch_args *a = cpu_work_new(bytes, run_launch, destroy_launch);
+  launch_args *a = dks_work_new(bytes, run_launch, destroy_launch);
   if (!a) {
     module_put(f->module);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   a->function = f;
   a->items = items;
@@ -379,18 +380,18 @@ DK_Status cpu_codegen_launch(int32_t dev, DK_Function function, const DK_LaunchA
   for (size_t k = 0; k < num_args; k++) {
     const DK_LaunchArg *arg = &args[k];
     if (arg->struct_size < offsetof(DK_LaunchArg, f) + sizeof arg->f || arg->kind != f->kinds[k]) {
-      st = cpu_set_error(DK_INVALID_ARGUMENT, "%s: argument %zu %s (kind %d; the function declared %d)",
+      st = dks_set_error(DK_INVALID_ARGUMENT, "%s: argument %zu %s (kind %d; the function declared %d)",
                          fn, k, arg->struct_size < sizeof(DK_LaunchArg) ? "is short" : "has the wrong kind",
                          arg->kind, f->kinds[k]);
       break;
     }
     if (arg->kind == DK_ARG_TENSOR) {
-      cpu_tensor t;
+      dks_tensor t;
       if (!arg->tensor.data) {
-        st = cpu_set_error(DK_INVALID_ARGUMENT, "%s: tensor argument %zu has a NULL data handle", fn, k);
+        st = dks_set_error(DK_INVALID_ARGUMENT, "%s: tensor argument %zu has a NULL data handle", fn, k);
         break;
       }
-      if ((st = cpu_resolve_tensor(fn, d, dev, true, "argument", k, &arg->tensor, &t)) != DK_OK) break;
+      if ((st = dks_resolve_tensor(fn, d, dev, true, "argument", k, &arg->tensor, &t)) != DK_OK) break;
       a->pointers[k] = t.data;
     } else {
       if (arg->kind == DK_ARG_INT64) a->scalars[k].i = arg->i;
@@ -400,34 +401,34 @@ DK_Status cpu_codegen_launch(int32_t dev, DK_Function function, const DK_LaunchA
     }
   }
   if (st != DK_OK) {
-    cpu_work_discard(a);
+    dks_work_discard(a);
     module_put(f->module);
     return st;
   }
-  cpu_stream *s;
-  if ((st = cpu_stream_acquire(fn, d, stream, &s)) != DK_OK) {
+  dks_stream *s;
+  if ((st = dks_stream_acquire(fn, d, stream, &s)) != DK_OK) {
     destroy_launch(a);
-    cpu_work_discard(a);
+    dks_work_discard(a);
     return st;
   }
-  st = cpu_work_submit(s, a);
-  cpu_stream_release(s);
+  st = dks_work_submit(s, a);
+  dks_stream_release(s);
   return st;
 }
 
 DK_Status cpu_codegen_unload(int32_t dev, DK_Module module) {
   static const char fn[] = "codegen_unload";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if (!module) return DK_OK;
   cpu_module *m = (cpu_module *)module;
   pthread_mutex_lock(&g_mu);
-  bool live = cpu_table_remove(&g_modules, (uintptr_t)m, NULL);
+  bool live = dks_table_remove(&g_modules, (uintptr_t)m, NULL);
   if (live)
-    for (cpu_function *f = m->functions; f; f = f->next) cpu_table_remove(&g_functions, (uintptr_t)f, NULL);
+    for (cpu_function *f = m->functions; f; f = f->next) dks_table_remove(&g_functions, (uintptr_t)f, NULL);
   pthread_mutex_unlock(&g_mu);
-  if (!live) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: module %p is not a live module", fn, (void *)module);
+  if (!live) return dks_set_error(DK_INVALID_ARGUMENT, "%s: module %p is not a live module", fn, (void *)module);
   module_put(m);
   return DK_OK;
 }

@@ -2,7 +2,12 @@
 
 Each variant is the cpu plugin built with one ``DEVKIT_DEFECT_*`` define,
 which plants one realistic defect, and named ``cpu_<defect>`` so that it
-loads beside the real plugin. A conformance suite is only as good as the
+loads beside the real plugin. A defect in a device hook (a copy, a free) is
+a test-only wrapper of the cpu plugin's hooks (testing/defect_hooks.c,
+compiled into those variants alone); the others sit where no hook reaches
+-- the support library's stream order, events, graphs, call checks and
+tensor layout (devkit/abi/support), the cpu kernels and collectives -- as
+``#ifdef`` blocks. A conformance suite is only as good as the
 bugs it catches: ``devkit-conformance`` run against each variant must fail,
 naming a case that checks what the defect breaks.
 
@@ -26,6 +31,9 @@ from pathlib import Path
 
 from . import build as cpu_build
 
+# The test-only wrappers of the cpu plugin's device hooks.
+DEFECT_HOOKS = cpu_build.HERE / "testing" / "defect_hooks.c"
+
 
 @dataclasses.dataclass(frozen=True)
 class Defect:
@@ -36,6 +44,7 @@ class Defect:
     keyword: str          # -k selection that keeps the run short
     catches: str          # regex a failing case id must match to count as caught
     kernels: tuple[str, ...] = ()  # the kernel files the selection needs (builds stay quick)
+    hook: bool = False    # planted by a wrapper of the device hooks (DEFECT_HOOKS)
 
     @property
     def plugin_name(self) -> str:
@@ -44,7 +53,7 @@ class Defect:
 
 DEFECTS = (
     Defect("odd-copy", "DEVKIT_DEFECT_ODD_COPY", "a copy drops the last byte at odd sizes",
-           "runtime", "copy", r"test_copy"),
+           "runtime", "copy", r"test_copy", hook=True),
     Defect("ignore-strides", "DEVKIT_DEFECT_IGNORE_STRIDES",
            "kernels claim strided inputs but read every view as compact",
            "ops", "strided and (Add or Relu or Transpose)", r"-strided", ("binary", "unary", "movement")),
@@ -60,7 +69,7 @@ DEFECTS = (
            "a present size-1 dimension is not broadcast (only missing leading ones are)",
            "ops", "(Add or Mul) and broadcast", r"broadcast", ("binary",)),
     Defect("leak", "DEVKIT_DEFECT_LEAK", "mem_free does not free the allocation",
-           "runtime", "alloc or copy", r"test_"),
+           "runtime", "alloc or copy", r"test_", hook=True),
     Defect("trust-attributes", "DEVKIT_DEFECT_TRUST_ATTRIBUTES",
            "kernels trust every attribute and shape they are given (no schema or validator runs)",
            "robustness", "Conv or MaxPool or Concat or Slice or Pad", r"test_kernel_call.*(Conv|MaxPool|Concat|Slice|Pad)/",
@@ -84,6 +93,10 @@ def get(name: str) -> Defect:
 
 def build_variant(defect: Defect, out_dir: os.PathLike) -> Path:
     """Build the variant (with the kernel files its selection needs); returns its library path."""
+    if defect.hook:
+        return cpu_build.build(out_dir, defines=[defect.define, "DEVKIT_DEFECT_HOOKS"],
+                               name=defect.plugin_name, kernels=list(defect.kernels),
+                               extra_sources=[DEFECT_HOOKS])
     return cpu_build.build(out_dir, defines=[defect.define], name=defect.plugin_name,
                            kernels=list(defect.kernels))
 

@@ -1,4 +1,4 @@
-"""Writes op_schema.c: every op spec's call shape, which the cpu launcher checks.
+"""Writes the support library's op_schema.c: every op spec's call shape, which its launcher checks.
 
     python3 -m devkit.backends.cpu.op_schema        # rewrites op_schema.c
     python3 -m devkit.backends.cpu.op_schema --check  # exit 1 when it is stale
@@ -7,9 +7,11 @@ For each op of devkit/ops: how many tensor inputs and outputs a call has,
 which input keys the kernel's dtype, and each attribute the kernel may get
 -- the spec's attributes and the host inputs' values -- with its type,
 whether the host always sends it (a default, or required), and the allowed
-values of int and string attributes that have choices. The C plugin cannot
-import the specs, so they are written out here; tests/test_op_schema.py
-keeps the file current.
+values of int and string attributes that have choices. The C library
+(devkit/abi/support, compiled into every C plugin) cannot import the specs,
+so they are written out here; tests/test_op_schema.py keeps the file
+current. The generator lives with the cpu plugin's build because devkit.abi
+imports nothing of devkit.ops.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from ... import ops
 from ...ops import spec as _spec
 
-PATH = Path(__file__).with_name("op_schema.c")
+PATH = Path(__file__).resolve().parent.parent.parent / "abi" / "support" / "op_schema.c"
 ATTR_TYPES = {"int": "DK_ATTR_INT", "float": "DK_ATTR_FLOAT", "ints": "DK_ATTR_INTS",
               "floats": "DK_ATTR_FLOATS", "string": "DK_ATTR_STRING", "dtype": "DK_ATTR_DTYPE"}
 
@@ -52,12 +54,12 @@ def _rules(spec: _spec.OpSpec) -> tuple[list[str], list[str]]:
         required = "true" if attr.default is not None else "false"
         kind = ATTR_TYPES[attr.kind]
         if attr.name in host_names and attr.kind not in ("ints", "floats"):
-            kind = "CPU_ATTR_NUMBER_OR_NUMBERS"  # Dropout's ratio: an attribute, or a host input's values
+            kind = "DKS_ATTR_NUMBER_OR_NUMBERS"  # Dropout's ratio: an attribute, or a host input's values
         rules.append(f'{{"{attr.name}", {kind}, {required}, {strings}, {ints}, {num_ints}}}')
     for decl in spec.inputs:
         if decl.host and decl.name not in attr_names:
             required = "false" if decl.optional else "true"
-            rules.append(f'{{"{decl.name}", CPU_ATTR_NUMBERS, {required}, NULL, NULL, 0}}')
+            rules.append(f'{{"{decl.name}", DKS_ATTR_NUMBERS, {required}, NULL, NULL, 0}}')
     return arrays, rules
 
 
@@ -81,26 +83,26 @@ def render() -> str:
              " * specs (devkit/ops); do not edit. The launcher checks every call against its op's",
              " * schema: tensor counts, the key input's dtype, attribute presence, types and choices.",
              " */",
-             '#include "kernel.h"', ""]
+             '#include "dks_kernel.h"', ""]
     schemas = []
     for spec in ops.all_specs():
         arrays, rules = _rules(spec)
         lines += arrays
         name = _c_name(spec.name)
         if rules:
-            lines.append(f"static const cpu_attr_rule {name}_attrs[] = {{")
+            lines.append(f"static const dks_attr_rule {name}_attrs[] = {{")
             lines += [f"    {rule}," for rule in rules]
             lines.append("};")
         min_in, max_in, min_out, max_out, key = _counts(spec)
         attrs = f"{name}_attrs, {len(rules)}" if rules else "NULL, 0"
         schemas.append(f'    {{"{spec.name}", {min_in}, {max_in}, {min_out}, {max_out}, {key}, {attrs}}},')
-    lines += ["", "static const cpu_op_schema op_schemas[] = {", *schemas, "};",
-              "CPU_REGISTER_SCHEMAS(op_schemas)", ""]
+    lines += ["", "static const dks_op_schema op_schemas[] = {", *schemas, "};",
+              "DKS_REGISTER_SCHEMAS(op_schemas)", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Write (or check) the cpu plugin's op_schema.c.")
+    parser = argparse.ArgumentParser(description="Write (or check) the support library's op_schema.c.")
     parser.add_argument("--check", action="store_true", help="exit 1 when op_schema.c is stale")
     args = parser.parse_args()
     text = render()

@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 from . import dialect, sources
+from . import kernels as launcher
+from .runtime import unavailable_reason
 
 # sm_75 (Turing): the oldest architecture CUDA 13 still compiles for.
 ARCHITECTURES = ("sm_90", "sm_75")
@@ -108,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 def compile_nvrtc(source: str, options: str, kernels: list[str]) -> str | None:
     """Builds ``source`` as the plugin does (one process per job: a CUDA
     context each); the error, or None."""
-    from . import kernels as launcher
-
     try:
         for name in kernels:
             launcher.modules.function(0, source, options, name)
@@ -119,9 +119,6 @@ def compile_nvrtc(source: str, options: str, kernels: list[str]) -> str | None:
 
 
 def _check_nvrtc(args) -> int:
-    from .kernels import cache_dir
-    from .runtime import unavailable_reason
-
     reason = unavailable_reason()
     if reason is not None:
         print(f"cuda kernel check (--nvrtc) cannot run: {reason}", file=sys.stderr)
@@ -136,7 +133,7 @@ def _check_nvrtc(args) -> int:
         print("\n".join(failures), file=sys.stderr)
         print(f"{len(failures)} of {len(programs)} sources failed (NVRTC)", file=sys.stderr)
         return 1
-    print(f"{len(programs)} sources compiled (NVRTC, device 0; cached in {cache_dir()})")
+    print(f"{len(programs)} sources compiled (NVRTC, device 0; cached in {launcher.cache_dir()})")
     return 0
 
 

@@ -22,6 +22,12 @@ import pkgutil
 from collections.abc import Iterator
 
 from ...abi import C
+from .. import kernels
+from ..kernels import layer, linalg_gemm, training_common, training_conv, training_rows
+from ..kernels.layer import CL_TYPES, prelude
+from ..kernels.training_common import NO_CONTRACT
+from ..support.boundary import PluginError
+from .table import device_table
 
 KERNELS = "devkit.backends.kernels"
 # Parameters holding the dtype of the op's key input, of a second operand
@@ -74,8 +80,6 @@ def _reached(fn, seen: set) -> None:
 def _claims() -> dict[object, set[int]]:
     """The dtype keys each function of the families serves: those of every
     entry of the cuda plugin's kernel table whose run reaches it."""
-    from .table import device_table
-
     served: dict[object, set[int]] = {}
     for _op, key, run in device_table.build_kernel_table([_CallStandIn()]).runs:
         reached: set = set()
@@ -87,8 +91,6 @@ def _claims() -> dict[object, set[int]]:
 
 def family_modules() -> list[str]:
     """The kernel library's modules that may hold kernel sources."""
-    from .. import kernels
-
     return sorted(m.name for m in pkgutil.iter_modules(kernels.__path__) if m.name not in _NOT_FAMILIES)
 
 
@@ -101,8 +103,6 @@ def _builders(module) -> Iterator[tuple[str, object]]:
 
 
 def _arguments(fn, keys: list[int], itemsizes: list[int]) -> Iterator[tuple[list, str]]:
-    from ..kernels.layer import CL_TYPES
-
     choices, labels = [], []
     for parameter in inspect.signature(fn).parameters:
         if parameter == "c":
@@ -133,16 +133,12 @@ def _arguments(fn, keys: list[int], itemsizes: list[int]) -> Iterator[tuple[list
 
 
 def _options() -> str:
-    from ..kernels import linalg_gemm
-
     return f"-DWG=256 {linalg_gemm._GPU_TILES[0].options()}"
 
 
 def _inline():
     """Programs kernels build inline: (name, source, the function that builds
     it, whose dtypes it takes; None for the dtype-free copy)."""
-    from ..kernels import layer, training_common, training_conv, training_rows
-
     for width, key in layer.STORAGE_OF_WIDTH.items():
         yield f"layer.copy[{width} bytes]", layer.prelude("X", key, False) + layer._COPY, None
     yield ("training_conv._conv_grad", training_conv.VALID_RANGE + training_common.row_helpers("X")
@@ -153,10 +149,6 @@ def _inline():
 
 def programs() -> list[Program]:
     """Every program, each once (two builders may make the same text)."""
-    from ..support.boundary import PluginError
-    from ..kernels.layer import CL_TYPES, prelude
-    from ..kernels.training_common import NO_CONTRACT
-
     claims = _claims()
     options = _options()
     found: dict[str, Program] = {}

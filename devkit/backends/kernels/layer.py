@@ -32,8 +32,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ... import ops
 from ...abi import C, ffi
-from ...ops.spec import dtype_name
+from ...engine.calls import key_dtype_of
+from ...ops import dispatch
+from ...ops.spec import TensorInfo, dtype_name
 from ..support.boundary import invalid
 
 
@@ -491,8 +494,6 @@ class KernelTable:
 
 
 def _numpy_dtype(c: Call, what: str, key: int) -> np.dtype:
-    from ...engine.calls import key_dtype_of
-
     code, bits, lanes = key & 0xFF, (key >> 8) & 0xFF, key >> 16
     try:
         if lanes != 1:
@@ -508,10 +509,6 @@ def check_against_spec(c: Call, key: int) -> None:
     dtype, each attribute's presence, type and value (its choices and check),
     and inputs and outputs whose shapes and dtypes shape inference does not
     give. The devkit host sends valid calls; any other host may not."""
-    from ... import ops
-    from ...ops import dispatch
-    from ...ops.spec import TensorInfo
-
     spec = ops.get(c.op)
     declared = [decl for decl in spec.inputs if not decl.host]
     variadic = bool(declared) and declared[-1].variadic
@@ -588,9 +585,6 @@ def check_against_spec(c: Call, key: int) -> None:
 
 def supported_dtypes(op: str, devices: list) -> list[int]:
     """The DK keys of the op's key dtypes; float64 only where every device has fp64."""
-    from ... import ops
-    from ...ops.spec import dtype_name
-
     names = {dtype_name(d) for d in ops.get(op).dtypes}
     fp64 = all(d.fp64 for d in devices)
     return [t.key for t in CL_TYPES.values() if t.name in names and (fp64 or t.name != "float64")]

@@ -4,27 +4,27 @@
  * Mean, Equal Less LessOrEqual Greater GreaterOrEqual, And Or Xor,
  * BitwiseAnd BitwiseOr BitwiseXor and Where.
  *
- * Every kernel runs on cpu_elementwise and so honours strides (CPU_STRIDED).
+ * Every kernel runs on dks_elementwise and so honours strides (DKS_STRIDED).
  * float16/bfloat16 are loaded as float32, computed and rounded once on store.
  * The integer results ONNX leaves open are those devkit/ops/binary.py fixes:
  * arithmetic wraps around, x / 0 and x % 0 are 0, INT_MIN / -1 is INT_MIN.
  */
-#include "kernel.h"
+#include "dks_kernel.h"
 
 /* ---- dtype lists (X-macros) ----------------------------------------------- */
 
 #define AS_IS(v) (v)
 /* Stores from float32 -- or from float64 (Pow, Mean) through float32. */
-#define STORE_F16(v) cpu_f32_to_f16((float)(v))
-#define STORE_BF16(v) cpu_f32_to_bf16((float)(v))
+#define STORE_F16(v) dks_f32_to_f16((float)(v))
+#define STORE_BF16(v) dks_f32_to_bf16((float)(v))
 
 /* X(SFX, T, CT, LOAD, STORE, M): stored as T, computed as CT; M is the libm
  * suffix of CT (f for float, empty for double). */
 #define FLOAT_TYPES(X)                                   \
   X(f32, float, float, AS_IS, AS_IS, f)                  \
   X(f64, double, double, AS_IS, AS_IS, )                 \
-  X(f16, uint16_t, float, cpu_f16_to_f32, STORE_F16, f)  \
-  X(bf16, uint16_t, float, cpu_bf16_to_f32, STORE_BF16, f)
+  X(f16, uint16_t, float, dks_f16_to_f32, STORE_F16, f)  \
+  X(bf16, uint16_t, float, dks_bf16_to_f32, STORE_BF16, f)
 
 /* X(SFX, T, U): U is T's unsigned twin, where overflow wraps. */
 #define SIGNED_TYPES(X) X(i8, int8_t, uint8_t) X(i32, int32_t, uint32_t) X(i64, int64_t, uint64_t)
@@ -38,7 +38,7 @@
  * stored as TO through STORE. EXPR may use ctx. Compact operands, and a
  * compact one with a broadcast scalar, get indexed loops the compiler
  * vectorises; other layouts step by byte strides. VLOOP2's compact loops are
- * also compiled for AVX2 and AVX-512 (CPU_VECTOR_CLONES): the arithmetic
+ * also compiled for AVX2 and AVX-512 (DKS_VECTOR_CLONES): the arithmetic
  * that runs at memory speed, where wider vectors pay (every loop cloned
  * would triple the build time for loops that call libm anyway). */
 #define LOOP2_WITH(ATTR, NAME, TA, LOADA, TB, LOADB, CT, TO, STORE, EXPR)         \
@@ -81,13 +81,13 @@
   }
 
 #define LOOP2(...) LOOP2_WITH(, __VA_ARGS__)
-#define VLOOP2(...) LOOP2_WITH(CPU_VECTOR_CLONES, __VA_ARGS__)
+#define VLOOP2(...) LOOP2_WITH(DKS_VECTOR_CLONES, __VA_ARGS__)
 
 /* A kernel NAME over two operands of storage T, with its loop NAME_loop. */
 #define BINARY_WITH(LOOP, NAME, T, CT, LOAD, TO, STORE, EXPR) \
   LOOP(NAME##_loop, T, LOAD, T, LOAD, CT, TO, STORE, EXPR)    \
-  static DK_Status NAME(const cpu_kernel_args *k) {           \
-    cpu_elementwise(k, 2, NAME##_loop, NULL);                 \
+  static DK_Status NAME(const dks_kernel_args *k) {           \
+    dks_elementwise(k, 2, NAME##_loop, NULL);                 \
     return DK_OK;                                             \
   }
 #define BINARY(...) BINARY_WITH(LOOP2, __VA_ARGS__)
@@ -119,9 +119,9 @@ SIZED_LOOPS(32, uint32_t)
 SIZED_LOOPS(64, uint64_t)
 
 /* By itemsize (the launcher admits 1 to 8 bytes); NULL for sizes no dtype has. */
-static const cpu_inner_loop copy_loops[9] = {
+static const dks_inner_loop copy_loops[9] = {
     [1] = copy8, [2] = copy16, [4] = copy32, [8] = copy64};
-static const cpu_inner_loop where_loops[9] = {
+static const dks_inner_loop where_loops[9] = {
     [1] = where8, [2] = where16, [4] = where32, [8] = where64};
 
 /* ---- Scalar helpers ------------------------------------------------------ */
@@ -187,9 +187,9 @@ FLOAT_TYPES(FLOAT_ARITH)
   BINARY(div_##SFX, T, T, AS_IS, T, AS_IS, idiv_##SFX(x, y))                    \
   LOOP2(mod_floor_##SFX, T, AS_IS, T, AS_IS, T, T, AS_IS, imod_##SFX(x, y))     \
   LOOP2(mod_trunc_##SFX, T, AS_IS, T, AS_IS, T, T, AS_IS, irem_##SFX(x, y))     \
-  static DK_Status mod_##SFX(const cpu_kernel_args *k) {                        \
-    bool truncated = cpu_attr_int(k, "fmod", 0) != 0;                           \
-    cpu_elementwise(k, 2, truncated ? mod_trunc_##SFX : mod_floor_##SFX, NULL); \
+  static DK_Status mod_##SFX(const dks_kernel_args *k) {                        \
+    bool truncated = dks_attr_int(k, "fmod", 0) != 0;                           \
+    dks_elementwise(k, 2, truncated ? mod_trunc_##SFX : mod_floor_##SFX, NULL); \
     return DK_OK;                                                               \
   }                                                                             \
   LOOP2(max_##SFX##_loop, T, AS_IS, T, AS_IS, T, T, AS_IS, x > y ? x : y)       \
@@ -227,47 +227,47 @@ BINARY(xor_b8, uint8_t, bool, AS_IS, uint8_t, AS_IS, x != y)
 /* Folds the inputs into the output: out = f(in0, in1), then out = f(out, in_i)
  * for each later input, every step broadcasting into the output's shape.
  * `last` is the final step's loop (Mean divides there); one input is copied. */
-static DK_Status fold(const cpu_kernel_args *k, cpu_inner_loop step, cpu_inner_loop last,
+static DK_Status fold(const dks_kernel_args *k, dks_inner_loop step, dks_inner_loop last,
                       void *ctx) {
   size_t n = k->num_inputs;
   if (n == 1) {
-    cpu_inner_loop copy = copy_loops[k->out[0].itemsize];
-    if (!copy) return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "unsupported element size %d",
+    dks_inner_loop copy = copy_loops[k->out[0].itemsize];
+    if (!copy) return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "unsupported element size %d",
                                       k->out[0].itemsize);
-    cpu_elementwise(k, 1, copy, NULL);
+    dks_elementwise(k, 1, copy, NULL);
     return DK_OK;
   }
-  cpu_elementwise(k, 2, n == 2 ? last : step, ctx);
+  dks_elementwise(k, 2, n == 2 ? last : step, ctx);
   /* Later steps read the running result back from the output. */
-  cpu_tensor operands[2];
+  dks_tensor operands[2];
   operands[0] = k->out[0];
-  cpu_kernel_args pair = *k;
+  dks_kernel_args pair = *k;
   pair.in = operands;
   pair.num_inputs = 2;
   for (size_t i = 2; i < n; i++) {
     operands[1] = k->in[i];
-    cpu_elementwise(&pair, 2, i + 1 == n ? last : step, ctx);
+    dks_elementwise(&pair, 2, i + 1 == n ? last : step, ctx);
   }
   return DK_OK;
 }
 
 #define EXTREMA_VARIADIC(SFX)                                                              \
-  static DK_Status max_##SFX(const cpu_kernel_args *k) {                                   \
+  static DK_Status max_##SFX(const dks_kernel_args *k) {                                   \
     return fold(k, max_##SFX##_loop, max_##SFX##_loop, NULL);                              \
   }                                                                                        \
-  static DK_Status min_##SFX(const cpu_kernel_args *k) {                                   \
+  static DK_Status min_##SFX(const dks_kernel_args *k) {                                   \
     return fold(k, min_##SFX##_loop, min_##SFX##_loop, NULL);                              \
   }
 /* Mean's last step adds and divides (ctx: the input count) in float64, so a
  * mean of two inputs is correctly rounded and does not overflow. */
 #define FLOAT_VARIADIC(SFX, T, CT, LOAD, STORE, M)                                         \
   EXTREMA_VARIADIC(SFX)                                                                    \
-  static DK_Status sum_##SFX(const cpu_kernel_args *k) {                                   \
+  static DK_Status sum_##SFX(const dks_kernel_args *k) {                                   \
     return fold(k, add_##SFX##_loop, add_##SFX##_loop, NULL);                              \
   }                                                                                        \
   LOOP2(mean_last_##SFX, T, LOAD, T, LOAD, double, T, STORE,                               \
         (x + y) / *(const double *)ctx)                                                    \
-  static DK_Status mean_##SFX(const cpu_kernel_args *k) {                                  \
+  static DK_Status mean_##SFX(const dks_kernel_args *k) {                                  \
     double count = (double)k->num_inputs;                                                  \
     return fold(k, add_##SFX##_loop, mean_last_##SFX, &count);                             \
   }
@@ -282,8 +282,8 @@ INT_TYPES(INT_VARIADIC)
 #define FLOAT_EXPONENTS(X, ...)                                   \
   X(f32, DK_DTYPE_FLOAT32, float, AS_IS, __VA_ARGS__)             \
   X(f64, DK_DTYPE_FLOAT64, double, AS_IS, __VA_ARGS__)            \
-  X(f16, DK_DTYPE_FLOAT16, uint16_t, cpu_f16_to_f32, __VA_ARGS__) \
-  X(bf16, DK_DTYPE_BFLOAT16, uint16_t, cpu_bf16_to_f32, __VA_ARGS__)
+  X(f16, DK_DTYPE_FLOAT16, uint16_t, dks_f16_to_f32, __VA_ARGS__) \
+  X(bf16, DK_DTYPE_BFLOAT16, uint16_t, dks_bf16_to_f32, __VA_ARGS__)
 #define SIGNED_EXPONENTS(X, ...)                          \
   X(i8, DK_DTYPE_INT8, int8_t, AS_IS, __VA_ARGS__)        \
   X(i16, DK_DTYPE_INT16, int16_t, AS_IS, __VA_ARGS__)     \
@@ -357,16 +357,16 @@ POW_INT_LOOPS(i64, int64_t)
     loop = pow_##SFX##_##ESFX;             \
     break;
 #define POW_KERNEL(SFX)                                                                    \
-  static DK_Status pow_##SFX(const cpu_kernel_args *k) {                                   \
-    cpu_inner_loop loop;                                                                   \
+  static DK_Status pow_##SFX(const dks_kernel_args *k) {                                   \
+    dks_inner_loop loop;                                                                   \
     switch ((int)k->in[1].dtype) {                                                         \
       ALL_EXPONENTS(POW_CASE, SFX)                                                         \
       default:                                                                             \
-        return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,                                     \
+        return dks_kernel_fail(k, DK_INVALID_ARGUMENT,                                     \
                                "exponent dtype %#x is not supported",                      \
                                (unsigned)k->in[1].dtype);                                  \
     }                                                                                      \
-    cpu_elementwise(k, 2, loop, NULL);                                                     \
+    dks_elementwise(k, 2, loop, NULL);                                                     \
     return DK_OK;                                                                          \
   }
 POW_KERNEL(f32)
@@ -379,17 +379,17 @@ POW_KERNEL(i64)
 /* ---- Where --------------------------------------------------------------- */
 
 /* A bit copy: one kernel for every dtype, by element size. */
-static DK_Status where_kernel(const cpu_kernel_args *k) {
-  cpu_inner_loop loop = where_loops[k->out[0].itemsize];
-  if (!loop) return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "unsupported element size %d",
+static DK_Status where_kernel(const dks_kernel_args *k) {
+  dks_inner_loop loop = where_loops[k->out[0].itemsize];
+  if (!loop) return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "unsupported element size %d",
                                     k->out[0].itemsize);
-  cpu_elementwise(k, 3, loop, NULL);
+  dks_elementwise(k, 3, loop, NULL);
   return DK_OK;
 }
 
 /* ---- The table ----------------------------------------------------------- */
 
-#define ENTRY(OP, DT, FN) {OP, DT, FN, CPU_STRIDED},
+#define ENTRY(OP, DT, FN) {OP, DT, FN, DKS_STRIDED},
 #define FLOAT_ENTRIES(OP, NAME)                 \
   ENTRY(OP, DK_DTYPE_FLOAT32, NAME##_f32)       \
   ENTRY(OP, DK_DTYPE_FLOAT64, NAME##_f64)       \
@@ -402,7 +402,7 @@ static DK_Status where_kernel(const cpu_kernel_args *k) {
   ENTRY(OP, DK_DTYPE_INT64, NAME##_i64)
 #define NUMERIC_ENTRIES(OP, NAME) FLOAT_ENTRIES(OP, NAME) INT_ENTRIES(OP, NAME)
 
-static const cpu_kernel_def k_binary[] = {
+static const dks_kernel_def k_binary[] = {
     NUMERIC_ENTRIES("Add", add)
     NUMERIC_ENTRIES("Sub", sub)
     NUMERIC_ENTRIES("Mul", mul)
@@ -430,41 +430,41 @@ static const cpu_kernel_def k_binary[] = {
     INT_ENTRIES("BitwiseAnd", bitwise_and)
     INT_ENTRIES("BitwiseOr", bitwise_or)
     INT_ENTRIES("BitwiseXor", bitwise_xor)
-    CPU_ALL_DTYPES("Where", where_kernel, CPU_STRIDED),
+    DKS_ALL_DTYPES("Where", where_kernel, DKS_STRIDED),
 };
-CPU_REGISTER_KERNELS(k_binary)
+DKS_REGISTER_KERNELS(k_binary)
 
 /* The inputs broadcast to the output's shape; every input has the first one's
  * dtype (Pow's exponent may differ) and the output it too, or bool. */
-static DK_Status validate_binary(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_broadcast(k, k->num_inputs);
+static DK_Status validate_binary(const dks_kernel_args *k) {
+  DK_Status st = dks_check_broadcast(k, k->num_inputs);
   for (size_t i = 1; st == DK_OK && i < k->num_inputs && strcmp(k->op, "Pow") != 0; i++)
-    st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
+    st = dks_check_dtype(k, "input", i, k->in[0].dtype);
   if (st != DK_OK) return st;
   const char *op = k->op;
   bool compares = strcmp(op, "Equal") == 0 || strncmp(op, "Less", 4) == 0 || strncmp(op, "Greater", 7) == 0;
-  return cpu_check_dtype(k, "output", 0, compares ? DK_DTYPE_BOOL : k->in[0].dtype);
+  return dks_check_dtype(k, "output", 0, compares ? DK_DTYPE_BOOL : k->in[0].dtype);
 }
 
 /* Mod: as the other binary ops; float inputs take only fmod=1. */
-static DK_Status validate_mod(const cpu_kernel_args *k) {
+static DK_Status validate_mod(const dks_kernel_args *k) {
   DK_DTypeKey dt = k->in[0].dtype;
   bool real = dt == DK_DTYPE_FLOAT32 || dt == DK_DTYPE_FLOAT64 || dt == DK_DTYPE_FLOAT16 || dt == DK_DTYPE_BFLOAT16;
-  if (real && cpu_attr_int(k, "fmod", 0) == 0)
-    return cpu_invalid(k, "fmod=0 (integer modulo) is defined for integers only; float inputs need fmod=1");
+  if (real && dks_attr_int(k, "fmod", 0) == 0)
+    return dks_invalid(k, "fmod=0 (integer modulo) is defined for integers only; float inputs need fmod=1");
   return validate_binary(k);
 }
 
 /* Where(condition, X, Y): a bool condition; X, Y and the output of one dtype. */
-static DK_Status validate_where(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_broadcast(k, 3);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, DK_DTYPE_BOOL);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, k->in[1].dtype);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[1].dtype);
+static DK_Status validate_where(const dks_kernel_args *k) {
+  DK_Status st = dks_check_broadcast(k, 3);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 0, DK_DTYPE_BOOL);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 2, k->in[1].dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, k->in[1].dtype);
   return st;
 }
 
-static const cpu_validator v_binary[] = {
+static const dks_validator v_binary[] = {
     {"Add", validate_binary},      {"Sub", validate_binary},         {"Mul", validate_binary},
     {"Div", validate_binary},      {"Mod", validate_mod}   ,         {"Pow", validate_binary},
     {"PRelu", validate_binary},    {"Max", validate_binary},         {"Min", validate_binary},
@@ -474,4 +474,4 @@ static const cpu_validator v_binary[] = {
     {"Xor", validate_binary},      {"BitwiseAnd", validate_binary},  {"BitwiseOr", validate_binary},
     {"BitwiseXor", validate_binary}, {"Where", validate_where},
 };
-CPU_REGISTER_VALIDATORS(v_binary)
+DKS_REGISTER_VALIDATORS(v_binary)

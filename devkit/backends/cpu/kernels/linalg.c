@@ -7,6 +7,7 @@
  * loop with wrapping arithmetic: BLAS has no integer GEMM.
  */
 #include "linalg.h"
+#include "linalg_packed.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@ static DK_Status blas_init(void) {
   scipy_openblas_set_num_threads(1);
   return DK_OK;
 }
-CPU_REGISTER_INIT(blas_init)
+DKS_REGISTER_INIT(blas_init)
 
 /* ---- GEMM --------------------------------------------------------------- */
 
@@ -192,14 +193,14 @@ static bool gemm_as_gemv(linalg_real real, bool trans_a, bool trans_b, int64_t m
     size_t es = real == LINALG_F64 ? sizeof(double) : sizeof(float);
     for (int64_t i = 0; i < g.len; i++) memset(g.y + (size_t)(i * g.incy) * es, 0, es);
   }
-  int64_t threads = cpu_thread_count();
+  int64_t threads = dks_thread_count();
   int64_t blocks = (g.len + GEMV_PART_BLOCK - 1) / GEMV_PART_BLOCK;
   if (threads < 2 || g.len * k < GEMV_SPLIT_MIN_MACS || blocks < 2) {
     gemv_part(&g, 0, g.len);
     return true;
   }
   /* One part per thread, of whole blocks. */
-  cpu_parallel_for(blocks, (blocks + threads - 1) / threads, gemv_blocks, &g);
+  dks_parallel_for(blocks, (blocks + threads - 1) / threads, gemv_blocks, &g);
   return true;
 }
 
@@ -208,7 +209,7 @@ void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_
                  void *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (gemm_as_gemv(real, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
-  int64_t threads = cpu_thread_count();
+  int64_t threads = dks_thread_count();
   if (threads < 2 || k <= 0 || (double)m * (double)n * (double)k < (double)GEMM_SPLIT_MIN_MACS) {
     gemm_serial(real, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
@@ -218,15 +219,15 @@ void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_
                   .alpha = alpha, .beta = beta, .a = a, .b = b, .c = c};
   /* One part per thread: more would pack the shared operand more often. */
   int64_t extent = g.by_rows ? m : n;
-  cpu_parallel_for(extent, (extent + threads - 1) / threads, gemm_part, &g);
+  dks_parallel_for(extent, (extent + threads - 1) / threads, gemm_part, &g);
 }
 
 /* ---- Scratch, copies, float16/bfloat16 ------------------------------------ */
 
-void *linalg_scratch(const cpu_kernel_args *k, size_t count, size_t size) {
+void *linalg_scratch(const dks_kernel_args *k, size_t count, size_t size) {
   void *p = calloc(count ? count : 1, size);
   if (!p)
-    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %zu scratch elements of %zu bytes",
+    dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %zu scratch elements of %zu bytes",
                     count, size);
   return p;
 }
@@ -251,74 +252,81 @@ COPY_LOOP(copy_8, uint64_t)
     for (int64_t i = 0; i < n; i++, o += s[0], x += s[1])                                 \
       *(float *)o = LOAD(*(const uint16_t *)x);                                           \
   }
-WIDEN_LOOP(widen_f16, cpu_f16_to_f32)
-WIDEN_LOOP(widen_bf16, cpu_bf16_to_f32)
+WIDEN_LOOP(widen_f16, dks_f16_to_f32)
+WIDEN_LOOP(widen_bf16, dks_bf16_to_f32)
 
 /* dst (compact, dst_itemsize bytes per element) = t through `loop`. */
-static void gather(const cpu_tensor *t, uint8_t *dst, int32_t dst_itemsize, cpu_inner_loop loop) {
-  int64_t strides[2][CPU_MAX_DIMS], compact[CPU_MAX_DIMS];
-  cpu_compact_strides(t->ndim, t->shape, compact);
+static void gather(const dks_tensor *t, uint8_t *dst, int32_t dst_itemsize, dks_inner_loop loop) {
+  int64_t strides[2][DKS_MAX_DIMS], compact[DKS_MAX_DIMS];
+  dks_compact_strides(t->ndim, t->shape, compact);
   for (int32_t d = 0; d < t->ndim; d++) {
     strides[0][d] = compact[d] * dst_itemsize;
     strides[1][d] = t->strides[d] * t->itemsize;
   }
   uint8_t *base[2] = {dst, t->data};
-  cpu_nd_loop(2, t->ndim, t->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, loop, NULL);
+  dks_nd_loop(2, t->ndim, t->shape, (const int64_t(*)[DKS_MAX_DIMS])strides, base, loop, NULL);
 }
 
-void *linalg_compact_copy(const cpu_kernel_args *k, const cpu_tensor *t) {
+void *linalg_compact_copy(const dks_kernel_args *k, const dks_tensor *t) {
   uint8_t *copy = linalg_scratch(k, (size_t)t->size, (size_t)t->itemsize);
   if (!copy || t->size == 0) return copy;
-  cpu_inner_loop loop = t->itemsize == 8 ? copy_8 : t->itemsize == 4 ? copy_4
+  dks_inner_loop loop = t->itemsize == 8 ? copy_8 : t->itemsize == 4 ? copy_4
                         : t->itemsize == 2 ? copy_2 : copy_1;
   gather(t, copy, t->itemsize, loop);
   return copy;
 }
 
-static bool is_low_float(const cpu_tensor *t) {
+static bool is_low_float(const dks_tensor *t) {
   return t->ndim >= 0 && (t->dtype == DK_DTYPE_FLOAT16 || t->dtype == DK_DTYPE_BFLOAT16);
 }
 
-DK_Status linalg_run_as_f32(const cpu_kernel_args *k, cpu_compute_fn core) {
+/* A compact float32 copy of float16/bfloat16 tensor t (scratch the caller
+ * frees), or NULL, the failure reported, when out of memory. */
+static float *widen_copy(const dks_kernel_args *k, const dks_tensor *t) {
+  float *buffer = linalg_scratch(k, (size_t)t->size, sizeof(float));
+  if (buffer && t->size)
+    gather(t, (uint8_t *)buffer, sizeof(float), t->dtype == DK_DTYPE_FLOAT16 ? widen_f16 : widen_bf16);
+  return buffer;
+}
+
+DK_Status linalg_run_as_f32(const dks_kernel_args *k, dks_compute_fn core) {
   size_t total = k->num_inputs + k->num_outputs;
-  cpu_tensor *wide = linalg_scratch(k, total, sizeof *wide);
+  dks_tensor *wide = linalg_scratch(k, total, sizeof *wide);
   if (!wide) return DK_RESOURCE_EXHAUSTED;
   memcpy(wide, k->in, k->num_inputs * sizeof *wide);
   memcpy(wide + k->num_inputs, k->out, k->num_outputs * sizeof *wide);
   DK_Status st = DK_OK;
   for (size_t i = 0; i < total && st == DK_OK; i++) {
-    cpu_tensor *t = &wide[i];
-    if (!is_low_float(t)) continue;
-    float *buffer = linalg_scratch(k, (size_t)t->size, sizeof(float));
+    dks_tensor *t = &wide[i];
+    if (!is_low_float(t) || t->prepared_bytes) continue; /* a prepared form is the kernel's own */
+    float *buffer = i < k->num_inputs ? widen_copy(k, t) : linalg_scratch(k, (size_t)t->size, sizeof(float));
     if (!buffer) {
       st = DK_RESOURCE_EXHAUSTED;
       break;
     }
-    if (i < k->num_inputs && t->size)
-      gather(t, (uint8_t *)buffer, sizeof(float), t->dtype == DK_DTYPE_FLOAT16 ? widen_f16 : widen_bf16);
     t->data = (uint8_t *)buffer;
     t->dtype = DK_DTYPE_FLOAT32;
     t->itemsize = sizeof(float);
-    cpu_compact_strides(t->ndim, t->shape, t->strides);
+    dks_compact_strides(t->ndim, t->shape, t->strides);
   }
   if (st == DK_OK) {
-    cpu_kernel_args args = *k;
+    dks_kernel_args args = *k;
     args.in = wide;
     args.out = wide + k->num_inputs;
     st = core(&args);
   }
   for (size_t o = 0; o < k->num_outputs && st == DK_OK; o++) {
-    const cpu_tensor *t = &k->out[o];
+    const dks_tensor *t = &k->out[o];
     if (!is_low_float(t)) continue;
     const float *src = (const float *)wide[k->num_inputs + o].data;
     uint16_t *dst = (uint16_t *)t->data;
     if (t->dtype == DK_DTYPE_FLOAT16)
-      for (int64_t i = 0; i < t->size; i++) dst[i] = cpu_f32_to_f16(src[i]);
+      for (int64_t i = 0; i < t->size; i++) dst[i] = dks_f32_to_f16(src[i]);
     else
-      for (int64_t i = 0; i < t->size; i++) dst[i] = cpu_f32_to_bf16(src[i]);
+      for (int64_t i = 0; i < t->size; i++) dst[i] = dks_f32_to_bf16(src[i]);
   }
   for (size_t i = 0; i < total; i++) {
-    const cpu_tensor *original = i < k->num_inputs ? &k->in[i] : &k->out[i - k->num_inputs];
+    const dks_tensor *original = i < k->num_inputs ? &k->in[i] : &k->out[i - k->num_inputs];
     if (is_low_float(original) && wide[i].dtype == DK_DTYPE_FLOAT32) free(wide[i].data);
   }
   free(wide);
@@ -327,13 +335,13 @@ DK_Status linalg_run_as_f32(const cpu_kernel_args *k, cpu_compute_fn core) {
 
 /* ---- Window geometry -------------------------------------------------------- */
 
-void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *in,
+void linalg_window_forward(const dks_kernel_args *k, int32_t n, const int64_t *in,
                            const int64_t *out, const int64_t *kernel, linalg_window *w) {
   int64_t ns, nd, np;
-  const int64_t *strides = cpu_attr_ints(k, "strides", &ns);
-  const int64_t *dilations = cpu_attr_ints(k, "dilations", &nd);
-  const int64_t *pads = cpu_attr_ints(k, "pads", &np);
-  const char *auto_pad = cpu_attr_string(k, "auto_pad", "NOTSET");
+  const int64_t *strides = dks_attr_ints(k, "strides", &ns);
+  const int64_t *dilations = dks_attr_ints(k, "dilations", &nd);
+  const int64_t *pads = dks_attr_ints(k, "pads", &np);
+  const char *auto_pad = dks_attr_string(k, "auto_pad", "NOTSET");
   bool upper = strcmp(auto_pad, "SAME_UPPER") == 0, same = upper || strcmp(auto_pad, "SAME_LOWER") == 0;
   bool explicit_pads = strcmp(auto_pad, "NOTSET") == 0 && np == 2 * n;
   memset(w, 0, sizeof *w);
@@ -359,23 +367,23 @@ void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *i
 /* Window extents are bounded like the spec's (_EXTENT_LIMIT), so sizes stay far from overflow. */
 #define WINDOW_LIMIT ((int64_t)1 << 31)
 
-static DK_Status check_per_axis(const cpu_kernel_args *k, const char *name, int64_t count, int64_t min) {
-  DK_Status st = cpu_check_ints(k, name, count, min);
+static DK_Status check_per_axis(const dks_kernel_args *k, const char *name, int64_t count, int64_t min) {
+  DK_Status st = dks_check_ints(k, name, count, min);
   if (st != DK_OK) return st;
   int64_t n;
-  const int64_t *values = cpu_attr_ints(k, name, &n);
+  const int64_t *values = dks_attr_ints(k, name, &n);
   for (int64_t i = 0; i < n; i++)
     if (values[i] >= WINDOW_LIMIT)
-      return cpu_invalid(k, "attribute '%s' value %lld is %lld; it must be below 2^31", name, (long long)i,
+      return dks_invalid(k, "attribute '%s' value %lld is %lld; it must be below 2^31", name, (long long)i,
                          (long long)values[i]);
   return DK_OK;
 }
 
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int64_t *x_shape,
+DK_Status linalg_check_window(const dks_kernel_args *k, int32_t ndim, const int64_t *x_shape,
                               const int64_t *kernel, bool pool, bool transpose, int64_t *out) {
-  if (ndim < 3) return cpu_invalid(k, "X has rank %d; it needs (N, C, D1, ...)", ndim);
+  if (ndim < 3) return dks_invalid(k, "X has rank %d; it needs (N, C, D1, ...)", ndim);
   int32_t n = ndim - 2;
   DK_Status st;
   if ((st = check_per_axis(k, "kernel_shape", n, 1)) != DK_OK ||
@@ -386,25 +394,25 @@ DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int6
       (st = check_per_axis(k, "output_shape", n, 0)) != DK_OK)
     return st;
   int64_t nk, ns, nd, np, nop, nos;
-  const int64_t *kernel_shape = cpu_attr_ints(k, "kernel_shape", &nk);
-  const int64_t *strides = cpu_attr_ints(k, "strides", &ns);
-  const int64_t *dilations = cpu_attr_ints(k, "dilations", &nd);
-  const int64_t *pads = cpu_attr_ints(k, "pads", &np);
-  const int64_t *output_padding = cpu_attr_ints(k, "output_padding", &nop);
-  const int64_t *output_shape = cpu_attr_ints(k, "output_shape", &nos);
-  if (!kernel && !kernel_shape) return cpu_invalid(k, "attribute 'kernel_shape' is missing");
-  const char *auto_pad = cpu_attr_string(k, "auto_pad", "NOTSET");
+  const int64_t *kernel_shape = dks_attr_ints(k, "kernel_shape", &nk);
+  const int64_t *strides = dks_attr_ints(k, "strides", &ns);
+  const int64_t *dilations = dks_attr_ints(k, "dilations", &nd);
+  const int64_t *pads = dks_attr_ints(k, "pads", &np);
+  const int64_t *output_padding = dks_attr_ints(k, "output_padding", &nop);
+  const int64_t *output_shape = dks_attr_ints(k, "output_shape", &nos);
+  if (!kernel && !kernel_shape) return dks_invalid(k, "attribute 'kernel_shape' is missing");
+  const char *auto_pad = dks_attr_string(k, "auto_pad", "NOTSET");
   bool same = strcmp(auto_pad, "SAME_UPPER") == 0 || strcmp(auto_pad, "SAME_LOWER") == 0;
-  bool ceil_mode = pool && cpu_attr_int(k, "ceil_mode", 0) == 1;
+  bool ceil_mode = pool && dks_attr_int(k, "ceil_mode", 0) == 1;
   for (int32_t d = 0; d < n; d++) {
     if (np && strcmp(auto_pad, "NOTSET") != 0 && (pads[d] || pads[n + d]))
-      return cpu_invalid(k, "attribute 'pads' cannot be combined with auto_pad %s", auto_pad);
+      return dks_invalid(k, "attribute 'pads' cannot be combined with auto_pad %s", auto_pad);
     int64_t size = x_shape[d + 2], kd = kernel ? kernel[d] : kernel_shape[d];
     if (kernel && kernel_shape && kernel_shape[d] != kernel[d])
-      return cpu_invalid(k, "attribute 'kernel_shape' value %d is %lld; W's spatial size there is %lld", d,
+      return dks_invalid(k, "attribute 'kernel_shape' value %d is %lld; W's spatial size there is %lld", d,
                          (long long)kernel_shape[d], (long long)kernel[d]);
     if (kd < 1 || kd >= WINDOW_LIMIT || size >= WINDOW_LIMIT)
-      return cpu_invalid(k, "spatial axis %d: kernel size %lld and input size %lld must be in [1, 2^31)", d,
+      return dks_invalid(k, "spatial axis %d: kernel size %lld and input size %lld must be in [1, 2^31)", d,
                          (long long)kd, (long long)size);
     int64_t s = ns ? strides[d] : 1, dil = nd ? dilations[d] : 1;
     int64_t b = np && !same ? pads[d] : 0, e = np && !same ? pads[n + d] : 0;
@@ -412,12 +420,12 @@ DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int6
     if (transpose) {
       int64_t extra = nop ? output_padding[d] : 0;
       if (extra >= (s > dil ? s : dil))
-        return cpu_invalid(k, "attribute 'output_padding' value %d is %lld; it must be smaller than the "
+        return dks_invalid(k, "attribute 'output_padding' value %d is %lld; it must be smaller than the "
                            "stride or the dilation", d, (long long)extra);
       int64_t full = size ? s * (size - 1) + extra + extent : 0;
       o = nos ? output_shape[d] : same ? size * s : strcmp(auto_pad, "VALID") == 0 ? full : full - b - e;
       if (o < 0)
-        return cpu_invalid(k, "spatial axis %d: pads (%lld, %lld) exceed the full output size %lld", d,
+        return dks_invalid(k, "spatial axis %d: pads (%lld, %lld) exceed the full output size %lld", d,
                            (long long)b, (long long)e, (long long)full);
     } else if (same) {
       o = floor_div(size + s - 1, s);
@@ -425,12 +433,12 @@ DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int6
       if (strcmp(auto_pad, "VALID") == 0) b = e = 0;
       int64_t span = size + b + e - extent;
       if (span < 0)
-        return cpu_invalid(k, "spatial axis %d: the kernel extent %lld exceeds the padded input size %lld",
+        return dks_invalid(k, "spatial axis %d: the kernel extent %lld exceeds the padded input size %lld",
                            d, (long long)extent, (long long)(size + b + e));
       o = (ceil_mode ? floor_div(span + s - 1, s) : span / s) + 1;
       if (ceil_mode && (o - 1) * s >= size + b) o--;
       if (pool && (b >= extent || e >= extent))
-        return cpu_invalid(k, "spatial axis %d: pads (%lld, %lld) must be smaller than the kernel extent %lld",
+        return dks_invalid(k, "spatial axis %d: pads (%lld, %lld) must be smaller than the kernel extent %lld",
                            d, (long long)b, (long long)e, (long long)extent);
     }
     out[d] = o;
@@ -438,18 +446,18 @@ DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int6
   return DK_OK;
 }
 
-DK_Status linalg_check_conv(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                            const cpu_tensor *b, bool transpose, int64_t *y) {
+DK_Status linalg_check_conv(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                            const dks_tensor *b, bool transpose, int64_t *y) {
   if (x->ndim < 3 || wt->ndim != x->ndim)
-    return cpu_invalid(k, "X has rank %d and W rank %d; they need one rank of at least 3", x->ndim, wt->ndim);
-  int64_t group = cpu_attr_int(k, "group", 1), c = x->shape[1];
-  if (group < 1) return cpu_invalid(k, "attribute 'group' is %lld; it must be at least 1", (long long)group);
+    return dks_invalid(k, "X has rank %d and W rank %d; they need one rank of at least 3", x->ndim, wt->ndim);
+  int64_t group = dks_attr_int(k, "group", 1), c = x->shape[1];
+  if (group < 1) return dks_invalid(k, "attribute 'group' is %lld; it must be at least 1", (long long)group);
   int64_t m = transpose ? wt->shape[1] * group : wt->shape[0];
   if (transpose ? c != wt->shape[0] || c % group : c != wt->shape[1] * group || m % group)
-    return cpu_invalid(k, "X has %lld channels, W has shape (%lld, %lld, ...) and group is %lld: they do not fit",
+    return dks_invalid(k, "X has %lld channels, W has shape (%lld, %lld, ...) and group is %lld: they do not fit",
                        (long long)c, (long long)wt->shape[0], (long long)wt->shape[1], (long long)group);
   if (b && (b->ndim != 1 || b->shape[0] != m))
-    return cpu_invalid(k, "B has rank %d; it needs shape (%lld)", b->ndim, (long long)m);
+    return dks_invalid(k, "B has rank %d; it needs shape (%lld)", b->ndim, (long long)m);
   y[0] = x->shape[0];
   y[1] = m;
   return linalg_check_window(k, x->ndim, x->shape, wt->shape + 2, false, transpose, y + 2);
@@ -478,7 +486,7 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool
 typedef struct mm_geometry {
   int64_t m, n, k;
   int32_t batch_nd;
-  int64_t batch_shape[CPU_MAX_DIMS];
+  int64_t batch_shape[DKS_MAX_DIMS];
   int64_t batches;
 } mm_geometry;
 
@@ -488,10 +496,10 @@ typedef struct mm_operand {
   const uint8_t *data;
   int32_t itemsize;
   int64_t rows, cols, rs, cs;
-  int64_t batch[CPU_MAX_DIMS];
+  int64_t batch[DKS_MAX_DIMS];
 } mm_operand;
 
-static void mm_setup(const cpu_tensor *a, const cpu_tensor *b, const cpu_tensor *y, mm_geometry *g) {
+static void mm_setup(const dks_tensor *a, const dks_tensor *b, const dks_tensor *y, mm_geometry *g) {
   bool a1 = a->ndim == 1, b1 = b->ndim == 1;
   g->m = a1 ? 1 : a->shape[a->ndim - 2];
   g->k = a->shape[a->ndim - 1];
@@ -503,7 +511,7 @@ static void mm_setup(const cpu_tensor *a, const cpu_tensor *b, const cpu_tensor 
 
 /* t (with `data` and `strides`, possibly a compact copy's) as operand A
  * (rows m, cols k) or B (rows k, cols n) of g. */
-static void mm_operand_init(const cpu_tensor *t, const uint8_t *data, const int64_t *strides, bool is_a,
+static void mm_operand_init(const dks_tensor *t, const uint8_t *data, const int64_t *strides, bool is_a,
                             const mm_geometry *g, mm_operand *op) {
   int32_t nd = t->ndim, matrix_nd = nd == 1 ? 1 : 2, tb = nd - matrix_nd;
   op->data = data;
@@ -525,7 +533,7 @@ static void mm_operand_init(const cpu_tensor *t, const uint8_t *data, const int6
 
 /* The operand's BLAS layout; when its strides have none, a compact copy
  * (returned in *copy for the caller to free) replaces it. */
-static DK_Status mm_operand_prepare(const cpu_kernel_args *k, const cpu_tensor *t, bool is_a,
+static DK_Status mm_operand_prepare(const dks_kernel_args *k, const dks_tensor *t, bool is_a,
                                     const mm_geometry *g, mm_operand *op, bool *trans, int64_t *ld,
                                     void **copy) {
   mm_operand_init(t, t->data, t->strides, is_a, g, op);
@@ -533,8 +541,8 @@ static DK_Status mm_operand_prepare(const cpu_kernel_args *k, const cpu_tensor *
   if (blas_layout(op->rows, op->cols, op->rs, op->cs, trans, ld)) return DK_OK;
   *copy = linalg_compact_copy(k, t);
   if (!*copy) return DK_RESOURCE_EXHAUSTED;
-  int64_t compact[CPU_MAX_DIMS];
-  cpu_compact_strides(t->ndim, t->shape, compact);
+  int64_t compact[DKS_MAX_DIMS];
+  dks_compact_strides(t->ndim, t->shape, compact);
   mm_operand_init(t, *copy, compact, is_a, g, op);
   blas_layout(op->rows, op->cols, op->rs, op->cs, trans, ld);
   return DK_OK;
@@ -571,9 +579,71 @@ static bool mm_foldable(const mm_geometry *g, const mm_operand *a, bool a_trans,
   return true;
 }
 
-static DK_Status matmul_float(const cpu_kernel_args *k) {
-  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+/* ---- Prepared B: packed panels (linalg_packed.h) ------------------------------ */
+
+/* The k x n matrix a MatMul or Gemm multiplies by, as B's element strides:
+ * element (i, j) at B + i * rs + j * cs. False where B cannot be prepared
+ * (a batched MatMul B). */
+static bool product_b(const dks_kernel_args *k, int64_t *kk, int64_t *n, bool *trans) {
+  const dks_tensor *b = &k->in[1];
+  if (b->ndim != 2) return false;
+  *trans = strcmp(k->op, "Gemm") == 0 && dks_attr_int(k, "transB", 0) != 0;
+  *kk = b->shape[*trans], *n = b->shape[!*trans];
+  return true;
+}
+
+/* The prepare of float32/float16/bfloat16 MatMul and Gemm: a constant B
+ * packed into float32 panels once, so a call neither packs B (OpenBLAS does
+ * at every call: most of a small-M product's time) nor widens it. */
+static DK_Status prepare_b(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
+  int64_t kk, n;
+  bool trans;
+  *size = 0;
+  DK_DTypeKey dtype = k->in[1].dtype;
+  bool floats = dtype == DK_DTYPE_FLOAT32 || dtype == DK_DTYPE_FLOAT16 || dtype == DK_DTYPE_BFLOAT16;
+  if (input != 1 || !floats || !product_b(k, &kk, &n, &trans)) return DK_OK;
+  *size = packed_b_bytes(kk, n);
+  if (!dst || !*size) return DK_OK;
+  const dks_tensor *b = &k->in[1];
+  float *wide = b->dtype == DK_DTYPE_FLOAT32 ? NULL : widen_copy(k, b); /* compact, as B is laid out */
+  if (b->dtype != DK_DTYPE_FLOAT32 && !wide) return DK_RESOURCE_EXHAUSTED;
+  const int64_t *strides = b->strides, compact[2] = {b->shape[1], 1};
+  if (wide) strides = compact;
+  packed_b_pack(wide ? wide : (const float *)b->data, strides[trans], strides[!trans], kk, n, dst);
+  free(wide);
+  return DK_OK;
+}
+
+/* y (m x n, compact) (+)= alpha * a @ B for a prepared B, a the m x kk
+ * operand as a tensor view (copied when its rows are not compact). */
+static DK_Status product_prepared(const dks_kernel_args *k, const dks_tensor *a, int64_t m, int64_t kk,
+                                  int64_t n, float alpha, bool accumulate, float *y) {
+  const dks_tensor *b = &k->in[1];
+  if (!packed_b_check(b->data, b->prepared_bytes, kk, n))
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is marked prepared and is not this kernel's packed form of a "
+                           "%lld x %lld B", (long long)kk, (long long)n);
+  bool rows = a->strides[a->ndim - 1] == 1 || kk <= 1;
+  for (int32_t d = a->ndim - 2; rows && d >= 0; d--)
+    rows = a->shape[d] <= 1 || a->strides[d] == a->strides[d + 1] * a->shape[d + 1];
+  float *copy = rows ? NULL : linalg_compact_copy(k, a);
+  if (!rows && !copy) return DK_RESOURCE_EXHAUSTED;
+  packed_gemm(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
+  free(copy);
+  return DK_OK;
+}
+
+static DK_Status matmul_prepared(const dks_kernel_args *k) {
+  const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  int64_t kk = b->shape[0], n = b->shape[1];
+  return product_prepared(k, a, kk ? a->size / kk : y->size / (n ? n : 1), kk, n, 1.0f, false,
+                          (float *)y->data);
+}
+
+static DK_Status matmul_float(const dks_kernel_args *k) {
+  const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
+  if (b->prepared_bytes) return matmul_prepared(k);
   linalg_real real = linalg_real_of(y);
   mm_geometry g;
   mm_setup(a, b, y, &g);
@@ -593,7 +663,7 @@ static DK_Status matmul_float(const cpu_kernel_args *k) {
       linalg_gemm(real, false, tb, g.m * g.batches, g.n, g.k, 1.0, oa.data, lda, ob.data, ldb, 0.0,
                   y->data, g.n);
     } else {
-      int64_t index[CPU_MAX_DIMS] = {0};
+      int64_t index[DKS_MAX_DIMS] = {0};
       for (int64_t i = 0; i < g.batches; i++, mm_next_batch(&g, index)) {
         int64_t a_off, b_off;
         mm_batch_offsets(&g, index, &oa, &ob, &a_off, &b_off);
@@ -632,16 +702,16 @@ static DK_Status matmul_float(const cpu_kernel_args *k) {
 INT_GEMM(int_gemm_i32, int32_t, uint32_t)
 INT_GEMM(int_gemm_i64, int64_t, uint64_t)
 
-static bool is_compact(const cpu_tensor *t) {
-  int64_t compact[CPU_MAX_DIMS];
-  cpu_compact_strides(t->ndim, t->shape, compact);
+static bool is_compact(const dks_tensor *t) {
+  int64_t compact[DKS_MAX_DIMS];
+  dks_compact_strides(t->ndim, t->shape, compact);
   for (int32_t d = 0; d < t->ndim; d++)
     if (t->shape[d] > 1 && t->strides[d] != compact[d]) return false;
   return true;
 }
 
-static DK_Status matmul_int(const cpu_kernel_args *k) {
-  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+static DK_Status matmul_int(const dks_kernel_args *k) {
+  const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   mm_geometry g;
   mm_setup(a, b, y, &g);
@@ -657,13 +727,13 @@ static DK_Status matmul_int(const cpu_kernel_args *k) {
     free(b_copy);
     return DK_RESOURCE_EXHAUSTED;
   }
-  int64_t sa[CPU_MAX_DIMS], sb[CPU_MAX_DIMS];
-  cpu_compact_strides(a->ndim, a->shape, sa);
-  cpu_compact_strides(b->ndim, b->shape, sb);
+  int64_t sa[DKS_MAX_DIMS], sb[DKS_MAX_DIMS];
+  dks_compact_strides(a->ndim, a->shape, sa);
+  dks_compact_strides(b->ndim, b->shape, sb);
   mm_operand oa, ob;
   mm_operand_init(a, a_copy ? a_copy : a->data, sa, true, &g, &oa);
   mm_operand_init(b, b_copy ? b_copy : b->data, sb, false, &g, &ob);
-  int64_t index[CPU_MAX_DIMS] = {0};
+  int64_t index[DKS_MAX_DIMS] = {0};
   for (int64_t i = 0; i < g.batches; i++, mm_next_batch(&g, index)) {
     int64_t a_off, b_off, c_off = i * g.m * g.n;
     mm_batch_offsets(&g, index, &oa, &ob, &a_off, &b_off);
@@ -679,13 +749,13 @@ static DK_Status matmul_int(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static DK_Status matmul_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, matmul_float); }
+static DK_Status matmul_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, matmul_float); }
 
 /* ---- Gemm ----------------------------------------------------------------------- */
 
 /* y = beta * c, c broadcast unidirectionally to y (m x n). */
 #define GEMM_FILL(NAME, T)                                                                   \
-  static void NAME(const cpu_tensor *c, double beta, T *y, int64_t m, int64_t n) {          \
+  static void NAME(const dks_tensor *c, double beta, T *y, int64_t m, int64_t n) {          \
     int64_t rs = 0, cs = 0;                                                                  \
     if (c->ndim >= 1 && c->shape[c->ndim - 1] != 1) cs = c->strides[c->ndim - 1];            \
     if (c->ndim == 2 && c->shape[0] != 1) rs = c->strides[0];                                \
@@ -697,16 +767,16 @@ static DK_Status matmul_low(const cpu_kernel_args *k) { return linalg_run_as_f32
 GEMM_FILL(gemm_fill_f32, float)
 GEMM_FILL(gemm_fill_f64, double)
 
-static DK_Status gemm_float(const cpu_kernel_args *k) {
-  const cpu_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
-  const cpu_tensor *c = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+static DK_Status gemm_float(const dks_kernel_args *k) {
+  const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
+  const dks_tensor *c = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
   if (y->size == 0) return DK_OK;
   linalg_real real = linalg_real_of(y);
-  bool trans_a = cpu_attr_int(k, "transA", 0) != 0, trans_b = cpu_attr_int(k, "transB", 0) != 0;
-  double alpha = cpu_attr_float(k, "alpha", 1.0), beta = cpu_attr_float(k, "beta", 1.0);
+  bool trans_a = dks_attr_int(k, "transA", 0) != 0, trans_b = dks_attr_int(k, "transB", 0) != 0;
+  double alpha = dks_attr_float(k, "alpha", 1.0), beta = dks_attr_float(k, "beta", 1.0);
   int64_t m = y->shape[0], n = y->shape[1], kk = a->shape[trans_a ? 0 : 1];
   /* op(A) and op(B) as MatMul operands: the transposes are stride swaps. */
-  cpu_tensor va = *a, vb = *b;
+  dks_tensor va = *a, vb = *b;
   if (trans_a) {
     va.shape[0] = a->shape[1], va.shape[1] = a->shape[0];
     va.strides[0] = a->strides[1], va.strides[1] = a->strides[0];
@@ -714,6 +784,10 @@ static DK_Status gemm_float(const cpu_kernel_args *k) {
   if (trans_b) {
     vb.shape[0] = b->shape[1], vb.shape[1] = b->shape[0];
     vb.strides[0] = b->strides[1], vb.strides[1] = b->strides[0];
+  }
+  if (b->prepared_bytes) {
+    if (c) gemm_fill_f32(c, beta, (float *)y->data, m, n);
+    return product_prepared(k, &va, m, kk, n, (float)alpha, c != NULL, (float *)y->data);
   }
   mm_geometry g = {.m = m, .n = n, .k = kk, .batch_nd = 0, .batches = 1};
   mm_operand oa, ob;
@@ -736,11 +810,11 @@ static DK_Status gemm_float(const cpu_kernel_args *k) {
   return st;
 }
 
-static DK_Status gemm_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, gemm_float); }
+static DK_Status gemm_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, gemm_float); }
 
 /* MatMul and Gemm read strided inputs in place when BLAS can (transposed
  * views included) and copy them otherwise; outputs are compact. */
-static const cpu_kernel_def k_linalg_gemm[] = {
+static const dks_kernel_def k_linalg_gemm[] = {
     {"MatMul", DK_DTYPE_FLOAT32, matmul_float, DK_KERNEL_STRIDED_INPUTS},
     {"MatMul", DK_DTYPE_FLOAT64, matmul_float, DK_KERNEL_STRIDED_INPUTS},
     {"MatMul", DK_DTYPE_FLOAT16, matmul_low, DK_KERNEL_STRIDED_INPUTS},
@@ -752,73 +826,76 @@ static const cpu_kernel_def k_linalg_gemm[] = {
     {"Gemm", DK_DTYPE_FLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
     {"Gemm", DK_DTYPE_BFLOAT16, gemm_low, DK_KERNEL_STRIDED_INPUTS},
 };
-CPU_REGISTER_KERNELS(k_linalg_gemm)
+DKS_REGISTER_KERNELS(k_linalg_gemm)
+
+static const dks_preparer p_linalg_gemm[] = {{"MatMul", prepare_b}, {"Gemm", prepare_b}};
+DKS_REGISTER_PREPARERS(p_linalg_gemm)
 
 /* ---- Validators ------------------------------------------------------------------- */
 
 /* Every present input and the output have input 0's dtype. */
-static DK_Status check_one_dtype(const cpu_kernel_args *k) {
+static DK_Status check_one_dtype(const dks_kernel_args *k) {
   DK_Status st = DK_OK;
   for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
-    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+    if (k->in[i].ndim >= 0) st = dks_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
 /* MatMul: A and B of rank >= 1 (1-D: a row of A, a column of B) with one
  * inner size; their batch dims broadcast; Y batch + (M) + (N). */
-static DK_Status validate_matmul(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, 1, CPU_MAX_DIMS);
+static DK_Status validate_matmul(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 1, DKS_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_rank(k, 1, 1, DKS_MAX_DIMS);
   if (st == DK_OK) st = check_one_dtype(k);
   if (st != DK_OK) return st;
-  const cpu_tensor *a = &k->in[0], *b = &k->in[1];
+  const dks_tensor *a = &k->in[0], *b = &k->in[1];
   int64_t ka = a->shape[a->ndim - 1], kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
-  if (ka != kb) return cpu_invalid(k, "A's last dim %lld does not match B's %lld", (long long)ka, (long long)kb);
+  if (ka != kb) return dks_invalid(k, "A's last dim %lld does not match B's %lld", (long long)ka, (long long)kb);
   int32_t na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
   int32_t nbatch = na > nb ? na : nb, n = 0;
-  int64_t shape[CPU_MAX_DIMS + 2];
+  int64_t shape[DKS_MAX_DIMS + 2];
   for (int32_t d = 0; d < nbatch; d++, n++) {
     int32_t da = d - (nbatch - na), db = d - (nbatch - nb);
     int64_t x = da < 0 ? 1 : a->shape[da], y = db < 0 ? 1 : b->shape[db];
     if (x != y && x != 1 && y != 1)
-      return cpu_invalid(k, "the batch dims of A and B do not broadcast (%lld against %lld)", (long long)x,
+      return dks_invalid(k, "the batch dims of A and B do not broadcast (%lld against %lld)", (long long)x,
                          (long long)y);
     shape[n] = x == 1 ? y : x;
   }
   if (a->ndim >= 2) shape[n++] = a->shape[a->ndim - 2];
   if (b->ndim >= 2) shape[n++] = b->shape[b->ndim - 1];
-  if (n > CPU_MAX_DIMS) return cpu_invalid(k, "the output's rank exceeds %d", CPU_MAX_DIMS);
-  return cpu_check_output(k, 0, n, shape);
+  if (n > DKS_MAX_DIMS) return dks_invalid(k, "the output's rank exceeds %d", DKS_MAX_DIMS);
+  return dks_check_output(k, 0, n, shape);
 }
 
 /* Gemm: 2-D A and B whose op()s chain; C broadcasting unidirectionally to
  * Y (M, N). */
-static DK_Status validate_gemm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 2, 2);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, 2, 2);
+static DK_Status validate_gemm(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 2, 2);
+  if (st == DK_OK) st = dks_check_rank(k, 1, 2, 2);
   if (st == DK_OK) st = check_one_dtype(k);
   if (st != DK_OK) return st;
-  const cpu_tensor *a = &k->in[0], *b = &k->in[1];
-  bool ta = cpu_attr_int(k, "transA", 0) != 0, tb = cpu_attr_int(k, "transB", 0) != 0;
+  const dks_tensor *a = &k->in[0], *b = &k->in[1];
+  bool ta = dks_attr_int(k, "transA", 0) != 0, tb = dks_attr_int(k, "transB", 0) != 0;
   int64_t m = a->shape[ta ? 1 : 0], ka = a->shape[ta ? 0 : 1], kb = b->shape[tb ? 1 : 0], n = b->shape[tb ? 0 : 1];
   if (ka != kb)
-    return cpu_invalid(k, "op(A) is %lldx%lld but op(B) is %lldx%lld", (long long)m, (long long)ka, (long long)kb,
+    return dks_invalid(k, "op(A) is %lldx%lld but op(B) is %lldx%lld", (long long)m, (long long)ka, (long long)kb,
                        (long long)n);
   const int64_t y[] = {m, n};
   if (k->num_inputs > 2 && k->in[2].ndim >= 0) {
-    const cpu_tensor *c = &k->in[2];
-    if (c->ndim > 2) return cpu_invalid(k, "C has rank %d; at most 2", c->ndim);
+    const dks_tensor *c = &k->in[2];
+    if (c->ndim > 2) return dks_invalid(k, "C has rank %d; at most 2", c->ndim);
     for (int32_t d = 0; d < c->ndim; d++) {
       int64_t cs = c->shape[c->ndim - 1 - d], ys = y[1 - d];
-      if (cs != 1 && cs != ys) return cpu_invalid(k, "C does not broadcast to the output (%lld, %lld)", (long long)m,
+      if (cs != 1 && cs != ys) return dks_invalid(k, "C does not broadcast to the output (%lld, %lld)", (long long)m,
                                                   (long long)n);
     }
   }
-  return cpu_check_output(k, 0, 2, y);
+  return dks_check_output(k, 0, 2, y);
 }
 
-static const cpu_validator v_linalg[] = {
+static const dks_validator v_linalg[] = {
     {"MatMul", validate_matmul},
     {"Gemm", validate_gemm},
 };
-CPU_REGISTER_VALIDATORS(v_linalg)
+DKS_REGISTER_VALIDATORS(v_linalg)

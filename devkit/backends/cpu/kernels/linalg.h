@@ -6,12 +6,12 @@
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_
 
-#include "kernel.h"
+#include "dks_kernel.h"
 
 /* The compute type of a float kernel: float16/bfloat16 run as float32. */
 typedef enum { LINALG_F32, LINALG_F64 } linalg_real;
 
-static inline linalg_real linalg_real_of(const cpu_tensor *t) {
+static inline linalg_real linalg_real_of(const dks_tensor *t) {
   return t->dtype == DK_DTYPE_FLOAT64 ? LINALG_F64 : LINALG_F32;
 }
 
@@ -28,15 +28,15 @@ void linalg_gemm(linalg_real real, bool trans_a, bool trans_b, int64_t m, int64_
  * float16/bfloat16 tensors are replaced by float32 copies: inputs are
  * widened (honouring their strides), the core computes float32 outputs, and
  * these are rounded once into the call's outputs. */
-DK_Status linalg_run_as_f32(const cpu_kernel_args *k, cpu_compute_fn core);
+DK_Status linalg_run_as_f32(const dks_kernel_args *k, dks_compute_fn core);
 
 /* calloc(count, size) for scratch (count 0 still allocates, so NULL means
- * failure, reported as DK_RESOURCE_EXHAUSTED through cpu_kernel_fail). */
-void *linalg_scratch(const cpu_kernel_args *k, size_t count, size_t size);
+ * failure, reported as DK_RESOURCE_EXHAUSTED through dks_kernel_fail). */
+void *linalg_scratch(const dks_kernel_args *k, size_t count, size_t size);
 
 /* A compact row-major copy of `t` (any strides) in fresh scratch; NULL after
  * reporting failure. */
-void *linalg_compact_copy(const cpu_kernel_args *k, const cpu_tensor *t);
+void *linalg_compact_copy(const dks_kernel_args *k, const dks_tensor *t);
 
 /* The product of n sizes. */
 static inline int64_t linalg_prod(const int64_t *sizes, int32_t n) {
@@ -63,13 +63,13 @@ static inline void linalg_valid_range(int64_t start, int64_t step, int64_t count
  * (the target); ConvTranspose walks input positions and writes the output. */
 typedef struct linalg_window {
   int32_t n;
-  int64_t grid[CPU_MAX_DIMS];   /* grid sizes */
-  int64_t target[CPU_MAX_DIMS]; /* target sizes */
-  int64_t kernel[CPU_MAX_DIMS];
-  int64_t stride[CPU_MAX_DIMS];
-  int64_t dilation[CPU_MAX_DIMS];
-  int64_t pad[CPU_MAX_DIMS];     /* begin padding (ConvTranspose: may be negative) */
-  int64_t pad_end[CPU_MAX_DIMS]; /* end padding (AveragePool counts it) */
+  int64_t grid[DKS_MAX_DIMS];   /* grid sizes */
+  int64_t target[DKS_MAX_DIMS]; /* target sizes */
+  int64_t kernel[DKS_MAX_DIMS];
+  int64_t stride[DKS_MAX_DIMS];
+  int64_t dilation[DKS_MAX_DIMS];
+  int64_t pad[DKS_MAX_DIMS];     /* begin padding (ConvTranspose: may be negative) */
+  int64_t pad_end[DKS_MAX_DIMS]; /* end padding (AveragePool counts it) */
 } linalg_window;
 
 /* im2col: col[(c, tap)][p] = image[c] (a compact plane per channel) at
@@ -87,11 +87,15 @@ void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, in
  * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool. *redo
  * is set when an output is not finite: the transforms spread a non-finite
  * value differently than the direct sums, so the caller computes y again
- * the direct way. */
+ * the direct way. u: the filters' transforms (linalg_winograd_filters) made
+ * beforehand (a prepared W), or NULL: made now. */
 bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
-DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                               const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
-                               bool *redo);
+DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                               const float *u, const dks_tensor *b, const dks_tensor *y, const linalg_window *w,
+                               int64_t group, bool *redo);
+/* The transforms U = G g G^T of the 3x3 filters of W (group * mg * cg of
+ * them) into u[group][16][mg][cg], split over the pool. */
+void linalg_winograd_filters(const float *wt, int64_t group, int64_t mg, int64_t cg, float *u);
 
 /* One row of a zero-padded, strided copy of a float32 plane (h x wd), as the
  * direct Convs lay out their inputs: dst[j] = plane[iy][x0 + j * step] for
@@ -106,13 +110,13 @@ void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, in
  * Conv y = x * wt (+ b, NULL: none) computed so, split over the pool when
  * it is worth a hand-off. */
 bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
-DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                             const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group);
+DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                             const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group);
 
 /* Conv and the pools: geometry from the attributes (auto_pad, pads, strides,
  * dilations) and the input, output and kernel spatial sizes; SAME_* pads
  * come from the output sizes as the spec derives them. */
-void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *in,
+void linalg_window_forward(const dks_kernel_args *k, int32_t n, const int64_t *in,
                            const int64_t *out, const int64_t *kernel, linalg_window *w);
 
 /* Validation of the window ops (Conv, ConvTranspose, the pools and their
@@ -120,13 +124,13 @@ void linalg_window_forward(const cpu_kernel_args *k, int32_t n, const int64_t *i
  * dilations and pads have one value per spatial axis (two for pads), in
  * range; `kernel` (the spatial kernel sizes, NULL: kernel_shape) is >= 1.
  * *out gets the spatial output sizes the spec derives (ConvTranspose:
- * `transpose`), ready for cpu_check_output. `x` is input i's shape. */
-DK_Status linalg_check_window(const cpu_kernel_args *k, int32_t ndim, const int64_t *x_shape,
+ * `transpose`), ready for dks_check_output. `x` is input i's shape. */
+DK_Status linalg_check_window(const dks_kernel_args *k, int32_t ndim, const int64_t *x_shape,
                               const int64_t *kernel, bool pool, bool transpose, int64_t *out);
 
 /* Conv's (or ConvTranspose's) X, W (of X's rank) and optional B against
  * group and the window attributes; *y gets Y's shape (X's rank). */
-DK_Status linalg_check_conv(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                            const cpu_tensor *b, bool transpose, int64_t *y);
+DK_Status linalg_check_conv(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                            const dks_tensor *b, bool transpose, int64_t *y);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_H_ */

@@ -24,7 +24,7 @@
 typedef struct band_walk {
   const linalg_window *w;
   const int64_t *tap;
-  int64_t q[CPU_MAX_DIMS]; /* grid coordinates of the next run */
+  int64_t q[DKS_MAX_DIMS]; /* grid coordinates of the next run */
   int64_t p, end;
 } band_walk;
 
@@ -85,7 +85,7 @@ static void next_tap(int64_t *tap, const linalg_window *w) {
 /* to[j] = from[j * step] for j in [0, n): the strided reads of strided
  * convolutions (ResNet's stem and downsampling layers: step 2). */
 #define GATHER(NAME, T)                                                                    \
-  CPU_VECTOR_CLONES static void NAME(T *to, const T *from, int64_t step, int64_t n) {      \
+  DKS_VECTOR_CLONES static void NAME(T *to, const T *from, int64_t step, int64_t n) {      \
     if (step == 2)                                                                         \
       for (int64_t j = 0; j < n; j++) to[j] = from[2 * j];                                 \
     else                                                                                   \
@@ -143,7 +143,7 @@ GATHER(gather_f64, double)
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       const T *src = image + c * plane;                                                   \
-      int64_t tap[CPU_MAX_DIMS] = {0};                                                    \
+      int64_t tap[DKS_MAX_DIMS] = {0};                                                    \
       for (int64_t t = 0; t < taps; t++, next_tap(tap, w)) {                              \
         T *dst = col + (c * taps + t) * count;                                            \
         band_walk it;                                                                     \
@@ -174,7 +174,7 @@ IM2COL(im2col_f64, double, gather_f64)
     int64_t taps = linalg_prod(w->kernel, w->n), plane = linalg_prod(w->target, w->n);    \
     for (int64_t c = 0; c < channels; c++) {                                              \
       T *dst = image + c * plane;                                                         \
-      int64_t tap[CPU_MAX_DIMS] = {0};                                                    \
+      int64_t tap[DKS_MAX_DIMS] = {0};                                                    \
       for (int64_t t = 0; t < taps; t++, next_tap(tap, w)) {                              \
         const T *src = col + (c * taps + t) * count;                                      \
         band_walk it;                                                                     \
@@ -235,14 +235,14 @@ static int64_t band_width(int64_t rows, int64_t positions) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static const cpu_tensor *bias_of(const cpu_kernel_args *k) {
+static const dks_tensor *bias_of(const dks_kernel_args *k) {
   return k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
 }
 
 /* With no input channels or no input positions nothing is summed: y is the
  * epilogue of 0 (the bias, Z, the activation). Handled first, so no pointer
  * is formed from an empty (NULL) tensor's data. */
-static bool nothing_summed(const cpu_tensor *x, const cpu_tensor *y, const conv_epilogue *e, int64_t plane) {
+static bool nothing_summed(const dks_tensor *x, const dks_tensor *y, const conv_epilogue *e, int64_t plane) {
   if (x->size) return false;
   memset(y->data, 0, (size_t)(y->size * y->itemsize));
   for (int64_t n = 0; n < y->shape[0]; n++)
@@ -269,17 +269,17 @@ static void *chunk_scratch(conv_split *s, int64_t elements) {
 
 /* Scratch the kernel writes in full before reading: no clearing (calloc
  * clears megabytes for nothing); NULL after reporting failure. */
-static void *uncleared_scratch(const cpu_kernel_args *k, int64_t elements, int64_t es) {
+static void *uncleared_scratch(const dks_kernel_args *k, int64_t elements, int64_t es) {
   void *p = malloc((size_t)(elements ? elements * es : 1));
   if (!p)
-    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
+    dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
                     (long long)elements, (long long)es);
   return p;
 }
 
-static DK_Status split_status(const cpu_kernel_args *k, conv_split *s) {
+static DK_Status split_status(const dks_kernel_args *k, conv_split *s) {
   if (!atomic_load(&s->failed)) return DK_OK;
-  return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
+  return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
 }
 
 /* ---- Conv --------------------------------------------------------------------------- */
@@ -346,7 +346,7 @@ static void conv_columns(void *arg, int64_t begin, int64_t end) {
 /* The small-plane path: per image, group and band, the columns on the pool
  * (a chunk per run of channels; a pointwise kernel reads the image itself),
  * then one pool-split product. */
-static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch) {
+static DK_Status conv_whole(const dks_kernel_args *k, conv_job *j, int64_t batch) {
   int64_t es = j->s.es, band = j->direct ? j->out_plane : band_width(j->rows, j->out_plane);
   uint8_t *col = j->direct ? NULL : uncleared_scratch(k, j->rows * band, es);
   if (!j->direct && !col) return DK_RESOURCE_EXHAUSTED;
@@ -365,7 +365,7 @@ static DK_Status conv_whole(const cpu_kernel_args *k, conv_job *j, int64_t batch
           linalg_gemm(j->s.real, false, false, j->mg, part.count, j->cg, 1.0, wg, j->rows, xg, j->in_plane,
                       0.0, yg, j->out_plane);
         } else { /* about 16 Ki column elements per chunk */
-          cpu_parallel_for(j->cg, ceil_div(16384, taps * part.count), conv_columns, &part);
+          dks_parallel_for(j->cg, ceil_div(16384, taps * part.count), conv_columns, &part);
           linalg_gemm(j->s.real, false, false, j->mg, part.count, j->rows, 1.0, wg, j->rows, col, part.count,
                       0.0, yg + p0 * es, j->out_plane);
         }
@@ -407,7 +407,7 @@ typedef struct wino_job {
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
   const float *x, *b;
   conv_epilogue rest; /* Z and the activation (b is added in the output transform) */
-  float *u; /* [group][16][mg][cg] */
+  const float *u; /* [group][16][mg][cg] */
   float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
   const float *wt;
   float *y;
@@ -428,7 +428,7 @@ bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg,
 #define WINO_RUN 64
 
 /* U = G g G^T: u[xi * step + i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
-CPU_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, float *u, int64_t step) {
+DKS_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, float *u, int64_t step) {
   for (int64_t i0 = 0; i0 < count; i0 += WINO_LANES) {
     int64_t lanes = count - i0 < WINO_LANES ? count - i0 : WINO_LANES;
     float g[9][WINO_LANES] = {{0}}, t[4][3][WINO_LANES], o[16][WINO_LANES];
@@ -455,22 +455,32 @@ CPU_VECTOR_CLONES static void wino_filter_run(const float *k, int64_t count, flo
 
 /* The transforms of kernels [begin, end) of W (index (g * mg + m) * cg + c),
  * into u[g][xi][m][c]. */
+typedef struct wino_filter_job {
+  const float *wt;
+  float *u;
+  int64_t per_group; /* mg * cg */
+} wino_filter_job;
+
 static void wino_filters(void *arg, int64_t begin, int64_t end) {
-  wino_job *j = arg;
-  int64_t per_group = j->mg * j->cg;
+  const wino_filter_job *j = arg;
   while (begin < end) {
-    int64_t g = begin / per_group, i = begin % per_group;
-    int64_t count = per_group - i < end - begin ? per_group - i : end - begin;
-    wino_filter_run(j->wt + 9 * begin, count, j->u + g * 16 * per_group + i, per_group);
+    int64_t g = begin / j->per_group, i = begin % j->per_group;
+    int64_t count = j->per_group - i < end - begin ? j->per_group - i : end - begin;
+    wino_filter_run(j->wt + 9 * begin, count, j->u + g * 16 * j->per_group + i, j->per_group);
     begin += count;
   }
+}
+
+void linalg_winograd_filters(const float *wt, int64_t group, int64_t mg, int64_t cg, float *u) {
+  wino_filter_job j = {.wt = wt, .u = u, .per_group = mg * cg};
+  dks_parallel_for(group * mg * cg, 8192, wino_filters, &j);
 }
 
 /* v[xi * step + i] = (B^T d B)[xi] for the 4x4 patches d at p + 2 * i
  * (rows ld apart), i in [0, count): a run of tiles along a row. The row
  * combinations (B^T d) come first, split into even and odd columns, so the
  * column combinations read neighbours with unit strides. */
-CPU_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t count, float *v, int64_t step) {
+DKS_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t count, float *v, int64_t step) {
   for (int64_t i0 = 0; i0 < count; i0 += WINO_RUN) {
     int64_t n = count - i0 < WINO_RUN ? count - i0 : WINO_RUN;
     const float *d = p + 2 * i0;
@@ -555,7 +565,7 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, in
 /* o[r * ld + 2 * i + c] = (A^T m A)[r][c] + add for the transformed sums m
  * at p[xi * step + i], i in [0, count): a run of whole 2x2 output tiles
  * (count <= WINO_RUN). Returns whether every output is finite. */
-CPU_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
+DKS_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int64_t count, float add, float *o,
                                              int64_t ld) {
   float out[2][2][WINO_RUN];
   for (int64_t i = 0; i < count; i++) {
@@ -677,9 +687,9 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
   free(own);
 }
 
-DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                               const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group,
-                               bool *redo) {
+DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                               const float *u, const dks_tensor *b, const dks_tensor *y, const linalg_window *w,
+                               int64_t group, bool *redo) {
   wino_job j = {.s = {.real = LINALG_F32, .w = w, .es = sizeof(float), .group = group},
                 .batch = x->shape[0], .cg = x->shape[1] / group, .mg = y->shape[1] / group,
                 .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
@@ -693,7 +703,7 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
   j.tiles = ceil_div(j.oh, 2) * j.tiles_w;
   /* Blocks of tiles whose transforms fit WINO_BYTES; with few, more blocks
    * (of at least 64 tiles) and then runs of filters, for a few chunks per thread. */
-  int64_t threads = cpu_thread_count(), images = j.batch * group;
+  int64_t threads = dks_thread_count(), images = j.batch * group;
   int64_t tblock = WINO_BYTES / (16 * j.cg * (int64_t)sizeof(float));
   if (tblock < WINO_MIN_TILES) tblock = WINO_MIN_TILES;
   j.tblocks = ceil_div(j.tiles, tblock);
@@ -710,21 +720,22 @@ DK_Status linalg_conv_winograd(const cpu_kernel_args *k, const cpu_tensor *x, co
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
   j.mblocks = ceil_div(j.mg, j.mblock);
-  j.u = uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
-  if (!j.u) return DK_RESOURCE_EXHAUSTED;
-  cpu_parallel_for(group * j.mg * j.cg, 8192, wino_filters, &j);
+  float *own_u = u ? NULL : uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
+  if (!u && !own_u) return DK_RESOURCE_EXHAUSTED;
+  if (own_u) linalg_winograd_filters(j.wt, group, j.mg, j.cg, own_u);
+  j.u = u ? u : own_u;
   /* Runs of filters of one tile block would each transform its patches
    * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
   if (j.mblocks > 1) {
     j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
     if (!j.v) {
-      free(j.u);
+      free(own_u);
       return DK_RESOURCE_EXHAUSTED;
     }
-    cpu_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
+    dks_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
   }
-  cpu_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
-  free(j.u);
+  dks_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
+  free(own_u);
   free(j.v);
   *redo = atomic_load(&j.non_finite);
   return split_status(k, &j.s);
@@ -1016,8 +1027,8 @@ static void packed_parts(void *arg, int64_t begin, int64_t end) {
   }
 }
 
-static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                             const conv_epilogue *ep, const cpu_tensor *y, const linalg_window *w, int64_t group) {
+static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                             const conv_epilogue *ep, const dks_tensor *y, const linalg_window *w, int64_t group) {
   packed_job j = {.cg = x->shape[1] / group, .mg = y->shape[1] / group, .x_channels = x->shape[1],
                   .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1], .oh = w->grid[0],
                   .ow = w->grid[1], .sh = w->stride[0], .sw = w->stride[1], .pad_h = w->pad[0], .pad_w = w->pad[1],
@@ -1036,7 +1047,7 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   j.pblocks = ceil_div(j.positions, j.pblock);
   /* with few items, shorter runs: a few items per thread, for the pool's
    * dynamic split to even out (ResNet's 14x14 and 7x7 layers: 8, not 6) */
-  int64_t threads = cpu_thread_count(), items = group * runs * j.pblocks;
+  int64_t threads = dks_thread_count(), items = group * runs * j.pblocks;
   if (threads > 1 && items < 4 * threads) runs = ceil_div(4 * threads, group * j.pblocks);
   if (runs > mblocks) runs = mblocks;
   j.mrun = ceil_div(mblocks, runs) * PACKED_MB;
@@ -1058,9 +1069,9 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   for (int64_t n = 0; n < x->shape[0]; n++) { /* about 16 Ki shift-plane elements per chunk */
     j.x = (const float *)x->data + n * j.x_channels * j.h * j.wd;
     j.y = (float *)y->data + n * j.y_channels * j.positions;
-    cpu_parallel_for(j.x_channels, ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
-    cpu_parallel_for(group * j.nblocks, ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
-    cpu_parallel_for(group * j.mruns * j.pblocks, 1, packed_parts, &j);
+    dks_parallel_for(j.x_channels, ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
+    dks_parallel_for(group * j.nblocks, ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
+    dks_parallel_for(group * j.mruns * j.pblocks, 1, packed_parts, &j);
   }
   free(j.xs);
   free(j.offset);
@@ -1068,13 +1079,79 @@ static DK_Status conv_packed(const cpu_kernel_args *k, const cpu_tensor *x, cons
   return DK_OK;
 }
 
-static DK_Status conv_float(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
+/* ---- Prepared W (DK_KernelEntry.prepare) --------------------------------------------- */
+
+/* A float32 Conv's W, prepared where the call goes by Winograd: the
+ * filters' transforms, made once instead of at every call (on a 49-tile
+ * plane they cost about what the transform saves), then W itself, which a
+ * call whose outputs are not finite sums again the direct way. */
+typedef struct conv_prepared {
+  uint32_t tag; /* CONV_PREPARED_TAG */
+  uint32_t reserved;
+  int64_t group, mg, cg, w_elements;
+  uint8_t pad[24]; /* to 64 bytes: U starts cache-line aligned */
+} conv_prepared;
+_Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
+#define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
+
+static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+
+static size_t conv_prepared_bytes(int64_t group, int64_t mg, int64_t cg, int64_t w_elements) {
+  return sizeof(conv_prepared) + (size_t)(group * 16 * mg * cg + w_elements) * sizeof(float);
+}
+
+static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
+  const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0];
+  *size = 0;
+  if (input != 1 || y->dtype != DK_DTYPE_FLOAT32 || x->ndim != 4 || y->size == 0) return DK_OK;
+  linalg_window w;
+  linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
+  int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
+  if (!winograd_chosen(&w, y->dtype, cg, mg)) return DK_OK;
+  *size = conv_prepared_bytes(group, mg, cg, wt->size);
+  if (!dst) return DK_OK;
+  conv_prepared h = {.tag = CONV_PREPARED_TAG, .group = group, .mg = mg, .cg = cg, .w_elements = wt->size};
+  memcpy(dst, &h, sizeof h);
+  float *u = (float *)(dst + sizeof h);
+  linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
+  memcpy(u + group * 16 * mg * cg, wt->data, (size_t)wt->size * sizeof(float));
+  return DK_OK;
+}
+
+/* A prepared W's transforms (*u) and W (*view, a compact tensor like wt),
+ * once its header is checked. */
+static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, int64_t group, int64_t mg,
+                             int64_t cg, const float **u, dks_tensor *view) {
+  conv_prepared h;
+  bool ok = wt->prepared_bytes >= sizeof h;
+  if (ok) memcpy(&h, wt->data, sizeof h);
+  ok = ok && h.tag == CONV_PREPARED_TAG && h.group == group && h.mg == mg && h.cg == cg &&
+       h.w_elements == wt->size && wt->prepared_bytes >= conv_prepared_bytes(group, mg, cg, wt->size);
+  if (!ok)
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is marked prepared and is not this kernel's prepared form of "
+                           "its W");
+  *u = (const float *)(wt->data + sizeof h);
+  *view = *wt;
+  view->data = (uint8_t *)(*u + group * 16 * mg * cg);
+  view->prepared_bytes = 0;
+  return DK_OK;
+}
+
+static DK_Status conv_float(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
   linalg_real real = linalg_real_of(y);
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
-  int64_t group = cpu_attr_int(k, "group", 1);
+  int64_t group = dks_attr_int(k, "group", 1);
+  const float *u = NULL;
+  dks_tensor w_view;
+  if (wt->prepared_bytes) {
+    DK_Status st = conv_unpack(k, wt, group, y->shape[1] / group, x->shape[1] / group, &u, &w_view);
+    if (st != DK_OK) return st;
+    wt = &w_view;
+  }
   conv_epilogue ep = conv_epilogue_of(k);
   conv_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
                 .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = y->shape[1] / group,
@@ -1089,13 +1166,13 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
     bool redo = false;
-    DK_Status st = linalg_conv_winograd(k, x, wt, b, y, &w, group, &redo);
+    DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
   }
   atomic_init(&j.s.failed, false);
   /* Tiles that fit the cache, at least TILE_MIN positions; when there are
    * few, as many more as make their count a multiple of the threads. */
-  int64_t threads = cpu_thread_count(), images = x->shape[0] * group;
+  int64_t threads = dks_thread_count(), images = x->shape[0] * group;
   int64_t tile = TILE_BYTES / (j.rows * j.s.es);
   if (tile < TILE_MIN) tile = TILE_MIN;
   int64_t tiles = ceil_div(j.out_plane, tile);
@@ -1109,11 +1186,17 @@ static DK_Status conv_float(const cpu_kernel_args *k) {
   if (threads > 1 && j.s.block < TILE_MIN && images < 2 * threads)
     return conv_whole(k, &j, x->shape[0]);
   if (j.s.block < 1) j.s.block = 1;
-  cpu_parallel_for(images * ceil_div(j.out_plane, j.s.block), 1, conv_tiles, &j);
+  dks_parallel_for(images * ceil_div(j.out_plane, j.s.block), 1, conv_tiles, &j);
   return split_status(k, &j.s);
 }
 
-static DK_Status conv_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
+static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
+
+/* Whether conv_float takes the Winograd path for this geometry (the order of its tests). */
+static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
+         !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+}
 
 /* ---- ConvTranspose --------------------------------------------------------------------- */
 
@@ -1122,15 +1205,15 @@ static int64_t floor_half(int64_t v) { return v >= 0 ? v / 2 : -((-v + 1) / 2); 
 /* ConvTranspose's geometry: the grid is the input, the target the output,
  * and the begin pads follow the spec (devkit/ops/linalg.py,
  * conv_transpose_geometry). */
-static void window_transpose(const cpu_kernel_args *k, int32_t n, const int64_t *in, const int64_t *out,
+static void window_transpose(const dks_kernel_args *k, int32_t n, const int64_t *in, const int64_t *out,
                              const int64_t *kernel, linalg_window *w) {
   int64_t ns, nd, np, nop, nshape;
-  const int64_t *strides = cpu_attr_ints(k, "strides", &ns);
-  const int64_t *dilations = cpu_attr_ints(k, "dilations", &nd);
-  const int64_t *pads = cpu_attr_ints(k, "pads", &np);
-  const int64_t *output_padding = cpu_attr_ints(k, "output_padding", &nop);
-  cpu_attr_ints(k, "output_shape", &nshape);
-  const char *auto_pad = cpu_attr_string(k, "auto_pad", "NOTSET");
+  const int64_t *strides = dks_attr_ints(k, "strides", &ns);
+  const int64_t *dilations = dks_attr_ints(k, "dilations", &nd);
+  const int64_t *pads = dks_attr_ints(k, "pads", &np);
+  const int64_t *output_padding = dks_attr_ints(k, "output_padding", &nop);
+  dks_attr_ints(k, "output_shape", &nshape);
+  const char *auto_pad = dks_attr_string(k, "auto_pad", "NOTSET");
   bool upper = strcmp(auto_pad, "SAME_UPPER") == 0;
   bool derived = nshape > 0 || upper || strcmp(auto_pad, "SAME_LOWER") == 0;
   bool explicit_pads = strcmp(auto_pad, "NOTSET") == 0 && np == 2 * n;
@@ -1192,13 +1275,13 @@ static void conv_transpose_part(void *arg, int64_t begin, int64_t end) {
   free(col);
 }
 
-static DK_Status conv_transpose_float(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
+static DK_Status conv_transpose_float(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
   linalg_real real = linalg_real_of(y);
   linalg_window w;
   window_transpose(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
-  int64_t group = cpu_attr_int(k, "group", 1);
+  int64_t group = dks_attr_int(k, "group", 1);
   conv_transpose_job j = {.s = {.real = real, .w = &w, .es = y->itemsize, .group = group},
                           .direct = pointwise(&w), .cg = x->shape[1] / group, .mg = wt->shape[1],
                           .taps = linalg_prod(w.kernel, w.n), .in_plane = linalg_prod(w.grid, w.n),
@@ -1209,21 +1292,21 @@ static DK_Status conv_transpose_float(const cpu_kernel_args *k) {
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
   atomic_init(&j.s.failed, false);
   /* Runs of channels: enough for a few chunks per thread. */
-  int64_t threads = cpu_thread_count(), images = x->shape[0] * group;
+  int64_t threads = dks_thread_count(), images = x->shape[0] * group;
   int64_t blocks = threads > 1 ? ceil_div(4 * threads, images) : 1;
   if (blocks > j.mg) blocks = j.mg;
   j.s.block = ceil_div(j.mg, blocks);
   j.band = band_width(j.s.block * j.taps, j.in_plane);
-  cpu_parallel_for(images * ceil_div(j.mg, j.s.block), 1, conv_transpose_part, &j);
+  dks_parallel_for(images * ceil_div(j.mg, j.s.block), 1, conv_transpose_part, &j);
   return split_status(k, &j.s);
 }
 
-static DK_Status conv_transpose_low(const cpu_kernel_args *k) {
+static DK_Status conv_transpose_low(const dks_kernel_args *k) {
   return linalg_run_as_f32(k, conv_transpose_float);
 }
 
 /* Compact tensors only: the host copies strided inputs. */
-static const cpu_kernel_def k_linalg_conv[] = {
+static const dks_kernel_def k_linalg_conv[] = {
     {"Conv", DK_DTYPE_FLOAT32, conv_float, 0},
     {"Conv", DK_DTYPE_FLOAT64, conv_float, 0},
     {"Conv", DK_DTYPE_FLOAT16, conv_low, 0},
@@ -1237,31 +1320,34 @@ static const cpu_kernel_def k_linalg_conv[] = {
     {"ConvTranspose", DK_DTYPE_FLOAT16, conv_transpose_low, 0},
     {"ConvTranspose", DK_DTYPE_BFLOAT16, conv_transpose_low, 0},
 };
-CPU_REGISTER_KERNELS(k_linalg_conv)
+DKS_REGISTER_KERNELS(k_linalg_conv)
+
+static const dks_preparer p_linalg_conv[] = {{"Conv", prepare_conv}, {"FusedConv", prepare_conv}};
+DKS_REGISTER_PREPARERS(p_linalg_conv)
 
 /* X, W, optional B and Y: one dtype; Y's shape as X, W and the attributes give it. */
-static DK_Status validate_conv_common(const cpu_kernel_args *k, bool transpose) {
-  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
-  const cpu_tensor *b = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
-  int64_t out[CPU_MAX_DIMS];
+static DK_Status validate_conv_common(const dks_kernel_args *k, bool transpose) {
+  DK_Status st = dks_check_rank(k, 0, 3, DKS_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
+  const dks_tensor *b = k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+  int64_t out[DKS_MAX_DIMS];
   if (st == DK_OK) st = linalg_check_conv(k, &k->in[0], &k->in[1], b, transpose, out);
   for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++)
-    if (k->in[i].ndim >= 0) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
-  return st != DK_OK ? st : cpu_check_output(k, 0, k->in[0].ndim, out);
+    if (k->in[i].ndim >= 0) st = dks_check_dtype(k, "input", i, k->in[0].dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, k->in[0].dtype);
+  return st != DK_OK ? st : dks_check_output(k, 0, k->in[0].ndim, out);
 }
 
-static DK_Status validate_conv(const cpu_kernel_args *k) { return validate_conv_common(k, false); }
-static DK_Status validate_conv_transpose(const cpu_kernel_args *k) { return validate_conv_common(k, true); }
-static DK_Status validate_fused_conv(const cpu_kernel_args *k) {
+static DK_Status validate_conv(const dks_kernel_args *k) { return validate_conv_common(k, false); }
+static DK_Status validate_conv_transpose(const dks_kernel_args *k) { return validate_conv_common(k, true); }
+static DK_Status validate_fused_conv(const dks_kernel_args *k) {
   DK_Status st = validate_conv(k);
   return st != DK_OK ? st : conv_epilogue_validate(k);
 }
 
-static const cpu_validator v_linalg_conv[] = {
+static const dks_validator v_linalg_conv[] = {
     {"Conv", validate_conv},
     {"FusedConv", validate_fused_conv},
     {"ConvTranspose", validate_conv_transpose},
 };
-CPU_REGISTER_VALIDATORS(v_linalg_conv)
+DKS_REGISTER_VALIDATORS(v_linalg_conv)

@@ -88,7 +88,7 @@ bool linalg_conv_direct_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t 
 
 /* to[j] = from[2 * j]: the rows of stride-2 planes (the direct path's
  * phase planes, the register blocks' shift planes) as vector shuffles. */
-CPU_VECTOR_CLONES static void gather_even(float *to, const float *from, int64_t n) {
+DKS_VECTOR_CLONES static void gather_even(float *to, const float *from, int64_t n) {
   for (int64_t j = 0; j < n; j++) to[j] = from[2 * j];
 }
 
@@ -155,7 +155,7 @@ static void direct_pack_inputs(void *arg, int64_t begin, int64_t end) {
   }
 
 #define DIRECT_MUL_ADD(acc, w, v) ((acc) + (w) * (v))
-DIRECT_BLOCK(direct_block_plain, CPU_VECTOR_CLONES, DIRECT_MUL_ADD)
+DIRECT_BLOCK(direct_block_plain, DKS_VECTOR_CLONES, DIRECT_MUL_ADD)
 
 /* Where the CPU fuses multiply-adds (x86-64 with AVX2 and FMA), a clone
  * that does: half the vector operations, and a closer sum (one rounding per
@@ -266,8 +266,8 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
   free(out);
 }
 
-DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                             const cpu_tensor *b, const cpu_tensor *y, const linalg_window *w, int64_t group) {
+DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                             const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group) {
   direct_job j = {.group = group, .cg = x->shape[1] / group, .mg = y->shape[1] / group,
                   .x_channels = x->shape[1], .y_channels = y->shape[1], .h = w->target[0], .wd = w->target[1],
                   .oh = w->grid[0], .ow = w->grid[1], .sh = w->stride[0], .sw = w->stride[1],
@@ -303,7 +303,7 @@ DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, cons
   if (!j.xp || !j.wp) {
     free(j.xp);
     free(j.wp);
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
   }
   /* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg */
   for (int64_t g = 0; g < group; g++)
@@ -316,12 +316,12 @@ DK_Status linalg_conv_direct(const cpu_kernel_args *k, const cpu_tensor *x, cons
             dst[m] = filter < j.mg ? j.wt[((g * j.mg + filter) * j.cg + c) * j.taps + t] : 0.0f;
           }
         }
-  cpu_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
+  dks_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
   int64_t parts = images * j.mblocks * j.spans, part_macs = position_macs * j.span;
-  cpu_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
+  dks_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
   free(j.xp);
   free(j.wp);
   if (atomic_load(&j.failed))
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's output block");
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's output block");
   return DK_OK;
 }

@@ -8,20 +8,20 @@
 
 #include <stdio.h>
 
-static const cpu_tensor *present_input(const cpu_kernel_args *k, size_t i) {
+static const dks_tensor *present_input(const dks_kernel_args *k, size_t i) {
   return k->num_inputs > i && k->in[i].ndim >= 0 ? &k->in[i] : NULL;
 }
 
-conv_epilogue conv_epilogue_of(const cpu_kernel_args *k) {
-  const cpu_tensor *b = present_input(k, 2), *z = present_input(k, 3);
-  const char *activation = cpu_attr_string(k, "activation", "");
+conv_epilogue conv_epilogue_of(const dks_kernel_args *k) {
+  const dks_tensor *b = present_input(k, 2), *z = present_input(k, 3);
+  const char *activation = dks_attr_string(k, "activation", "");
   conv_epilogue e = {.real = linalg_real_of(&k->out[0]), .bias = b ? b->data : NULL, .z = z ? z->data : NULL,
                      .y = k->out[0].data,
                      .activation = strcmp(activation, "Relu") == 0 ? CONV_ACTIVATION_RELU : CONV_ACTIVATION_NONE};
   return e;
 }
 
-conv_epilogue conv_epilogue_without_bias(const cpu_kernel_args *k) {
+conv_epilogue conv_epilogue_without_bias(const dks_kernel_args *k) {
   conv_epilogue e = conv_epilogue_of(k);
   e.bias = NULL;
   return e;
@@ -31,7 +31,7 @@ conv_epilogue conv_epilogue_without_bias(const cpu_kernel_args *k) {
  * loop-invariant: the compiler unswitches them). Relu keeps NaN (NaN < 0 is
  * false), as the op's reference (maximum) does. */
 #define EPILOGUE(NAME, T)                                                                                \
-  CPU_VECTOR_CLONES static void NAME(T *y, const T *bias, const T *z, bool relu, int64_t channels,      \
+  DKS_VECTOR_CLONES static void NAME(T *y, const T *bias, const T *z, bool relu, int64_t channels,      \
                                      int64_t cols, int64_t ld) {                                        \
     for (int64_t m = 0; m < channels; m++) {                                                            \
       T *row = y + m * ld, add = bias ? bias[m] : (T)0;                                                 \
@@ -61,18 +61,18 @@ void conv_epilogue_apply(const conv_epilogue *e, void *y, int64_t channel, int64
     epilogue_f32(y, (const float *)bias, (const float *)z, relu, channels, cols, ld);
 }
 
-static void format_shape(const cpu_tensor *t, char *out, size_t size) {
+static void format_shape(const dks_tensor *t, char *out, size_t size) {
   out[0] = 0;
   for (int32_t d = 0; d < t->ndim; d++)
     snprintf(out + strlen(out), size - strlen(out), "%s%lld", d ? "," : "", (long long)t->shape[d]);
 }
 
-DK_Status conv_epilogue_validate(const cpu_kernel_args *k) {
-  const char *activation = cpu_attr_string(k, "activation", "");
+DK_Status conv_epilogue_validate(const dks_kernel_args *k) {
+  const char *activation = dks_attr_string(k, "activation", "");
   if (activation[0] && strcmp(activation, "Relu") != 0)
-    return cpu_invalid(k, "activation '%s' is not one the kernel applies (\"Relu\", or \"\" for none)",
+    return dks_invalid(k, "activation '%s' is not one the kernel applies (\"Relu\", or \"\" for none)",
                        activation);
-  const cpu_tensor *z = present_input(k, 3), *y = &k->out[0];
+  const dks_tensor *z = present_input(k, 3), *y = &k->out[0];
   if (!z) return DK_OK;
   bool same = z->ndim == y->ndim;
   for (int32_t d = 0; same && d < y->ndim; d++) same = z->shape[d] == y->shape[d];
@@ -80,7 +80,7 @@ DK_Status conv_epilogue_validate(const cpu_kernel_args *k) {
     char got[256], want[256];
     format_shape(z, got, sizeof got);
     format_shape(y, want, sizeof want);
-    return cpu_invalid(k, "input 3 (Z) has shape (%s); it must have the output's shape (%s)", got, want);
+    return dks_invalid(k, "input 3 (Z) has shape (%s); it must have the output's shape (%s)", got, want);
   }
   return DK_OK;
 }

@@ -22,11 +22,11 @@ typedef struct conv_epilogue {
 
 /* The epilogue of a Conv or FusedConv call (inputs X, W, [B], [Z], attribute
  * "activation", output Y), as its validator accepted it. */
-conv_epilogue conv_epilogue_of(const cpu_kernel_args *k);
+conv_epilogue conv_epilogue_of(const dks_kernel_args *k);
 
 /* The same without B: for a path that adds B itself (Winograd adds it in
  * its output transform, before checking the sums are finite). */
-conv_epilogue conv_epilogue_without_bias(const cpu_kernel_args *k);
+conv_epilogue conv_epilogue_without_bias(const dks_kernel_args *k);
 
 /* Applies `e` to `channels` rows of `cols` outputs, `ld` elements apart, at
  * y (inside Y); row r is in output channel `channel + r` (of an image):
@@ -36,6 +36,6 @@ void conv_epilogue_apply(const conv_epilogue *e, void *y, int64_t channel, int64
 
 /* FusedConv's validator beyond Conv's: Z (when given) has Y's shape, and the
  * activation is one the kernel applies. */
-DK_Status conv_epilogue_validate(const cpu_kernel_args *k);
+DK_Status conv_epilogue_validate(const dks_kernel_args *k);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_EPILOGUE_H_ */

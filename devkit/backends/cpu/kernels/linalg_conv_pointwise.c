@@ -269,8 +269,8 @@ static void pw_parts(void *arg, int64_t begin, int64_t end) {
   free(own);
 }
 
-DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                                const conv_epilogue *ep, const cpu_tensor *y, const linalg_window *w,
+DK_Status linalg_conv_pointwise(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                                const conv_epilogue *ep, const dks_tensor *y, const linalg_window *w,
                                 int64_t group) {
   pw_job j = {.group = group, .cg = x->shape[1] / group, .mg = y->shape[1] / group, .x_channels = x->shape[1],
               .y_channels = y->shape[1], .wd = w->target[1], .ow = w->grid[1],
@@ -286,7 +286,7 @@ DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, c
    * weights once: 512 KB on ResNet's 14x14 downsampling layer), then
    * shorter bands again. */
   int64_t images = x->shape[0] * group, mblocks = ceil_div(j.mg, PW_MB);
-  int64_t threads = images * j.positions * j.mg * j.cg < PW_SPLIT_MACS ? 1 : cpu_thread_count();
+  int64_t threads = images * j.positions * j.mg * j.cg < PW_SPLIT_MACS ? 1 : dks_thread_count();
   int64_t want = threads > 1 ? PW_ITEMS_PER_THREAD * threads : 1;
   int64_t band = PW_PANEL_BYTES / (j.cg * (int64_t)sizeof(float)) / PW_NV * PW_NV;
   if (band > PW_MAX_BAND) band = PW_MAX_BAND;
@@ -317,14 +317,14 @@ DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, c
     if (!j.panel || !j.ready) {
       free(j.panel);
       free(j.ready);
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the input panels");
+      return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the input panels");
     }
     for (int64_t i = 0; i < j.panels; i++) atomic_init(&j.ready[i], 0);
   }
-  cpu_parallel_for(threads, 1, pw_parts, &j);
+  dks_parallel_for(threads, 1, pw_parts, &j);
   free(j.panel);
   free(j.ready);
   if (atomic_load(&j.failed))
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's input panel");
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's input panel");
   return DK_OK;
 }

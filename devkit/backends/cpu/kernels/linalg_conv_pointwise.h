@@ -15,8 +15,8 @@ bool linalg_conv_pointwise_fits(const linalg_window *w, DK_DTypeKey dtype, int64
 
 /* y = the Conv of x by wt, then the epilogue `ep` (B, Z, the activation),
  * split over the pool. */
-DK_Status linalg_conv_pointwise(const cpu_kernel_args *k, const cpu_tensor *x, const cpu_tensor *wt,
-                                const conv_epilogue *ep, const cpu_tensor *y, const linalg_window *w,
+DK_Status linalg_conv_pointwise(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
+                                const conv_epilogue *ep, const dks_tensor *y, const linalg_window *w,
                                 int64_t group);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_POINTWISE_H_ */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 
 #define LETTERS 52 /* A-Z then a-z: ids in ASCII order */
-#define MAX_LABELS (LETTERS + CPU_MAX_DIMS)
+#define MAX_LABELS (LETTERS + DKS_MAX_DIMS)
 #define MAX_OPERANDS 64
 
 typedef struct ein_view {
@@ -32,7 +32,7 @@ typedef struct ein_view {
 
 typedef struct ein_plan {
   int32_t operands, out_n;
-  int8_t term[MAX_OPERANDS][CPU_MAX_DIMS]; /* label of each operand dim */
+  int8_t term[MAX_OPERANDS][DKS_MAX_DIMS]; /* label of each operand dim */
   int32_t out[MAX_LABELS];
   int32_t rank[MAX_LABELS];  /* output position, or out_n + id for other labels */
   int64_t size[MAX_LABELS];  /* broadcast size of each label */
@@ -68,8 +68,8 @@ static int32_t read_term(const char **s, const char *stops, int32_t *ids, int32_
   return n;
 }
 
-static DK_Status parse(const cpu_kernel_args *k, ein_plan *p) {
-  const char *equation = cpu_attr_string(k, "equation", "");
+static DK_Status parse(const dks_kernel_args *k, ein_plan *p) {
+  const char *equation = dks_attr_string(k, "equation", "");
   size_t length = strlen(equation);
   char *eq = linalg_scratch(k, length + 1, 1);
   if (!eq) return DK_RESOURCE_EXHAUSTED;
@@ -86,7 +86,7 @@ static DK_Status parse(const cpu_kernel_args *k, ein_plan *p) {
   bool ok = p->operands >= 1 && p->operands <= MAX_OPERANDS;
   /* First pass: each term's letters and how many dims its ellipsis spans. */
   for (int32_t i = 0; ok && i < p->operands; i++) {
-    const cpu_tensor *t = &k->in[i];
+    const dks_tensor *t = &k->in[i];
     where[i] = (int32_t)(s - eq);
     int32_t n = read_term(&s, ",-", ids, MAX_LABELS);
     bool has_ellipsis = false;
@@ -142,11 +142,11 @@ static DK_Status parse(const cpu_kernel_args *k, ein_plan *p) {
       if (counts[id] == 1) p->out[p->out_n++] = id;
   }
   free(eq);
-  const cpu_tensor *y = &k->out[0];
+  const dks_tensor *y = &k->out[0];
   ok = ok && p->out_n == y->ndim;
   for (int32_t d = 0; ok && d < p->out_n; d++) ok = p->size[p->out[d]] == y->shape[d];
   if (!ok)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "equation '%s' does not match the operands", equation);
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "equation '%s' does not match the operands", equation);
   for (int32_t id = 0; id < MAX_LABELS; id++) p->rank[id] = p->out_n + id;
   for (int32_t d = 0; d < p->out_n; d++) p->rank[p->out[d]] = d;
   return DK_OK;
@@ -160,7 +160,7 @@ static int32_t find(const ein_view *v, int32_t label) {
   return -1;
 }
 
-static void view_of_operand(const ein_plan *p, int32_t i, const cpu_tensor *t, ein_view *v) {
+static void view_of_operand(const ein_plan *p, int32_t i, const dks_tensor *t, ein_view *v) {
   v->n = 0;
   v->data = t->data;
   for (int32_t d = 0; d < t->ndim; d++) {
@@ -289,7 +289,7 @@ static void sort_by_rank(const ein_plan *p, int32_t *labels, int32_t n) {
 
 /* v without the labels that `other` lacks and `keep` does not list, summed
  * out into fresh scratch (*owned) when there are any. */
-static DK_Status drop_unneeded(const cpu_kernel_args *k, linalg_real real, const ein_plan *p,
+static DK_Status drop_unneeded(const dks_kernel_args *k, linalg_real real, const ein_plan *p,
                                ein_view *v, const ein_view *other, const bool *keep, void **owned) {
   int32_t labels[MAX_LABELS], n = 0;
   for (int32_t j = 0; j < v->n; j++)
@@ -309,7 +309,7 @@ static DK_Status drop_unneeded(const cpu_kernel_args *k, linalg_real real, const
 /* An operand of the batched GEMM: read in place when v lies as
  * [batch][outer][inner] (trans false) or [batch][inner][outer] (trans true),
  * else gathered into the first layout (*owned). */
-static DK_Status gemm_operand(const cpu_kernel_args *k, linalg_real real, const ein_plan *p,
+static DK_Status gemm_operand(const dks_kernel_args *k, linalg_real real, const ein_plan *p,
                               const ein_view *v, const int32_t *batch, int32_t nb, const int32_t *outer,
                               int32_t no, const int32_t *inner, int32_t ni, const uint8_t **data,
                               bool *trans, void **owned) {
@@ -340,7 +340,7 @@ static DK_Status gemm_operand(const cpu_kernel_args *k, linalg_real real, const 
  * summed over their shared labels that `keep` does not list. The product
  * goes to `out` when its order is the output's and `out` is given, else to
  * fresh scratch (*owned). */
-static DK_Status contract(const cpu_kernel_args *k, linalg_real real, const ein_plan *p, ein_view l,
+static DK_Status contract(const dks_kernel_args *k, linalg_real real, const ein_plan *p, ein_view l,
                           ein_view r, const bool *keep, uint8_t *out, ein_view *result, void **owned) {
   void *l_sum, *r_sum, *l_pack = NULL, *r_pack = NULL;
   *owned = NULL;
@@ -408,8 +408,8 @@ static DK_Status contract(const cpu_kernel_args *k, linalg_real real, const ein_
 
 /* ---- The kernel -------------------------------------------------------------------------- */
 
-static DK_Status einsum_float(const cpu_kernel_args *k) {
-  const cpu_tensor *y = &k->out[0];
+static DK_Status einsum_float(const dks_kernel_args *k) {
+  const dks_tensor *y = &k->out[0];
   linalg_real real = linalg_real_of(y);
   ein_plan *p = linalg_scratch(k, 1, sizeof *p);
   if (!p) return DK_RESOURCE_EXHAUSTED;
@@ -443,24 +443,24 @@ static DK_Status einsum_float(const cpu_kernel_args *k) {
   return st;
 }
 
-static DK_Status einsum_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, einsum_float); }
+static DK_Status einsum_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, einsum_float); }
 
 /* Strided inputs are read in place (views carry strides); the output is compact. */
-static const cpu_kernel_def k_linalg_einsum[] = {
+static const dks_kernel_def k_linalg_einsum[] = {
     {"Einsum", DK_DTYPE_FLOAT32, einsum_float, DK_KERNEL_STRIDED_INPUTS},
     {"Einsum", DK_DTYPE_FLOAT64, einsum_float, DK_KERNEL_STRIDED_INPUTS},
     {"Einsum", DK_DTYPE_FLOAT16, einsum_low, DK_KERNEL_STRIDED_INPUTS},
     {"Einsum", DK_DTYPE_BFLOAT16, einsum_low, DK_KERNEL_STRIDED_INPUTS},
 };
-CPU_REGISTER_KERNELS(k_linalg_einsum)
+DKS_REGISTER_KERNELS(k_linalg_einsum)
 
 /* Einsum: every operand and Y of the key dtype. (The kernel matches the
  * equation to the operands' shapes as it parses it, before it reads any.) */
-static DK_Status validate_einsum(const cpu_kernel_args *k) {
+static DK_Status validate_einsum(const dks_kernel_args *k) {
   DK_Status st = DK_OK;
-  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = dks_check_dtype(k, "input", i, k->in[0].dtype);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
-static const cpu_validator v_linalg_einsum[] = {{"Einsum", validate_einsum}};
-CPU_REGISTER_VALIDATORS(v_linalg_einsum)
+static const dks_validator v_linalg_einsum[] = {{"Einsum", validate_einsum}};
+DKS_REGISTER_VALIDATORS(v_linalg_einsum)

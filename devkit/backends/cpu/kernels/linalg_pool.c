@@ -46,7 +46,7 @@ typedef struct pool_job {
  * inside X; *count multiplies the taps inside X, *padded those inside the
  * padded X. False when no window row lies inside X. */
 typedef struct pool_rows {
-  int64_t first[CPU_MAX_DIMS], lo[CPU_MAX_DIMS], hi[CPU_MAX_DIMS], tap[CPU_MAX_DIMS];
+  int64_t first[DKS_MAX_DIMS], lo[DKS_MAX_DIMS], hi[DKS_MAX_DIMS], tap[DKS_MAX_DIMS];
   int64_t count, padded;
 } pool_rows;
 
@@ -96,7 +96,7 @@ static void tap_columns(const linalg_window *w, int64_t t, int64_t *base, int64_
 
 /* A row-major offset in the input plane as a column-major one. */
 static int64_t column_major(const linalg_window *w, int64_t at) {
-  int64_t coords[CPU_MAX_DIMS];
+  int64_t coords[DKS_MAX_DIMS];
   for (int32_t d = w->n - 1; d >= 0; d--) {
     coords[d] = at % w->target[d];
     at /= w->target[d];
@@ -336,14 +336,14 @@ WIDEN_INDICES(widen_indices_i64, int64_t)
       widen_indices(w, job->col_major, p * job->in_plane, out, index, width);                   \
     }                                                                                           \
   }                                                                                             \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
+  DKS_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
     pool_job *job = ctx;                                                                        \
     IDX *index = chunk_scratch(job, job->w->grid[job->w->n - 1], sizeof *index);                \
     if (!index) return;                                                                         \
     NAME##_rows(job, begin, end, index, true);                                                  \
     free(index);                                                                                \
   }                                                                                             \
-  CPU_VECTOR_CLONES static void NAME##_values(void *ctx, int64_t begin, int64_t end) {          \
+  DKS_VECTOR_CLONES static void NAME##_values(void *ctx, int64_t begin, int64_t end) {          \
     NAME##_rows(ctx, begin, end, NULL, false);                                                  \
   }
 
@@ -525,7 +525,7 @@ NO_FAST_ROW(uint8_t)
       best[o] = MAX_TAKES(v, best[o], IS_NAN) ? v : best[o];                                      \
     }                                                                                             \
   }                                                                                               \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                     \
+  DKS_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                     \
     pool_job *job = ctx;                                                                          \
     const linalg_window *w = job->w;                                                              \
     int64_t height = w->target[0], width = w->target[1], oh = w->grid[0], ow = w->grid[1];       \
@@ -567,10 +567,10 @@ MAX_POOL_SEPARABLE(max_pool_rows_i8, int8_t, INT8_MIN, INT_IS_NAN)
 MAX_POOL_SEPARABLE(max_pool_rows_u8, uint8_t, 0, INT_IS_NAN)
 
 /* Window geometry of a pool: X (N, C, D...) to Y (N, C, O...). */
-static void pool_window_of(const cpu_kernel_args *k, linalg_window *w) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+static void pool_window_of(const dks_kernel_args *k, linalg_window *w) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   int64_t count;
-  const int64_t *kernel = cpu_attr_ints(k, "kernel_shape", &count);
+  const int64_t *kernel = dks_attr_ints(k, "kernel_shape", &count);
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, kernel, w);
 }
 
@@ -578,9 +578,9 @@ static void pool_window_of(const cpu_kernel_args *k, linalg_window *w) {
  * split in chunks of about POOL_CHUNK_TAPS window taps. */
 #define POOL_CHUNK_TAPS ((int64_t)1 << 16)
 
-static pool_job pool_job_of(const cpu_kernel_args *k, const linalg_window *w, int64_t *items,
+static pool_job pool_job_of(const dks_kernel_args *k, const linalg_window *w, int64_t *items,
                             int64_t *grain) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   pool_job job = {.w = w, .x = x->data, .y = y->data};
   job.in_plane = linalg_prod(w->target, w->n);
   job.out_plane = linalg_prod(w->grid, w->n);
@@ -594,20 +594,20 @@ static pool_job pool_job_of(const cpu_kernel_args *k, const linalg_window *w, in
   return job;
 }
 
-static DK_Status max_pool(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+static DK_Status max_pool(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   linalg_window w;
   pool_window_of(k, &w);
   int64_t items, grain;
   pool_job job = pool_job_of(k, &w, &items, &grain);
-  job.col_major = cpu_attr_int(k, "storage_order", 0) == 1;
+  job.col_major = dks_attr_int(k, "storage_order", 0) == 1;
   bool indexed = k->num_outputs > 1; /* Indices is an optional output */
   job.indices = indexed ? (int64_t *)k->out[1].data : NULL;
   bool wide = job.in_plane > INT32_MAX;
 #define MAX_POOL_FN(S) (wide ? (indexed ? max_pool_wide_##S : max_pool_wide_##S##_values) \
                              : (indexed ? max_pool_##S : max_pool_##S##_values))
-  cpu_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? MAX_POOL_FN(f64)
+  dks_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? MAX_POOL_FN(f64)
                     : x->dtype == DK_DTYPE_INT8  ? MAX_POOL_FN(i8)
                     : x->dtype == DK_DTYPE_UINT8 ? MAX_POOL_FN(u8)
                                                  : MAX_POOL_FN(f32);
@@ -623,12 +623,12 @@ static DK_Status max_pool(const cpu_kernel_args *k) {
     items = x->shape[0] * x->shape[1];
     grain = plane_taps >= POOL_CHUNK_TAPS ? 1 : POOL_CHUNK_TAPS / (plane_taps > 0 ? plane_taps : 1);
   }
-  cpu_parallel_for(items, grain, fn, &job);
-  if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of indices");
+  dks_parallel_for(items, grain, fn, &job);
+  if (job.failed) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of indices");
   return DK_OK;
 }
 
-static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, max_pool); }
+static DK_Status max_pool_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, max_pool); }
 
 /* ---- AveragePool -------------------------------------------------------------------- */
 
@@ -656,7 +656,7 @@ static DK_Status max_pool_low(const cpu_kernel_args *k) { return linalg_run_as_f
       acc[o] = sum;                                                                             \
     }                                                                                           \
   }                                                                                             \
-  CPU_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
+  DKS_VECTOR_CLONES static void NAME(void *ctx, int64_t begin, int64_t end) {                   \
     pool_job *job = ctx;                                                                        \
     const linalg_window *w = job->w;                                                            \
     int64_t width = w->grid[w->n - 1];                                                          \
@@ -733,7 +733,7 @@ static inline __attribute__((always_inline)) void average_pool_row_sums(
   }
 }
 
-CPU_VECTOR_CLONES static void average_pool_rows_f32(void *ctx, int64_t begin, int64_t end) {
+DKS_VECTOR_CLONES static void average_pool_rows_f32(void *ctx, int64_t begin, int64_t end) {
   pool_job *job = ctx;
   const linalg_window *w = job->w;
   int64_t h = w->target[0], wd = w->target[1], oh = w->grid[0], ow = w->grid[1];
@@ -794,14 +794,14 @@ CPU_VECTOR_CLONES static void average_pool_rows_f32(void *ctx, int64_t begin, in
 /* A separable band's row sums stay about this small (doubles). */
 #define POOL_BAND_DOUBLES ((int64_t)1 << 13)
 
-static DK_Status average_pool(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+static DK_Status average_pool(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   linalg_window w;
   pool_window_of(k, &w);
   int64_t items, grain;
   pool_job job = pool_job_of(k, &w, &items, &grain);
-  job.include_pad = cpu_attr_int(k, "count_include_pad", 0) == 1;
+  job.include_pad = dks_attr_int(k, "count_include_pad", 0) == 1;
   /* Per output column: the last axis's taps inside X and inside the padded X. */
   int32_t last = w.n - 1;
   int64_t width = w.grid[last];
@@ -817,12 +817,12 @@ static DK_Status average_pool(const cpu_kernel_args *k) {
   }
   job.last_count = columns;
   job.last_padded = columns + width;
-  cpu_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? average_pool_f64 : average_pool_f32;
+  dks_range_fn fn = x->dtype == DK_DTYPE_FLOAT64 ? average_pool_f64 : average_pool_f32;
   if (w.n == 2 && w.dilation[0] == 1 && w.dilation[1] == 1 && x->dtype != DK_DTYPE_FLOAT64) {
     /* Bands whose row sums stay in L1, at least a few items per thread. */
     int64_t planes = x->shape[0] * x->shape[1], oh = w.grid[0];
     int64_t band = (POOL_BAND_DOUBLES / width - w.kernel[0]) / w.stride[0] + 1;
-    int64_t per_plane = (4 * cpu_thread_count() + planes - 1) / planes;
+    int64_t per_plane = (4 * dks_thread_count() + planes - 1) / planes;
     if (band > (oh + per_plane - 1) / per_plane) band = (oh + per_plane - 1) / per_plane;
     job.band = band < 1 ? 1 : band;
     job.bands = (oh + job.band - 1) / job.band;
@@ -831,13 +831,13 @@ static DK_Status average_pool(const cpu_kernel_args *k) {
     grain = item_adds >= POOL_CHUNK_TAPS ? 1 : POOL_CHUNK_TAPS / (item_adds > 0 ? item_adds : 1);
     fn = average_pool_rows_f32;
   }
-  cpu_parallel_for(items, grain, fn, &job);
+  dks_parallel_for(items, grain, fn, &job);
   free(columns);
-  if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of sums");
+  if (job.failed) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a row of sums");
   return DK_OK;
 }
 
-static DK_Status average_pool_low(const cpu_kernel_args *k) {
+static DK_Status average_pool_low(const dks_kernel_args *k) {
   return linalg_run_as_f32(k, average_pool);
 }
 
@@ -875,13 +875,13 @@ PAIRWISE_SUM(pairwise_sum_f64, double)
 GLOBAL_POOLS(global_average_f32, global_max_f32, float, pairwise_sum_f32)
 GLOBAL_POOLS(global_average_f64, global_max_f64, double, pairwise_sum_f64)
 
-static DK_Status global_pool(const cpu_kernel_args *k, bool average) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+static DK_Status global_pool(const dks_kernel_args *k, bool average) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   int64_t planes = x->shape[0] * x->shape[1], plane = linalg_prod(x->shape + 2, x->ndim - 2);
   if (plane == 0) { /* empty planes: the mean of nothing, the identity of max */
     for (int64_t p = 0; p < planes; p++)
-      cpu_store_from_double(y->data + p * y->itemsize, y->dtype, average ? NAN : -INFINITY);
+      dks_store_from_double(y->data + p * y->itemsize, y->dtype, average ? NAN : -INFINITY);
   } else if (x->dtype == DK_DTYPE_FLOAT64)
     (average ? global_average_f64 : global_max_f64)((const double *)x->data, (double *)y->data, planes, plane);
   else
@@ -889,17 +889,17 @@ static DK_Status global_pool(const cpu_kernel_args *k, bool average) {
   return DK_OK;
 }
 
-static DK_Status global_average_pool(const cpu_kernel_args *k) { return global_pool(k, true); }
-static DK_Status global_max_pool(const cpu_kernel_args *k) { return global_pool(k, false); }
-static DK_Status global_average_pool_low(const cpu_kernel_args *k) {
+static DK_Status global_average_pool(const dks_kernel_args *k) { return global_pool(k, true); }
+static DK_Status global_max_pool(const dks_kernel_args *k) { return global_pool(k, false); }
+static DK_Status global_average_pool_low(const dks_kernel_args *k) {
   return linalg_run_as_f32(k, global_average_pool);
 }
-static DK_Status global_max_pool_low(const cpu_kernel_args *k) {
+static DK_Status global_max_pool_low(const dks_kernel_args *k) {
   return linalg_run_as_f32(k, global_max_pool);
 }
 
 /* Compact tensors only: the host copies strided inputs. */
-static const cpu_kernel_def k_linalg_pool[] = {
+static const dks_kernel_def k_linalg_pool[] = {
     {"MaxPool", DK_DTYPE_FLOAT32, max_pool, 0},
     {"MaxPool", DK_DTYPE_FLOAT64, max_pool, 0},
     {"MaxPool", DK_DTYPE_FLOAT16, max_pool_low, 0},
@@ -919,39 +919,39 @@ static const cpu_kernel_def k_linalg_pool[] = {
     {"GlobalMaxPool", DK_DTYPE_FLOAT16, global_max_pool_low, 0},
     {"GlobalMaxPool", DK_DTYPE_BFLOAT16, global_max_pool_low, 0},
 };
-CPU_REGISTER_KERNELS(k_linalg_pool)
+DKS_REGISTER_KERNELS(k_linalg_pool)
 
 /* X (N, C, D...) to Y (N, C, O...) (and MaxPool's int64 Indices of Y's shape). */
-static DK_Status validate_pool(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, CPU_MAX_DIMS);
+static DK_Status validate_pool(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 3, DKS_MAX_DIMS);
   if (st != DK_OK) return st;
-  const cpu_tensor *x = &k->in[0];
-  int64_t out[CPU_MAX_DIMS] = {x->shape[0], x->shape[1]};
+  const dks_tensor *x = &k->in[0];
+  int64_t out[DKS_MAX_DIMS] = {x->shape[0], x->shape[1]};
   if ((st = linalg_check_window(k, x->ndim, x->shape, NULL, true, false, out + 2)) != DK_OK) return st;
-  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
-  if ((st = cpu_check_output(k, 0, x->ndim, out)) != DK_OK) return st;
+  if ((st = dks_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  if ((st = dks_check_output(k, 0, x->ndim, out)) != DK_OK) return st;
   if (k->num_outputs > 1 && strcmp(k->op, "MaxPool") == 0) {
-    if ((st = cpu_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
-    return cpu_check_output(k, 1, x->ndim, out);
+    if ((st = dks_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
+    return dks_check_output(k, 1, x->ndim, out);
   }
   return DK_OK;
 }
 
 /* X (N, C, D...) to Y (N, C, 1, ...); a rank-2 X has no spatial dims (each plane is one element). */
-static DK_Status validate_global_pool(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+static DK_Status validate_global_pool(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 2, DKS_MAX_DIMS);
   if (st != DK_OK) return st;
-  const cpu_tensor *x = &k->in[0];
-  int64_t out[CPU_MAX_DIMS];
+  const dks_tensor *x = &k->in[0];
+  int64_t out[DKS_MAX_DIMS];
   for (int32_t d = 0; d < x->ndim; d++) out[d] = d < 2 ? x->shape[d] : 1;
-  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
-  return cpu_check_output(k, 0, x->ndim, out);
+  if ((st = dks_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  return dks_check_output(k, 0, x->ndim, out);
 }
 
-static const cpu_validator v_linalg_pool[] = {
+static const dks_validator v_linalg_pool[] = {
     {"MaxPool", validate_pool},
     {"AveragePool", validate_pool},
     {"GlobalAveragePool", validate_global_pool},
     {"GlobalMaxPool", validate_global_pool},
 };
-CPU_REGISTER_VALIDATORS(v_linalg_pool)
+DKS_REGISTER_VALIDATORS(v_linalg_pool)

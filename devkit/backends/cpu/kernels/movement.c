@@ -3,7 +3,7 @@
  * the kernels that are views plus one copy: Transpose, Concat, Split, Slice,
  * Expand and Tile. Each builds, for the output's index space, the byte
  * strides at which its input is read, and hands both to movement_copy; so
- * they all honour input and output strides (CPU_STRIDED).
+ * they all honour input and output strides (DKS_STRIDED).
  */
 #include "movement.h"
 
@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void transpose_8x8(uint8_t *dst, in
 #endif
 
 /* Columns of blocks [begin, end). */
-CPU_VECTOR_CLONES static void copy_tiles(void *ctx, int64_t begin, int64_t end) {
+DKS_VECTOR_CLONES static void copy_tiles(void *ctx, int64_t begin, int64_t end) {
   const tiled_copy *t = ctx;
   const merged_dims *m = t->m;
   int64_t last = end * TILE < m->size[1] ? end * TILE : m->size[1];
@@ -156,7 +156,7 @@ CPU_VECTOR_CLONES static void copy_tiles(void *ctx, int64_t begin, int64_t end) 
 static void copy_tiled(const merged_dims *m, uint8_t *dst, const uint8_t *src, int32_t itemsize) {
   tiled_copy t = {.m = m, .dst = dst, .src = src, .itemsize = itemsize};
   int64_t columns = (m->size[1] + TILE - 1) / TILE, column_bytes = m->size[0] * TILE * itemsize;
-  cpu_parallel_for(columns, column_bytes >= TILED_SPLIT_BYTES ? 1 : TILED_SPLIT_BYTES / column_bytes, copy_tiles,
+  dks_parallel_for(columns, column_bytes >= TILED_SPLIT_BYTES ? 1 : TILED_SPLIT_BYTES / column_bytes, copy_tiles,
                    &t);
 }
 
@@ -201,16 +201,16 @@ void movement_copy(int32_t ndim, const int64_t *shape, uint8_t *dst, const int64
   }
 }
 
-DK_Status movement_index_error(const cpu_kernel_args *k, int64_t value, int64_t position,
+DK_Status movement_index_error(const dks_kernel_args *k, int64_t value, int64_t position,
                                int32_t axis, int64_t dim) {
-  return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+  return dks_kernel_fail(k, DK_OUT_OF_RANGE,
                          "index %lld (element %lld of indices) is out of range for axis %d of "
                          "size %lld: valid indices are in [%lld, %lld)",
                          (long long)value, (long long)position, axis, (long long)dim,
                          (long long)-dim, (long long)dim);
 }
 
-DK_Status movement_check_indices(const cpu_kernel_args *k, const cpu_tensor *indices,
+DK_Status movement_check_indices(const dks_kernel_args *k, const dks_tensor *indices,
                                  int64_t dim, int32_t axis) {
   for (int64_t i = 0; i < indices->size; i++) {
     int64_t v = movement_index(indices, i);
@@ -227,12 +227,12 @@ static int32_t normalized_axis(int64_t axis, int32_t ndim) {
 
 /* Output dim d is input dim perm[d] (the dims reversed without perm), so it
  * reads the input with that dim's stride. */
-static DK_Status transpose(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+static DK_Status transpose(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (out->size == 0) return DK_OK;
   int64_t count;
-  const int64_t *perm = cpu_attr_ints(k, "perm", &count);
-  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  const int64_t *perm = dks_attr_ints(k, "perm", &count);
+  int64_t src[DKS_MAX_DIMS], dst[DKS_MAX_DIMS];
   movement_byte_strides(out, dst);
   for (int32_t d = 0; d < out->ndim; d++) {
     int64_t axis = perm ? perm[d] : out->ndim - 1 - d;
@@ -243,15 +243,15 @@ static DK_Status transpose(const cpu_kernel_args *k) {
 }
 
 /* Each input is copied into its slab of the output along `axis`. */
-static DK_Status concat(const cpu_kernel_args *k) {
-  const cpu_tensor *out = &k->out[0];
+static DK_Status concat(const dks_kernel_args *k) {
+  const dks_tensor *out = &k->out[0];
   if (out->size == 0) return DK_OK;
-  int32_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), out->ndim);
-  int64_t dst[CPU_MAX_DIMS], src[CPU_MAX_DIMS];
+  int32_t axis = normalized_axis(dks_attr_int(k, "axis", 0), out->ndim);
+  int64_t dst[DKS_MAX_DIMS], src[DKS_MAX_DIMS];
   movement_byte_strides(out, dst);
   int64_t position = 0;
   for (size_t i = 0; i < k->num_inputs; i++) {
-    const cpu_tensor *in = &k->in[i];
+    const dks_tensor *in = &k->in[i];
     movement_byte_strides(in, src);
     movement_copy(in->ndim, in->shape, out->data + position * dst[axis], dst, in->data, src,
                   in->itemsize);
@@ -261,15 +261,15 @@ static DK_Status concat(const cpu_kernel_args *k) {
 }
 
 /* The outputs' extents along `axis` are the split sizes. */
-static DK_Status split(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0];
+static DK_Status split(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0];
   if (in->size == 0) return DK_OK;
-  int32_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), in->ndim);
-  int64_t dst[CPU_MAX_DIMS], src[CPU_MAX_DIMS];
+  int32_t axis = normalized_axis(dks_attr_int(k, "axis", 0), in->ndim);
+  int64_t dst[DKS_MAX_DIMS], src[DKS_MAX_DIMS];
   movement_byte_strides(in, src);
   int64_t position = 0;
   for (size_t i = 0; i < k->num_outputs; i++) {
-    const cpu_tensor *out = &k->out[i];
+    const dks_tensor *out = &k->out[i];
     movement_byte_strides(out, dst);
     movement_copy(out->ndim, out->shape, out->data, dst, in->data + position * src[axis], src,
                   in->itemsize);
@@ -281,14 +281,14 @@ static DK_Status split(const cpu_kernel_args *k) {
 /* Output index i of dim d reads input index start[d] + i * step[d]; the
  * starts are clamped as ONNX specifies (the host derived the output shape
  * from the same rules). */
-static DK_Status slice(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+static DK_Status slice(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (out->size == 0) return DK_OK;
   int64_t n, n_axes, n_steps;
-  const int64_t *starts = cpu_attr_ints(k, "starts", &n);
-  const int64_t *axes = cpu_attr_ints(k, "axes", &n_axes);
-  const int64_t *steps = cpu_attr_ints(k, "steps", &n_steps);
-  int64_t start[CPU_MAX_DIMS] = {0}, step[CPU_MAX_DIMS];
+  const int64_t *starts = dks_attr_ints(k, "starts", &n);
+  const int64_t *axes = dks_attr_ints(k, "axes", &n_axes);
+  const int64_t *steps = dks_attr_ints(k, "steps", &n_steps);
+  int64_t start[DKS_MAX_DIMS] = {0}, step[DKS_MAX_DIMS];
   for (int32_t d = 0; d < in->ndim; d++) step[d] = 1;
   for (int64_t i = 0; i < n; i++) {
     int32_t axis = normalized_axis(axes ? axes[i] : i, in->ndim);
@@ -299,7 +299,7 @@ static DK_Status slice(const cpu_kernel_args *k) {
     start[axis] = s < 0 ? 0 : s > high ? high : s;
   }
   const uint8_t *first = in->data;
-  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  int64_t src[DKS_MAX_DIMS], dst[DKS_MAX_DIMS];
   movement_byte_strides(out, dst);
   for (int32_t d = 0; d < in->ndim; d++) {
     first += start[d] * in->strides[d] * in->itemsize;
@@ -313,12 +313,12 @@ static DK_Status slice(const cpu_kernel_args *k) {
 
 /* Broadcasting: size-1 (and missing leading) input dims are read with
  * stride 0. */
-static DK_Status expand(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+static DK_Status expand(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (out->size == 0) return DK_OK;
-  int64_t src[CPU_MAX_DIMS], dst[CPU_MAX_DIMS];
+  int64_t src[DKS_MAX_DIMS], dst[DKS_MAX_DIMS];
   movement_byte_strides(out, dst);
-  cpu_broadcast_strides(in, out->ndim, src);
+  dks_broadcast_strides(in, out->ndim, src);
   movement_copy(out->ndim, out->shape, out->data, dst, in->data, src, in->itemsize);
   return DK_OK;
 }
@@ -326,8 +326,8 @@ static DK_Status expand(const cpu_kernel_args *k) {
 /* Output dim d of extent repeats[d] * in[d] is viewed as two dims
  * (repeats[d], in[d]); the repeat dim reads the input with stride 0. The
  * repeats follow from the shapes. */
-static DK_Status tile(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+static DK_Status tile(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (out->size == 0) return DK_OK;
   int64_t shape[MOVEMENT_MAX_DIMS], src[MOVEMENT_MAX_DIMS], dst[MOVEMENT_MAX_DIMS];
   for (int32_t d = 0; d < in->ndim; d++) {
@@ -343,111 +343,111 @@ static DK_Status tile(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static const cpu_kernel_def k_movement[] = {
-    CPU_ALL_DTYPES("Transpose", transpose, CPU_STRIDED),
-    CPU_ALL_DTYPES("Concat", concat, CPU_STRIDED),
-    CPU_ALL_DTYPES("Split", split, CPU_STRIDED),
-    CPU_ALL_DTYPES("Slice", slice, CPU_STRIDED),
-    CPU_ALL_DTYPES("Expand", expand, CPU_STRIDED),
-    CPU_ALL_DTYPES("Tile", tile, CPU_STRIDED),
+static const dks_kernel_def k_movement[] = {
+    DKS_ALL_DTYPES("Transpose", transpose, DKS_STRIDED),
+    DKS_ALL_DTYPES("Concat", concat, DKS_STRIDED),
+    DKS_ALL_DTYPES("Split", split, DKS_STRIDED),
+    DKS_ALL_DTYPES("Slice", slice, DKS_STRIDED),
+    DKS_ALL_DTYPES("Expand", expand, DKS_STRIDED),
+    DKS_ALL_DTYPES("Tile", tile, DKS_STRIDED),
 };
-CPU_REGISTER_KERNELS(k_movement)
+DKS_REGISTER_KERNELS(k_movement)
 
 /* ---- Validators ------------------------------------------------------------------- */
 
-static DK_Status same_dtype_everywhere(const cpu_kernel_args *k) {
+static DK_Status same_dtype_everywhere(const dks_kernel_args *k) {
   DK_Status st = DK_OK;
-  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
-  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+  for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = dks_check_dtype(k, "input", i, k->in[0].dtype);
+  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = dks_check_dtype(k, "output", j, k->in[0].dtype);
   return st;
 }
 
-static DK_Status validate_transpose(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0];
-  int32_t axes[CPU_MAX_DIMS];
-  int64_t count, shape[CPU_MAX_DIMS];
+static DK_Status validate_transpose(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0];
+  int32_t axes[DKS_MAX_DIMS];
+  int64_t count, shape[DKS_MAX_DIMS];
   DK_Status st = same_dtype_everywhere(k);
-  if (st == DK_OK) st = cpu_check_axes(k, "perm", in->ndim, axes, &count);
+  if (st == DK_OK) st = dks_check_axes(k, "perm", in->ndim, axes, &count);
   if (st != DK_OK) return st;
   if (count >= 0 && count != in->ndim)
-    return cpu_invalid(k, "attribute 'perm' has %lld axes; the input has rank %d", (long long)count, in->ndim);
+    return dks_invalid(k, "attribute 'perm' has %lld axes; the input has rank %d", (long long)count, in->ndim);
   for (int32_t d = 0; d < in->ndim; d++) shape[d] = in->shape[count >= 0 ? axes[d] : in->ndim - 1 - d];
-  return cpu_check_output(k, 0, in->ndim, shape);
+  return dks_check_output(k, 0, in->ndim, shape);
 }
 
 /* Concat's inputs and Split's outputs (`parts`) against the whole, along `axis`. */
-static DK_Status check_parts(const cpu_kernel_args *k, const cpu_tensor *whole, const cpu_tensor *parts,
+static DK_Status check_parts(const dks_kernel_args *k, const dks_tensor *whole, const dks_tensor *parts,
                              size_t count, const char *role) {
   int64_t axis;
   DK_Status st = same_dtype_everywhere(k);
-  if (st == DK_OK) st = cpu_check_axis(k, "axis", whole->ndim, false, &axis);
+  if (st == DK_OK) st = dks_check_axis(k, "axis", whole->ndim, false, &axis);
   if (st != DK_OK) return st;
   int64_t total = 0;
   for (size_t i = 0; i < count; i++) {
-    const cpu_tensor *t = &parts[i];
+    const dks_tensor *t = &parts[i];
     bool fits = t->ndim == whole->ndim;
     for (int32_t d = 0; fits && d < t->ndim; d++) fits = d == axis || t->shape[d] == whole->shape[d];
     if (!fits)
-      return cpu_invalid(k, "%s %zu (rank %d) does not match the other tensors outside axis %lld", role, i,
+      return dks_invalid(k, "%s %zu (rank %d) does not match the other tensors outside axis %lld", role, i,
                          t->ndim, (long long)axis);
     total += t->shape[axis];
   }
   if (total != whole->shape[axis])
-    return cpu_invalid(k, "the %ss' extents along axis %lld add up to %lld, not %lld", role, (long long)axis,
+    return dks_invalid(k, "the %ss' extents along axis %lld add up to %lld, not %lld", role, (long long)axis,
                        (long long)total, (long long)whole->shape[axis]);
   return DK_OK;
 }
 
-static DK_Status validate_concat(const cpu_kernel_args *k) {
+static DK_Status validate_concat(const dks_kernel_args *k) {
   for (size_t i = 0; i < k->num_inputs; i++)
-    if (k->in[i].ndim < 0) return cpu_invalid(k, "input %zu is omitted", i);
+    if (k->in[i].ndim < 0) return dks_invalid(k, "input %zu is omitted", i);
   return check_parts(k, &k->out[0], k->in, k->num_inputs, "input");
 }
 
 /* The outputs are the parts; `split` (their sizes) or `num_outputs`, when given, must describe them. */
-static DK_Status validate_split(const cpu_kernel_args *k) {
+static DK_Status validate_split(const dks_kernel_args *k) {
   DK_Status st = check_parts(k, &k->in[0], k->out, k->num_outputs, "output");
   if (st != DK_OK) return st;
-  int64_t axis = normalized_axis(cpu_attr_int(k, "axis", 0), k->in[0].ndim), count;
-  const int64_t *sizes = cpu_attr_ints(k, "split", &count);
-  if (cpu_attr(k, "split")) {
+  int64_t axis = normalized_axis(dks_attr_int(k, "axis", 0), k->in[0].ndim), count;
+  const int64_t *sizes = dks_attr_ints(k, "split", &count);
+  if (dks_attr(k, "split")) {
     if (count != (int64_t)k->num_outputs)
-      return cpu_invalid(k, "attribute 'split' has %lld sizes for %zu outputs", (long long)count, k->num_outputs);
+      return dks_invalid(k, "attribute 'split' has %lld sizes for %zu outputs", (long long)count, k->num_outputs);
     for (int64_t i = 0; i < count; i++)
       if (sizes[i] != k->out[i].shape[axis])
-        return cpu_invalid(k, "attribute 'split' value %lld is %lld; output %lld has %lld along axis %lld",
+        return dks_invalid(k, "attribute 'split' value %lld is %lld; output %lld has %lld along axis %lld",
                            (long long)i, (long long)sizes[i], (long long)i, (long long)k->out[i].shape[axis],
                            (long long)axis);
   }
-  if (cpu_attr(k, "num_outputs") && cpu_attr_int(k, "num_outputs", 0) != (int64_t)k->num_outputs)
-    return cpu_invalid(k, "attribute 'num_outputs' is %lld; the call has %zu outputs",
-                       (long long)cpu_attr_int(k, "num_outputs", 0), k->num_outputs);
+  if (dks_attr(k, "num_outputs") && dks_attr_int(k, "num_outputs", 0) != (int64_t)k->num_outputs)
+    return dks_invalid(k, "attribute 'num_outputs' is %lld; the call has %zu outputs",
+                       (long long)dks_attr_int(k, "num_outputs", 0), k->num_outputs);
   return DK_OK;
 }
 
-static DK_Status validate_slice(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0];
+static DK_Status validate_slice(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0];
   int64_t n, n_ends, n_axes, n_steps;
-  const int64_t *starts = cpu_attr_ints(k, "starts", &n);
-  const int64_t *ends = cpu_attr_ints(k, "ends", &n_ends);
-  const int64_t *steps = cpu_attr_ints(k, "steps", &n_steps);
-  int32_t axes[CPU_MAX_DIMS];
+  const int64_t *starts = dks_attr_ints(k, "starts", &n);
+  const int64_t *ends = dks_attr_ints(k, "ends", &n_ends);
+  const int64_t *steps = dks_attr_ints(k, "steps", &n_steps);
+  int32_t axes[DKS_MAX_DIMS];
   DK_Status st = same_dtype_everywhere(k);
-  if (st == DK_OK) st = cpu_check_axes(k, "axes", in->ndim, axes, &n_axes);
-  if (st == DK_OK) st = cpu_check_int_list(k, "starts");
-  if (st == DK_OK) st = cpu_check_int_list(k, "ends");
-  if (st == DK_OK) st = cpu_check_int_list(k, "steps");
+  if (st == DK_OK) st = dks_check_axes(k, "axes", in->ndim, axes, &n_axes);
+  if (st == DK_OK) st = dks_check_int_list(k, "starts");
+  if (st == DK_OK) st = dks_check_int_list(k, "ends");
+  if (st == DK_OK) st = dks_check_int_list(k, "steps");
   if (st != DK_OK) return st;
-  if (n > in->ndim || n_ends != n || (n_axes >= 0 && n_axes != n) || (cpu_attr(k, "steps") && n_steps != n))
-    return cpu_invalid(k, "starts, ends, axes and steps have lengths %lld, %lld, %lld, %lld; they must agree "
+  if (n > in->ndim || n_ends != n || (n_axes >= 0 && n_axes != n) || (dks_attr(k, "steps") && n_steps != n))
+    return dks_invalid(k, "starts, ends, axes and steps have lengths %lld, %lld, %lld, %lld; they must agree "
                        "and be at most the rank %d", (long long)n, (long long)n_ends, (long long)n_axes,
-                       (long long)(cpu_attr(k, "steps") ? n_steps : n), in->ndim);
-  int64_t shape[CPU_MAX_DIMS];
+                       (long long)(dks_attr(k, "steps") ? n_steps : n), in->ndim);
+  int64_t shape[DKS_MAX_DIMS];
   for (int32_t d = 0; d < in->ndim; d++) shape[d] = in->shape[d];
   for (int64_t i = 0; i < n; i++) {
     int32_t axis = n_axes >= 0 ? axes[i] : (int32_t)i;
     int64_t step = steps ? steps[i] : 1, dim = in->shape[axis], start = starts[i], end = ends[i];
-    if (step == 0) return cpu_invalid(k, "attribute 'steps' value %lld is 0", (long long)i);
+    if (step == 0) return dks_invalid(k, "attribute 'steps' value %lld is 0", (long long)i);
     if (start < 0) start += dim;
     if (end < 0) end += dim;
     /* Clamped to [-1, dim], so the differences below cannot overflow. */
@@ -463,56 +463,56 @@ static DK_Status validate_slice(const cpu_kernel_args *k) {
       shape[axis] = start > end ? (start - end - 1) / (step == INT64_MIN ? INT64_MAX : -step) + 1 : 0;
     }
   }
-  return cpu_check_output(k, 0, in->ndim, shape);
+  return dks_check_output(k, 0, in->ndim, shape);
 }
 
-static DK_Status validate_expand(const cpu_kernel_args *k) {
+static DK_Status validate_expand(const dks_kernel_args *k) {
   DK_Status st = same_dtype_everywhere(k);
   if (st != DK_OK) return st;
-  if ((st = cpu_check_int_list(k, "shape")) != DK_OK) return st;
-  const cpu_tensor *in = &k->in[0];
+  if ((st = dks_check_int_list(k, "shape")) != DK_OK) return st;
+  const dks_tensor *in = &k->in[0];
   int64_t count;
-  const int64_t *given = cpu_attr_ints(k, "shape", &count);
-  if (count > CPU_MAX_DIMS) return cpu_invalid(k, "attribute 'shape' has %lld values, over %d", (long long)count, CPU_MAX_DIMS);
+  const int64_t *given = dks_attr_ints(k, "shape", &count);
+  if (count > DKS_MAX_DIMS) return dks_invalid(k, "attribute 'shape' has %lld values, over %d", (long long)count, DKS_MAX_DIMS);
   int32_t ndim = in->ndim > count ? in->ndim : (int32_t)count;
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   for (int32_t d = 0; d < ndim; d++) { /* numpy broadcasting of the input's shape with `shape` */
     int32_t di = d - (ndim - in->ndim), ds = d - (ndim - (int32_t)count);
     int64_t n = di < 0 ? 1 : in->shape[di], m = ds < 0 ? 1 : given[ds];
-    if (m < 0) return cpu_invalid(k, "attribute 'shape' value %d is %lld, negative", ds, (long long)m);
+    if (m < 0) return dks_invalid(k, "attribute 'shape' value %d is %lld, negative", ds, (long long)m);
     if (n != m && n != 1 && m != 1)
-      return cpu_invalid(k, "the input's dimension %d (%lld) does not broadcast with %lld", di, (long long)n,
+      return dks_invalid(k, "the input's dimension %d (%lld) does not broadcast with %lld", di, (long long)n,
                          (long long)m);
     shape[d] = n == 1 ? m : n;
   }
-  return cpu_check_output(k, 0, ndim, shape);
+  return dks_check_output(k, 0, ndim, shape);
 }
 
-static DK_Status validate_tile(const cpu_kernel_args *k) {
+static DK_Status validate_tile(const dks_kernel_args *k) {
   DK_Status st = same_dtype_everywhere(k);
   if (st != DK_OK) return st;
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (in->ndim != out->ndim)
-    return cpu_invalid(k, "the output has rank %d; the input has %d", out->ndim, in->ndim);
+    return dks_invalid(k, "the output has rank %d; the input has %d", out->ndim, in->ndim);
   int64_t count, tiled;
-  const int64_t *repeats = cpu_attr_ints(k, "repeats", &count);
-  if (cpu_attr(k, "repeats") && count != in->ndim)
-    return cpu_invalid(k, "attribute 'repeats' has %lld values; the input has rank %d", (long long)count, in->ndim);
+  const int64_t *repeats = dks_attr_ints(k, "repeats", &count);
+  if (dks_attr(k, "repeats") && count != in->ndim)
+    return dks_invalid(k, "attribute 'repeats' has %lld values; the input has rank %d", (long long)count, in->ndim);
   for (int32_t d = 0; d < in->ndim; d++) {
     if (in->shape[d] ? out->shape[d] % in->shape[d] : out->shape[d])
-      return cpu_invalid(k, "output dimension %d (%lld) is not a multiple of the input's (%lld)", d,
+      return dks_invalid(k, "output dimension %d (%lld) is not a multiple of the input's (%lld)", d,
                          (long long)out->shape[d], (long long)in->shape[d]);
     if (repeats && (repeats[d] < 0 || __builtin_mul_overflow(in->shape[d], repeats[d], &tiled) ||
                     tiled != out->shape[d]))
-      return cpu_invalid(k, "attribute 'repeats' value %d is %lld; it does not tile input dimension %lld to "
+      return dks_invalid(k, "attribute 'repeats' value %d is %lld; it does not tile input dimension %lld to "
                          "the output's %lld", d, (long long)repeats[d], (long long)in->shape[d],
                          (long long)out->shape[d]);
   }
   return DK_OK;
 }
 
-static const cpu_validator v_movement[] = {
+static const dks_validator v_movement[] = {
     {"Transpose", validate_transpose}, {"Concat", validate_concat}, {"Split", validate_split},
     {"Slice", validate_slice},         {"Expand", validate_expand}, {"Tile", validate_tile},
 };
-CPU_REGISTER_VALIDATORS(v_movement)
+DKS_REGISTER_VALIDATORS(v_movement)

@@ -14,15 +14,15 @@ static int64_t product(const int64_t *shape, int32_t from, int32_t to) {
   return n;
 }
 
-static int32_t data_axis(const cpu_kernel_args *k) {
-  int64_t axis = cpu_attr_int(k, "axis", 0);
+static int32_t data_axis(const dks_kernel_args *k) {
+  int64_t axis = dks_attr_int(k, "axis", 0);
   return (int32_t)(axis < 0 ? axis + k->in[0].ndim : axis);
 }
 
 /* out[outer, j, inner] = data[outer, indices[j], inner], with the indices
  * flattened: each index selects a contiguous run of `inner` elements. */
-static DK_Status gather(const cpu_kernel_args *k) {
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
+static DK_Status gather(const dks_kernel_args *k) {
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
   int32_t axis = data_axis(k);
   int64_t dim = data->shape[axis];
   DK_Status st = movement_check_indices(k, indices, dim, axis);
@@ -45,15 +45,15 @@ static DK_Status gather(const cpu_kernel_args *k) {
 
 /* out[i] = data[i with i[axis] replaced by indices[i]]; indices may be
  * smaller than data in the other dims. */
-static DK_Status gather_elements(const cpu_kernel_args *k) {
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
+static DK_Status gather_elements(const dks_kernel_args *k) {
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
   int32_t axis = data_axis(k);
   int64_t dim = data->shape[axis];
   DK_Status st = movement_check_indices(k, indices, dim, axis);
   if (st != DK_OK || out->size == 0) return st;
   int32_t itemsize = data->itemsize;
   /* The walk over the indices tracks the data offset of every dim but axis. */
-  int64_t walk[CPU_MAX_DIMS], index[CPU_MAX_DIMS] = {0}, offset = 0;
+  int64_t walk[DKS_MAX_DIMS], index[DKS_MAX_DIMS] = {0}, offset = 0;
   for (int32_t d = 0; d < data->ndim; d++) walk[d] = d == axis ? 0 : data->strides[d];
   int64_t axis_stride = data->strides[axis];
   for (int64_t p = 0; p < indices->size; p++) {
@@ -69,9 +69,9 @@ static DK_Status gather_elements(const cpu_kernel_args *k) {
 /* With b = batch_dims and k = indices.shape[-1]: for each batch and each
  * k-tuple of indices, out gets the slice data[batch, tuple, ...] of
  * prod(data.shape[b + k:]) contiguous elements. */
-static DK_Status gather_nd(const cpu_kernel_args *k) {
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
-  int32_t b = (int32_t)cpu_attr_int(k, "batch_dims", 0);
+static DK_Status gather_nd(const dks_kernel_args *k) {
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1], *out = &k->out[0];
+  int32_t b = (int32_t)dks_attr_int(k, "batch_dims", 0);
   int32_t depth = (int32_t)indices->shape[indices->ndim - 1];
   for (int64_t e = 0; e < indices->size; e++) {
     int32_t axis = b + (int32_t)(e % depth);
@@ -99,100 +99,100 @@ static DK_Status gather_nd(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static const cpu_kernel_def k_movement_gather[] = {
-    CPU_ALL_DTYPES("Gather", gather, 0),
-    CPU_ALL_DTYPES("GatherElements", gather_elements, 0),
-    CPU_ALL_DTYPES("GatherND", gather_nd, 0),
+static const dks_kernel_def k_movement_gather[] = {
+    DKS_ALL_DTYPES("Gather", gather, 0),
+    DKS_ALL_DTYPES("GatherElements", gather_elements, 0),
+    DKS_ALL_DTYPES("GatherND", gather_nd, 0),
 };
-CPU_REGISTER_KERNELS(k_movement_gather)
+DKS_REGISTER_KERNELS(k_movement_gather)
 
 /* ---- Validators ------------------------------------------------------------ */
 
 /* data of rank >= 1 and int32 or int64 indices. */
-static DK_Status check_data_and_indices(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, 0, CPU_MAX_DIMS);
+static DK_Status check_data_and_indices(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 1, DKS_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_rank(k, 1, 0, DKS_MAX_DIMS);
   if (st == DK_OK && k->in[1].dtype != DK_DTYPE_INT32 && k->in[1].dtype != DK_DTYPE_INT64)
-    st = cpu_invalid(k, "indices must be int32 or int64, got dtype key 0x%x", (unsigned)k->in[1].dtype);
+    st = dks_invalid(k, "indices must be int32 or int64, got dtype key 0x%x", (unsigned)k->in[1].dtype);
   return st;
 }
 
-DK_Status movement_check_elementwise_indices(const cpu_kernel_args *k, int64_t *axis) {
+DK_Status movement_check_elementwise_indices(const dks_kernel_args *k, int64_t *axis) {
   DK_Status st = check_data_and_indices(k);
-  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, axis);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
+  if (st == DK_OK) st = dks_check_axis(k, "axis", k->in[0].ndim, false, axis);
+  if (st == DK_OK) st = dks_check_rank(k, 1, k->in[0].ndim, k->in[0].ndim);
   for (int32_t d = 0; st == DK_OK && d < k->in[0].ndim; d++)
     if (d != *axis && k->in[1].shape[d] > k->in[0].shape[d])
-      st = cpu_invalid(k, "indices dim %d is %lld, larger than data's %lld", d, (long long)k->in[1].shape[d],
+      st = dks_invalid(k, "indices dim %d is %lld, larger than data's %lld", d, (long long)k->in[1].shape[d],
                        (long long)k->in[0].shape[d]);
   return st;
 }
 
-DK_Status movement_check_nd_indices(const cpu_kernel_args *k, int64_t batch_dims, int32_t *depth) {
+DK_Status movement_check_nd_indices(const dks_kernel_args *k, int64_t batch_dims, int32_t *depth) {
   DK_Status st = check_data_and_indices(k);
-  if (st == DK_OK) st = cpu_check_rank(k, 1, 1, CPU_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_rank(k, 1, 1, DKS_MAX_DIMS);
   if (st != DK_OK) return st;
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1];
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1];
   int32_t rank = data->ndim < indices->ndim ? data->ndim : indices->ndim;
   if (batch_dims < 0 || batch_dims >= rank)
-    return cpu_invalid(k, "attribute 'batch_dims' is %lld; it must be in [0, %d)", (long long)batch_dims, rank);
+    return dks_invalid(k, "attribute 'batch_dims' is %lld; it must be in [0, %d)", (long long)batch_dims, rank);
   for (int32_t d = 0; d < batch_dims; d++)
     if (data->shape[d] != indices->shape[d])
-      return cpu_invalid(k, "batch dim %d is %lld in data and %lld in indices", d, (long long)data->shape[d],
+      return dks_invalid(k, "batch dim %d is %lld in data and %lld in indices", d, (long long)data->shape[d],
                          (long long)indices->shape[d]);
   int64_t last = indices->shape[indices->ndim - 1];
   if (last < 1 || last > data->ndim - batch_dims)
-    return cpu_invalid(k, "indices.shape[-1] is %lld; it must be in 1..%lld", (long long)last,
+    return dks_invalid(k, "indices.shape[-1] is %lld; it must be in 1..%lld", (long long)last,
                        (long long)(data->ndim - batch_dims));
   *depth = (int32_t)last;
   return DK_OK;
 }
 
 /* Gather: output data.shape[:axis] + indices.shape + data.shape[axis + 1:]. */
-static DK_Status validate_gather(const cpu_kernel_args *k) {
+static DK_Status validate_gather(const dks_kernel_args *k) {
   int64_t axis;
   DK_Status st = check_data_and_indices(k);
-  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1];
-  if (st == DK_OK && data->ndim - 1 + indices->ndim > CPU_MAX_DIMS)
-    st = cpu_invalid(k, "the output's rank exceeds %d", CPU_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1];
+  if (st == DK_OK && data->ndim - 1 + indices->ndim > DKS_MAX_DIMS)
+    st = dks_invalid(k, "the output's rank exceeds %d", DKS_MAX_DIMS);
   if (st != DK_OK) return st;
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   int32_t n = 0;
   for (int32_t d = 0; d < axis; d++) shape[n++] = data->shape[d];
   for (int32_t d = 0; d < indices->ndim; d++) shape[n++] = indices->shape[d];
   for (int32_t d = (int32_t)axis + 1; d < data->ndim; d++) shape[n++] = data->shape[d];
-  st = cpu_check_output(k, 0, n, shape);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, data->dtype);
+  st = dks_check_output(k, 0, n, shape);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, data->dtype);
 }
 
 /* GatherElements: output of indices' shape. */
-static DK_Status validate_gather_elements(const cpu_kernel_args *k) {
+static DK_Status validate_gather_elements(const dks_kernel_args *k) {
   int64_t axis;
   DK_Status st = movement_check_elementwise_indices(k, &axis);
-  if (st == DK_OK) st = cpu_check_output_like(k, 0, 1);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  if (st == DK_OK) st = dks_check_output_like(k, 0, 1);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
 /* GatherND: output indices.shape[:-1] + data.shape[batch_dims + depth:]. */
-static DK_Status validate_gather_nd(const cpu_kernel_args *k) {
-  int64_t b = cpu_attr_int(k, "batch_dims", 0);
+static DK_Status validate_gather_nd(const dks_kernel_args *k) {
+  int64_t b = dks_attr_int(k, "batch_dims", 0);
   int32_t depth;
   DK_Status st = movement_check_nd_indices(k, b, &depth);
   if (st != DK_OK) return st;
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1];
-  int64_t shape[2 * CPU_MAX_DIMS];
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1];
+  int64_t shape[2 * DKS_MAX_DIMS];
   int32_t n = 0;
   for (int32_t d = 0; d < indices->ndim - 1; d++) shape[n++] = indices->shape[d];
   for (int32_t d = (int32_t)b + depth; d < data->ndim; d++) shape[n++] = data->shape[d];
-  if (n > CPU_MAX_DIMS) return cpu_invalid(k, "the output's rank exceeds %d", CPU_MAX_DIMS);
-  st = cpu_check_output(k, 0, n, shape);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, data->dtype);
+  if (n > DKS_MAX_DIMS) return dks_invalid(k, "the output's rank exceeds %d", DKS_MAX_DIMS);
+  st = dks_check_output(k, 0, n, shape);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, data->dtype);
 }
 
-static const cpu_validator v_movement_gather[] = {
+static const dks_validator v_movement_gather[] = {
     {"Gather", validate_gather},
     {"GatherElements", validate_gather_elements},
     {"GatherND", validate_gather_nd},
 };
-CPU_REGISTER_VALIDATORS(v_movement_gather)
+DKS_REGISTER_VALIDATORS(v_movement_gather)

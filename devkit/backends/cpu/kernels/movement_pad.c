@@ -39,24 +39,24 @@ static pad_mode mode_of(const char *mode) {
 }
 
 /* The constant, converted to the data's dtype (0 when absent). */
-static void constant_value(const cpu_kernel_args *k, DK_DTypeKey dtype, uint8_t *value) {
+static void constant_value(const dks_kernel_args *k, DK_DTypeKey dtype, uint8_t *value) {
   memset(value, 0, 8);
   int64_t count;
-  const int64_t *ints = cpu_attr_ints(k, "constant_value", &count);
+  const int64_t *ints = dks_attr_ints(k, "constant_value", &count);
   if (ints) {
-    cpu_store_from_int64(value, dtype, ints[0]);
+    dks_store_from_int64(value, dtype, ints[0]);
     return;
   }
-  const double *floats = cpu_attr_floats(k, "constant_value", &count);
-  if (floats) cpu_store_from_double(value, dtype, floats[0]);
+  const double *floats = dks_attr_floats(k, "constant_value", &count);
+  if (floats) dks_store_from_double(value, dtype, floats[0]);
 }
 
 /* The output is written row by row (a row: the innermost dim). Per dim, a
  * table maps each output position to the input position it reads, -1 for
  * the constant. A row whose outer positions include -1 is all constant;
  * otherwise its kept middle is one run copy and its pads element copies. */
-static DK_Status pad(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0], *out = &k->out[0];
+static DK_Status pad(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0], *out = &k->out[0];
   if (out->size == 0) return DK_OK;
   int32_t rank = out->ndim, itemsize = out->itemsize;
   uint8_t fill[8];
@@ -65,11 +65,11 @@ static DK_Status pad(const cpu_kernel_args *k) {
     movement_copy_element(out->data, in->data, itemsize);
     return DK_OK;
   }
-  pad_mode mode = mode_of(cpu_attr_string(k, "mode", "constant"));
+  pad_mode mode = mode_of(dks_attr_string(k, "mode", "constant"));
   int64_t n_pads, n_axes;
-  const int64_t *pads = cpu_attr_ints(k, "pads", &n_pads);
-  const int64_t *axes = cpu_attr_ints(k, "axes", &n_axes);
-  int64_t begin[CPU_MAX_DIMS] = {0};
+  const int64_t *pads = dks_attr_ints(k, "pads", &n_pads);
+  const int64_t *axes = dks_attr_ints(k, "axes", &n_axes);
+  int64_t begin[DKS_MAX_DIMS] = {0};
   for (int64_t i = 0; i < n_pads / 2; i++) {
     int64_t axis = axes ? axes[i] : i;
     begin[axis < 0 ? axis + rank : axis] = pads[i];
@@ -79,10 +79,10 @@ static DK_Status pad(const cpu_kernel_args *k) {
   for (int32_t d = 0; d < rank; d++) total += out->shape[d];
   int64_t *table = malloc((size_t)total * sizeof *table);
   if (!table)
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "host out of memory for the pad tables");
-  int64_t *source[CPU_MAX_DIMS];
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "host out of memory for the pad tables");
+  int64_t *source[DKS_MAX_DIMS];
   /* Per dim: output positions [head, head + kept) read input [low, low + kept). */
-  int64_t low[CPU_MAX_DIMS], kept[CPU_MAX_DIMS], head[CPU_MAX_DIMS];
+  int64_t low[DKS_MAX_DIMS], kept[DKS_MAX_DIMS], head[DKS_MAX_DIMS];
   int64_t *next = table;
   for (int32_t d = 0; d < rank; d++) {
     int64_t end = out->shape[d] - in->shape[d] - begin[d];
@@ -102,7 +102,7 @@ static DK_Status pad(const cpu_kernel_args *k) {
   int64_t out_step = out->strides[last] * itemsize, in_step = in->strides[last] * itemsize;
   const int64_t *map = source[last];
   int64_t middle_end = head[last] + kept[last], rows = out->size / out->shape[last];
-  int64_t index[CPU_MAX_DIMS] = {0};
+  int64_t index[DKS_MAX_DIMS] = {0};
   for (int64_t r = 0; r < rows; r++) {
     uint8_t *dst = out->data;
     int64_t offset = 0; /* of the row's source, in input elements */
@@ -136,47 +136,47 @@ static DK_Status pad(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static const cpu_kernel_def k_movement_pad[] = {
-    CPU_ALL_DTYPES("Pad", pad, CPU_STRIDED),
+static const dks_kernel_def k_movement_pad[] = {
+    DKS_ALL_DTYPES("Pad", pad, DKS_STRIDED),
 };
-CPU_REGISTER_KERNELS(k_movement_pad)
+DKS_REGISTER_KERNELS(k_movement_pad)
 
 /* Pads this large would overflow the output sizes. */
 #define CPU_PAD_LIMIT ((int64_t)1 << 62)
 
 /* pads: a begin and an end per padded axis; the output is the input grown by them. */
-static DK_Status validate_pad(const cpu_kernel_args *k) {
-  const cpu_tensor *in = &k->in[0];
-  int32_t rank = in->ndim, axes[CPU_MAX_DIMS];
+static DK_Status validate_pad(const dks_kernel_args *k) {
+  const dks_tensor *in = &k->in[0];
+  int32_t rank = in->ndim, axes[DKS_MAX_DIMS];
   int64_t n_axes, n_pads;
-  DK_Status st = cpu_check_dtype(k, "output", 0, in->dtype);
-  if (st == DK_OK) st = cpu_check_axes(k, "axes", rank, axes, &n_axes);
+  DK_Status st = dks_check_dtype(k, "output", 0, in->dtype);
+  if (st == DK_OK) st = dks_check_axes(k, "axes", rank, axes, &n_axes);
   if (st != DK_OK) return st;
-  const int64_t *pads = cpu_attr_ints(k, "pads", &n_pads);
-  if ((st = cpu_check_int_list(k, "pads")) != DK_OK) return st;
+  const int64_t *pads = dks_attr_ints(k, "pads", &n_pads);
+  if ((st = dks_check_int_list(k, "pads")) != DK_OK) return st;
   int64_t padded = n_axes >= 0 ? n_axes : rank;
   if (n_pads != 2 * padded)
-    return cpu_invalid(k, "attribute 'pads' has %lld values; %lld axes need %lld", (long long)n_pads,
+    return dks_invalid(k, "attribute 'pads' has %lld values; %lld axes need %lld", (long long)n_pads,
                        (long long)padded, (long long)(2 * padded));
-  bool constant = mode_of(cpu_attr_string(k, "mode", "constant")) == PAD_CONSTANT;
-  int64_t shape[CPU_MAX_DIMS];
+  bool constant = mode_of(dks_attr_string(k, "mode", "constant")) == PAD_CONSTANT;
+  int64_t shape[DKS_MAX_DIMS];
   for (int32_t d = 0; d < rank; d++) shape[d] = in->shape[d];
   for (int64_t i = 0; i < padded; i++) {
     int32_t axis = n_axes >= 0 ? axes[i] : (int32_t)i;
     int64_t b = pads[i], e = pads[padded + i], n = in->shape[axis], kept;
     if (b <= -CPU_PAD_LIMIT || b >= CPU_PAD_LIMIT || e <= -CPU_PAD_LIMIT || e >= CPU_PAD_LIMIT)
-      return cpu_invalid(k, "pads (%lld, %lld) of axis %d are beyond 2^62", (long long)b, (long long)e, axis);
+      return dks_invalid(k, "pads (%lld, %lld) of axis %d are beyond 2^62", (long long)b, (long long)e, axis);
     kept = n - (b < 0 ? -b : 0) - (e < 0 ? -e : 0);
     if (kept < 0)
-      return cpu_invalid(k, "pads (%lld, %lld) crop axis %d of size %lld by more than its size", (long long)b,
+      return dks_invalid(k, "pads (%lld, %lld) crop axis %d of size %lld by more than its size", (long long)b,
                          (long long)e, axis, (long long)n);
     if (kept == 0 && !constant && (b > 0 || e > 0))
-      return cpu_invalid(k, "mode '%s' cannot pad axis %d: it has no elements to read",
-                         cpu_attr_string(k, "mode", "constant"), axis);
+      return dks_invalid(k, "mode '%s' cannot pad axis %d: it has no elements to read",
+                         dks_attr_string(k, "mode", "constant"), axis);
     shape[axis] = n + b + e;
   }
-  return cpu_check_output(k, 0, rank, shape);
+  return dks_check_output(k, 0, rank, shape);
 }
 
-static const cpu_validator v_movement_pad[] = {{"Pad", validate_pad}};
-CPU_REGISTER_VALIDATORS(v_movement_pad)
+static const dks_validator v_movement_pad[] = {{"Pad", validate_pad}};
+DKS_REGISTER_VALIDATORS(v_movement_pad)

@@ -62,8 +62,8 @@ typedef void (*combine_fn)(uint8_t *dst, const uint8_t *src, int64_t n);
 
 FLOAT_COMBINES(f32, float)
 FLOAT_COMBINES(f64, double)
-LOW_COMBINES(f16, cpu_f16_to_f32, cpu_f32_to_f16)
-LOW_COMBINES(bf16, cpu_bf16_to_f32, cpu_f32_to_bf16)
+LOW_COMBINES(f16, dks_f16_to_f32, dks_f32_to_f16)
+LOW_COMBINES(bf16, dks_bf16_to_f32, dks_f32_to_bf16)
 INT_COMBINES(i8, int8_t, uint8_t)
 INT_COMBINES(u8, uint8_t, uint32_t)
 INT_COMBINES(i32, int32_t, uint32_t)
@@ -111,19 +111,19 @@ static void apply(combine_fn combine, uint8_t *dst, const uint8_t *src, int64_t 
 }
 
 /* output[i with i[axis] replaced by indices[i]] (op)= updates[i]. */
-static DK_Status scatter_elements(const cpu_kernel_args *k) {
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1], *updates = &k->in[2];
-  const cpu_tensor *out = &k->out[0];
-  int64_t axis = cpu_attr_int(k, "axis", 0);
+static DK_Status scatter_elements(const dks_kernel_args *k) {
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1], *updates = &k->in[2];
+  const dks_tensor *out = &k->out[0];
+  int64_t axis = dks_attr_int(k, "axis", 0);
   if (axis < 0) axis += data->ndim;
   int64_t dim = data->shape[axis];
   DK_Status st = movement_check_indices(k, indices, dim, (int32_t)axis);
   if (st != DK_OK || out->size == 0) return st;
   int32_t itemsize = data->itemsize;
   memcpy(out->data, data->data, (size_t)(data->size * itemsize));
-  combine_fn combine = combine_for(data->dtype, cpu_attr_string(k, "reduction", "none"));
+  combine_fn combine = combine_for(data->dtype, dks_attr_string(k, "reduction", "none"));
   /* The walk over the indices tracks the output offset of every dim but axis. */
-  int64_t walk[CPU_MAX_DIMS], index[CPU_MAX_DIMS] = {0}, offset = 0;
+  int64_t walk[DKS_MAX_DIMS], index[DKS_MAX_DIMS] = {0}, offset = 0;
   for (int32_t d = 0; d < out->ndim; d++) walk[d] = d == axis ? 0 : out->strides[d];
   int64_t axis_stride = out->strides[axis];
   for (int64_t p = 0; p < indices->size; p++) {
@@ -138,9 +138,9 @@ static DK_Status scatter_elements(const cpu_kernel_args *k) {
 /* For each k-tuple t of indices (k = indices.shape[-1]): the slice
  * output[t, ...] of prod(data.shape[k:]) contiguous elements (op)= the
  * matching slice of updates. */
-static DK_Status scatter_nd(const cpu_kernel_args *k) {
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1], *updates = &k->in[2];
-  const cpu_tensor *out = &k->out[0];
+static DK_Status scatter_nd(const dks_kernel_args *k) {
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1], *updates = &k->in[2];
+  const dks_tensor *out = &k->out[0];
   int32_t depth = (int32_t)indices->shape[indices->ndim - 1];
   for (int64_t e = 0; e < indices->size; e++) {
     int32_t axis = (int32_t)(e % depth);
@@ -150,7 +150,7 @@ static DK_Status scatter_nd(const cpu_kernel_args *k) {
   if (out->size == 0) return DK_OK;
   int32_t itemsize = data->itemsize;
   memcpy(out->data, data->data, (size_t)(data->size * itemsize));
-  combine_fn combine = combine_for(data->dtype, cpu_attr_string(k, "reduction", "none"));
+  combine_fn combine = combine_for(data->dtype, dks_attr_string(k, "reduction", "none"));
   int64_t tuples = 1, slice = 1;
   for (int32_t d = 0; d < indices->ndim - 1; d++) tuples *= indices->shape[d];
   for (int32_t d = depth; d < data->ndim; d++) slice *= data->shape[d];
@@ -167,49 +167,49 @@ static DK_Status scatter_nd(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static const cpu_kernel_def k_movement_scatter[] = {
-    CPU_ALL_DTYPES("ScatterElements", scatter_elements, 0),
-    CPU_ALL_DTYPES("ScatterND", scatter_nd, 0),
+static const dks_kernel_def k_movement_scatter[] = {
+    DKS_ALL_DTYPES("ScatterElements", scatter_elements, 0),
+    DKS_ALL_DTYPES("ScatterND", scatter_nd, 0),
 };
-CPU_REGISTER_KERNELS(k_movement_scatter)
+DKS_REGISTER_KERNELS(k_movement_scatter)
 
 /* ---- Validators ------------------------------------------------------------ */
 
 /* updates (input 2) have data's dtype and the given shape; output like data. */
-static DK_Status check_updates(const cpu_kernel_args *k, int32_t ndim, const int64_t *shape) {
-  DK_Status st = cpu_check_rank(k, 2, ndim, ndim);
+static DK_Status check_updates(const dks_kernel_args *k, int32_t ndim, const int64_t *shape) {
+  DK_Status st = dks_check_rank(k, 2, ndim, ndim);
   for (int32_t d = 0; st == DK_OK && d < ndim; d++)
     if (k->in[2].shape[d] != shape[d])
-      st = cpu_invalid(k, "updates dim %d is %lld; data and indices give %lld", d, (long long)k->in[2].shape[d],
+      st = dks_invalid(k, "updates dim %d is %lld; data and indices give %lld", d, (long long)k->in[2].shape[d],
                        (long long)shape[d]);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, k->in[0].dtype);
-  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 2, k->in[0].dtype);
+  if (st == DK_OK) st = dks_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
 /* ScatterElements: updates of indices' shape. */
-static DK_Status validate_scatter_elements(const cpu_kernel_args *k) {
+static DK_Status validate_scatter_elements(const dks_kernel_args *k) {
   int64_t axis;
   DK_Status st = movement_check_elementwise_indices(k, &axis);
   return st != DK_OK ? st : check_updates(k, k->in[1].ndim, k->in[1].shape);
 }
 
 /* ScatterND: updates of shape indices.shape[:-1] + data.shape[depth:]. */
-static DK_Status validate_scatter_nd(const cpu_kernel_args *k) {
+static DK_Status validate_scatter_nd(const dks_kernel_args *k) {
   int32_t depth;
   DK_Status st = movement_check_nd_indices(k, 0, &depth);
   if (st != DK_OK) return st;
-  const cpu_tensor *data = &k->in[0], *indices = &k->in[1];
-  int64_t shape[2 * CPU_MAX_DIMS];
+  const dks_tensor *data = &k->in[0], *indices = &k->in[1];
+  int64_t shape[2 * DKS_MAX_DIMS];
   int32_t n = 0;
   for (int32_t d = 0; d < indices->ndim - 1; d++) shape[n++] = indices->shape[d];
   for (int32_t d = depth; d < data->ndim; d++) shape[n++] = data->shape[d];
-  if (n > CPU_MAX_DIMS) return cpu_invalid(k, "updates would have rank %d, over %d", n, CPU_MAX_DIMS);
+  if (n > DKS_MAX_DIMS) return dks_invalid(k, "updates would have rank %d, over %d", n, DKS_MAX_DIMS);
   return check_updates(k, n, shape);
 }
 
-static const cpu_validator v_movement_scatter[] = {
+static const dks_validator v_movement_scatter[] = {
     {"ScatterElements", validate_scatter_elements},
     {"ScatterND", validate_scatter_nd},
 };
-CPU_REGISTER_VALIDATORS(v_movement_scatter)
+DKS_REGISTER_VALIDATORS(v_movement_scatter)

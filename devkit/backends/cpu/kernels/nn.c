@@ -9,7 +9,7 @@
  * loops split over rows / planes on the thread pool (the float32 row and
  * plane kernels below); every other case loads elements as double, sums
  * pairwise, computes in double and rounds once on store. Inputs are compact
- * (no CPU_STRIDED): a normalized row, group or channel is one contiguous run
+ * (no DKS_STRIDED): a normalized row, group or channel is one contiguous run
  * of elements.
  */
 #include <stdlib.h>
@@ -23,7 +23,7 @@
 #define NN_PAIRWISE_BLOCK 256
 
 /* The mean and 1/sqrt(variance + eps) (or 1/sqrt(mean square + eps)) of a
- * row, handed to the element loops through cpu_nd_loop's ctx. */
+ * row, handed to the element loops through dks_nd_loop's ctx. */
 typedef struct nn_row_stats {
   double mean, inv;
 } nn_row_stats;
@@ -36,9 +36,9 @@ typedef struct nn_dtype_ops {
   double (*sum_sq)(const void *x, int64_t n, double center);
   /* y[i] = (x[i] - center) * a + b */
   void (*affine)(void *y, const void *x, int64_t n, double center, double a, double b);
-  /* cpu_nd_loop loops over (Y, X, Scale[, B]) with an nn_row_stats ctx:
+  /* dks_nd_loop loops over (Y, X, Scale[, B]) with an nn_row_stats ctx:
    * y = (x - mean) * inv * scale [+ b] */
-  cpu_inner_loop scale_bias, scale_only;
+  dks_inner_loop scale_bias, scale_only;
   /* acc[i] += x[i]^2 */
   void (*add_squares)(double *acc, const void *x, int64_t n);
   /* y[i] = x[i] / (bias + alpha_over_size * acc[i]) ^ beta */
@@ -144,8 +144,8 @@ static int64_t nn_prod(const int64_t *shape, int32_t from, int32_t to) {
   return n;
 }
 
-static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
-  return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld bytes of scratch",
+static DK_Status nn_no_memory(const dks_kernel_args *k, int64_t bytes) {
+  return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld bytes of scratch",
                          (long long)bytes);
 }
 
@@ -153,7 +153,7 @@ static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
 
 /* float32 LayerNormalization, RMSNormalization and BatchNormalization
  * inference run as float32 element loops the compiler vectorises, split
- * over rows (planes) with cpu_parallel_for. Double only in the statistics:
+ * over rows (planes) with dks_parallel_for. Double only in the statistics:
  * a float32 sum of a 4096-element row in 8 lanes could be off by ~512
  * roundings (3e-5 relative), past the ops' rtol 2e-6, so the sums keep
  * float64 lanes (exact to ~n * 2^-53). The element loop is float32: its
@@ -161,7 +161,7 @@ static DK_Status nn_no_memory(const cpu_kernel_args *k, int64_t bytes) {
 
 /* Independent accumulators of a sum: vector lanes. */
 #define NN_LANES 8
-/* Elements per cpu_parallel_for chunk, about: tens of microseconds (a
+/* Elements per dks_parallel_for chunk, about: tens of microseconds (a
  * plane or row pass streams them from memory). */
 #define NN_CHUNK_ELEMENTS ((int64_t)1 << 16)
 
@@ -205,7 +205,7 @@ static nn_center_f32 nn_split_center(double c) {
  * contiguous elements; scale_at / bias_at: the element offset of each row's
  * Scale / B run (contiguous over the row), from nn_param_offset. */
 typedef struct nn_rows_f32_job {
-  const cpu_tensor *x, *scale, *bias, *y;
+  const dks_tensor *x, *scale, *bias, *y;
   float *mean_out, *inv_out;
   int64_t inner;
   int32_t ax;
@@ -216,7 +216,7 @@ typedef struct nn_rows_f32_job {
 
 /* The byte offset, into a parameter broadcast to X with `strides`, of row
  * r's start (row-major digits of r over X's outer dims). */
-static int64_t nn_param_offset(const cpu_tensor *x, int32_t ax, int64_t r, const int64_t *strides) {
+static int64_t nn_param_offset(const dks_tensor *x, int32_t ax, int64_t r, const int64_t *strides) {
   int64_t rest = r, off = 0;
   for (int32_t d = ax - 1; d >= 0; d--) {
     off += rest % x->shape[d] * strides[d];
@@ -225,7 +225,7 @@ static int64_t nn_param_offset(const cpu_tensor *x, int32_t ax, int64_t r, const
   return off;
 }
 
-CPU_VECTOR_CLONES static void nn_rows_f32(void *ctx, int64_t begin, int64_t end) {
+DKS_VECTOR_CLONES static void nn_rows_f32(void *ctx, int64_t begin, int64_t end) {
   const nn_rows_f32_job *j = ctx;
   int64_t n = j->inner;
   for (int64_t r = begin; r < end; r++) {
@@ -254,22 +254,22 @@ CPU_VECTOR_CLONES static void nn_rows_f32(void *ctx, int64_t begin, int64_t end)
  * per-channel scale with the centering kept apart from the shift, since
  * x * a + (B - mean * a) would cancel to an error of 2^-24 |mean * a|. */
 typedef struct nn_planes_f32_job {
-  const cpu_tensor *x, *scale, *bias, *mean, *var, *y;
+  const dks_tensor *x, *scale, *bias, *mean, *var, *y;
   int64_t channels, inner;
   double eps;
 } nn_planes_f32_job;
 
-CPU_VECTOR_CLONES static void nn_planes_f32(void *ctx, int64_t begin, int64_t end) {
+DKS_VECTOR_CLONES static void nn_planes_f32(void *ctx, int64_t begin, int64_t end) {
   const nn_planes_f32_job *j = ctx;
   int64_t n = j->inner;
   for (int64_t p = begin; p < end; p++) {
     int64_t ch = p % j->channels;
-    double v = cpu_load_as_double(j->var->data + ch * j->var->itemsize, j->var->dtype);
-    float a = (float)(cpu_load_as_double(j->scale->data + ch * j->scale->itemsize, j->scale->dtype) /
+    double v = dks_load_as_double(j->var->data + ch * j->var->itemsize, j->var->dtype);
+    float a = (float)(dks_load_as_double(j->scale->data + ch * j->scale->itemsize, j->scale->dtype) /
                       sqrt(v + j->eps));
-    float b = (float)cpu_load_as_double(j->bias->data + ch * j->bias->itemsize, j->bias->dtype);
+    float b = (float)dks_load_as_double(j->bias->data + ch * j->bias->itemsize, j->bias->dtype);
     nn_center_f32 c =
-        nn_split_center(cpu_load_as_double(j->mean->data + ch * j->mean->itemsize, j->mean->dtype));
+        nn_split_center(dks_load_as_double(j->mean->data + ch * j->mean->itemsize, j->mean->dtype));
     const float *x = (const float *)j->x->data + p * n;
     float *y = (float *)j->y->data + p * n;
     for (int64_t i = 0; i < n; i++) y[i] = ((x[i] - c.hi) - c.lo) * a + b;
@@ -283,12 +283,12 @@ CPU_VECTOR_CLONES static void nn_planes_f32(void *ctx, int64_t begin, int64_t en
  * variance per channel (over the channel's run in every image: a sum of
  * pairwise run sums, then the squared deviations from the mean), and the
  * running statistics move towards them by 1 - momentum. */
-static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
-  const cpu_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2];
-  const cpu_tensor *mean = &k->in[3], *var = &k->in[4], *y = &k->out[0];
-  const cpu_tensor *running_mean = &k->out[1], *running_var = &k->out[2];
-  double eps = cpu_attr_float(k, "epsilon", 1e-5), momentum = cpu_attr_float(k, "momentum", 0.9);
-  bool training = cpu_attr_int(k, "training_mode", 0) == 1;
+static DK_Status batchnorm(const dks_kernel_args *k, const nn_dtype_ops *ops) {
+  const dks_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2];
+  const dks_tensor *mean = &k->in[3], *var = &k->in[4], *y = &k->out[0];
+  const dks_tensor *running_mean = &k->out[1], *running_var = &k->out[2];
+  double eps = dks_attr_float(k, "epsilon", 1e-5), momentum = dks_attr_float(k, "momentum", 0.9);
+  bool training = dks_attr_int(k, "training_mode", 0) == 1;
   /* X is (N, C, D...): image n's run of channel c (`inner` elements) starts
    * at element (n * C + c) * inner. X (N) has one channel, one run. */
   bool batched = x->ndim >= 2;
@@ -297,18 +297,18 @@ static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
   int64_t images = x->size ? batch : 0; /* no pointer into an empty (NULL) tensor */
   if (!training && x->dtype == DK_DTYPE_FLOAT32) {
     for (int64_t c = 0; c < channels; c++) {
-      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype,
-                            cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype));
-      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype,
-                            cpu_load_as_double(var->data + c * var->itemsize, var->dtype));
+      dks_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype,
+                            dks_load_as_double(mean->data + c * mean->itemsize, mean->dtype));
+      dks_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype,
+                            dks_load_as_double(var->data + c * var->itemsize, var->dtype));
     }
     nn_planes_f32_job job = {x, scale, bias, mean, var, y, channels, inner, eps};
-    cpu_parallel_for(images * channels, nn_grain(inner), nn_planes_f32, &job);
+    dks_parallel_for(images * channels, nn_grain(inner), nn_planes_f32, &job);
     return DK_OK;
   }
   for (int64_t c = 0; c < channels; c++) {
-    double m = cpu_load_as_double(mean->data + c * mean->itemsize, mean->dtype);
-    double v = cpu_load_as_double(var->data + c * var->itemsize, var->dtype);
+    double m = dks_load_as_double(mean->data + c * mean->itemsize, mean->dtype);
+    double v = dks_load_as_double(var->data + c * var->itemsize, var->dtype);
     if (training) {
       double count = (double)(batch * inner), sum = 0.0, squares = 0.0;
       for (int64_t n = 0; n < images; n++)
@@ -318,16 +318,16 @@ static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
         squares += ops->sum_sq(x->data + (n * channels + c) * inner * x->itemsize, inner, batch_mean);
       m = m * momentum + batch_mean * (1 - momentum);
       v = v * momentum + squares / count * (1 - momentum);
-      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
-      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
+      dks_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
+      dks_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
       m = batch_mean;
       v = squares / count;
     } else {
-      cpu_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
-      cpu_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
+      dks_store_from_double(running_mean->data + c * running_mean->itemsize, running_mean->dtype, m);
+      dks_store_from_double(running_var->data + c * running_var->itemsize, running_var->dtype, v);
     }
-    double a = cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype) / sqrt(v + eps);
-    double b = cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype);
+    double a = dks_load_as_double(scale->data + c * scale->itemsize, scale->dtype) / sqrt(v + eps);
+    double b = dks_load_as_double(bias->data + c * bias->itemsize, bias->dtype);
     for (int64_t n = 0; n < images; n++) {
       int64_t at = (n * channels + c) * inner;
       ops->affine(y->data + at * y->itemsize, x->data + at * x->itemsize, inner, m, a, b);
@@ -340,29 +340,29 @@ static DK_Status batchnorm(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
 
 /* Normalizes X over dims [axis, ndim): rows of `inner` contiguous elements.
  * Scale (and B) broadcast unidirectionally to X: each row walks them with
- * cpu_nd_loop, starting at the offset its outer index selects. rms: no
+ * dks_nd_loop, starting at the offset its outer index selects. rms: no
  * centering (mean 0), the mean square instead of the variance. */
-static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, bool rms) {
-  const cpu_tensor *x = &k->in[0], *scale = &k->in[1];
-  const cpu_tensor *bias = !rms && k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
-  const cpu_tensor *y = &k->out[0];
+static DK_Status row_norm(const dks_kernel_args *k, const nn_dtype_ops *ops, bool rms) {
+  const dks_tensor *x = &k->in[0], *scale = &k->in[1];
+  const dks_tensor *bias = !rms && k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
+  const dks_tensor *y = &k->out[0];
   float *mean_out = rms ? NULL : (float *)k->out[1].data;
   float *inv_out = rms ? NULL : (float *)k->out[2].data;
-  double eps = cpu_attr_float(k, "epsilon", 1e-5);
-  int64_t axis = cpu_attr_int(k, "axis", -1);
+  double eps = dks_attr_float(k, "epsilon", 1e-5);
+  int64_t axis = dks_attr_int(k, "axis", -1);
   if (axis < 0) axis += x->ndim;
   int32_t ax = (int32_t)axis, inner_ndim = x->ndim - ax;
   int64_t inner = nn_prod(x->shape, ax, x->ndim), outer = nn_prod(x->shape, 0, ax);
 
   int nops = bias ? 4 : 3;
-  int64_t full[4][CPU_MAX_DIMS], strides[4][CPU_MAX_DIMS];
-  cpu_broadcast_strides(y, x->ndim, full[0]);
-  cpu_broadcast_strides(x, x->ndim, full[1]);
-  cpu_broadcast_strides(scale, x->ndim, full[2]);
-  if (bias) cpu_broadcast_strides(bias, x->ndim, full[3]);
+  int64_t full[4][DKS_MAX_DIMS], strides[4][DKS_MAX_DIMS];
+  dks_broadcast_strides(y, x->ndim, full[0]);
+  dks_broadcast_strides(x, x->ndim, full[1]);
+  dks_broadcast_strides(scale, x->ndim, full[2]);
+  if (bias) dks_broadcast_strides(bias, x->ndim, full[3]);
   for (int i = 0; i < nops; i++)
     for (int32_t d = 0; d < inner_ndim; d++) strides[i][d] = full[i][ax + d];
-  cpu_inner_loop loop = bias ? ops->scale_bias : ops->scale_only;
+  dks_inner_loop loop = bias ? ops->scale_bias : ops->scale_only;
 
   /* float32 with Scale (and B) running along each row: the row kernel. */
   bool params_follow_x = true;
@@ -371,7 +371,7 @@ static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, boo
       params_follow_x &= x->shape[ax + d] == 1 || strides[i][d] == strides[1][d];
   if (x->dtype == DK_DTYPE_FLOAT32 && params_follow_x && inner > 0) {
     nn_rows_f32_job job = {x, scale, bias, y, mean_out, inv_out, inner, ax, eps, rms, full[2], full[3]};
-    cpu_parallel_for(outer, nn_grain(inner), nn_rows_f32, &job);
+    dks_parallel_for(outer, nn_grain(inner), nn_rows_f32, &job);
     return DK_OK;
   }
 
@@ -391,7 +391,7 @@ static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, boo
     uint8_t *base[4] = {y->data + r * inner * y->itemsize, (uint8_t *)row,
                         scale->data + nn_param_offset(x, ax, r, full[2]),
                         bias ? bias->data + nn_param_offset(x, ax, r, full[3]) : NULL};
-    cpu_nd_loop(nops, inner_ndim, x->shape + ax, (const int64_t(*)[CPU_MAX_DIMS])strides, base, loop,
+    dks_nd_loop(nops, inner_ndim, x->shape + ax, (const int64_t(*)[DKS_MAX_DIMS])strides, base, loop,
                 &st);
   }
   return DK_OK;
@@ -403,9 +403,9 @@ static DK_Status row_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, boo
  * consecutive channels (with their spatial elements), then per channel
  * y = (x - mean) * inv * scale[c] + bias[c]. InstanceNormalization is the
  * case groups == C. */
-static DK_Status group_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, int64_t groups) {
-  const cpu_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2], *y = &k->out[0];
-  double eps = cpu_attr_float(k, "epsilon", 1e-5);
+static DK_Status group_norm(const dks_kernel_args *k, const nn_dtype_ops *ops, int64_t groups) {
+  const dks_tensor *x = &k->in[0], *scale = &k->in[1], *bias = &k->in[2], *y = &k->out[0];
+  double eps = dks_attr_float(k, "epsilon", 1e-5);
   int64_t batch = x->shape[0], channels = x->shape[1], spatial = nn_prod(x->shape, 2, x->ndim);
   if (x->size == 0) return DK_OK;
   int64_t per_group = channels / groups, run = per_group * spatial;
@@ -418,8 +418,8 @@ static DK_Status group_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, i
       for (int64_t j = 0; j < per_group; j++) {
         int64_t c = g * per_group + j, offset = start + j * spatial;
         ops->affine(y->data + offset * y->itemsize, x->data + offset * x->itemsize, spatial, mean,
-                    inv * cpu_load_as_double(scale->data + c * scale->itemsize, scale->dtype),
-                    cpu_load_as_double(bias->data + c * bias->itemsize, bias->dtype));
+                    inv * dks_load_as_double(scale->data + c * scale->itemsize, scale->dtype),
+                    dks_load_as_double(bias->data + c * bias->itemsize, bias->dtype));
       }
     }
   }
@@ -428,11 +428,11 @@ static DK_Status group_norm(const cpu_kernel_args *k, const nn_dtype_ops *ops, i
 
 /* ---- LRN ------------------------------------------------------------------- */
 
-static DK_Status lrn(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
-  int64_t size = cpu_attr_int(k, "size", 1);
-  double alpha = cpu_attr_float(k, "alpha", 1e-4), beta = cpu_attr_float(k, "beta", 0.75);
-  double bias = cpu_attr_float(k, "bias", 1.0);
+static DK_Status lrn(const dks_kernel_args *k, const nn_dtype_ops *ops) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
+  int64_t size = dks_attr_int(k, "size", 1);
+  double alpha = dks_attr_float(k, "alpha", 1e-4), beta = dks_attr_float(k, "beta", 0.75);
+  double bias = dks_attr_float(k, "bias", 1.0);
   int64_t batch = x->shape[0], channels = x->shape[1], spatial = nn_prod(x->shape, 2, x->ndim);
   if (x->size == 0) return DK_OK;
   /* The window is [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)]. */
@@ -459,12 +459,12 @@ static DK_Status lrn(const cpu_kernel_args *k, const nn_dtype_ops *ops) {
 
 /* Data movement: every dtype shares this kernel (whole elements are copied,
  * and a zero element is all-zero bytes in every dtype). */
-static DK_Status trilu(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *y = &k->out[0];
+static DK_Status trilu(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *y = &k->out[0];
   int64_t count;
-  const int64_t *kv = cpu_attr_ints(k, "k", &count);
+  const int64_t *kv = dks_attr_ints(k, "k", &count);
   int64_t diag = count ? kv[0] : 0;
-  bool upper = cpu_attr_int(k, "upper", 1) != 0;
+  bool upper = dks_attr_int(k, "upper", 1) != 0;
   int64_t rows = x->shape[x->ndim - 2], cols = x->shape[x->ndim - 1];
   if (x->size == 0) return DK_OK;
   int64_t item = x->itemsize, matrices = x->size / (rows * cols);
@@ -494,22 +494,22 @@ static DK_Status trilu(const cpu_kernel_args *k) {
 /* ---- Registration -------------------------------------------------------- */
 
 #define NN_FLOAT_KERNELS(SUF)                                                              \
-  static DK_Status batchnorm_##SUF(const cpu_kernel_args *k) {                             \
+  static DK_Status batchnorm_##SUF(const dks_kernel_args *k) {                             \
     return batchnorm(k, &nn_ops_##SUF);                                                    \
   }                                                                                        \
-  static DK_Status layernorm_##SUF(const cpu_kernel_args *k) {                             \
+  static DK_Status layernorm_##SUF(const dks_kernel_args *k) {                             \
     return row_norm(k, &nn_ops_##SUF, false);                                              \
   }                                                                                        \
-  static DK_Status rmsnorm_##SUF(const cpu_kernel_args *k) {                               \
+  static DK_Status rmsnorm_##SUF(const dks_kernel_args *k) {                               \
     return row_norm(k, &nn_ops_##SUF, true);                                               \
   }                                                                                        \
-  static DK_Status groupnorm_##SUF(const cpu_kernel_args *k) {                             \
-    return group_norm(k, &nn_ops_##SUF, cpu_attr_int(k, "num_groups", 1));                 \
+  static DK_Status groupnorm_##SUF(const dks_kernel_args *k) {                             \
+    return group_norm(k, &nn_ops_##SUF, dks_attr_int(k, "num_groups", 1));                 \
   }                                                                                        \
-  static DK_Status instancenorm_##SUF(const cpu_kernel_args *k) {                          \
+  static DK_Status instancenorm_##SUF(const dks_kernel_args *k) {                          \
     return group_norm(k, &nn_ops_##SUF, k->in[0].shape[1]);                                \
   }                                                                                        \
-  static DK_Status lrn_##SUF(const cpu_kernel_args *k) { return lrn(k, &nn_ops_##SUF); }
+  static DK_Status lrn_##SUF(const dks_kernel_args *k) { return lrn(k, &nn_ops_##SUF); }
 
 NN_FLOAT_KERNELS(f32)
 NN_FLOAT_KERNELS(f64)
@@ -524,30 +524,30 @@ NN_FLOAT_KERNELS(bf16)
   {"InstanceNormalization", DT, instancenorm_##SUF, 0},     \
   {"LRN", DT, lrn_##SUF, 0}
 
-static const cpu_kernel_def k_nn[] = {
+static const dks_kernel_def k_nn[] = {
     NN_FLOAT_DEFS(f32, DK_DTYPE_FLOAT32),
     NN_FLOAT_DEFS(f64, DK_DTYPE_FLOAT64),
     NN_FLOAT_DEFS(f16, DK_DTYPE_FLOAT16),
     NN_FLOAT_DEFS(bf16, DK_DTYPE_BFLOAT16),
-    CPU_ALL_DTYPES("Trilu", trilu, 0),
+    DKS_ALL_DTYPES("Trilu", trilu, 0),
 };
-CPU_REGISTER_KERNELS(k_nn)
+DKS_REGISTER_KERNELS(k_nn)
 
 /* Input i is absent or a vector of n elements. */
-static DK_Status check_vector(const cpu_kernel_args *k, size_t i, int64_t n) {
+static DK_Status check_vector(const dks_kernel_args *k, size_t i, int64_t n) {
   if (i >= k->num_inputs || k->in[i].ndim < 0) return DK_OK;
-  const cpu_tensor *t = &k->in[i];
+  const dks_tensor *t = &k->in[i];
   if (t->ndim != 1 || t->shape[0] != n)
-    return cpu_invalid(k, "input %zu has rank %d; it needs shape (%lld)", i, t->ndim, (long long)n);
+    return dks_invalid(k, "input %zu has rank %d; it needs shape (%lld)", i, t->ndim, (long long)n);
   return DK_OK;
 }
 
 /* The normalisations' attributes: epsilon finite and >= 0; stash_type, when
  * given, 1 (the statistics' precision the kernels implement). */
-static DK_Status check_norm_attributes(const cpu_kernel_args *k) {
-  int64_t stash = cpu_attr_int(k, "stash_type", 1);
-  if (stash != 1) return cpu_invalid(k, "attribute 'stash_type' is %lld; only 1 is supported", (long long)stash);
-  return cpu_check_float(k, "epsilon", 0.0);
+static DK_Status check_norm_attributes(const dks_kernel_args *k) {
+  int64_t stash = dks_attr_int(k, "stash_type", 1);
+  if (stash != 1) return dks_invalid(k, "attribute 'stash_type' is %lld; only 1 is supported", (long long)stash);
+  return dks_check_float(k, "epsilon", 0.0);
 }
 
 /* BatchNormalization, InstanceNormalization: X (N, C, ...) (BatchNormalization:
@@ -555,24 +555,24 @@ static DK_Status check_norm_attributes(const cpu_kernel_args *k) {
  * BatchNormalization's scale and B of one float dtype, input_mean and
  * input_var of another, which the running statistics (outputs 1, 2) take;
  * Y like X. */
-static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
+static DK_Status validate_channel_norm(const dks_kernel_args *k) {
   bool instance = strcmp(k->op, "InstanceNormalization") == 0;
-  DK_Status st = cpu_check_rank(k, 0, instance ? 3 : 1, CPU_MAX_DIMS);
+  DK_Status st = dks_check_rank(k, 0, instance ? 3 : 1, DKS_MAX_DIMS);
   if (st == DK_OK) st = check_norm_attributes(k);
   if (st != DK_OK) return st;
   int64_t c = k->in[0].ndim > 1 ? k->in[0].shape[1] : 1;
   for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) {
     st = check_vector(k, i, c);
     if (st == DK_OK && k->in[i].ndim >= 0)
-      st = instance ? cpu_check_dtype(k, "input", i, k->in[0].dtype)
-           : i % 2 ? cpu_check_float_dtype(k, "input", i) /* scale, input_mean */
-                   : cpu_check_dtype(k, "input", i, k->in[i - 1].dtype); /* B, input_var: their pair's */
+      st = instance ? dks_check_dtype(k, "input", i, k->in[0].dtype)
+           : i % 2 ? dks_check_float_dtype(k, "input", i) /* scale, input_mean */
+                   : dks_check_dtype(k, "input", i, k->in[i - 1].dtype); /* B, input_var: their pair's */
   }
-  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+  if (st == DK_OK) st = dks_check_output_like(k, 0, 0);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, k->in[0].dtype);
   for (size_t j = 1; st == DK_OK && j < k->num_outputs; j++) {
-    st = cpu_check_output(k, j, 1, &c);
-    if (st == DK_OK) st = cpu_check_dtype(k, "output", j, k->num_inputs > 3 ? k->in[3].dtype : k->in[0].dtype);
+    st = dks_check_output(k, j, 1, &c);
+    if (st == DK_OK) st = dks_check_dtype(k, "output", j, k->num_inputs > 3 ? k->in[3].dtype : k->in[0].dtype);
   }
   return st;
 }
@@ -580,64 +580,64 @@ static DK_Status validate_channel_norm(const cpu_kernel_args *k) {
 /* LayerNormalization, RMSNormalization: axis inside X's rank; Scale (and B)
  * broadcast to X; Y like X, Mean and InvStdDev X's shape
  * with 1 from axis on. */
-static DK_Status validate_axis_norm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 1, CPU_MAX_DIMS);
+static DK_Status validate_axis_norm(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 1, DKS_MAX_DIMS);
   int64_t axis;
   if (st == DK_OK) st = check_norm_attributes(k);
-  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
-  if (st == DK_OK) st = cpu_validate_like_input(k);
+  if (st == DK_OK) st = dks_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  if (st == DK_OK) st = dks_validate_like_input(k);
   if (st != DK_OK) return st;
-  const cpu_tensor *x = &k->in[0];
+  const dks_tensor *x = &k->in[0];
   for (size_t i = 1; i < k->num_inputs; i++) {
-    const cpu_tensor *t = &k->in[i];
+    const dks_tensor *t = &k->in[i];
     if (t->ndim < 0) continue;
-    if (t->ndim > x->ndim) return cpu_invalid(k, "input %zu has more dims than X", i);
+    if (t->ndim > x->ndim) return dks_invalid(k, "input %zu has more dims than X", i);
     for (int32_t d = 0; d < t->ndim; d++) {
       int64_t n = t->shape[d], m = x->shape[x->ndim - t->ndim + d];
-      if (n != 1 && n != m) return cpu_invalid(k, "input %zu does not broadcast to X", i);
+      if (n != 1 && n != m) return dks_invalid(k, "input %zu does not broadcast to X", i);
     }
   }
-  int64_t stats[CPU_MAX_DIMS];
+  int64_t stats[DKS_MAX_DIMS];
   for (int32_t d = 0; d < x->ndim; d++) stats[d] = d < axis ? x->shape[d] : 1;
   for (size_t j = 1; j < k->num_outputs; j++) { /* Mean and InvStdDev: float32 statistics */
-    if ((st = cpu_check_output(k, j, x->ndim, stats)) != DK_OK) return st;
-    if ((st = cpu_check_dtype(k, "output", j, DK_DTYPE_FLOAT32)) != DK_OK) return st;
+    if ((st = dks_check_output(k, j, x->ndim, stats)) != DK_OK) return st;
+    if ((st = dks_check_dtype(k, "output", j, DK_DTYPE_FLOAT32)) != DK_OK) return st;
   }
   return DK_OK;
 }
 
 /* GroupNormalization: num_groups >= 1 divides C; scale and bias (C); Y like X. */
-static DK_Status validate_group_norm(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+static DK_Status validate_group_norm(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 2, DKS_MAX_DIMS);
   if (st == DK_OK) st = check_norm_attributes(k);
   if (st != DK_OK) return st;
-  int64_t groups = cpu_attr_int(k, "num_groups", 1), c = k->in[0].shape[1];
+  int64_t groups = dks_attr_int(k, "num_groups", 1), c = k->in[0].shape[1];
   if (groups < 1 || c % groups)
-    return cpu_invalid(k, "attribute 'num_groups' is %lld; it must be at least 1 and divide the %lld channels",
+    return dks_invalid(k, "attribute 'num_groups' is %lld; it must be at least 1 and divide the %lld channels",
                        (long long)groups, (long long)c);
   for (size_t i = 1; st == DK_OK && i < k->num_inputs; i++) st = check_vector(k, i, c);
-  return st != DK_OK ? st : cpu_validate_like_input(k);
+  return st != DK_OK ? st : dks_validate_like_input(k);
 }
 
 /* LRN: X (N, C, ...), size >= 1; Y like X. */
-static DK_Status validate_lrn(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
+static DK_Status validate_lrn(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 2, DKS_MAX_DIMS);
   if (st != DK_OK) return st;
-  int64_t size = cpu_attr_int(k, "size", 1);
-  if (size < 1) return cpu_invalid(k, "attribute 'size' is %lld; it must be at least 1", (long long)size);
-  return cpu_validate_like_input(k);
+  int64_t size = dks_attr_int(k, "size", 1);
+  if (size < 1) return dks_invalid(k, "attribute 'size' is %lld; it must be at least 1", (long long)size);
+  return dks_validate_like_input(k);
 }
 
 /* Trilu: a matrix (or a batch of them); Y like it. */
-static DK_Status validate_trilu(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 2, CPU_MAX_DIMS);
-  return st != DK_OK ? st : cpu_validate_like_input(k);
+static DK_Status validate_trilu(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 2, DKS_MAX_DIMS);
+  return st != DK_OK ? st : dks_validate_like_input(k);
 }
 
-static const cpu_validator v_nn[] = {
+static const dks_validator v_nn[] = {
     {"BatchNormalization", validate_channel_norm}, {"InstanceNormalization", validate_channel_norm},
     {"LayerNormalization", validate_axis_norm},    {"RMSNormalization", validate_axis_norm},
     {"GroupNormalization", validate_group_norm},   {"LRN", validate_lrn},
     {"Trilu", validate_trilu},
 };
-CPU_REGISTER_VALIDATORS(v_nn)
+DKS_REGISTER_VALIDATORS(v_nn)

@@ -29,7 +29,7 @@ typedef struct attn_geom {
   /* Element strides of Q, K, V and Y between batches (_b), heads (_h) and
    * sequence rows (_r); 3-D inputs interleave the heads within a row. */
   int64_t q_b, q_h, q_r, k_b, k_h, k_r, v_b, v_h, v_r, y_b, y_h, y_r;
-  const cpu_tensor *mask; /* NULL when absent */
+  const dks_tensor *mask; /* NULL when absent */
   int64_t mask_strides[4]; /* against (batch, hq, lq, total); 0 where it broadcasts */
   bool causal, wide_softmax;
   int mode; /* qk_matmul_output_mode */
@@ -38,7 +38,7 @@ typedef struct attn_geom {
 
 /* One Attention call split over query heads (attention_heads_*). */
 typedef struct attn_job {
-  const cpu_kernel_args *k;
+  const dks_kernel_args *k;
   const attn_geom *g;
   int64_t block;              /* query rows scored at a time */
   atomic_size_t failed_bytes; /* a chunk's scratch that could not be allocated; 0: none */
@@ -51,14 +51,14 @@ static void attn_layout(int64_t heads, int64_t len, int64_t size, bool three_d, 
   *r = three_d ? heads * size : size;
 }
 
-static DK_Status attn_geometry(const cpu_kernel_args *k, attn_geom *g) {
-  const cpu_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+static DK_Status attn_geometry(const dks_kernel_args *k, attn_geom *g) {
+  const dks_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
   bool three_d = q->ndim == 3;
   memset(g, 0, sizeof *g);
   g->batch = q->shape[0];
   if (three_d) {
-    g->hq = cpu_attr_int(k, "q_num_heads", 1);
-    g->hkv = cpu_attr_int(k, "kv_num_heads", 1);
+    g->hq = dks_attr_int(k, "q_num_heads", 1);
+    g->hkv = dks_attr_int(k, "kv_num_heads", 1);
     g->lq = q->shape[1];
     g->lkv = kk->shape[1];
     g->d = q->shape[2] / g->hq;
@@ -78,24 +78,24 @@ static DK_Status attn_geometry(const cpu_kernel_args *k, attn_geom *g) {
   attn_layout(g->hkv, g->lkv, g->dv, three_d, &g->v_b, &g->v_h, &g->v_r);
   attn_layout(g->hq, g->lq, g->dv, three_d, &g->y_b, &g->y_h, &g->y_r);
   if (k->num_inputs > 3 && k->in[3].ndim >= 0) {
-    const cpu_tensor *m = &k->in[3];
+    const dks_tensor *m = &k->in[3];
     g->mask = m;
     for (int32_t d = 0; d < 4; d++) {
       int32_t md = d - (4 - m->ndim);
       g->mask_strides[d] = md < 0 || m->shape[md] == 1 ? 0 : m->strides[md];
     }
   }
-  g->causal = cpu_attr_int(k, "is_causal", 0) != 0;
-  g->mode = (int)cpu_attr_int(k, "qk_matmul_output_mode", 0);
-  g->softcap = cpu_attr_float(k, "softcap", 0.0);
-  g->wide_softmax = cpu_attr_int(k, "softmax_precision", 1) == ATTN_PRECISION_DOUBLE;
-  g->scale = cpu_attr(k, "scale") ? cpu_attr_float(k, "scale", 1.0)
+  g->causal = dks_attr_int(k, "is_causal", 0) != 0;
+  g->mode = (int)dks_attr_int(k, "qk_matmul_output_mode", 0);
+  g->softcap = dks_attr_float(k, "softcap", 0.0);
+  g->wide_softmax = dks_attr_int(k, "softmax_precision", 1) == ATTN_PRECISION_DOUBLE;
+  g->scale = dks_attr(k, "scale") ? dks_attr_float(k, "scale", 1.0)
              : g->d ? 1.0 / sqrt((double)g->d) : 1.0;
   /* OpenBLAS takes 32-bit sizes and leading dimensions. */
   const int64_t sizes[] = {g->d, g->dv, g->total, g->q_r, g->y_r};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (sizes[i] > INT32_MAX)
-      return cpu_kernel_fail(k, DK_UNIMPLEMENTED,
+      return dks_kernel_fail(k, DK_UNIMPLEMENTED,
                              "a per-head size (head sizes %lld/%lld, %lld keys, rows of %lld/%lld) "
                              "exceeds the 32-bit range of the BLAS",
                              (long long)g->d, (long long)g->dv, (long long)g->total,
@@ -105,9 +105,9 @@ static DK_Status attn_geometry(const cpu_kernel_args *k, attn_geom *g) {
 
 /* present = concat(past, new) along the sequence, in (batch, hkv, total, size)
  * layout whatever the rank of the new keys/values. */
-static void attn_present(const attn_geom *g, const cpu_tensor *past, const cpu_tensor *fresh,
+static void attn_present(const attn_geom *g, const dks_tensor *past, const dks_tensor *fresh,
                          int64_t size, int64_t f_b, int64_t f_h, int64_t f_r,
-                         const cpu_tensor *present) {
+                         const dks_tensor *present) {
   int64_t item = present->itemsize, row = size * item;
   if (present->size == 0) return;
   for (int64_t b = 0; b < g->batch; b++) {
@@ -129,7 +129,7 @@ static inline double attn_bias(const attn_geom *g, const uint8_t *mask_row, int6
   double bias = 0.0;
   if (mask_row) {
     const uint8_t *p = mask_row + j * g->mask_strides[3] * g->mask->itemsize;
-    bias = g->mask->dtype == DK_DTYPE_BOOL ? (*p ? 0.0 : -INFINITY) : cpu_load_as_double(p, g->mask->dtype);
+    bias = g->mask->dtype == DK_DTYPE_BOOL ? (*p ? 0.0 : -INFINITY) : dks_load_as_double(p, g->mask->dtype);
   }
   if (g->causal && j > qi + g->past) bias += -INFINITY;
   return bias;
@@ -193,9 +193,9 @@ static const float *attn_view_f32(const uint8_t *src, DK_DTypeKey dtype, int64_t
     const uint16_t *in = (const uint16_t *)src + r * ld;
     float *out = scratch + r * cols;
     if (dtype == DK_DTYPE_FLOAT16)
-      for (int64_t c = 0; c < cols; c++) out[c] = cpu_f16_to_f32(in[c]);
+      for (int64_t c = 0; c < cols; c++) out[c] = dks_f16_to_f32(in[c]);
     else
-      for (int64_t c = 0; c < cols; c++) out[c] = cpu_bf16_to_f32(in[c]);
+      for (int64_t c = 0; c < cols; c++) out[c] = dks_bf16_to_f32(in[c]);
   }
   *out_ld = cols;
   return scratch;
@@ -217,9 +217,9 @@ static void attn_put_f32(uint8_t *dst, DK_DTypeKey dtype, const float *src, int6
   }
   uint16_t *out = (uint16_t *)dst;
   if (dtype == DK_DTYPE_FLOAT16)
-    for (int64_t i = 0; i < n; i++) out[i] = cpu_f32_to_f16(src[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = dks_f32_to_f16(src[i]);
   else
-    for (int64_t i = 0; i < n; i++) out[i] = cpu_f32_to_bf16(src[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = dks_f32_to_bf16(src[i]);
 }
 
 static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int64_t n) {
@@ -236,10 +236,10 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
  * attention_heads: (batch, query head) pairs, each over its row blocks:
  *   Y rows = probabilities V; attention splits the pairs over the pool. */
 #define ATTN_IMPL(SUF, CT, TANH)                                                                  \
-  static void attn_scores_##SUF(const cpu_kernel_args *k, const attn_geom *g, int64_t b,          \
+  static void attn_scores_##SUF(const dks_kernel_args *k, const attn_geom *g, int64_t b,          \
                                 int64_t h, int64_t i0, int64_t rows, const CT *keys, int64_t ldk, \
                                 CT *qbuf, CT *scores) {                                           \
-    const cpu_tensor *q = &k->in[0];                                                              \
+    const dks_tensor *q = &k->in[0];                                                              \
     if (!g->d) { /* empty dot products */                                                         \
       memset(scores, 0, (size_t)(rows * g->total) * sizeof(CT));                                  \
       return;                                                                                     \
@@ -250,7 +250,7 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     attn_gemm_##SUF(true, rows, g->total, g->d, g->scale, qs, ldq, keys, ldk, scores, g->total);  \
   }                                                                                               \
                                                                                                   \
-  static void attn_row_##SUF(const attn_geom *g, const cpu_tensor *qk, int64_t b, int64_t h,      \
+  static void attn_row_##SUF(const attn_geom *g, const dks_tensor *qk, int64_t b, int64_t h,      \
                              int64_t qi, CT *s, double *wide) {                                   \
     int64_t total = g->total;                                                                     \
     uint8_t *qk_row = qk->data + ((b * g->hq + h) * g->lq + qi) * total * qk->itemsize;           \
@@ -284,9 +284,9 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
    * which no other head's touch, in scratch of the chunk's own. */                              \
   static void attention_heads_##SUF(void *ctx, int64_t begin, int64_t end) {                      \
     attn_job *job = ctx;                                                                          \
-    const cpu_kernel_args *k = job->k;                                                            \
+    const dks_kernel_args *k = job->k;                                                            \
     const attn_geom *g = job->g;                                                                  \
-    const cpu_tensor *y = &k->out[0], *pk = &k->out[1], *pv = &k->out[2], *qk = &k->out[3];       \
+    const dks_tensor *y = &k->out[0], *pk = &k->out[1], *pv = &k->out[2], *qk = &k->out[3];       \
     DK_DTypeKey dt = y->dtype;                                                                    \
     int64_t item = y->itemsize;                                                                   \
     bool direct = sizeof(CT) == (size_t)item; /* the tensors hold CT: no conversions */           \
@@ -341,18 +341,18 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     free(scratch);                                                                                \
   }                                                                                               \
                                                                                                   \
-  static DK_Status attention_##SUF(const cpu_kernel_args *k, const attn_geom *g) {                \
+  static DK_Status attention_##SUF(const dks_kernel_args *k, const attn_geom *g) {                \
     int64_t total = g->total, block = g->lq;                                                      \
     if (total && block > ATTN_SCORE_BUDGET / total)                                               \
       block = ATTN_SCORE_BUDGET / total > 1 ? ATTN_SCORE_BUDGET / total : 1;                      \
     attn_job job = {.k = k, .g = g, .block = block};                                              \
     atomic_init(&job.failed_bytes, 0);                                                            \
     int64_t heads = g->batch * g->hq, head_macs = g->lq * total * (g->d + g->dv);                 \
-    cpu_parallel_for(heads, head_macs >= ATTN_CHUNK_MACS ? 1 : ATTN_CHUNK_MACS / (head_macs + 1), \
+    dks_parallel_for(heads, head_macs >= ATTN_CHUNK_MACS ? 1 : ATTN_CHUNK_MACS / (head_macs + 1), \
                      attention_heads_##SUF, &job);                                                \
     size_t failed = atomic_load(&job.failed_bytes);                                               \
     if (failed)                                                                                   \
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED,                                            \
+      return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED,                                            \
                              "out of host memory for %zu bytes of scratch", failed);              \
     return DK_OK;                                                                                 \
   }
@@ -360,12 +360,12 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
 ATTN_IMPL(f32, float, tanhf)
 ATTN_IMPL(f64, double, tanh)
 
-static DK_Status attention(const cpu_kernel_args *k) {
+static DK_Status attention(const dks_kernel_args *k) {
   attn_geom g;
   DK_Status st = attn_geometry(k, &g);
   if (st != DK_OK) return st;
-  const cpu_tensor *past_key = k->num_inputs > 4 ? &k->in[4] : NULL;
-  const cpu_tensor *past_value = k->num_inputs > 5 ? &k->in[5] : NULL;
+  const dks_tensor *past_key = k->num_inputs > 4 ? &k->in[4] : NULL;
+  const dks_tensor *past_value = k->num_inputs > 5 ? &k->in[5] : NULL;
   attn_present(&g, past_key, &k->in[1], g.d, g.k_b, g.k_h, g.k_r, &k->out[1]);
   attn_present(&g, past_value, &k->in[2], g.dv, g.v_b, g.v_h, g.v_r, &k->out[2]);
   /* Nothing more to compute (this covers zero heads: hkv > 0 below). */
@@ -400,9 +400,9 @@ ROPE_ROW(f64, double)
 ROPE_ROW(f16, uint16_t)
 ROPE_ROW(bf16, uint16_t)
 
-static DK_Status rotary_embedding(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0], *cos = &k->in[1], *sin = &k->in[2], *y = &k->out[0];
-  const cpu_tensor *ids = k->num_inputs > 3 && k->in[3].ndim >= 0 ? &k->in[3] : NULL;
+static DK_Status rotary_embedding(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0], *cos = &k->in[1], *sin = &k->in[2], *y = &k->out[0];
+  const dks_tensor *ids = k->num_inputs > 3 && k->in[3].ndim >= 0 ? &k->in[3] : NULL;
   rope_geom g;
   g.batch = x->shape[0];
   if (x->ndim == 4) {
@@ -410,13 +410,13 @@ static DK_Status rotary_embedding(const cpu_kernel_args *k) {
     g.seq = x->shape[2];
     g.head_size = x->shape[3];
   } else {
-    g.heads = cpu_attr_int(k, "num_heads", 1);
+    g.heads = dks_attr_int(k, "num_heads", 1);
     g.seq = x->shape[1];
     g.head_size = x->shape[2] / g.heads;
   }
-  int64_t rotary = cpu_attr_int(k, "rotary_embedding_dim", 0);
+  int64_t rotary = dks_attr_int(k, "rotary_embedding_dim", 0);
   g.half = (rotary ? rotary : g.head_size) / 2;
-  g.interleaved = cpu_attr_int(k, "interleaved", 0) != 0;
+  g.interleaved = dks_attr_int(k, "interleaved", 0) != 0;
   g.x_b = g.heads * g.seq * g.head_size;
   g.x_s = x->ndim == 4 ? g.head_size : g.heads * g.head_size;
   g.x_h = x->ndim == 4 ? g.seq * g.head_size : g.head_size;
@@ -425,7 +425,7 @@ static DK_Status rotary_embedding(const cpu_kernel_args *k) {
   int64_t positions = ids ? cos->shape[0] : 0;
   for (int64_t i = 0; pos && i < g.batch * g.seq; i++)
     if (pos[i] < 0 || pos[i] >= positions)
-      return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+      return dks_kernel_fail(k, DK_OUT_OF_RANGE,
                              "position_ids[%lld, %lld] = %lld is outside [0, %lld), the rows of cos_cache",
                              (long long)(i / g.seq), (long long)(i % g.seq), (long long)pos[i],
                              (long long)positions);
@@ -462,7 +462,7 @@ static DK_Status rotary_embedding(const cpu_kernel_args *k) {
   return DK_OK;
 }
 
-static const cpu_kernel_def k_nn_attention[] = {
+static const dks_kernel_def k_nn_attention[] = {
     {"Attention", DK_DTYPE_FLOAT32, attention, 0},
     {"Attention", DK_DTYPE_FLOAT64, attention, 0},
     {"Attention", DK_DTYPE_FLOAT16, attention, 0},
@@ -472,24 +472,24 @@ static const cpu_kernel_def k_nn_attention[] = {
     {"RotaryEmbedding", DK_DTYPE_FLOAT16, rotary_embedding, 0},
     {"RotaryEmbedding", DK_DTYPE_BFLOAT16, rotary_embedding, 0},
 };
-CPU_REGISTER_KERNELS(k_nn_attention)
+DKS_REGISTER_KERNELS(k_nn_attention)
 
 /* ---- Validators ------------------------------------------------------------ */
 
 /* Input i, when present, has dtype `dtype` and the given shape. */
-static DK_Status check_input_shape(const cpu_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape,
+static DK_Status check_input_shape(const dks_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape,
                                    DK_DTypeKey dtype) {
-  const cpu_tensor *t = &k->in[i];
+  const dks_tensor *t = &k->in[i];
   bool same = t->ndim == ndim;
   for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
-  if (!same) return cpu_invalid(k, "input %zu's shape disagrees with the other inputs'", i);
-  return cpu_check_dtype(k, "input", i, dtype);
+  if (!same) return dks_invalid(k, "input %zu's shape disagrees with the other inputs'", i);
+  return dks_check_dtype(k, "input", i, dtype);
 }
 
 /* Int attribute `name`, when present, is at least 1 (heads). */
-static DK_Status check_heads(const cpu_kernel_args *k, const char *name) {
-  int64_t n = cpu_attr_int(k, name, 1);
-  return n >= 1 ? DK_OK : cpu_invalid(k, "attribute '%s' is %lld; it must be at least 1", name, (long long)n);
+static DK_Status check_heads(const dks_kernel_args *k, const char *name) {
+  int64_t n = dks_attr_int(k, name, 1);
+  return n >= 1 ? DK_OK : dks_invalid(k, "attribute '%s' is %lld; it must be at least 1", name, (long long)n);
 }
 
 /* Attention: Q, K, V all 3-D (heads from the attributes, dividing the hidden
@@ -497,24 +497,24 @@ static DK_Status check_heads(const cpu_kernel_args *k, const char *name) {
  * past_key/past_value together, (B, Hkv, P, D/Dv); attn_mask bool or Q's
  * dtype, broadcasting to (B, Hq, Lq, P + Lkv); the four outputs, which the
  * kernel always writes, with the shapes those give. */
-static DK_Status validate_attention(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, 4);
-  const cpu_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
-  if (st == DK_OK) st = cpu_check_rank(k, 1, q->ndim, q->ndim);
-  if (st == DK_OK) st = cpu_check_rank(k, 2, q->ndim, q->ndim);
+static DK_Status validate_attention(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 3, 4);
+  const dks_tensor *q = &k->in[0], *kk = &k->in[1], *v = &k->in[2];
+  if (st == DK_OK) st = dks_check_rank(k, 1, q->ndim, q->ndim);
+  if (st == DK_OK) st = dks_check_rank(k, 2, q->ndim, q->ndim);
   if (st == DK_OK) st = check_heads(k, "q_num_heads");
   if (st == DK_OK) st = check_heads(k, "kv_num_heads");
-  for (size_t i = 1; st == DK_OK && i < 3; i++) st = cpu_check_dtype(k, "input", i, q->dtype);
+  for (size_t i = 1; st == DK_OK && i < 3; i++) st = dks_check_dtype(k, "input", i, q->dtype);
   if (st != DK_OK) return st;
-  if (k->num_outputs != 4) return cpu_invalid(k, "the kernel writes all 4 outputs; the call has %zu", k->num_outputs);
+  if (k->num_outputs != 4) return dks_invalid(k, "the kernel writes all 4 outputs; the call has %zu", k->num_outputs);
   int64_t batch = q->shape[0], hq, hkv, lq, lkv, d, dk, dv, v_len;
   if (q->ndim == 3) {
-    if (!cpu_attr(k, "q_num_heads") || !cpu_attr(k, "kv_num_heads"))
-      return cpu_invalid(k, "3-D Q, K and V need the q_num_heads and kv_num_heads attributes");
-    hq = cpu_attr_int(k, "q_num_heads", 1);
-    hkv = cpu_attr_int(k, "kv_num_heads", 1);
+    if (!dks_attr(k, "q_num_heads") || !dks_attr(k, "kv_num_heads"))
+      return dks_invalid(k, "3-D Q, K and V need the q_num_heads and kv_num_heads attributes");
+    hq = dks_attr_int(k, "q_num_heads", 1);
+    hkv = dks_attr_int(k, "kv_num_heads", 1);
     if (q->shape[2] % hq || kk->shape[2] % hkv || v->shape[2] % hkv)
-      return cpu_invalid(k, "hidden sizes %lld, %lld, %lld are not multiples of the heads %lld, %lld",
+      return dks_invalid(k, "hidden sizes %lld, %lld, %lld are not multiples of the heads %lld, %lld",
                          (long long)q->shape[2], (long long)kk->shape[2], (long long)v->shape[2],
                          (long long)hq, (long long)hkv);
     lq = q->shape[1], lkv = kk->shape[1], v_len = v->shape[1];
@@ -522,21 +522,21 @@ static DK_Status validate_attention(const cpu_kernel_args *k) {
   } else {
     hq = q->shape[1], hkv = kk->shape[1], lq = q->shape[2], lkv = kk->shape[2], v_len = v->shape[2];
     d = q->shape[3], dk = kk->shape[3], dv = v->shape[3];
-    if (cpu_attr_int(k, "q_num_heads", hq) != hq || cpu_attr_int(k, "kv_num_heads", hkv) != hkv ||
+    if (dks_attr_int(k, "q_num_heads", hq) != hq || dks_attr_int(k, "kv_num_heads", hkv) != hkv ||
         v->shape[1] != hkv)
-      return cpu_invalid(k, "the heads of Q (%lld), K (%lld), V (%lld) and the attributes disagree",
+      return dks_invalid(k, "the heads of Q (%lld), K (%lld), V (%lld) and the attributes disagree",
                          (long long)hq, (long long)hkv, (long long)v->shape[1]);
   }
   if (kk->shape[0] != batch || v->shape[0] != batch || dk != d || v_len != lkv)
-    return cpu_invalid(k, "Q, K and V disagree on the batch, the head size or the key length");
+    return dks_invalid(k, "Q, K and V disagree on the batch, the head size or the key length");
   if (hkv ? hq % hkv : hq)
-    return cpu_invalid(k, "q_num_heads %lld is not a multiple of kv_num_heads %lld", (long long)hq, (long long)hkv);
+    return dks_invalid(k, "q_num_heads %lld is not a multiple of kv_num_heads %lld", (long long)hq, (long long)hkv);
   bool has_past_key = k->num_inputs > 4 && k->in[4].ndim >= 0;
   bool has_past_value = k->num_inputs > 5 && k->in[5].ndim >= 0;
-  if (has_past_key != has_past_value) return cpu_invalid(k, "past_key and past_value must be given together");
+  if (has_past_key != has_past_value) return dks_invalid(k, "past_key and past_value must be given together");
   int64_t past = 0;
   if (has_past_key) {
-    if (k->in[4].ndim != 4) return cpu_invalid(k, "past_key must be 4-D, got rank %d", k->in[4].ndim);
+    if (k->in[4].ndim != 4) return dks_invalid(k, "past_key must be 4-D, got rank %d", k->in[4].ndim);
     past = k->in[4].shape[2];
     const int64_t past_key[] = {batch, hkv, past, d}, past_value[] = {batch, hkv, past, dv};
     st = check_input_shape(k, 4, 4, past_key, q->dtype);
@@ -546,72 +546,72 @@ static DK_Status validate_attention(const cpu_kernel_args *k) {
   int64_t total = past + lkv;
   const int64_t scores[] = {batch, hq, lq, total};
   if (k->num_inputs > 3 && k->in[3].ndim >= 0) {
-    const cpu_tensor *m = &k->in[3];
+    const dks_tensor *m = &k->in[3];
     if (m->dtype != DK_DTYPE_BOOL && m->dtype != q->dtype)
-      return cpu_invalid(k, "attn_mask must be bool or Q's dtype");
-    if (m->ndim > 4) return cpu_invalid(k, "attn_mask has rank %d; at most 4", m->ndim);
+      return dks_invalid(k, "attn_mask must be bool or Q's dtype");
+    if (m->ndim > 4) return dks_invalid(k, "attn_mask has rank %d; at most 4", m->ndim);
     for (int32_t i = 0; i < m->ndim; i++) {
       int64_t n = m->shape[m->ndim - 1 - i];
       if (n != 1 && n != scores[3 - i])
-        return cpu_invalid(k, "attn_mask does not broadcast to (B, Hq, Lq, P + Lkv)");
+        return dks_invalid(k, "attn_mask does not broadcast to (B, Hq, Lq, P + Lkv)");
     }
   }
-  if ((st = cpu_check_float(k, "scale", 0.0)) != DK_OK || (st = cpu_check_float(k, "softcap", 0.0)) != DK_OK)
+  if ((st = dks_check_float(k, "scale", 0.0)) != DK_OK || (st = dks_check_float(k, "softcap", 0.0)) != DK_OK)
     return st;
   const int64_t y3[] = {batch, lq, hq * dv}, y4[] = {batch, hq, lq, dv};
   const int64_t present_key[] = {batch, hkv, total, d}, present_value[] = {batch, hkv, total, dv};
-  st = cpu_check_output(k, 0, q->ndim, q->ndim == 3 ? y3 : y4);
-  if (st == DK_OK) st = cpu_check_output(k, 1, 4, present_key);
-  if (st == DK_OK) st = cpu_check_output(k, 2, 4, present_value);
-  if (st == DK_OK) st = cpu_check_output(k, 3, 4, scores);
-  for (size_t j = 0; st == DK_OK && j < 4; j++) st = cpu_check_dtype(k, "output", j, q->dtype);
+  st = dks_check_output(k, 0, q->ndim, q->ndim == 3 ? y3 : y4);
+  if (st == DK_OK) st = dks_check_output(k, 1, 4, present_key);
+  if (st == DK_OK) st = dks_check_output(k, 2, 4, present_value);
+  if (st == DK_OK) st = dks_check_output(k, 3, 4, scores);
+  for (size_t j = 0; st == DK_OK && j < 4; j++) st = dks_check_dtype(k, "output", j, q->dtype);
   return st;
 }
 
 /* RotaryEmbedding: X 4-D, or 3-D with num_heads dividing its hidden size; an
  * even rotary dim within the head size; the caches (B, S, R/2), or, with
  * int64 position_ids (B, S), (positions, R/2); Y like X. */
-static DK_Status validate_rotary_embedding(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 0, 3, 4);
+static DK_Status validate_rotary_embedding(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 0, 3, 4);
   if (st == DK_OK) st = check_heads(k, "num_heads");
   if (st != DK_OK) return st;
-  const cpu_tensor *x = &k->in[0], *cos = &k->in[1];
-  int64_t batch = x->shape[0], seq, head_size, heads = cpu_attr_int(k, "num_heads", 1);
+  const dks_tensor *x = &k->in[0], *cos = &k->in[1];
+  int64_t batch = x->shape[0], seq, head_size, heads = dks_attr_int(k, "num_heads", 1);
   if (x->ndim == 4) {
-    if (cpu_attr(k, "num_heads") && heads != x->shape[1])
-      return cpu_invalid(k, "num_heads=%lld disagrees with X's %lld heads", (long long)heads,
+    if (dks_attr(k, "num_heads") && heads != x->shape[1])
+      return dks_invalid(k, "num_heads=%lld disagrees with X's %lld heads", (long long)heads,
                          (long long)x->shape[1]);
     seq = x->shape[2], head_size = x->shape[3];
   } else {
-    if (!cpu_attr(k, "num_heads")) return cpu_invalid(k, "3-D X needs the num_heads attribute");
+    if (!dks_attr(k, "num_heads")) return dks_invalid(k, "3-D X needs the num_heads attribute");
     if (x->shape[2] % heads)
-      return cpu_invalid(k, "X's hidden size %lld is not a multiple of num_heads %lld", (long long)x->shape[2],
+      return dks_invalid(k, "X's hidden size %lld is not a multiple of num_heads %lld", (long long)x->shape[2],
                          (long long)heads);
     seq = x->shape[1], head_size = x->shape[2] / heads;
   }
-  int64_t rotary = cpu_attr_int(k, "rotary_embedding_dim", 0);
+  int64_t rotary = dks_attr_int(k, "rotary_embedding_dim", 0);
   if (!rotary) rotary = head_size;
   if (rotary < 0 || rotary % 2 || rotary > head_size)
-    return cpu_invalid(k, "the rotary dim %lld must be even and at most the head size %lld", (long long)rotary,
+    return dks_invalid(k, "the rotary dim %lld must be even and at most the head size %lld", (long long)rotary,
                        (long long)head_size);
   bool ids = k->num_inputs > 3 && k->in[3].ndim >= 0;
   if (ids) {
     const int64_t want[] = {batch, seq};
     st = check_input_shape(k, 3, 2, want, DK_DTYPE_INT64);
     if (st == DK_OK && (cos->ndim != 2 || cos->shape[1] != rotary / 2))
-      st = cpu_invalid(k, "with position_ids, cos_cache must be (positions, %lld)", (long long)(rotary / 2));
+      st = dks_invalid(k, "with position_ids, cos_cache must be (positions, %lld)", (long long)(rotary / 2));
   } else {
     const int64_t want[] = {batch, seq, rotary / 2};
     st = check_input_shape(k, 1, 3, want, x->dtype);
   }
   if (st == DK_OK) st = check_input_shape(k, 1, cos->ndim, cos->shape, x->dtype);
   if (st == DK_OK) st = check_input_shape(k, 2, cos->ndim, cos->shape, x->dtype);
-  if (st == DK_OK) st = cpu_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, x->dtype);
+  if (st == DK_OK) st = dks_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, x->dtype);
 }
 
-static const cpu_validator v_nn_attention[] = {
+static const dks_validator v_nn_attention[] = {
     {"Attention", validate_attention},
     {"RotaryEmbedding", validate_rotary_embedding},
 };
-CPU_REGISTER_VALIDATORS(v_nn_attention)
+DKS_REGISTER_VALIDATORS(v_nn_attention)

@@ -3,7 +3,7 @@
  * ReduceL1, ReduceL2, ReduceSumSquare and ReduceLogSumExp.
  *
  * A reduction walks the compact input once, in memory order, with
- * cpu_nd_loop, alongside an array of accumulators laid out like the output
+ * dks_nd_loop, alongside an array of accumulators laid out like the output
  * (stride 0 along the reduced axes). The walk's innermost run is then either
  * a contiguous span folded into one accumulator (reducing the last axes) or
  * an elementwise update of contiguous accumulators (reducing leading axes);
@@ -49,7 +49,7 @@ _Static_assert(sizeof(acc) == sizeof(double) && sizeof(acc) == sizeof(int64_t), 
 #define SUM_bf16 ADD
 #ifdef DEVKIT_DEFECT_F16_ACCUMULATE
 /* The defect (devkit/backends/cpu/defects.py): float16 sums accumulate in float16. */
-#define SUM_f16(a, v) ((double)cpu_f16_to_f32(cpu_f32_to_f16((float)((a) + (v)))))
+#define SUM_f16(a, v) ((double)dks_f16_to_f32(dks_f32_to_f16((float)((a) + (v)))))
 #else
 #define SUM_f16 ADD
 #endif
@@ -59,7 +59,7 @@ _Static_assert(sizeof(acc) == sizeof(double) && sizeof(acc) == sizeof(int64_t), 
  * the accumulators advance one per step (s[0] != 0) or stay put (s[0] == 0).
  * In vector clones: the same sums in every clone (the lanes fix the order). */
 #define ACCUMULATE_LOOP(NAME, T, M, AT, LOAD, MAP, COMBINE, WIDTH)                                \
-  CPU_VECTOR_CLONES static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) { \
+  DKS_VECTOR_CLONES static void NAME(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) { \
     (void)ctx;                                                                                    \
     acc *a = (acc *)p[0];                                                                         \
     const T *x = (const T *)p[1];                                                                 \
@@ -141,23 +141,23 @@ static inline int64_t as_signed(uint64_t u) {
 /* ---- The walk ------------------------------------------------------------ */
 
 typedef struct reduce_layout {
-  int64_t acc_strides[CPU_MAX_DIMS]; /* bytes; 0 along reduced axes */
-  int64_t in_strides[CPU_MAX_DIMS];  /* bytes */
+  int64_t acc_strides[DKS_MAX_DIMS]; /* bytes; 0 along reduced axes */
+  int64_t in_strides[DKS_MAX_DIMS];  /* bytes */
   int64_t out_size;                  /* accumulators (= output elements) */
   int64_t count;                     /* input elements per accumulator */
 } reduce_layout;
 
-static DK_Status reduce_layout_of(const cpu_kernel_args *k, reduce_layout *layout) {
-  const cpu_tensor *x = &k->in[0];
-  bool reduced[CPU_MAX_DIMS] = {false};
+static DK_Status reduce_layout_of(const dks_kernel_args *k, reduce_layout *layout) {
+  const dks_tensor *x = &k->in[0];
+  bool reduced[DKS_MAX_DIMS] = {false};
   int64_t naxes;
-  const int64_t *axes = cpu_attr_ints(k, "axes", &naxes);
-  if (naxes == 0 && !cpu_attr_int(k, "noop_with_empty_axes", 0))
+  const int64_t *axes = dks_attr_ints(k, "axes", &naxes);
+  if (naxes == 0 && !dks_attr_int(k, "noop_with_empty_axes", 0))
     for (int32_t d = 0; d < x->ndim; d++) reduced[d] = true;
   for (int64_t i = 0; i < naxes; i++) {
     int64_t axis = axes[i] < 0 ? axes[i] + x->ndim : axes[i];
     if (axis < 0 || axis >= x->ndim)
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "axis %lld is out of range for rank %d",
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "axis %lld is out of range for rank %d",
                              (long long)axes[i], x->ndim);
     reduced[axis] = true;
   }
@@ -175,31 +175,31 @@ static DK_Status reduce_layout_of(const cpu_kernel_args *k, reduce_layout *layou
   }
   layout->out_size = step;
   if (k->out[0].size != step)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
                            "the output has %lld elements; reducing the input gives %lld",
                            (long long)k->out[0].size, (long long)step);
   return DK_OK;
 }
 
 typedef struct reduce_op {
-  cpu_inner_loop accumulate;
+  dks_inner_loop accumulate;
   finish_fn finish;
   acc init;
   const char *empty_error; /* non-NULL: reducing an empty set is an error */
 } reduce_op;
 
-static DK_Status out_of_memory(const cpu_kernel_args *k, int64_t n) {
-  return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld accumulators",
+static DK_Status out_of_memory(const dks_kernel_args *k, int64_t n) {
+  return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld accumulators",
                          (long long)n);
 }
 
 /* The walk over x's indices [begin, end) along its first kept axis (all
  * of x when every axis is reduced: then one chunk, [0, 1)). */
 typedef struct reduce_walk {
-  const cpu_tensor *x;
-  cpu_inner_loop accumulate;
+  const dks_tensor *x;
+  dks_inner_loop accumulate;
   acc *a;
-  int64_t strides[2][CPU_MAX_DIMS]; /* bytes: the accumulators', x's */
+  int64_t strides[2][DKS_MAX_DIMS]; /* bytes: the accumulators', x's */
   int32_t split;                    /* the first kept axis; -1: none */
 } reduce_walk;
 
@@ -208,7 +208,7 @@ typedef struct reduce_walk {
 
 static void reduce_rows(void *ctx, int64_t begin, int64_t end) {
   const reduce_walk *w = ctx;
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   memcpy(shape, w->x->shape, sizeof shape);
   uint8_t *base[2] = {(uint8_t *)w->a, w->x->data};
   if (w->split >= 0) {
@@ -216,19 +216,19 @@ static void reduce_rows(void *ctx, int64_t begin, int64_t end) {
     base[0] += begin * w->strides[0][w->split];
     base[1] += begin * w->strides[1][w->split];
   }
-  cpu_nd_loop(2, w->x->ndim, shape, (const int64_t(*)[CPU_MAX_DIMS])w->strides, base, w->accumulate, NULL);
+  dks_nd_loop(2, w->x->ndim, shape, (const int64_t(*)[DKS_MAX_DIMS])w->strides, base, w->accumulate, NULL);
 }
 
-static DK_Status reduce_run(const cpu_kernel_args *k, const reduce_op *op) {
+static DK_Status reduce_run(const dks_kernel_args *k, const reduce_op *op) {
   reduce_layout layout;
   DK_Status st = reduce_layout_of(k, &layout);
   if (st != DK_OK || layout.out_size == 0) return st;
   if (layout.count == 0 && op->empty_error)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "%s", op->empty_error);
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "%s", op->empty_error);
   acc *a = malloc((size_t)layout.out_size * sizeof *a);
   if (!a) return out_of_memory(k, layout.out_size);
   for (int64_t i = 0; i < layout.out_size; i++) a[i] = op->init;
-  const cpu_tensor *x = &k->in[0];
+  const dks_tensor *x = &k->in[0];
   reduce_walk walk = {.x = x, .accumulate = op->accumulate, .a = a};
   memcpy(walk.strides[0], layout.acc_strides, sizeof walk.strides[0]);
   memcpy(walk.strides[1], layout.in_strides, sizeof walk.strides[1]);
@@ -239,7 +239,7 @@ static DK_Status reduce_run(const cpu_kernel_args *k, const reduce_op *op) {
     if (layout.acc_strides[d] != 0) walk.split = d;
   int64_t rows = walk.split >= 0 ? x->shape[walk.split] : 1;
   int64_t row_size = rows > 0 ? x->size / rows : 0;
-  cpu_parallel_for(rows, row_size >= REDUCE_CHUNK ? 1 : REDUCE_CHUNK / (row_size > 0 ? row_size : 1),
+  dks_parallel_for(rows, row_size >= REDUCE_CHUNK ? 1 : REDUCE_CHUNK / (row_size > 0 ? row_size : 1),
                    reduce_rows, &walk);
   op->finish(layout.out_size, a, k->out[0].data, layout.count);
   free(a);
@@ -250,8 +250,8 @@ static DK_Status reduce_run(const cpu_kernel_args *k, const reduce_op *op) {
  * maximum when it is finite (no overflow, and the largest term is 1) and 0
  * otherwise: an infinite maximum gives +inf, an empty set or all -inf gives
  * log(0) = -inf, and a NaN maximum propagates through exp. */
-static DK_Status reduce_logsumexp(const cpu_kernel_args *k, cpu_inner_loop max_loop,
-                                  cpu_inner_loop sum_loop, lse_finish_fn finish) {
+static DK_Status reduce_logsumexp(const dks_kernel_args *k, dks_inner_loop max_loop,
+                                  dks_inner_loop sum_loop, lse_finish_fn finish) {
   reduce_layout layout;
   DK_Status st = reduce_layout_of(k, &layout);
   if (st != DK_OK || layout.out_size == 0) return st;
@@ -262,12 +262,12 @@ static DK_Status reduce_logsumexp(const cpu_kernel_args *k, cpu_inner_loop max_l
     shift[i].f = -INFINITY;
     sum[i].f = 0.0;
   }
-  const cpu_tensor *x = &k->in[0];
-  int64_t strides[3][CPU_MAX_DIMS];
+  const dks_tensor *x = &k->in[0];
+  int64_t strides[3][DKS_MAX_DIMS];
   memcpy(strides[0], layout.acc_strides, sizeof strides[0]);
   memcpy(strides[1], layout.in_strides, sizeof strides[1]);
   uint8_t *base[3] = {(uint8_t *)shift, x->data, NULL};
-  cpu_nd_loop(2, x->ndim, x->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, max_loop, NULL);
+  dks_nd_loop(2, x->ndim, x->shape, (const int64_t(*)[DKS_MAX_DIMS])strides, base, max_loop, NULL);
   for (int64_t i = 0; i < layout.out_size; i++)
     if (!isfinite(shift[i].f)) shift[i].f = 0.0;
   memcpy(strides[1], layout.acc_strides, sizeof strides[1]);
@@ -275,14 +275,14 @@ static DK_Status reduce_logsumexp(const cpu_kernel_args *k, cpu_inner_loop max_l
   base[0] = (uint8_t *)sum;
   base[1] = (uint8_t *)shift;
   base[2] = x->data;
-  cpu_nd_loop(3, x->ndim, x->shape, (const int64_t(*)[CPU_MAX_DIMS])strides, base, sum_loop, NULL);
+  dks_nd_loop(3, x->ndim, x->shape, (const int64_t(*)[DKS_MAX_DIMS])strides, base, sum_loop, NULL);
   finish(layout.out_size, shift, sum, k->out[0].data);
   free(shift);
   return DK_OK;
 }
 
 #define REDUCE_KERNEL(NAME, LOOP, FINISH_FN, INIT, EMPTY_ERROR)         \
-  static DK_Status NAME(const cpu_kernel_args *k) {                     \
+  static DK_Status NAME(const dks_kernel_args *k) {                     \
     static const reduce_op op = {LOOP, FINISH_FN, {INIT}, EMPTY_ERROR}; \
     return reduce_run(k, &op);                                          \
   }
@@ -309,7 +309,7 @@ static DK_Status reduce_logsumexp(const cpu_kernel_args *k, cpu_inner_loop max_l
   REDUCE_KERNEL(reduce_prod_##S, prod_##S, put_##S, .f = 1.0, NULL)                        \
   REDUCE_KERNEL(reduce_max_##S, max_##S, put_##S, .f = -INFINITY, NULL)                    \
   REDUCE_KERNEL(reduce_min_##S, min_##S, put_##S, .f = INFINITY, NULL)                     \
-  static DK_Status reduce_lse_##S(const cpu_kernel_args *k) {                              \
+  static DK_Status reduce_lse_##S(const dks_kernel_args *k) {                              \
     return reduce_logsumexp(k, max_##S, lse_##S, put_lse_##S);                             \
   }
 
@@ -371,46 +371,46 @@ REDUCE_KERNEL(reduce_min_bool, min_bool, put_bool, .i = 1, NULL)
   COMMON_ROWS(S, DT) {"ReduceLogSumExp", DT, reduce_lse_##S, 0},
 #define INT_ROWS(S, T, U, DT, LO, HI) COMMON_ROWS(S, DT)
 
-static const cpu_kernel_def k_reduce[] = {
+static const dks_kernel_def k_reduce[] = {
     REDUCE_FLOAT_TYPES(FLOAT_ROWS)
     REDUCE_INT_TYPES(INT_ROWS)
     {"ReduceMax", DK_DTYPE_BOOL, reduce_max_bool, 0},
     {"ReduceMin", DK_DTYPE_BOOL, reduce_min_bool, 0},
 };
-CPU_REGISTER_KERNELS(k_reduce)
+DKS_REGISTER_KERNELS(k_reduce)
 
 /* ---- Validators ---------------------------------------------------------------- */
 
-DK_Status reduce_check_output(const cpu_kernel_args *k, const bool *reduced, DK_DTypeKey dtype) {
-  const cpu_tensor *x = &k->in[0];
-  bool keep = cpu_attr_int(k, "keepdims", 1) != 0;
-  int64_t shape[CPU_MAX_DIMS];
+DK_Status reduce_check_output(const dks_kernel_args *k, const bool *reduced, DK_DTypeKey dtype) {
+  const dks_tensor *x = &k->in[0];
+  bool keep = dks_attr_int(k, "keepdims", 1) != 0;
+  int64_t shape[DKS_MAX_DIMS];
   int32_t n = 0;
   for (int32_t d = 0; d < x->ndim; d++)
     if (!reduced[d] || keep) shape[n++] = reduced[d] ? 1 : x->shape[d];
-  DK_Status st = cpu_check_output(k, 0, n, shape);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, dtype);
+  DK_Status st = dks_check_output(k, 0, n, shape);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, dtype);
 }
 
 /* Reduce*: distinct axes inside data's rank (the axes input arrives as the
  * attribute); none: every axis, or none with noop_with_empty_axes. */
-static DK_Status validate_reduce(const cpu_kernel_args *k) {
-  int32_t axes[CPU_MAX_DIMS];
+static DK_Status validate_reduce(const dks_kernel_args *k) {
+  int32_t axes[DKS_MAX_DIMS];
   int64_t naxes;
-  DK_Status st = cpu_check_axes(k, "axes", k->in[0].ndim, axes, &naxes);
+  DK_Status st = dks_check_axes(k, "axes", k->in[0].ndim, axes, &naxes);
   if (st != DK_OK) return st;
-  bool reduced[CPU_MAX_DIMS] = {false};
-  bool all = naxes <= 0 && !cpu_attr_int(k, "noop_with_empty_axes", 0);
+  bool reduced[DKS_MAX_DIMS] = {false};
+  bool all = naxes <= 0 && !dks_attr_int(k, "noop_with_empty_axes", 0);
   for (int32_t d = 0; all && d < k->in[0].ndim; d++) reduced[d] = true;
   for (int64_t i = 0; i < naxes; i++) reduced[axes[i]] = true;
   return reduce_check_output(k, reduced, k->in[0].dtype);
 }
 
-static const cpu_validator v_reduce[] = {
+static const dks_validator v_reduce[] = {
     {"ReduceSum", validate_reduce},  {"ReduceMean", validate_reduce},
     {"ReduceSumSquare", validate_reduce}, {"ReduceL1", validate_reduce},
     {"ReduceL2", validate_reduce},   {"ReduceProd", validate_reduce},
     {"ReduceMax", validate_reduce},  {"ReduceMin", validate_reduce},
     {"ReduceLogSumExp", validate_reduce},
 };
-CPU_REGISTER_VALIDATORS(v_reduce)
+DKS_REGISTER_VALIDATORS(v_reduce)

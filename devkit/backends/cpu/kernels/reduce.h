@@ -11,7 +11,7 @@
 
 #include <stdlib.h>
 
-#include "kernel.h"
+#include "dks_kernel.h"
 
 /* Rounds a double to float with round-to-odd (truncate, then set the last
  * bit if anything was dropped). float has more than two bits beyond
@@ -41,12 +41,12 @@ static inline float reduce_round_odd(double v) {
 /* Loads (element -> double) and stores (double -> element) per float dtype. */
 #define REDUCE_LOAD_F32(x) ((double)(x))
 #define REDUCE_LOAD_F64(x) (x)
-#define REDUCE_LOAD_F16(x) ((double)cpu_f16_to_f32(x))
-#define REDUCE_LOAD_BF16(x) ((double)cpu_bf16_to_f32(x))
+#define REDUCE_LOAD_F16(x) ((double)dks_f16_to_f32(x))
+#define REDUCE_LOAD_BF16(x) ((double)dks_bf16_to_f32(x))
 #define REDUCE_STORE_F32(v) ((float)(v))
 #define REDUCE_STORE_F64(v) (v)
-#define REDUCE_STORE_F16(v) cpu_f32_to_f16(reduce_round_odd(v))
-#define REDUCE_STORE_BF16(v) cpu_f32_to_bf16(reduce_round_odd(v))
+#define REDUCE_STORE_F16(v) dks_f32_to_f16(reduce_round_odd(v))
+#define REDUCE_STORE_BF16(v) dks_f32_to_bf16(reduce_round_odd(v))
 
 /* X-macros over the dtypes: X(suffix, C type, DK dtype, LOAD, STORE) for the
  * float types; X(suffix, C type, unsigned C type, DK dtype, min, max) for
@@ -65,12 +65,12 @@ static inline float reduce_round_odd(double v) {
 
 /* Splits compact tensor `t` around `axis` (negative: from the end) into
  * outer x len x inner elements, or fails naming the attribute. */
-static inline DK_Status reduce_split(const cpu_kernel_args *k, const cpu_tensor *t,
+static inline DK_Status reduce_split(const dks_kernel_args *k, const dks_tensor *t,
                                      const char *attr, int64_t axis, int64_t *outer,
                                      int64_t *len, int64_t *inner) {
   *outer = *len = *inner = 0;
   if (axis < -t->ndim || axis >= t->ndim)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "%s %lld is out of range for rank %d", attr,
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "%s %lld is out of range for rank %d", attr,
                            (long long)axis, t->ndim);
   if (axis < 0) axis += t->ndim;
   *outer = *inner = 1;
@@ -83,6 +83,6 @@ static inline DK_Status reduce_split(const cpu_kernel_args *k, const cpu_tensor 
 /* A validator's check (reduce.c): output 0 has dtype `dtype` and input 0's
  * shape with the `reduced` dims dropped, or kept as 1 with attribute
  * "keepdims" (default 1). */
-DK_Status reduce_check_output(const cpu_kernel_args *k, const bool *reduced, DK_DTypeKey dtype);
+DK_Status reduce_check_output(const dks_kernel_args *k, const bool *reduced, DK_DTypeKey dtype);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_REDUCE_H_ */

@@ -52,16 +52,16 @@
 
 /* Splits the input around attribute "axis" and checks the output holds one
  * element per (outer, inner) position. */
-static DK_Status arg_layout(const cpu_kernel_args *k, int64_t *outer, int64_t *len,
+static DK_Status arg_layout(const dks_kernel_args *k, int64_t *outer, int64_t *len,
                             int64_t *inner) {
-  DK_Status st = reduce_split(k, &k->in[0], "axis", cpu_attr_int(k, "axis", 0), outer, len, inner);
+  DK_Status st = reduce_split(k, &k->in[0], "axis", dks_attr_int(k, "axis", 0), outer, len, inner);
   if (st != DK_OK) return st;
   if (k->out[0].dtype != DK_DTYPE_INT64 || k->out[0].size != *outer * *inner)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
                            "the output must be int64 with %lld elements (one per reduced slice)",
                            (long long)(*outer * *inner));
   if (*len == 0 && *outer * *inner != 0)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
                            "the reduced axis is empty: there is no extreme to index");
   return DK_OK;
 }
@@ -69,13 +69,13 @@ static DK_Status arg_layout(const cpu_kernel_args *k, int64_t *outer, int64_t *l
 #define ARG_KERNEL(NAME, T, K, LOAD, FIRST, LAST)                                      \
   ARG_SCAN(NAME##_first, T, K, LOAD, FIRST)                                            \
   ARG_SCAN(NAME##_last, T, K, LOAD, LAST)                                              \
-  static DK_Status NAME(const cpu_kernel_args *k) {                                    \
+  static DK_Status NAME(const dks_kernel_args *k) {                                    \
     int64_t outer, len, inner;                                                         \
     DK_Status st = arg_layout(k, &outer, &len, &inner);                                \
     if (st != DK_OK || outer * inner == 0) return st;                                  \
     K *best = malloc((size_t)inner * sizeof *best);                                    \
-    if (!best) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory"); \
-    bool last = cpu_attr_int(k, "select_last_index", 0) != 0;                          \
+    if (!best) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory"); \
+    bool last = dks_attr_int(k, "select_last_index", 0) != 0;                          \
     const T *x = (const T *)k->in[0].data;                                             \
     int64_t *out = (int64_t *)k->out[0].data;                                          \
     for (int64_t o = 0; o < outer; o++) {                                              \
@@ -91,19 +91,19 @@ static DK_Status arg_layout(const cpu_kernel_args *k, int64_t *outer, int64_t *l
 /* Hardmax: 1 at ArgMax's first winner along the axis, 0 elsewhere. */
 #define HARDMAX_KERNEL(NAME, T, LOAD, STORE)                                                      \
   ARG_SCAN(NAME##_scan, T, double, LOAD, BEATS_MAX_FIRST)                                         \
-  static DK_Status NAME(const cpu_kernel_args *k) {                                               \
-    const cpu_tensor *x = &k->in[0];                                                              \
+  static DK_Status NAME(const dks_kernel_args *k) {                                               \
+    const dks_tensor *x = &k->in[0];                                                              \
     int64_t outer, len, inner;                                                                    \
-    DK_Status st = reduce_split(k, x, "axis", cpu_attr_int(k, "axis", -1), &outer, &len, &inner); \
+    DK_Status st = reduce_split(k, x, "axis", dks_attr_int(k, "axis", -1), &outer, &len, &inner); \
     if (st != DK_OK || x->size == 0) return st;                                                   \
     if (k->out[0].size != x->size)                                                                \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape");   \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape");   \
     double *best = malloc((size_t)inner * sizeof *best);                                          \
     int64_t *idx = malloc((size_t)inner * sizeof *idx);                                           \
     if (!best || !idx) {                                                                          \
       free(best);                                                                                 \
       free(idx);                                                                                  \
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");                     \
+      return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");                     \
     }                                                                                             \
     const T *xs = (const T *)x->data;                                                             \
     T *y = (T *)k->out[0].data;                                                                   \
@@ -134,27 +134,27 @@ REDUCE_INT_TYPES(INT_ARG_KERNELS)
   {"ArgMax", DT, argmax_##S, 0}, {"ArgMin", DT, argmin_##S, 0}, {"Hardmax", DT, hardmax_##S, 0},
 #define INT_ROWS(S, T, U, DT, LO, HI) {"ArgMax", DT, argmax_##S, 0}, {"ArgMin", DT, argmin_##S, 0},
 
-static const cpu_kernel_def k_reduce_arg[] = {
+static const dks_kernel_def k_reduce_arg[] = {
     REDUCE_FLOAT_TYPES(FLOAT_ROWS)
     REDUCE_INT_TYPES(INT_ROWS)
 };
-CPU_REGISTER_KERNELS(k_reduce_arg)
+DKS_REGISTER_KERNELS(k_reduce_arg)
 
 /* ArgMax/ArgMin: "axis" inside data's rank; an int64 output, the axis
  * dropped or kept as 1. */
-static DK_Status validate_arg(const cpu_kernel_args *k) {
+static DK_Status validate_arg(const dks_kernel_args *k) {
   int64_t axis;
-  DK_Status st = cpu_check_rank(k, 0, 0, CPU_MAX_DIMS);
-  if (st == DK_OK) st = cpu_check_axis(k, "axis", k->in[0].ndim, false, &axis);
+  DK_Status st = dks_check_rank(k, 0, 0, DKS_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_axis(k, "axis", k->in[0].ndim, false, &axis);
   if (st != DK_OK) return st;
-  bool reduced[CPU_MAX_DIMS] = {false};
+  bool reduced[DKS_MAX_DIMS] = {false};
   reduced[axis] = true;
   return reduce_check_output(k, reduced, DK_DTYPE_INT64);
 }
 
-static const cpu_validator v_reduce_arg[] = {
+static const dks_validator v_reduce_arg[] = {
     {"ArgMax", validate_arg},
     {"ArgMin", validate_arg},
-    {"Hardmax", cpu_validate_axis_like_input},
+    {"Hardmax", dks_validate_axis_like_input},
 };
-CPU_REGISTER_VALIDATORS(v_reduce_arg)
+DKS_REGISTER_VALIDATORS(v_reduce_arg)

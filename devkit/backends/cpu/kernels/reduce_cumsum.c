@@ -53,20 +53,20 @@
 #define CUMSUM_KERNEL(NAME, T, AT, LOAD, STORE)                                                 \
   CUMSUM_SLICE(NAME##_slice, T, AT, LOAD, STORE)                                                \
   CUMSUM_BLOCK(NAME##_block, T, AT, LOAD, STORE)                                                \
-  static DK_Status NAME(const cpu_kernel_args *k) {                                             \
-    const cpu_tensor *x = &k->in[0];                                                            \
+  static DK_Status NAME(const dks_kernel_args *k) {                                             \
+    const dks_tensor *x = &k->in[0];                                                            \
     int64_t naxis;                                                                              \
-    const int64_t *axis = cpu_attr_ints(k, "axis", &naxis);                                     \
+    const int64_t *axis = dks_attr_ints(k, "axis", &naxis);                                     \
     if (naxis != 1)                                                                             \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "axis must hold one value, got %lld",      \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "axis must hold one value, got %lld",      \
                              (long long)naxis);                                                 \
     int64_t outer, len, inner;                                                                  \
     DK_Status st = reduce_split(k, x, "axis", axis[0], &outer, &len, &inner);                   \
     if (st != DK_OK || x->size == 0) return st;                                                 \
     if (k->out[0].size != x->size)                                                              \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape"); \
-    bool exclusive = cpu_attr_int(k, "exclusive", 0) != 0;                                      \
-    bool reverse = cpu_attr_int(k, "reverse", 0) != 0;                                          \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape"); \
+    bool exclusive = dks_attr_int(k, "exclusive", 0) != 0;                                      \
+    bool reverse = dks_attr_int(k, "reverse", 0) != 0;                                          \
     const T *xs = (const T *)x->data;                                                           \
     T *ys = (T *)k->out[0].data;                                                                \
     if (inner == 1) {                                                                           \
@@ -75,7 +75,7 @@
       return DK_OK;                                                                             \
     }                                                                                           \
     AT *sum = malloc((size_t)inner * sizeof *sum);                                              \
-    if (!sum) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");           \
+    if (!sum) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");           \
     for (int64_t o = 0; o < outer; o++)                                                         \
       NAME##_block(xs + o * len * inner, ys + o * len * inner, len, inner, sum, exclusive,      \
                    reverse);                                                                    \
@@ -94,25 +94,25 @@ REDUCE_INT_TYPES(INT_CUMSUM)
 #define FLOAT_ROWS(S, T, DT, LOAD, STORE) {"CumSum", DT, cumsum_##S, 0},
 #define INT_ROWS(S, T, U, DT, LO, HI) {"CumSum", DT, cumsum_##S, 0},
 
-static const cpu_kernel_def k_reduce_cumsum[] = {
+static const dks_kernel_def k_reduce_cumsum[] = {
     REDUCE_FLOAT_TYPES(FLOAT_ROWS)
     REDUCE_INT_TYPES(INT_ROWS)
 };
-CPU_REGISTER_KERNELS(k_reduce_cumsum)
+DKS_REGISTER_KERNELS(k_reduce_cumsum)
 
 /* CumSum: the axis input (sent as the attribute "axis") is one value inside
  * x's rank; y like x. */
-static DK_Status validate_cumsum(const cpu_kernel_args *k) {
+static DK_Status validate_cumsum(const dks_kernel_args *k) {
   int64_t n;
-  const int64_t *axis = cpu_attr_ints(k, "axis", &n);
-  DK_Status st = cpu_check_int_list(k, "axis");
+  const int64_t *axis = dks_attr_ints(k, "axis", &n);
+  DK_Status st = dks_check_int_list(k, "axis");
   if (st != DK_OK) return st;
   int32_t rank = k->in[0].ndim;
-  if (n != 1) return cpu_invalid(k, "axis must hold one value, got %lld", (long long)n);
+  if (n != 1) return dks_invalid(k, "axis must hold one value, got %lld", (long long)n);
   if (axis[0] < -rank || axis[0] >= rank)
-    return cpu_invalid(k, "axis %lld is out of range for rank %d", (long long)axis[0], rank);
-  return cpu_validate_like_input(k);
+    return dks_invalid(k, "axis %lld is out of range for rank %d", (long long)axis[0], rank);
+  return dks_validate_like_input(k);
 }
 
-static const cpu_validator v_reduce_cumsum[] = {{"CumSum", validate_cumsum}};
-CPU_REGISTER_VALIDATORS(v_reduce_cumsum)
+static const dks_validator v_reduce_cumsum[] = {{"CumSum", validate_cumsum}};
+DKS_REGISTER_VALIDATORS(v_reduce_cumsum)

@@ -7,7 +7,7 @@
  * and the outputs, each a loop of independent lanes the compiler
  * vectorises. With inner > 1 the passes keep one running value per inner
  * position instead, so every inner loop is contiguous. Work splits over
- * rows (or outer blocks) with cpu_parallel_for.
+ * rows (or outer blocks) with dks_parallel_for.
  *
  * Precision: the operators' tolerance is 1 ulp of float32, so values go
  * through double: x - max is exact there (in float32 it rounds by up to half
@@ -28,7 +28,7 @@
 #define TILE_DOUBLES (1 << 16)
 /* Independent accumulators of a row pass: vector lanes. */
 #define LANES 8
-/* Elements per cpu_parallel_for chunk, about. */
+/* Elements per dks_parallel_for chunk, about. */
 #define CHUNK_ELEMENTS ((int64_t)1 << 15)
 
 /* The exponential of the row kernels (x <= 0): to a few double ulps for a
@@ -102,7 +102,7 @@ typedef struct softmax_job {
       for (int64_t i = 0; i < len; i++) y[i] = STORE(e[i] * inv);                                 \
     }                                                                                             \
   }                                                                                               \
-  CPU_VECTOR_CLONES static void softmax_rows_##S(void *ctx, int64_t begin, int64_t end) {             \
+  DKS_VECTOR_CLONES static void softmax_rows_##S(void *ctx, int64_t begin, int64_t end) {             \
     softmax_job *job = ctx;                                                                       \
     double *e = malloc((size_t)job->len * sizeof *e);                                             \
     if (!e) {                                                                                     \
@@ -148,7 +148,7 @@ typedef struct softmax_job {
       }                                                                                           \
     }                                                                                             \
   }                                                                                               \
-  CPU_VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
+  DKS_VECTOR_CLONES static void softmax_blocks_##S(void *ctx, int64_t begin, int64_t end) {           \
     softmax_job *job = ctx;                                                                       \
     size_t cache = (size_t)(job->len * job->width);                                               \
     double *m = malloc((2 * (size_t)job->width + cache) * sizeof *m);                             \
@@ -165,35 +165,35 @@ typedef struct softmax_job {
     free(m);                                                                                      \
   }                                                                                               \
                                                                                                   \
-  static DK_Status softmax_run_##S(const cpu_kernel_args *k, bool log_form) {                     \
-    const cpu_tensor *x = &k->in[0];                                                              \
+  static DK_Status softmax_run_##S(const dks_kernel_args *k, bool log_form) {                     \
+    const dks_tensor *x = &k->in[0];                                                              \
     int64_t outer, len, inner;                                                                    \
-    DK_Status st = reduce_split(k, x, "axis", cpu_attr_int(k, "axis", -1), &outer, &len, &inner); \
+    DK_Status st = reduce_split(k, x, "axis", dks_attr_int(k, "axis", -1), &outer, &len, &inner); \
     if (st != DK_OK || x->size == 0) return st;                                                   \
     if (k->out[0].size != x->size)                                                                \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape");   \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "the output must have the input's shape");   \
     int64_t width = len * inner <= TILE_DOUBLES ? inner : TILE_DOUBLES / len;                     \
     softmax_job job = {.x = x->data, .y = k->out[0].data, .len = len, .inner = inner,             \
                        .width = width < 1 ? 1 : width, .log_form = log_form};                     \
     int64_t per_item = len * inner, grain = per_item >= CHUNK_ELEMENTS ? 1 : CHUNK_ELEMENTS / per_item; \
-    cpu_parallel_for(outer, grain, inner == 1 ? softmax_rows_##S : softmax_blocks_##S, &job);     \
-    if (job.failed) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");       \
+    dks_parallel_for(outer, grain, inner == 1 ? softmax_rows_##S : softmax_blocks_##S, &job);     \
+    if (job.failed) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");       \
     return DK_OK;                                                                                 \
   }                                                                                               \
                                                                                                   \
-  static DK_Status softmax_##S(const cpu_kernel_args *k) { return softmax_run_##S(k, false); }    \
-  static DK_Status log_softmax_##S(const cpu_kernel_args *k) { return softmax_run_##S(k, true); }
+  static DK_Status softmax_##S(const dks_kernel_args *k) { return softmax_run_##S(k, false); }    \
+  static DK_Status log_softmax_##S(const dks_kernel_args *k) { return softmax_run_##S(k, true); }
 
 REDUCE_FLOAT_TYPES(SOFTMAX_KERNELS)
 
 #define ROWS(S, T, DT, LOAD, STORE) \
   {"Softmax", DT, softmax_##S, 0}, {"LogSoftmax", DT, log_softmax_##S, 0},
 
-static const cpu_kernel_def k_reduce_softmax[] = {REDUCE_FLOAT_TYPES(ROWS)};
-CPU_REGISTER_KERNELS(k_reduce_softmax)
+static const dks_kernel_def k_reduce_softmax[] = {REDUCE_FLOAT_TYPES(ROWS)};
+DKS_REGISTER_KERNELS(k_reduce_softmax)
 
-static const cpu_validator v_reduce_softmax[] = {
-    {"Softmax", cpu_validate_axis_like_input},
-    {"LogSoftmax", cpu_validate_axis_like_input},
+static const dks_validator v_reduce_softmax[] = {
+    {"Softmax", dks_validate_axis_like_input},
+    {"LogSoftmax", dks_validate_axis_like_input},
 };
-CPU_REGISTER_VALIDATORS(v_reduce_softmax)
+DKS_REGISTER_VALIDATORS(v_reduce_softmax)

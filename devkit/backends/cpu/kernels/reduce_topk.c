@@ -69,23 +69,23 @@ TOPK_SELECT(f64, double, GREATER_F64)
 TOPK_SELECT(i64, int64_t, GREATER_I64)
 
 #define TOPK_KERNEL(NAME, T, S, K, LOAD)                                                           \
-  static DK_Status NAME(const cpu_kernel_args *k) {                                                \
-    const cpu_tensor *x = &k->in[0];                                                               \
+  static DK_Status NAME(const dks_kernel_args *k) {                                                \
+    const dks_tensor *x = &k->in[0];                                                               \
     int64_t nk;                                                                                    \
-    const int64_t *kv = cpu_attr_ints(k, "K", &nk);                                                \
+    const int64_t *kv = dks_attr_ints(k, "K", &nk);                                                \
     if (nk != 1)                                                                                   \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "K must hold one value, got %lld",            \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "K must hold one value, got %lld",            \
                              (long long)nk);                                                       \
     int64_t outer, len, inner;                                                                     \
-    DK_Status st = reduce_split(k, x, "axis", cpu_attr_int(k, "axis", -1), &outer, &len, &inner);  \
+    DK_Status st = reduce_split(k, x, "axis", dks_attr_int(k, "axis", -1), &outer, &len, &inner);  \
     if (st != DK_OK) return st;                                                                    \
     int64_t kk = kv[0];                                                                            \
     if (kk < 0 || kk > len)                                                                        \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "K %lld is out of range for an axis of %lld", \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "K %lld is out of range for an axis of %lld", \
                              (long long)kk, (long long)len);                                       \
     int64_t n = outer * kk * inner;                                                                \
     if (k->out[0].size != n || k->out[1].size != n || k->out[1].dtype != DK_DTYPE_INT64)           \
-      return cpu_kernel_fail(k, DK_INVALID_ARGUMENT,                                               \
+      return dks_kernel_fail(k, DK_INVALID_ARGUMENT,                                               \
                              "the outputs must hold %lld values and %lld int64 indices",           \
                              (long long)n, (long long)n);                                          \
     if (n == 0) return DK_OK;                                                                      \
@@ -94,9 +94,9 @@ TOPK_SELECT(i64, int64_t, GREATER_I64)
     if (!key || !h) {                                                                              \
       free(key);                                                                                   \
       free(h);                                                                                     \
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");                      \
+      return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");                      \
     }                                                                                              \
-    bool largest = cpu_attr_int(k, "largest", 1) != 0;                                             \
+    bool largest = dks_attr_int(k, "largest", 1) != 0;                                             \
     T *values = (T *)k->out[0].data;                                                               \
     int64_t *indices = (int64_t *)k->out[1].data;                                                  \
     for (int64_t o = 0; o < outer; o++) {                                                          \
@@ -126,32 +126,32 @@ REDUCE_INT_TYPES(INT_TOPK)
 #define FLOAT_ROWS(S, T, DT, LOAD, STORE) {"TopK", DT, topk_##S, 0},
 #define INT_ROWS(S, T, U, DT, LO, HI) {"TopK", DT, topk_##S, 0},
 
-static const cpu_kernel_def k_reduce_topk[] = {
+static const dks_kernel_def k_reduce_topk[] = {
     REDUCE_FLOAT_TYPES(FLOAT_ROWS)
     REDUCE_INT_TYPES(INT_ROWS)
 };
-CPU_REGISTER_KERNELS(k_reduce_topk)
+DKS_REGISTER_KERNELS(k_reduce_topk)
 
 /* TopK: axis inside X's rank; K one integer in [0, the axis' length];
  * values of X's dtype and int64 indices, both X's shape with K on axis.
  * (The kernel rereads K and the axis, which cannot fail then.) */
-static DK_Status validate_topk(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[0];
-  int64_t axis, count, shape[CPU_MAX_DIMS];
-  const int64_t *kv = cpu_attr_ints(k, "K", &count);
-  DK_Status st = cpu_check_axis(k, "axis", x->ndim, false, &axis);
+static DK_Status validate_topk(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[0];
+  int64_t axis, count, shape[DKS_MAX_DIMS];
+  const int64_t *kv = dks_attr_ints(k, "K", &count);
+  DK_Status st = dks_check_axis(k, "axis", x->ndim, false, &axis);
   if (st != DK_OK) return st;
   if (count != 1 || kv[0] < 0 || kv[0] > x->shape[axis])
-    return cpu_invalid(k, "K must be one integer in [0, %lld], the length of axis %lld", (long long)x->shape[axis],
+    return dks_invalid(k, "K must be one integer in [0, %lld], the length of axis %lld", (long long)x->shape[axis],
                        (long long)axis);
   memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
   shape[axis] = kv[0];
-  if (k->num_outputs != 2) return cpu_invalid(k, "has %zu outputs; the kernel writes values and indices", k->num_outputs);
-  if ((st = cpu_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
-  if ((st = cpu_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
-  if ((st = cpu_check_output(k, 0, x->ndim, shape)) != DK_OK) return st;
-  return cpu_check_output(k, 1, x->ndim, shape);
+  if (k->num_outputs != 2) return dks_invalid(k, "has %zu outputs; the kernel writes values and indices", k->num_outputs);
+  if ((st = dks_check_dtype(k, "output", 0, x->dtype)) != DK_OK) return st;
+  if ((st = dks_check_dtype(k, "output", 1, DK_DTYPE_INT64)) != DK_OK) return st;
+  if ((st = dks_check_output(k, 0, x->ndim, shape)) != DK_OK) return st;
+  return dks_check_output(k, 1, x->ndim, shape);
 }
 
-static const cpu_validator v_reduce_topk[] = {{"TopK", validate_topk}};
-CPU_REGISTER_VALIDATORS(v_reduce_topk)
+static const dks_validator v_reduce_topk[] = {{"TopK", validate_topk}};
+DKS_REGISTER_VALIDATORS(v_reduce_topk)

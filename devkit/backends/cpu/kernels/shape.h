@@ -1,12 +1,12 @@
 /*
  * shape.h -- helpers shared by the shape family's kernels (shape.c,
  * shape_cast.c, shape_resize.c). Every float result is rounded once, to
- * nearest even, from the exact value: see cpu_f64_to_f16 in kernel.h.
+ * nearest even, from the exact value: see dks_f64_to_f16 in dks_kernel.h.
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_SHAPE_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_SHAPE_H_
 
-#include "kernel.h"
+#include "dks_kernel.h"
 
 static inline bool shape_is_float(DK_DTypeKey dtype) {
   int code = (int)(dtype & 0xff);

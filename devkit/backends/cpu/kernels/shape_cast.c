@@ -14,8 +14,8 @@ static inline int64_t load_i8(int8_t x) { return x; }
 static inline int64_t load_u8(uint8_t x) { return x; }
 static inline int64_t load_i32(int32_t x) { return x; }
 static inline int64_t load_i64(int64_t x) { return x; }
-static inline double load_f16(uint16_t x) { return cpu_f16_to_f32(x); }
-static inline double load_bf16(uint16_t x) { return cpu_bf16_to_f32(x); }
+static inline double load_f16(uint16_t x) { return dks_f16_to_f32(x); }
+static inline double load_bf16(uint16_t x) { return dks_bf16_to_f32(x); }
 static inline double load_f32(float x) { return x; }
 static inline double load_f64(double x) { return x; }
 
@@ -24,17 +24,17 @@ static inline double load_f64(double x) { return x; }
 static inline uint8_t store_b8_i(int64_t v) { return v != 0; }
 static inline uint8_t store_b8_f(double v) { return v != 0; }
 static inline int8_t store_i8_i(int64_t v) { return (int8_t)(uint8_t)v; }
-static inline int8_t store_i8_f(double v) { return CPU_SATURATE(int8_t, INT8_MIN, INT8_MAX, v); }
+static inline int8_t store_i8_f(double v) { return DKS_SATURATE(int8_t, INT8_MIN, INT8_MAX, v); }
 static inline uint8_t store_u8_i(int64_t v) { return (uint8_t)v; }
-static inline uint8_t store_u8_f(double v) { return CPU_SATURATE(uint8_t, 0, UINT8_MAX, v); }
+static inline uint8_t store_u8_f(double v) { return DKS_SATURATE(uint8_t, 0, UINT8_MAX, v); }
 static inline int32_t store_i32_i(int64_t v) { return (int32_t)(uint32_t)v; }
-static inline int32_t store_i32_f(double v) { return CPU_SATURATE(int32_t, INT32_MIN, INT32_MAX, v); }
+static inline int32_t store_i32_f(double v) { return DKS_SATURATE(int32_t, INT32_MIN, INT32_MAX, v); }
 static inline int64_t store_i64_i(int64_t v) { return v; }
-static inline int64_t store_i64_f(double v) { return CPU_SATURATE(int64_t, INT64_MIN, INT64_MAX, v); }
-static inline uint16_t store_f16_i(int64_t v) { return cpu_i64_to_f16(v); }
-static inline uint16_t store_f16_f(double v) { return cpu_f64_to_f16(v); }
-static inline uint16_t store_bf16_i(int64_t v) { return cpu_i64_to_bf16(v); }
-static inline uint16_t store_bf16_f(double v) { return cpu_f64_to_bf16(v); }
+static inline int64_t store_i64_f(double v) { return DKS_SATURATE(int64_t, INT64_MIN, INT64_MAX, v); }
+static inline uint16_t store_f16_i(int64_t v) { return dks_i64_to_f16(v); }
+static inline uint16_t store_f16_f(double v) { return dks_f64_to_f16(v); }
+static inline uint16_t store_bf16_i(int64_t v) { return dks_i64_to_bf16(v); }
+static inline uint16_t store_bf16_f(double v) { return dks_f64_to_bf16(v); }
 /* int64 -> float and double -> float are correctly rounded conversions in C. */
 static inline float store_f32_i(int64_t v) { return (float)v; }
 static inline float store_f32_f(double v) { return (float)v; }
@@ -71,7 +71,7 @@ static inline double store_f64_f(double v) { return v; }
   CAST_LOOP(S, ST, bf16, uint16_t)                                                          \
   CAST_LOOP(S, ST, f32, float)                                                              \
   CAST_LOOP(S, ST, f64, double)                                                             \
-  static const cpu_inner_loop cast_from_##S[] = {                                           \
+  static const dks_inner_loop cast_from_##S[] = {                                           \
       cast_##S##_b8,  cast_##S##_i8,   cast_##S##_u8,  cast_##S##_i32, cast_##S##_i64,     \
       cast_##S##_f16, cast_##S##_bf16, cast_##S##_f32, cast_##S##_f64};
 
@@ -103,36 +103,36 @@ static int target_index(DK_DTypeKey dtype) {
   }
 }
 
-static DK_Status cast(const cpu_kernel_args *k, const cpu_inner_loop *loops) {
+static DK_Status cast(const dks_kernel_args *k, const dks_inner_loop *loops) {
   int target = target_index(k->out[0].dtype);
   if (target < 0)
-    return cpu_kernel_fail(k, DK_INVALID_ARGUMENT, "the output dtype is not one of the op set's");
-  cpu_elementwise(k, 1, loops[target], NULL);
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT, "the output dtype is not one of the op set's");
+  dks_elementwise(k, 1, loops[target], NULL);
   return DK_OK;
 }
 
 #define CAST_KERNEL(S, ST) \
-  static DK_Status cast_##S(const cpu_kernel_args *k) { return cast(k, cast_from_##S); }
+  static DK_Status cast_##S(const dks_kernel_args *k) { return cast(k, cast_from_##S); }
 CAST_SOURCES(CAST_KERNEL)
 
-static const cpu_kernel_def k_cast[] = {
-    {"Cast", DK_DTYPE_BOOL, cast_b8, CPU_STRIDED},
-    {"Cast", DK_DTYPE_INT8, cast_i8, CPU_STRIDED},
-    {"Cast", DK_DTYPE_UINT8, cast_u8, CPU_STRIDED},
-    {"Cast", DK_DTYPE_INT32, cast_i32, CPU_STRIDED},
-    {"Cast", DK_DTYPE_INT64, cast_i64, CPU_STRIDED},
-    {"Cast", DK_DTYPE_FLOAT16, cast_f16, CPU_STRIDED},
-    {"Cast", DK_DTYPE_BFLOAT16, cast_bf16, CPU_STRIDED},
-    {"Cast", DK_DTYPE_FLOAT32, cast_f32, CPU_STRIDED},
-    {"Cast", DK_DTYPE_FLOAT64, cast_f64, CPU_STRIDED},
+static const dks_kernel_def k_cast[] = {
+    {"Cast", DK_DTYPE_BOOL, cast_b8, DKS_STRIDED},
+    {"Cast", DK_DTYPE_INT8, cast_i8, DKS_STRIDED},
+    {"Cast", DK_DTYPE_UINT8, cast_u8, DKS_STRIDED},
+    {"Cast", DK_DTYPE_INT32, cast_i32, DKS_STRIDED},
+    {"Cast", DK_DTYPE_INT64, cast_i64, DKS_STRIDED},
+    {"Cast", DK_DTYPE_FLOAT16, cast_f16, DKS_STRIDED},
+    {"Cast", DK_DTYPE_BFLOAT16, cast_bf16, DKS_STRIDED},
+    {"Cast", DK_DTYPE_FLOAT32, cast_f32, DKS_STRIDED},
+    {"Cast", DK_DTYPE_FLOAT64, cast_f64, DKS_STRIDED},
 };
-CPU_REGISTER_KERNELS(k_cast)
+DKS_REGISTER_KERNELS(k_cast)
 
 /* Cast: the output has the input's shape and the dtype "to" names. */
-static DK_Status validate_cast(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, cpu_attr_dtype(k, "to", k->in[0].dtype));
+static DK_Status validate_cast(const dks_kernel_args *k) {
+  DK_Status st = dks_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, dks_attr_dtype(k, "to", k->in[0].dtype));
 }
 
-static const cpu_validator v_shape_cast[] = {{"Cast", validate_cast}};
-CPU_REGISTER_VALIDATORS(v_shape_cast)
+static const dks_validator v_shape_cast[] = {{"Cast", validate_cast}};
+DKS_REGISTER_VALIDATORS(v_shape_cast)

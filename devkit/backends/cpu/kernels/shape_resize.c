@@ -33,9 +33,9 @@ enum aspect_policy { STRETCH, NOT_LARGER, NOT_SMALLER };
 
 typedef struct resize_params {
   int32_t naxes;
-  int64_t axes[CPU_MAX_DIMS]; /* the resized dims, in processing order */
-  double scale[CPU_MAX_DIMS];
-  double roi_start[CPU_MAX_DIMS], roi_end[CPU_MAX_DIMS];
+  int64_t axes[DKS_MAX_DIMS]; /* the resized dims, in processing order */
+  double scale[DKS_MAX_DIMS];
+  double roi_start[DKS_MAX_DIMS], roi_end[DKS_MAX_DIMS];
   enum coordinate_mode coordinates;
   enum interpolation mode;
   enum nearest_rounding rounding;
@@ -53,7 +53,7 @@ static int choice(const char *value, const char *const *names, int count) {
  * attributes, checked as devkit/ops/shape.py's _resize_geometry checks them:
  * validate_resize runs it at launch, so when the compute function rereads
  * the call it cannot fail. */
-static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t *out_shape) {
+static DK_Status read_params(const dks_kernel_args *k, resize_params *p, int64_t *out_shape) {
   static const char *const coordinate_names[] = {"half_pixel", "half_pixel_symmetric",
                                                  "pytorch_half_pixel", "align_corners",
                                                  "asymmetric", "tf_crop_and_resize"};
@@ -61,20 +61,20 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t
   static const char *const rounding_names[] = {"round_prefer_floor", "round_prefer_ceil", "floor",
                                                "ceil"};
   static const char *const policy_names[] = {"stretch", "not_larger", "not_smaller"};
-  const cpu_tensor *x = &k->in[0];
-  int32_t rank = x->ndim, axes[CPU_MAX_DIMS];
+  const dks_tensor *x = &k->in[0];
+  int32_t rank = x->ndim, axes[DKS_MAX_DIMS];
   int64_t naxes, nscales, nsizes, nroi;
   /* Empty host inputs count as omitted, whichever element type they carry. */
-  const DK_Attribute *scales_attr = cpu_attr(k, "scales"), *sizes_attr = cpu_attr(k, "sizes");
-  const DK_Attribute *roi_attr = cpu_attr(k, "roi");
+  const DK_Attribute *scales_attr = dks_attr(k, "scales"), *sizes_attr = dks_attr(k, "sizes");
+  const DK_Attribute *roi_attr = dks_attr(k, "roi");
   if ((scales_attr && scales_attr->count && scales_attr->type != DK_ATTR_FLOATS) ||
       (roi_attr && roi_attr->count && roi_attr->type != DK_ATTR_FLOATS) ||
       (sizes_attr && sizes_attr->count && sizes_attr->type != DK_ATTR_INTS))
-    return cpu_invalid(k, "scales and roi must be floats, sizes integers");
-  const double *scales = cpu_attr_floats(k, "scales", &nscales);
-  const int64_t *sizes = cpu_attr_ints(k, "sizes", &nsizes);
-  const double *roi = cpu_attr_floats(k, "roi", &nroi);
-  DK_Status st = cpu_check_axes(k, "axes", rank, axes, &naxes);
+    return dks_invalid(k, "scales and roi must be floats, sizes integers");
+  const double *scales = dks_attr_floats(k, "scales", &nscales);
+  const int64_t *sizes = dks_attr_ints(k, "sizes", &nsizes);
+  const double *roi = dks_attr_floats(k, "roi", &nroi);
+  DK_Status st = dks_check_axes(k, "axes", rank, axes, &naxes);
   if (st != DK_OK) return st;
   if (naxes < 0) {
     naxes = rank;
@@ -82,30 +82,30 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t
   }
   if ((nscales != 0) == (nsizes != 0) || (nscales && nscales != naxes) ||
       (nsizes && nsizes != naxes) || (nroi && nroi != 2 * naxes))
-    return cpu_invalid(k, "needs scales or sizes with one entry per axis and roi with two (got %lld scales, "
+    return dks_invalid(k, "needs scales or sizes with one entry per axis and roi with two (got %lld scales, "
                        "%lld sizes, %lld roi for %lld axes)", (long long)nscales, (long long)nsizes,
                        (long long)nroi, (long long)naxes);
   p->naxes = (int32_t)naxes;
   for (int32_t i = 0; i < p->naxes; i++) p->axes[i] = axes[i];
   /* The schema checked the strings against their choices. */
-  int coordinates = choice(cpu_attr_string(k, "coordinate_transformation_mode", "half_pixel"),
+  int coordinates = choice(dks_attr_string(k, "coordinate_transformation_mode", "half_pixel"),
                            coordinate_names, 6);
-  int mode = choice(cpu_attr_string(k, "mode", "nearest"), mode_names, 3);
-  int rounding = choice(cpu_attr_string(k, "nearest_mode", "round_prefer_floor"), rounding_names, 4);
-  int policy = choice(cpu_attr_string(k, "keep_aspect_ratio_policy", "stretch"), policy_names, 3);
+  int mode = choice(dks_attr_string(k, "mode", "nearest"), mode_names, 3);
+  int rounding = choice(dks_attr_string(k, "nearest_mode", "round_prefer_floor"), rounding_names, 4);
+  int policy = choice(dks_attr_string(k, "keep_aspect_ratio_policy", "stretch"), policy_names, 3);
   if (coordinates < 0 || mode < 0 || rounding < 0 || policy < 0)
-    return cpu_invalid(k, "unknown mode string");
+    return dks_invalid(k, "unknown mode string");
   p->coordinates = (enum coordinate_mode)coordinates;
   p->mode = (enum interpolation)mode;
   p->rounding = (enum nearest_rounding)rounding;
-  p->antialias = cpu_attr_int(k, "antialias", 0) != 0;
-  p->exclude_outside = cpu_attr_int(k, "exclude_outside", 0) != 0;
-  p->cubic_a = cpu_attr_float(k, "cubic_coeff_a", -0.75);
-  p->extrapolation = cpu_attr_float(k, "extrapolation_value", 0.0);
+  p->antialias = dks_attr_int(k, "antialias", 0) != 0;
+  p->exclude_outside = dks_attr_int(k, "exclude_outside", 0) != 0;
+  p->cubic_a = dks_attr_float(k, "cubic_coeff_a", -0.75);
+  p->extrapolation = dks_attr_float(k, "extrapolation_value", 0.0);
   if (p->coordinates == TF_CROP_AND_RESIZE && !roi)
-    return cpu_invalid(k, "coordinate_transformation_mode tf_crop_and_resize needs roi");
+    return dks_invalid(k, "coordinate_transformation_mode tf_crop_and_resize needs roi");
   for (int64_t i = 0; i < nroi; i++)
-    if (!isfinite(roi[i])) return cpu_invalid(k, "roi value %lld is %g, not finite", (long long)i, roi[i]);
+    if (!isfinite(roi[i])) return dks_invalid(k, "roi value %lld is %g, not finite", (long long)i, roi[i]);
 
   for (int32_t d = 0; d < rank; d++) {
     p->scale[d] = 1.0;
@@ -117,9 +117,9 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t
   for (int32_t i = 0; i < p->naxes; i++) {
     int64_t a = p->axes[i], n_in = x->shape[a];
     if (scales && !(isfinite(scales[i]) && scales[i] > 0))
-      return cpu_invalid(k, "scale %g for axis %lld is not a positive number", scales[i], (long long)a);
+      return dks_invalid(k, "scale %g for axis %lld is not a positive number", scales[i], (long long)a);
     if (sizes && (sizes[i] < 0 || (n_in == 0 && (sizes[i] || policy != STRETCH))))
-      return cpu_invalid(k, "size %lld for axis %lld of %lld elements is negative or resizes an empty axis",
+      return dks_invalid(k, "size %lld for axis %lld of %lld elements is negative or resizes an empty axis",
                          (long long)sizes[i], (long long)a, (long long)n_in);
     double ratio = scales ? scales[i] : n_in ? (double)sizes[i] / (double)n_in : 1.0;
     p->scale[a] = ratio;
@@ -138,14 +138,14 @@ static DK_Status read_params(const cpu_kernel_args *k, resize_params *p, int64_t
                     : policy == STRETCH         ? (double)sizes[i]
                                                 : floor(p->scale[a] * (double)x->shape[a] + 0.5);
     if (!(length < 0x1p63))
-      return cpu_invalid(k, "axis %lld resized by %g has more elements than int64 counts", (long long)a,
+      return dks_invalid(k, "axis %lld resized by %g has more elements than int64 counts", (long long)a,
                          p->scale[a]);
     out_shape[a] = (int64_t)length;
     /* A non-empty output needs scale * n_in >= 1/2 (floor(n_in * scale) >=
      * 1, or round(n_in * scale) >= 1); that also bounds the antialias
      * filter's width, 2 / scale taps. */
     if (out_shape[a] && !(p->scale[a] * (double)x->shape[a] >= 0.5))
-      return cpu_invalid(k, "scale %g of axis %lld does not give a non-empty output", p->scale[a], (long long)a);
+      return dks_invalid(k, "scale %g of axis %lld does not give a non-empty output", p->scale[a], (long long)a);
   }
   return DK_OK;
 }
@@ -208,14 +208,14 @@ static void nearest_indices(const resize_params *p, int64_t d, int64_t n_in, int
   }
 }
 
-static DK_Status resize_nearest(const cpu_kernel_args *k, const resize_params *p) {
-  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
+static DK_Status resize_nearest(const dks_kernel_args *k, const resize_params *p) {
+  const dks_tensor *x = &k->in[0], *out = &k->out[0];
   int32_t rank = x->ndim;
-  int64_t size = x->itemsize, total = 0, *index[CPU_MAX_DIMS];
+  int64_t size = x->itemsize, total = 0, *index[DKS_MAX_DIMS];
   for (int32_t d = 0; d < rank; d++) total += out->shape[d];
   int64_t *tables = malloc((size_t)total * sizeof *tables);
-  if (!tables) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
-  bool resized[CPU_MAX_DIMS] = {false};
+  if (!tables) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+  bool resized[DKS_MAX_DIMS] = {false};
   for (int32_t i = 0; i < p->naxes; i++) resized[p->axes[i]] = true;
   int64_t *next = tables;
   for (int32_t d = 0; d < rank; d++) {
@@ -224,11 +224,11 @@ static DK_Status resize_nearest(const cpu_kernel_args *k, const resize_params *p
     next += out->shape[d];
   }
   uint8_t fill[8];
-  cpu_store_from_double(fill, out->dtype,
+  dks_store_from_double(fill, out->dtype,
                      shape_is_float(out->dtype) ? p->extrapolation : nearbyint(p->extrapolation));
   /* Output rows along the last dim (rank >= 1: scales or sizes has an entry
    * per axis); pos indexes the dims before it. */
-  int64_t row = out->shape[rank - 1], step = x->strides[rank - 1], pos[CPU_MAX_DIMS] = {0};
+  int64_t row = out->shape[rank - 1], step = x->strides[rank - 1], pos[DKS_MAX_DIMS] = {0};
   uint8_t *dst = out->data;
   for (int64_t done = 0; done < out->size; done += row) {
     int64_t base = 0;
@@ -362,7 +362,7 @@ static inline __attribute__((always_inline)) void last_dim_row(const double *src
   }
 }
 
-CPU_VECTOR_CLONES static void interpolate_last(const double *src, double *dst, int64_t outer, int64_t n_in,
+DKS_VECTOR_CLONES static void interpolate_last(const double *src, double *dst, int64_t outer, int64_t n_in,
                                                int64_t n_out, const axis_taps *t, double fill) {
   for (int64_t o = 0; o < outer; o++, src += n_in, dst += n_out) {
     if (t->count == 2)
@@ -398,16 +398,16 @@ static void interpolate(const double *src, double *dst, int64_t outer, int64_t n
 }
 
 /* float32, the common case, converts in a plain loop; the others element by element. */
-static void load_doubles(const cpu_tensor *x, double *dst) {
+static void load_doubles(const dks_tensor *x, double *dst) {
   if (x->dtype == DK_DTYPE_FLOAT32) {
     const float *src = (const float *)x->data;
     for (int64_t i = 0; i < x->size; i++) dst[i] = src[i];
     return;
   }
-  for (int64_t i = 0; i < x->size; i++) dst[i] = cpu_load_as_double(x->data + i * x->itemsize, x->dtype);
+  for (int64_t i = 0; i < x->size; i++) dst[i] = dks_load_as_double(x->data + i * x->itemsize, x->dtype);
 }
 
-static void store_doubles(const double *src, const cpu_tensor *out) {
+static void store_doubles(const double *src, const dks_tensor *out) {
   if (out->dtype == DK_DTYPE_FLOAT32) {
     float *dst = (float *)out->data;
     for (int64_t i = 0; i < out->size; i++) dst[i] = (float)src[i];
@@ -415,24 +415,24 @@ static void store_doubles(const double *src, const cpu_tensor *out) {
   }
   bool integer = !shape_is_float(out->dtype);
   for (int64_t i = 0; i < out->size; i++)
-    cpu_store_from_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
+    dks_store_from_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
 }
 
 /* Runs the passes of taps[0..last] (identity ones skipped), float64 in
  * between, and stores the result. */
-static DK_Status run_passes(const cpu_kernel_args *k, const resize_params *p,
+static DK_Status run_passes(const dks_kernel_args *k, const resize_params *p,
                             const axis_taps *taps, int32_t last) {
-  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
+  const dks_tensor *x = &k->in[0], *out = &k->out[0];
   bool f64 = out->dtype == DK_DTYPE_FLOAT64;
   double *owned = NULL, *result = (double *)out->data;
   const double *current = (const double *)x->data;
   if (!f64 || last < 0) { /* with no pass to run, the converted input is the result */
     owned = malloc((size_t)x->size * sizeof *owned);
-    if (!owned) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+    if (!owned) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
     load_doubles(x, owned);
     current = owned;
   }
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
   for (int32_t i = 0; i <= last; i++) {
     int64_t d = p->axes[i], outer = 1, inner = 1;
@@ -443,7 +443,7 @@ static DK_Status run_passes(const cpu_kernel_args *k, const resize_params *p,
                                     : malloc((size_t)(outer * out->shape[d] * inner) * sizeof *next);
     if (!next) {
       free(owned);
-      return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+      return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
     }
     interpolate(current, next, outer, shape[d], out->shape[d], inner, &taps[i], p->extrapolation);
     free(owned);
@@ -456,15 +456,15 @@ static DK_Status run_passes(const cpu_kernel_args *k, const resize_params *p,
   return DK_OK;
 }
 
-static DK_Status resize_interpolate(const cpu_kernel_args *k, const resize_params *p) {
-  const cpu_tensor *x = &k->in[0], *out = &k->out[0];
-  axis_taps taps[CPU_MAX_DIMS] = {{0}};
+static DK_Status resize_interpolate(const dks_kernel_args *k, const resize_params *p) {
+  const dks_tensor *x = &k->in[0], *out = &k->out[0];
+  axis_taps taps[DKS_MAX_DIMS] = {{0}};
   DK_Status status = DK_OK;
   int32_t last = -1; /* the last pass that does any work */
   for (int32_t i = 0; i < p->naxes && status == DK_OK; i++) {
     int64_t d = p->axes[i];
     if (!build_taps(p, d, x->shape[d], out->shape[d], &taps[i]))
-      status = cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the taps");
+      status = dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the taps");
     else if (!taps[i].identity)
       last = i;
   }
@@ -474,31 +474,31 @@ static DK_Status resize_interpolate(const cpu_kernel_args *k, const resize_param
 }
 
 /* An empty input gives an empty output (validate_resize checked the shape). */
-static DK_Status resize(const cpu_kernel_args *k) {
+static DK_Status resize(const dks_kernel_args *k) {
   if (!k->out[0].size) return DK_OK;
   resize_params p;
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   DK_Status status = read_params(k, &p, shape);
   if (status != DK_OK) return status;
   return p.mode == NEAREST ? resize_nearest(k, &p) : resize_interpolate(k, &p);
 }
 
-static const cpu_kernel_def k_resize[] = {
+static const dks_kernel_def k_resize[] = {
     {"Resize", DK_DTYPE_FLOAT32, resize, 0},  {"Resize", DK_DTYPE_FLOAT64, resize, 0},
     {"Resize", DK_DTYPE_FLOAT16, resize, 0},  {"Resize", DK_DTYPE_BFLOAT16, resize, 0},
     {"Resize", DK_DTYPE_INT8, resize, 0},     {"Resize", DK_DTYPE_UINT8, resize, 0},
 };
-CPU_REGISTER_KERNELS(k_resize)
+DKS_REGISTER_KERNELS(k_resize)
 
 /* Resize: the geometry as read_params checks it, and Y of X's dtype and the
  * shape it gives. */
-static DK_Status validate_resize(const cpu_kernel_args *k) {
+static DK_Status validate_resize(const dks_kernel_args *k) {
   resize_params p;
-  int64_t shape[CPU_MAX_DIMS];
+  int64_t shape[DKS_MAX_DIMS];
   DK_Status st = read_params(k, &p, shape);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
-  return st != DK_OK ? st : cpu_check_output(k, 0, k->in[0].ndim, shape);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, k->in[0].dtype);
+  return st != DK_OK ? st : dks_check_output(k, 0, k->in[0].ndim, shape);
 }
 
-static const cpu_validator v_resize[] = {{"Resize", validate_resize}};
-CPU_REGISTER_VALIDATORS(v_resize)
+static const dks_validator v_resize[] = {{"Resize", validate_resize}};
+DKS_REGISTER_VALIDATORS(v_resize)

@@ -5,7 +5,7 @@
  * and the helpers every training kernel file shares (training.h).
  *
  * Everything computes in double and rounds once on store. The pointwise
- * gradients run on cpu_elementwise and honour strides (CPU_STRIDED); the
+ * gradients run on dks_elementwise and honour strides (DKS_STRIDED); the
  * others take compact tensors. The formulas are those of
  * devkit/ops/training.py, term for term.
  */
@@ -25,10 +25,10 @@ void training_widen(double *dst, const uint8_t *src, DK_DTypeKey dtype, int64_t 
       memcpy(dst, src, (size_t)n * sizeof *dst);
       break;
     case DK_DTYPE_FLOAT16:
-      for (int64_t i = 0; i < n; i++) dst[i] = cpu_f16_to_f32(((const uint16_t *)src)[i]);
+      for (int64_t i = 0; i < n; i++) dst[i] = dks_f16_to_f32(((const uint16_t *)src)[i]);
       break;
     default: /* bfloat16: the host admits float dtypes only */
-      for (int64_t i = 0; i < n; i++) dst[i] = cpu_bf16_to_f32(((const uint16_t *)src)[i]);
+      for (int64_t i = 0; i < n; i++) dst[i] = dks_bf16_to_f32(((const uint16_t *)src)[i]);
       break;
   }
 }
@@ -43,10 +43,10 @@ void training_narrow(uint8_t *dst, DK_DTypeKey dtype, const double *src, int64_t
       memcpy(dst, src, (size_t)n * sizeof *src);
       break;
     case DK_DTYPE_FLOAT16:
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cpu_f32_to_f16((float)src[i]);
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dks_f32_to_f16((float)src[i]);
       break;
     default:
-      for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = cpu_f32_to_bf16((float)src[i]);
+      for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dks_f32_to_bf16((float)src[i]);
       break;
   }
 }
@@ -68,10 +68,10 @@ double training_sum(const double *x, int64_t n) {
   return (s0 + s1) + (s2 + s3);
 }
 
-double *training_scratch(const cpu_kernel_args *k, int64_t count) {
+double *training_scratch(const dks_kernel_args *k, int64_t count) {
   double *p = calloc(count > 0 ? (size_t)count : 1, sizeof *p);
   if (!p)
-    cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch doubles",
+    dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch doubles",
                     (long long)count);
   return p;
 }
@@ -108,15 +108,15 @@ static inline double gelu_tanh_derivative(double x) {
 #define AS_DOUBLE(v) ((double)(v))
 #define STORE_F32(v) ((float)(v))
 #define STORE_F64(v) (v)
-#define STORE_F16(v) cpu_f32_to_f16((float)(v))
-#define STORE_BF16(v) cpu_f32_to_bf16((float)(v))
+#define STORE_F16(v) dks_f32_to_f16((float)(v))
+#define STORE_BF16(v) dks_f32_to_bf16((float)(v))
 
 /* X(SFX, T, LOAD, STORE): storage T, loaded as double, stored rounded once. */
 #define POINTWISE_TYPES(X)                              \
   X(f32, float, AS_DOUBLE, STORE_F32)                   \
   X(f64, double, AS_DOUBLE, STORE_F64)                  \
-  X(f16, uint16_t, cpu_f16_to_f32, STORE_F16)           \
-  X(bf16, uint16_t, cpu_bf16_to_f32, STORE_BF16)
+  X(f16, uint16_t, dks_f16_to_f32, STORE_F16)           \
+  X(bf16, uint16_t, dks_bf16_to_f32, STORE_BF16)
 
 /* An inner loop dX = EXPR over operands (dX, dY, v), v being X or Y; EXPR
  * may read the attribute `alpha`. */
@@ -139,26 +139,26 @@ static inline double gelu_tanh_derivative(double x) {
   POINTWISE_LOOP(tanh_grad, SFX, T, LOAD, STORE, dy * ((1.0 - v) * (1.0 + v)))           \
   POINTWISE_LOOP(gelu_grad, SFX, T, LOAD, STORE, dy * gelu_derivative(v))                \
   POINTWISE_LOOP(gelu_tanh_grad, SFX, T, LOAD, STORE, dy * gelu_tanh_derivative(v))      \
-  static DK_Status relu_grad_kernel_##SFX(const cpu_kernel_args *k) {                    \
+  static DK_Status relu_grad_kernel_##SFX(const dks_kernel_args *k) {                    \
     return pointwise(k, relu_grad_##SFX);                                                \
   }                                                                                      \
-  static DK_Status leaky_relu_grad_kernel_##SFX(const cpu_kernel_args *k) {              \
+  static DK_Status leaky_relu_grad_kernel_##SFX(const dks_kernel_args *k) {              \
     return pointwise(k, leaky_relu_grad_##SFX);                                          \
   }                                                                                      \
-  static DK_Status sigmoid_grad_kernel_##SFX(const cpu_kernel_args *k) {                 \
+  static DK_Status sigmoid_grad_kernel_##SFX(const dks_kernel_args *k) {                 \
     return pointwise(k, sigmoid_grad_##SFX);                                             \
   }                                                                                      \
-  static DK_Status tanh_grad_kernel_##SFX(const cpu_kernel_args *k) {                    \
+  static DK_Status tanh_grad_kernel_##SFX(const dks_kernel_args *k) {                    \
     return pointwise(k, tanh_grad_##SFX);                                                \
   }                                                                                      \
-  static DK_Status gelu_grad_kernel_##SFX(const cpu_kernel_args *k) {                    \
-    bool tanh_form = strcmp(cpu_attr_string(k, "approximate", "none"), "tanh") == 0;     \
+  static DK_Status gelu_grad_kernel_##SFX(const dks_kernel_args *k) {                    \
+    bool tanh_form = strcmp(dks_attr_string(k, "approximate", "none"), "tanh") == 0;     \
     return pointwise(k, tanh_form ? gelu_tanh_grad_##SFX : gelu_grad_##SFX);             \
   }
 
-static DK_Status pointwise(const cpu_kernel_args *k, cpu_inner_loop loop) {
-  double alpha = cpu_attr_float(k, "alpha", 0.01);
-  cpu_elementwise(k, 2, loop, &alpha);
+static DK_Status pointwise(const dks_kernel_args *k, dks_inner_loop loop) {
+  double alpha = dks_attr_float(k, "alpha", 0.01);
+  dks_elementwise(k, 2, loop, &alpha);
   return DK_OK;
 }
 
@@ -169,10 +169,10 @@ POINTWISE_TYPES(POINTWISE_LOOPS)
 /* The tensors as (outer, n, inner), n the axis. Per outer slice: widen dY
  * and Y, sum along the axis per inner position (pairwise, on a gathered
  * column), apply the formula in place and narrow. */
-static DK_Status softmax_grad(const cpu_kernel_args *k, bool log) {
-  const cpu_tensor *dy = &k->in[0], *y = &k->in[1], *dx = &k->out[0];
+static DK_Status softmax_grad(const dks_kernel_args *k, bool log) {
+  const dks_tensor *dy = &k->in[0], *y = &k->in[1], *dx = &k->out[0];
   if (dx->size == 0) return DK_OK;
-  int64_t axis = cpu_attr_int(k, "axis", -1);
+  int64_t axis = dks_attr_int(k, "axis", -1);
   if (axis < 0) axis += dy->ndim;
   int64_t n = dy->shape[axis], inner = training_prod(dy->shape, (int32_t)axis + 1, dy->ndim);
   int64_t slice = n * inner, outer = dx->size / slice;
@@ -201,8 +201,8 @@ static DK_Status softmax_grad(const cpu_kernel_args *k, bool log) {
   return DK_OK;
 }
 
-static DK_Status softmax_grad_kernel(const cpu_kernel_args *k) { return softmax_grad(k, false); }
-static DK_Status log_softmax_grad_kernel(const cpu_kernel_args *k) { return softmax_grad(k, true); }
+static DK_Status softmax_grad_kernel(const dks_kernel_args *k) { return softmax_grad(k, false); }
+static DK_Status log_softmax_grad_kernel(const dks_kernel_args *k) { return softmax_grad(k, true); }
 
 /* ---- Optimizers: Momentum, Adagrad, Adam --------------------------------- */
 
@@ -270,22 +270,22 @@ typedef enum { MOMENTUM, ADAGRAD, ADAM } optimizer_kind;
 static const optimizer_step optimizer_steps[3][2] = {
     {momentum_f32, momentum_f64}, {adagrad_f32, adagrad_f64}, {adam_f32, adam_f64}};
 
-static DK_Status optimizer(const cpu_kernel_args *k, optimizer_kind kind) {
+static DK_Status optimizer(const dks_kernel_args *k, optimizer_kind kind) {
   int64_t count;
-  optimizer_args p = {.r = cpu_attr_floats(k, "R", &count)[0], .t = cpu_attr_ints(k, "T", &count)[0]};
-  p.decay = cpu_attr_float(k, "norm_coefficient", 0.0);
-  p.alpha = cpu_attr_float(k, "alpha", 0.9);
-  p.beta = cpu_attr_float(k, "beta", 0.999);
-  p.epsilon = cpu_attr_float(k, "epsilon", 1e-6);
-  p.post = cpu_attr_float(k, "norm_coefficient_post", 0.0);
-  p.nesterov = strcmp(cpu_attr_string(k, "mode", "standard"), "nesterov") == 0;
-  if (kind == ADAGRAD) p.r /= 1.0 + (double)p.t * cpu_attr_float(k, "decay_factor", 0.0);
+  optimizer_args p = {.r = dks_attr_floats(k, "R", &count)[0], .t = dks_attr_ints(k, "T", &count)[0]};
+  p.decay = dks_attr_float(k, "norm_coefficient", 0.0);
+  p.alpha = dks_attr_float(k, "alpha", 0.9);
+  p.beta = dks_attr_float(k, "beta", 0.999);
+  p.epsilon = dks_attr_float(k, "epsilon", 1e-6);
+  p.post = dks_attr_float(k, "norm_coefficient_post", 0.0);
+  p.nesterov = strcmp(dks_attr_string(k, "mode", "standard"), "nesterov") == 0;
+  if (kind == ADAGRAD) p.r /= 1.0 + (double)p.t * dks_attr_float(k, "decay_factor", 0.0);
   if (kind == ADAM && p.t > 0)
     p.r = p.r * sqrt(1.0 - pow(p.beta, (double)p.t)) / (1.0 - pow(p.alpha, (double)p.t));
   optimizer_step step = optimizer_steps[kind][k->in[0].dtype == DK_DTYPE_FLOAT64];
   /* The state groups after G: V then H for Adam, the one state otherwise. */
   size_t groups = kind == ADAM ? 4 : 3, n = k->num_inputs / groups;
-  const cpu_tensor *in = k->in, *out = k->out;
+  const dks_tensor *in = k->in, *out = k->out;
   for (size_t i = 0; i < n; i++) {
     if (in[i].size == 0) continue;
     optimizer_tensor m = {.n = in[i].size, .x = in[i].data, .g = in[n + i].data, .x_new = out[i].data};
@@ -305,22 +305,22 @@ static DK_Status optimizer(const cpu_kernel_args *k, optimizer_kind kind) {
   return DK_OK;
 }
 
-static DK_Status momentum_kernel(const cpu_kernel_args *k) { return optimizer(k, MOMENTUM); }
-static DK_Status adagrad_kernel(const cpu_kernel_args *k) { return optimizer(k, ADAGRAD); }
-static DK_Status adam_kernel(const cpu_kernel_args *k) { return optimizer(k, ADAM); }
+static DK_Status momentum_kernel(const dks_kernel_args *k) { return optimizer(k, MOMENTUM); }
+static DK_Status adagrad_kernel(const dks_kernel_args *k) { return optimizer(k, ADAGRAD); }
+static DK_Status adam_kernel(const dks_kernel_args *k) { return optimizer(k, ADAM); }
 
 /* ---- Registration ----------------------------------------------------------- */
 
 #define TRAINING_DEFS(SFX, DT)                                          \
-  {"ReluGrad", DT, relu_grad_kernel_##SFX, CPU_STRIDED},                \
-  {"LeakyReluGrad", DT, leaky_relu_grad_kernel_##SFX, CPU_STRIDED},     \
-  {"SigmoidGrad", DT, sigmoid_grad_kernel_##SFX, CPU_STRIDED},          \
-  {"TanhGrad", DT, tanh_grad_kernel_##SFX, CPU_STRIDED},                \
-  {"GeluGrad", DT, gelu_grad_kernel_##SFX, CPU_STRIDED},                \
+  {"ReluGrad", DT, relu_grad_kernel_##SFX, DKS_STRIDED},                \
+  {"LeakyReluGrad", DT, leaky_relu_grad_kernel_##SFX, DKS_STRIDED},     \
+  {"SigmoidGrad", DT, sigmoid_grad_kernel_##SFX, DKS_STRIDED},          \
+  {"TanhGrad", DT, tanh_grad_kernel_##SFX, DKS_STRIDED},                \
+  {"GeluGrad", DT, gelu_grad_kernel_##SFX, DKS_STRIDED},                \
   {"SoftmaxGrad", DT, softmax_grad_kernel, 0},                          \
   {"LogSoftmaxGrad", DT, log_softmax_grad_kernel, 0},
 
-static const cpu_kernel_def k_training[] = {
+static const dks_kernel_def k_training[] = {
     TRAINING_FLOAT_TYPES(TRAINING_DEFS)
     {"Momentum", DK_DTYPE_FLOAT32, momentum_kernel, 0},
     {"Momentum", DK_DTYPE_FLOAT64, momentum_kernel, 0},
@@ -329,48 +329,48 @@ static const cpu_kernel_def k_training[] = {
     {"Adam", DK_DTYPE_FLOAT32, adam_kernel, 0},
     {"Adam", DK_DTYPE_FLOAT64, adam_kernel, 0},
 };
-CPU_REGISTER_KERNELS(k_training)
+DKS_REGISTER_KERNELS(k_training)
 
 /* The optimizers: every float attribute finite; R and T are one value each;
  * then per tensor X the inputs G (and V, H) share X's shape and dtype, and
  * each output its input's. */
-static DK_Status validate_optimizer(const cpu_kernel_args *k) {
+static DK_Status validate_optimizer(const dks_kernel_args *k) {
   for (size_t i = 0; i < k->num_attributes; i++) {
     const DK_Attribute *a = &k->attributes[i];
-    DK_Status st = a->type == DK_ATTR_FLOAT ? cpu_check_float(k, a->name, -INFINITY) : DK_OK;
+    DK_Status st = a->type == DK_ATTR_FLOAT ? dks_check_float(k, a->name, -INFINITY) : DK_OK;
     if (st != DK_OK) return st;
   }
   int64_t nr, nt;
-  const DK_Attribute *r = cpu_attr(k, "R"), *t = cpu_attr(k, "T");
+  const DK_Attribute *r = dks_attr(k, "R"), *t = dks_attr(k, "T");
   nr = r->count;
   nt = t->count;
   if (nr != 1 || nt != 1)
-    return cpu_invalid(k, "R and T must be one value each, got %lld and %lld", (long long)nr, (long long)nt);
+    return dks_invalid(k, "R and T must be one value each, got %lld and %lld", (long long)nr, (long long)nt);
   size_t per = strcmp(k->op, "Adam") == 0 ? 4 : 3, n = k->num_inputs / per;
   if (n == 0 || k->num_inputs % per || k->num_outputs != n * (per - 1))
-    return cpu_invalid(k, "%zu inputs and %zu outputs do not make groups of %zu inputs and %zu outputs",
+    return dks_invalid(k, "%zu inputs and %zu outputs do not make groups of %zu inputs and %zu outputs",
                        k->num_inputs, k->num_outputs, per, per - 1);
   for (size_t i = 0; i < k->num_inputs; i++) {
-    const cpu_tensor *x = &k->in[i % n], *t2 = &k->in[i];
+    const dks_tensor *x = &k->in[i % n], *t2 = &k->in[i];
     bool same = t2->ndim == x->ndim && t2->dtype == x->dtype;
     for (int32_t d = 0; same && d < x->ndim; d++) same = t2->shape[d] == x->shape[d];
-    if (!same) return cpu_invalid(k, "input %zu does not have the shape and dtype of input %zu", i, i % n);
+    if (!same) return dks_invalid(k, "input %zu does not have the shape and dtype of input %zu", i, i % n);
   }
   for (size_t j = 0; j < k->num_outputs; j++) {
-    const cpu_tensor *x = &k->in[j % n], *o = &k->out[j];
+    const dks_tensor *x = &k->in[j % n], *o = &k->out[j];
     bool same = o->ndim == x->ndim && o->dtype == x->dtype;
     for (int32_t d = 0; same && d < x->ndim; d++) same = o->shape[d] == x->shape[d];
-    if (!same) return cpu_invalid(k, "output %zu does not have the shape and dtype of input %zu", j, j % n);
+    if (!same) return dks_invalid(k, "output %zu does not have the shape and dtype of input %zu", j, j % n);
   }
   return DK_OK;
 }
 
-static const cpu_validator v_training[] = {
-    {"ReluGrad", cpu_validate_pair_like_input},     {"SigmoidGrad", cpu_validate_pair_like_input},
-    {"LeakyReluGrad", cpu_validate_pair_like_input}, {"TanhGrad", cpu_validate_pair_like_input},
-    {"GeluGrad", cpu_validate_pair_like_input},     {"SoftmaxGrad", cpu_validate_axis_pair_like_input},
-    {"LogSoftmaxGrad", cpu_validate_axis_pair_like_input},
+static const dks_validator v_training[] = {
+    {"ReluGrad", dks_validate_pair_like_input},     {"SigmoidGrad", dks_validate_pair_like_input},
+    {"LeakyReluGrad", dks_validate_pair_like_input}, {"TanhGrad", dks_validate_pair_like_input},
+    {"GeluGrad", dks_validate_pair_like_input},     {"SoftmaxGrad", dks_validate_axis_pair_like_input},
+    {"LogSoftmaxGrad", dks_validate_axis_pair_like_input},
     {"Momentum", validate_optimizer},               {"Adagrad", validate_optimizer},
     {"Adam", validate_optimizer},
 };
-CPU_REGISTER_VALIDATORS(v_training)
+DKS_REGISTER_VALIDATORS(v_training)

@@ -10,7 +10,7 @@
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_TRAINING_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_TRAINING_H_
 
-#include "kernel.h"
+#include "dks_kernel.h"
 
 /* X(SFX, DTYPE) for every float storage dtype. */
 #define TRAINING_FLOAT_TYPES(X) \
@@ -24,16 +24,16 @@ void training_widen(double *dst, const uint8_t *src, DK_DTypeKey dtype, int64_t 
 void training_narrow(uint8_t *dst, DK_DTypeKey dtype, const double *src, int64_t n);
 
 /* Element i of a compact float tensor, as double. */
-static inline double training_load(const cpu_tensor *t, int64_t i) {
-  return cpu_load_as_double(t->data + i * t->itemsize, t->dtype);
+static inline double training_load(const dks_tensor *t, int64_t i) {
+  return dks_load_as_double(t->data + i * t->itemsize, t->dtype);
 }
 
 /* Pairwise sum of x[0..n): error O(log n) roundings, not O(n). */
 double training_sum(const double *x, int64_t n);
 
 /* Scratch for `count` doubles (zeroed; count 0 allocates one), or NULL after
- * reporting DK_RESOURCE_EXHAUSTED through cpu_kernel_fail. */
-double *training_scratch(const cpu_kernel_args *k, int64_t count);
+ * reporting DK_RESOURCE_EXHAUSTED through dks_kernel_fail. */
+double *training_scratch(const dks_kernel_args *k, int64_t count);
 
 /* The product of sizes [from, to) of a shape. */
 static inline int64_t training_prod(const int64_t *shape, int32_t from, int32_t to) {

@@ -23,7 +23,7 @@
 #define COL_BUDGET ((int64_t)1 << 21)
 
 /* db[m] = sum of dY[n, m, ...] over n and the plane, pairwise per plane. */
-static DK_Status bias_grad(const cpu_kernel_args *k, const cpu_tensor *dy, const cpu_tensor *db, int64_t plane) {
+static DK_Status bias_grad(const dks_kernel_args *k, const dks_tensor *dy, const dks_tensor *db, int64_t plane) {
   int64_t batch = dy->size ? dy->shape[0] : 0, filters = dy->shape[1];
   double *sums = training_scratch(k, filters + plane);
   if (!sums) return DK_RESOURCE_EXHAUSTED;
@@ -92,9 +92,9 @@ static void conv_grad_part(void *arg, int64_t begin, int64_t end) {
  * the kernels flipped and their channel axes swapped, begin pads 2 - pad
  * (W' (group * cg, mg, 3, 3)): by Winograd where that fits. *done is false
  * when it does not, or when a non-finite value asks for the direct way. */
-static DK_Status grad_input_winograd(const cpu_kernel_args *k, const linalg_window *w, int64_t group,
+static DK_Status grad_input_winograd(const dks_kernel_args *k, const linalg_window *w, int64_t group,
                                      bool *done) {
-  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2], *dx = &k->out[0];
+  const dks_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2], *dx = &k->out[0];
   int64_t cg = x->shape[1] / group, mg = dy->shape[1] / group;
   linalg_window flipped = *w;
   for (int32_t d = 0; d < w->n; d++) {
@@ -105,11 +105,11 @@ static DK_Status grad_input_winograd(const cpu_kernel_args *k, const linalg_wind
   *done = false;
   if (w->n != 2 || flipped.pad[0] < 0 || flipped.pad[1] < 0 || !linalg_winograd_fits(&flipped, dx->dtype, mg, cg))
     return DK_OK;
-  cpu_tensor turned = *wt;
+  dks_tensor turned = *wt;
   turned.shape[0] = group * cg;
   turned.shape[1] = mg;
   float *kernels = malloc((size_t)wt->size * sizeof(float));
-  if (!kernels) return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the flipped kernels");
+  if (!kernels) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the flipped kernels");
   const float *from = (const float *)wt->data;
   for (int64_t g = 0; g < group; g++)
     for (int64_t m = 0; m < mg; m++)
@@ -118,15 +118,15 @@ static DK_Status grad_input_winograd(const cpu_kernel_args *k, const linalg_wind
           kernels[((g * cg + c) * mg + m) * 9 + t] = from[((g * mg + m) * cg + c) * 9 + 8 - t];
   turned.data = (uint8_t *)kernels;
   bool redo = false;
-  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, dx, &flipped, group, &redo);
+  DK_Status st = linalg_conv_winograd(k, dy, &turned, NULL, NULL, dx, &flipped, group, &redo);
   free(kernels);
   *done = st == DK_OK && !redo;
   return st;
 }
 
-static DK_Status conv_grad_float(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2];
-  const cpu_tensor *dx = &k->out[0], *dw = &k->out[1], *db = &k->out[2];
+static DK_Status conv_grad_float(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *x = &k->in[1], *wt = &k->in[2];
+  const dks_tensor *dx = &k->out[0], *dw = &k->out[1], *db = &k->out[2];
   if (dw->size) memset(dw->data, 0, (size_t)(dw->size * dw->itemsize));
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, dy->shape + 2, wt->shape + 2, &w);
@@ -137,7 +137,7 @@ static DK_Status conv_grad_float(const cpu_kernel_args *k) {
     if (dx->size) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize));
     return st;
   }
-  int64_t group = cpu_attr_int(k, "group", 1), taps = linalg_prod(w.kernel, w.n);
+  int64_t group = dks_attr_int(k, "group", 1), taps = linalg_prod(w.kernel, w.n);
   conv_grad_job j = {.real = linalg_real_of(dx), .w = &w, .es = dx->itemsize, .group = group,
                      .cg = x->shape[1] / group, .mg = dy->shape[1] / group, .taps = taps,
                      .in_plane = in_plane, .out_plane = out_plane, .batch = x->shape[0],
@@ -149,46 +149,46 @@ static DK_Status conv_grad_float(const cpu_kernel_args *k) {
   if (j.with_dx) memset(dx->data, 0, (size_t)(dx->size * dx->itemsize)); /* col2im adds into dX */
   atomic_init(&j.failed, false);
   /* Runs of channels: a few chunks per thread. */
-  int64_t threads = cpu_thread_count(), blocks = threads > 1 ? (4 * threads + group - 1) / group : 1;
+  int64_t threads = dks_thread_count(), blocks = threads > 1 ? (4 * threads + group - 1) / group : 1;
   if (blocks > j.cg) blocks = j.cg;
   j.block = (j.cg + blocks - 1) / blocks;
   j.band = COL_BUDGET / (j.block * taps);
   j.band = j.band < 1 ? 1 : j.band > out_plane ? out_plane : j.band;
-  cpu_parallel_for(group * ((j.cg + j.block - 1) / j.block), 1, conv_grad_part, &j);
+  dks_parallel_for(group * ((j.cg + j.block - 1) / j.block), 1, conv_grad_part, &j);
   if (atomic_load(&j.failed))
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's column buffer");
   return DK_OK;
 }
 
-static DK_Status conv_grad_low(const cpu_kernel_args *k) { return linalg_run_as_f32(k, conv_grad_float); }
+static DK_Status conv_grad_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_grad_float); }
 
 /* Compact tensors only: the host copies strided inputs. */
-static const cpu_kernel_def k_training_conv[] = {
+static const dks_kernel_def k_training_conv[] = {
     {"ConvGrad", DK_DTYPE_FLOAT32, conv_grad_float, 0},
     {"ConvGrad", DK_DTYPE_FLOAT64, conv_grad_float, 0},
     {"ConvGrad", DK_DTYPE_FLOAT16, conv_grad_low, 0},
     {"ConvGrad", DK_DTYPE_BFLOAT16, conv_grad_low, 0},
 };
-CPU_REGISTER_KERNELS(k_training_conv)
+DKS_REGISTER_KERNELS(k_training_conv)
 
 /* ConvGrad(dY, X, W) -> dX (X's shape), dW (W's), dB (M): dY is Conv(X, W)'s shape. */
-static DK_Status validate_conv_grad(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_rank(k, 1, 3, CPU_MAX_DIMS);
-  if (st == DK_OK) st = cpu_check_rank(k, 2, k->in[1].ndim, k->in[1].ndim);
-  if (st == DK_OK) st = cpu_check_rank(k, 0, k->in[1].ndim, k->in[1].ndim);
-  int64_t y[CPU_MAX_DIMS];
+static DK_Status validate_conv_grad(const dks_kernel_args *k) {
+  DK_Status st = dks_check_rank(k, 1, 3, DKS_MAX_DIMS);
+  if (st == DK_OK) st = dks_check_rank(k, 2, k->in[1].ndim, k->in[1].ndim);
+  if (st == DK_OK) st = dks_check_rank(k, 0, k->in[1].ndim, k->in[1].ndim);
+  int64_t y[DKS_MAX_DIMS];
   if (st == DK_OK) st = linalg_check_conv(k, &k->in[1], &k->in[2], NULL, false, y);
-  for (size_t i = 1; st == DK_OK && i < 3; i++) st = cpu_check_dtype(k, "input", i, k->in[0].dtype);
-  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+  for (size_t i = 1; st == DK_OK && i < 3; i++) st = dks_check_dtype(k, "input", i, k->in[0].dtype);
+  for (size_t j = 0; st == DK_OK && j < k->num_outputs; j++) st = dks_check_dtype(k, "output", j, k->in[0].dtype);
   if (st != DK_OK) return st;
   bool same = true;
   for (int32_t d = 0; d < k->in[1].ndim; d++) same = same && k->in[0].shape[d] == y[d];
-  if (!same) return cpu_invalid(k, "dY's shape is not what Conv of X and W gives");
-  if ((st = cpu_check_output_like(k, 0, 1)) != DK_OK) return st;
-  if (k->num_outputs > 1 && (st = cpu_check_output_like(k, 1, 2)) != DK_OK) return st;
-  if (k->num_outputs > 2) st = cpu_check_output(k, 2, 1, &k->in[2].shape[0]);
+  if (!same) return dks_invalid(k, "dY's shape is not what Conv of X and W gives");
+  if ((st = dks_check_output_like(k, 0, 1)) != DK_OK) return st;
+  if (k->num_outputs > 1 && (st = dks_check_output_like(k, 1, 2)) != DK_OK) return st;
+  if (k->num_outputs > 2) st = dks_check_output(k, 2, 1, &k->in[2].shape[0]);
   return st;
 }
 
-static const cpu_validator v_training_conv[] = {{"ConvGrad", validate_conv_grad}};
-CPU_REGISTER_VALIDATORS(v_training_conv)
+static const dks_validator v_training_conv[] = {{"ConvGrad", validate_conv_grad}};
+DKS_REGISTER_VALIDATORS(v_training_conv)

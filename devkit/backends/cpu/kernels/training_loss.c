@@ -13,30 +13,30 @@
 
 /* The labels and how to weigh them. */
 typedef struct sce_labels {
-  const cpu_tensor *labels;
-  const cpu_tensor *weights; /* NULL: weight 1 */
+  const dks_tensor *labels;
+  const dks_tensor *weights; /* NULL: weight 1 */
   bool has_ignore;
   int64_t ignore;
 } sce_labels;
 
-static sce_labels labels_of(const cpu_kernel_args *k, size_t at) {
+static sce_labels labels_of(const dks_kernel_args *k, size_t at) {
   sce_labels l = {.labels = &k->in[at]};
   if (k->num_inputs > at + 1 && k->in[at + 1].ndim >= 0) l.weights = &k->in[at + 1];
-  l.has_ignore = cpu_attr(k, "ignore_index") != NULL;
-  l.ignore = cpu_attr_int(k, "ignore_index", 0);
+  l.has_ignore = dks_attr(k, "ignore_index") != NULL;
+  l.ignore = dks_attr_int(k, "ignore_index", 0);
   return l;
 }
 
 static int64_t label_at(const sce_labels *l, int64_t i) {
-  return cpu_load_as_int64(l->labels->data + i * l->labels->itemsize, l->labels->dtype);
+  return dks_load_as_int64(l->labels->data + i * l->labels->itemsize, l->labels->dtype);
 }
 
 /* Every label is ignore_index or a class in [0, classes). */
-static DK_Status check_labels(const cpu_kernel_args *k, const sce_labels *l, int64_t classes) {
+static DK_Status check_labels(const dks_kernel_args *k, const sce_labels *l, int64_t classes) {
   for (int64_t i = 0; i < l->labels->size; i++) {
     int64_t label = label_at(l, i);
     if ((l->has_ignore && label == l->ignore) || (label >= 0 && label < classes)) continue;
-    return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+    return dks_kernel_fail(k, DK_OUT_OF_RANGE,
                            "label %lld (element %lld of labels) is out of range for %lld classes",
                            (long long)label, (long long)i, (long long)classes);
   }
@@ -51,8 +51,8 @@ static double label_weight(const sce_labels *l, int64_t label) {
 
 typedef enum { REDUCE_NONE, REDUCE_SUM, REDUCE_MEAN } sce_reduction;
 
-static sce_reduction reduction_of(const cpu_kernel_args *k) {
-  const char *r = cpu_attr_string(k, "reduction", "mean");
+static sce_reduction reduction_of(const dks_kernel_args *k) {
+  const char *r = dks_attr_string(k, "reduction", "mean");
   return strcmp(r, "none") == 0 ? REDUCE_NONE : strcmp(r, "sum") == 0 ? REDUCE_SUM : REDUCE_MEAN;
 }
 
@@ -81,8 +81,8 @@ static void log_softmax_slab(double *slab, int64_t classes, int64_t d_size, doub
 
 /* ---- SoftmaxCrossEntropyLoss ----------------------------------------------- */
 
-static DK_Status sce_loss(const cpu_kernel_args *k) {
-  const cpu_tensor *scores = &k->in[0], *loss = &k->out[0], *log_prob = &k->out[1];
+static DK_Status sce_loss(const dks_kernel_args *k) {
+  const dks_tensor *scores = &k->in[0], *loss = &k->out[0], *log_prob = &k->out[1];
   sce_labels l = labels_of(k, 1);
   sce_reduction reduction = reduction_of(k);
   int64_t batch = scores->shape[0], classes = scores->shape[1];
@@ -120,8 +120,8 @@ static DK_Status sce_loss(const cpu_kernel_args *k) {
 
 /* ---- SoftmaxCrossEntropyLossGrad ------------------------------------------- */
 
-static DK_Status sce_loss_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *log_prob = &k->in[1], *grad = &k->out[0];
+static DK_Status sce_loss_grad(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *log_prob = &k->in[1], *grad = &k->out[0];
   sce_labels l = labels_of(k, 2);
   sce_reduction reduction = reduction_of(k);
   int64_t batch = log_prob->shape[0], classes = log_prob->shape[1];
@@ -159,28 +159,28 @@ static DK_Status sce_loss_grad(const cpu_kernel_args *k) {
   {"SoftmaxCrossEntropyLoss", DT, sce_loss, 0},             \
   {"SoftmaxCrossEntropyLossGrad", DT, sce_loss_grad, 0},
 
-static const cpu_kernel_def k_training_loss[] = {TRAINING_FLOAT_TYPES(LOSS_DEFS)};
-CPU_REGISTER_KERNELS(k_training_loss)
+static const dks_kernel_def k_training_loss[] = {TRAINING_FLOAT_TYPES(LOSS_DEFS)};
+DKS_REGISTER_KERNELS(k_training_loss)
 
 /* ---- Validators ------------------------------------------------------------- */
 
 /* labels (input `at`): int32 or int64, (N, D1, ...) of scores' (N, C, D1,
  * ...); weights (the next input), when given, (C) of scores' dtype. *loss
  * gets the loss's rank and shape: the labels', or () when reduced. */
-static DK_Status check_sce_inputs(const cpu_kernel_args *k, const cpu_tensor *scores, size_t at, int32_t *ndim,
+static DK_Status check_sce_inputs(const dks_kernel_args *k, const dks_tensor *scores, size_t at, int32_t *ndim,
                                   int64_t *loss) {
-  const cpu_tensor *labels = &k->in[at];
-  if (scores->ndim < 2) return cpu_invalid(k, "the scores have rank %d; they need (N, C, D1, ...)", scores->ndim);
+  const dks_tensor *labels = &k->in[at];
+  if (scores->ndim < 2) return dks_invalid(k, "the scores have rank %d; they need (N, C, D1, ...)", scores->ndim);
   if (labels->dtype != DK_DTYPE_INT32 && labels->dtype != DK_DTYPE_INT64)
-    return cpu_invalid(k, "input %zu (labels) has dtype key 0x%x; labels are int32 or int64", at,
+    return dks_invalid(k, "input %zu (labels) has dtype key 0x%x; labels are int32 or int64", at,
                        (unsigned)labels->dtype);
   bool same = labels->ndim == scores->ndim - 1 && labels->shape[0] == scores->shape[0];
   for (int32_t d = 1; same && d < labels->ndim; d++) same = labels->shape[d] == scores->shape[d + 1];
-  if (!same) return cpu_invalid(k, "input %zu (labels) is not (N, D1, ...) of the scores' (N, C, D1, ...)", at);
+  if (!same) return dks_invalid(k, "input %zu (labels) is not (N, D1, ...) of the scores' (N, C, D1, ...)", at);
   if (at + 1 < k->num_inputs && k->in[at + 1].ndim >= 0) {
-    const cpu_tensor *w = &k->in[at + 1];
+    const dks_tensor *w = &k->in[at + 1];
     if (w->dtype != scores->dtype || w->ndim != 1 || w->shape[0] != scores->shape[1])
-      return cpu_invalid(k, "input %zu (weights) must be (C) = (%lld) of the scores' dtype", at + 1,
+      return dks_invalid(k, "input %zu (weights) must be (C) = (%lld) of the scores' dtype", at + 1,
                          (long long)scores->shape[1]);
   }
   *ndim = reduction_of(k) == REDUCE_NONE ? labels->ndim : 0;
@@ -190,36 +190,36 @@ static DK_Status check_sce_inputs(const cpu_kernel_args *k, const cpu_tensor *sc
 
 /* SoftmaxCrossEntropyLoss: the loss, and log_prob of the scores' shape, both
  * in the scores' dtype (the kernel writes both). */
-static DK_Status validate_sce(const cpu_kernel_args *k) {
+static DK_Status validate_sce(const dks_kernel_args *k) {
   int32_t ndim;
-  int64_t loss[CPU_MAX_DIMS];
+  int64_t loss[DKS_MAX_DIMS];
   DK_Status st = check_sce_inputs(k, &k->in[0], 1, &ndim, loss);
   if (st == DK_OK && k->num_outputs != 2)
-    st = cpu_invalid(k, "has %zu outputs; the kernel writes the loss and log_prob", k->num_outputs);
-  if (st == DK_OK) st = cpu_check_output(k, 0, ndim, loss);
-  if (st == DK_OK) st = cpu_check_output_like(k, 1, 0);
-  for (size_t j = 0; st == DK_OK && j < 2; j++) st = cpu_check_dtype(k, "output", j, k->in[0].dtype);
+    st = dks_invalid(k, "has %zu outputs; the kernel writes the loss and log_prob", k->num_outputs);
+  if (st == DK_OK) st = dks_check_output(k, 0, ndim, loss);
+  if (st == DK_OK) st = dks_check_output_like(k, 1, 0);
+  for (size_t j = 0; st == DK_OK && j < 2; j++) st = dks_check_dtype(k, "output", j, k->in[0].dtype);
   return st;
 }
 
 /* SoftmaxCrossEntropyLossGrad: dY of the loss's shape and log_prob's dtype;
  * d_scores like log_prob. */
-static DK_Status validate_sce_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *log_prob = &k->in[1];
+static DK_Status validate_sce_grad(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *log_prob = &k->in[1];
   int32_t ndim;
-  int64_t loss[CPU_MAX_DIMS];
+  int64_t loss[DKS_MAX_DIMS];
   DK_Status st = check_sce_inputs(k, log_prob, 2, &ndim, loss);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, log_prob->dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 0, log_prob->dtype);
   if (st != DK_OK) return st;
   bool same = dy->ndim == ndim;
   for (int32_t d = 0; same && d < ndim; d++) same = dy->shape[d] == loss[d];
-  if (!same) return cpu_invalid(k, "input 0 (dY) does not have the loss's shape");
-  st = cpu_check_output_like(k, 0, 1);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, log_prob->dtype);
+  if (!same) return dks_invalid(k, "input 0 (dY) does not have the loss's shape");
+  st = dks_check_output_like(k, 0, 1);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, log_prob->dtype);
 }
 
-static const cpu_validator v_training_loss[] = {
+static const dks_validator v_training_loss[] = {
     {"SoftmaxCrossEntropyLoss", validate_sce},
     {"SoftmaxCrossEntropyLossGrad", validate_sce_grad},
 };
-CPU_REGISTER_VALIDATORS(v_training_loss)
+DKS_REGISTER_VALIDATORS(v_training_loss)

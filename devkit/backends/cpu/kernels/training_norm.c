@@ -16,9 +16,9 @@
 
 /* ---- BatchNormalizationGrad --------------------------------------------------- */
 
-static DK_Status batchnorm_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *scale = &k->in[2], *mean = &k->in[3], *inv = &k->in[4];
-  const cpu_tensor *dx = &k->out[0], *dscale = &k->out[1], *db = &k->out[2];
+static DK_Status batchnorm_grad(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *x = &k->in[1], *scale = &k->in[2], *mean = &k->in[3], *inv = &k->in[4];
+  const dks_tensor *dx = &k->out[0], *dscale = &k->out[1], *db = &k->out[2];
   /* X is (N, C, D...), or (N) with one channel: runs of `inner` elements,
    * run r belonging to channel r % C. */
   int64_t channels = x->ndim >= 2 ? x->shape[1] : 1, inner = training_prod(x->shape, 2, x->ndim);
@@ -39,8 +39,8 @@ static DK_Status batchnorm_grad(const cpu_kernel_args *k) {
       terms[j] = g[j] * xhat[j];
     }
     double sum_g = training_sum(g, count), sum_gx = training_sum(terms, count);
-    cpu_store_from_double(db->data + c * db->itemsize, db->dtype, sum_g);
-    cpu_store_from_double(dscale->data + c * dscale->itemsize, dscale->dtype, sum_gx);
+    dks_store_from_double(db->data + c * db->itemsize, db->dtype, sum_g);
+    dks_store_from_double(dscale->data + c * dscale->itemsize, dscale->dtype, sum_gx);
     double a = training_load(scale, c) * s, mean_g = sum_g / (double)count, mean_gx = sum_gx / (double)count;
     for (int64_t j = 0; j < count; j++) g[j] = a * (g[j] - mean_g - xhat[j] * mean_gx);
     for (int64_t n = 0; n < batch; n++)
@@ -55,17 +55,17 @@ static DK_Status batchnorm_grad(const cpu_kernel_args *k) {
 /* X as (outer, inner) rows over dims [axis, ndim). rms: no centring; the
  * statistic is recomputed from X (mean square + epsilon) instead of read
  * from the Mean and InvStdDev inputs. Outputs dX, dscale[, dB]. */
-static DK_Status row_norm_grad(const cpu_kernel_args *k, bool rms) {
-  const cpu_tensor *dy = &k->in[0], *x = &k->in[1], *scale = &k->in[2];
-  const cpu_tensor *dx = &k->out[0], *dscale = &k->out[1], *db = rms ? NULL : &k->out[2];
-  int64_t axis = cpu_attr_int(k, "axis", -1);
+static DK_Status row_norm_grad(const dks_kernel_args *k, bool rms) {
+  const dks_tensor *dy = &k->in[0], *x = &k->in[1], *scale = &k->in[2];
+  const dks_tensor *dx = &k->out[0], *dscale = &k->out[1], *db = rms ? NULL : &k->out[2];
+  int64_t axis = dks_attr_int(k, "axis", -1);
   if (axis < 0) axis += x->ndim;
   int32_t ax = (int32_t)axis;
   int64_t outer = training_prod(x->shape, 0, ax), inner = training_prod(x->shape, ax, x->ndim);
-  double eps = cpu_attr_float(k, "epsilon", 1e-5);
+  double eps = dks_attr_float(k, "epsilon", 1e-5);
   /* Scale's element strides as broadcast to X (0 along broadcast dims). */
-  int64_t strides[CPU_MAX_DIMS];
-  cpu_broadcast_strides(scale, x->ndim, strides);
+  int64_t strides[DKS_MAX_DIMS];
+  dks_broadcast_strides(scale, x->ndim, strides);
   for (int32_t d = 0; d < x->ndim; d++) strides[d] /= scale->itemsize;
   int64_t params = scale->size;
   double *buf = training_scratch(k, 4 * inner + 3 * params);
@@ -73,7 +73,7 @@ static DK_Status row_norm_grad(const cpu_kernel_args *k, bool rms) {
   int64_t *offsets = malloc((inner > 0 ? (size_t)inner : 1) * sizeof *offsets);
   if (!offsets) {
     free(buf);
-    return cpu_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld offsets", (long long)inner);
+    return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld offsets", (long long)inner);
   }
   double *g = buf, *xhat = g + inner, *gs = xhat + inner, *terms = gs + inner;
   double *w = terms + inner, *acc_scale = w + params, *acc_bias = acc_scale + params;
@@ -122,8 +122,8 @@ static DK_Status row_norm_grad(const cpu_kernel_args *k, bool rms) {
   return DK_OK;
 }
 
-static DK_Status layernorm_grad(const cpu_kernel_args *k) { return row_norm_grad(k, false); }
-static DK_Status rmsnorm_grad(const cpu_kernel_args *k) { return row_norm_grad(k, true); }
+static DK_Status layernorm_grad(const dks_kernel_args *k) { return row_norm_grad(k, false); }
+static DK_Status rmsnorm_grad(const dks_kernel_args *k) { return row_norm_grad(k, true); }
 
 /* ---- Registration ----------------------------------------------------------- */
 
@@ -132,34 +132,34 @@ static DK_Status rmsnorm_grad(const cpu_kernel_args *k) { return row_norm_grad(k
   {"LayerNormalizationGrad", DT, layernorm_grad, 0},       \
   {"RMSNormalizationGrad", DT, rmsnorm_grad, 0},
 
-static const cpu_kernel_def k_training_norm[] = {TRAINING_FLOAT_TYPES(NORM_DEFS)};
-CPU_REGISTER_KERNELS(k_training_norm)
+static const dks_kernel_def k_training_norm[] = {TRAINING_FLOAT_TYPES(NORM_DEFS)};
+DKS_REGISTER_KERNELS(k_training_norm)
 
 /* ---- Validators ------------------------------------------------------------- */
 
 /* Input i is a float tensor of rank ndim and the given shape. */
-static DK_Status check_float_shape(const cpu_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape) {
-  const cpu_tensor *t = &k->in[i];
+static DK_Status check_float_shape(const dks_kernel_args *k, size_t i, int32_t ndim, const int64_t *shape) {
+  const dks_tensor *t = &k->in[i];
   bool same = t->ndim == ndim;
   for (int32_t d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
-  if (!same) return cpu_invalid(k, "input %zu has rank %d and not the shape X gives it", i, t->ndim);
-  return cpu_check_float_dtype(k, "input", i);
+  if (!same) return dks_invalid(k, "input %zu has rank %d and not the shape X gives it", i, t->ndim);
+  return dks_check_float_dtype(k, "input", i);
 }
 
 /* dY (input 0) has X's (input 1) shape and dtype; the call has the op's
  * `outputs` outputs (the kernels write every one), dX of X's shape and
  * dtype and the rest of the parameter's (input 2) shape in `param_dtype`. */
-static DK_Status check_grad_call(const cpu_kernel_args *k, size_t outputs, DK_DTypeKey param_dtype) {
-  const cpu_tensor *x = &k->in[1];
+static DK_Status check_grad_call(const dks_kernel_args *k, size_t outputs, DK_DTypeKey param_dtype) {
+  const dks_tensor *x = &k->in[1];
   DK_Status st = check_float_shape(k, 0, x->ndim, x->shape);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 0, x->dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 0, x->dtype);
   if (st == DK_OK && k->num_outputs != outputs)
-    st = cpu_invalid(k, "has %zu outputs; the kernel writes %zu", k->num_outputs, outputs);
-  if (st == DK_OK) st = cpu_check_output_like(k, 0, 1);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, x->dtype);
+    st = dks_invalid(k, "has %zu outputs; the kernel writes %zu", k->num_outputs, outputs);
+  if (st == DK_OK) st = dks_check_output_like(k, 0, 1);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, x->dtype);
   for (size_t j = 1; st == DK_OK && j < outputs; j++) {
-    st = cpu_check_output_like(k, j, 2);
-    if (st == DK_OK) st = cpu_check_dtype(k, "output", j, param_dtype);
+    st = dks_check_output_like(k, j, 2);
+    if (st == DK_OK) st = dks_check_dtype(k, "output", j, param_dtype);
   }
   return st;
 }
@@ -167,38 +167,38 @@ static DK_Status check_grad_call(const cpu_kernel_args *k, size_t outputs, DK_DT
 /* BatchNormalizationGrad: X (N, C, ...) or (N); scale, mean and inv_std
  * float vectors of C values, mean and inv_std of one dtype; dscale and dB
  * of scale's shape and dtype. */
-static DK_Status validate_batchnorm_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *x = &k->in[1];
-  DK_Status st = cpu_check_rank(k, 1, 1, CPU_MAX_DIMS);
+static DK_Status validate_batchnorm_grad(const dks_kernel_args *k) {
+  const dks_tensor *x = &k->in[1];
+  DK_Status st = dks_check_rank(k, 1, 1, DKS_MAX_DIMS);
   int64_t channels = x->ndim >= 2 ? x->shape[1] : 1;
   for (size_t i = 2; st == DK_OK && i < 5; i++) st = check_float_shape(k, i, 1, &channels);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 4, k->in[3].dtype);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 4, k->in[3].dtype);
   return st != DK_OK ? st : check_grad_call(k, 3, k->in[2].dtype);
 }
 
 /* LayerNormalizationGrad, RMSNormalizationGrad: axis inside X's rank; Scale
  * of X's dtype, broadcasting to X unidirectionally; LayerNormalizationGrad's
  * Mean and InvStdDev float, of one dtype, X's shape with 1 from axis on. */
-static DK_Status validate_row_norm_grad(const cpu_kernel_args *k) {
+static DK_Status validate_row_norm_grad(const dks_kernel_args *k) {
   bool rms = strcmp(k->op, "RMSNormalizationGrad") == 0;
-  const cpu_tensor *x = &k->in[1], *scale = &k->in[2];
-  int64_t axis, stats[CPU_MAX_DIMS];
-  DK_Status st = cpu_check_axis(k, "axis", x->ndim, false, &axis);
-  if (st == DK_OK) st = cpu_check_dtype(k, "input", 2, x->dtype);
+  const dks_tensor *x = &k->in[1], *scale = &k->in[2];
+  int64_t axis, stats[DKS_MAX_DIMS];
+  DK_Status st = dks_check_axis(k, "axis", x->ndim, false, &axis);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 2, x->dtype);
   if (st != DK_OK) return st;
   bool broadcasts = scale->ndim <= x->ndim;
   for (int32_t d = 0; broadcasts && d < scale->ndim; d++)
     broadcasts = scale->shape[d] == 1 || scale->shape[d] == x->shape[x->ndim - scale->ndim + d];
-  if (!broadcasts) return cpu_invalid(k, "input 2 (the scale) does not broadcast to X");
+  if (!broadcasts) return dks_invalid(k, "input 2 (the scale) does not broadcast to X");
   for (int32_t d = 0; d < x->ndim; d++) stats[d] = d < axis ? x->shape[d] : 1;
   for (size_t i = 3; !rms && st == DK_OK && i < 5; i++) st = check_float_shape(k, i, x->ndim, stats);
-  if (st == DK_OK && !rms) st = cpu_check_dtype(k, "input", 4, k->in[3].dtype);
+  if (st == DK_OK && !rms) st = dks_check_dtype(k, "input", 4, k->in[3].dtype);
   return st != DK_OK ? st : check_grad_call(k, rms ? 2 : 3, x->dtype);
 }
 
-static const cpu_validator v_training_norm[] = {
+static const dks_validator v_training_norm[] = {
     {"BatchNormalizationGrad", validate_batchnorm_grad},
     {"LayerNormalizationGrad", validate_row_norm_grad},
     {"RMSNormalizationGrad", validate_row_norm_grad},
 };
-CPU_REGISTER_VALIDATORS(v_training_norm)
+DKS_REGISTER_VALIDATORS(v_training_norm)

@@ -16,7 +16,7 @@
 
 /* MaxPool's column-major spatial offset (storage_order 1) as a row-major one. */
 static int64_t row_major(int64_t at, const int64_t *spatial, int32_t n) {
-  int64_t coords[CPU_MAX_DIMS];
+  int64_t coords[DKS_MAX_DIMS];
   for (int32_t d = 0; d < n; d++) {
     coords[d] = at % spatial[d];
     at /= spatial[d];
@@ -26,9 +26,9 @@ static int64_t row_major(int64_t at, const int64_t *spatial, int32_t n) {
   return index;
 }
 
-static DK_Status max_pool_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *indices = &k->in[1], *dx = &k->out[0];
-  bool column_major = cpu_attr_int(k, "storage_order", 0) == 1;
+static DK_Status max_pool_grad(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *indices = &k->in[1], *dx = &k->out[0];
+  bool column_major = dks_attr_int(k, "storage_order", 0) == 1;
   int32_t n = dx->ndim - 2;
   int64_t plane = training_prod(dx->shape, 2, dx->ndim);
   double *buf = training_scratch(k, dx->size + dy->size);
@@ -41,7 +41,7 @@ static DK_Status max_pool_grad(const cpu_kernel_args *k) {
     if (at == -1) continue; /* a window that missed X */
     if (at < 0 || at >= dx->size) {
       free(buf);
-      return cpu_kernel_fail(k, DK_OUT_OF_RANGE,
+      return dks_kernel_fail(k, DK_OUT_OF_RANGE,
                              "index %lld (element %lld of Indices) is out of range for X of %lld elements",
                              (long long)at, (long long)i, (long long)dx->size);
     }
@@ -55,11 +55,11 @@ static DK_Status max_pool_grad(const cpu_kernel_args *k) {
 
 /* ---- AveragePoolGrad ------------------------------------------------------------ */
 
-static DK_Status average_pool_grad(const cpu_kernel_args *k) {
-  const cpu_tensor *dy = &k->in[0], *dx = &k->out[0];
+static DK_Status average_pool_grad(const dks_kernel_args *k) {
+  const dks_tensor *dy = &k->in[0], *dx = &k->out[0];
   int64_t count;
-  const int64_t *kernel = cpu_attr_ints(k, "kernel_shape", &count);
-  bool include_pad = cpu_attr_int(k, "count_include_pad", 0) == 1;
+  const int64_t *kernel = dks_attr_ints(k, "kernel_shape", &count);
+  bool include_pad = dks_attr_int(k, "count_include_pad", 0) == 1;
   linalg_window w;
   linalg_window_forward(k, dx->ndim - 2, dx->shape + 2, dy->shape + 2, kernel, &w);
   int64_t in_plane = linalg_prod(w.target, w.n), out_plane = linalg_prod(w.grid, w.n);
@@ -71,12 +71,12 @@ static DK_Status average_pool_grad(const cpu_kernel_args *k) {
   for (int64_t p = 0; p < planes; p++) {
     double *plane_acc = acc + p * in_plane;
     const double *plane_grad = grad + p * out_plane;
-    int64_t q[CPU_MAX_DIMS] = {0};
+    int64_t q[DKS_MAX_DIMS] = {0};
     for (int64_t o = 0; o < out_plane; o++) {
       /* The window of output position q: per axis, tap 0 lands at first[d],
        * taps [lo, hi) land inside X (with count_include_pad, those inside
        * the explicitly padded X count too). */
-      int64_t first[CPU_MAX_DIMS], lo[CPU_MAX_DIMS], hi[CPU_MAX_DIMS], divisor = 1;
+      int64_t first[DKS_MAX_DIMS], lo[DKS_MAX_DIMS], hi[DKS_MAX_DIMS], divisor = 1;
       bool empty = false;
       for (int32_t d = 0; d < w.n; d++) {
         first[d] = q[d] * w.stride[d] - w.pad[d];
@@ -92,7 +92,7 @@ static DK_Status average_pool_grad(const cpu_kernel_args *k) {
       if (empty) continue; /* no element of X to pass a gradient to */
       double share = plane_grad[o] / (double)divisor;
       /* Every tap inside X, row-major. */
-      int64_t tap[CPU_MAX_DIMS];
+      int64_t tap[DKS_MAX_DIMS];
       for (int32_t d = 0; d < w.n; d++) tap[d] = lo[d];
       for (;;) {
         int64_t at = 0;
@@ -118,40 +118,40 @@ static DK_Status average_pool_grad(const cpu_kernel_args *k) {
   {"MaxPoolGrad", DT, max_pool_grad, 0},            \
   {"AveragePoolGrad", DT, average_pool_grad, 0},
 
-static const cpu_kernel_def k_training_pool[] = {TRAINING_FLOAT_TYPES(POOL_DEFS)};
-CPU_REGISTER_KERNELS(k_training_pool)
+static const dks_kernel_def k_training_pool[] = {TRAINING_FLOAT_TYPES(POOL_DEFS)};
+DKS_REGISTER_KERNELS(k_training_pool)
 
 /* dX has the shape X_shape names (rank >= 3), and dY the pool's output shape over it. */
-static DK_Status validate_pool_grad(const cpu_kernel_args *k) {
+static DK_Status validate_pool_grad(const dks_kernel_args *k) {
   int64_t n;
-  const int64_t *x_shape = cpu_attr_ints(k, "X_shape", &n);
-  if (cpu_attr(k, "X_shape")->type != DK_ATTR_INTS || n < 3 || n > CPU_MAX_DIMS)
-    return cpu_invalid(k, "attribute 'X_shape' has %lld values; it needs (N, C, D1, ...)", (long long)n);
+  const int64_t *x_shape = dks_attr_ints(k, "X_shape", &n);
+  if (dks_attr(k, "X_shape")->type != DK_ATTR_INTS || n < 3 || n > DKS_MAX_DIMS)
+    return dks_invalid(k, "attribute 'X_shape' has %lld values; it needs (N, C, D1, ...)", (long long)n);
   for (int64_t d = 0; d < n; d++)
-    if (x_shape[d] < 0) return cpu_invalid(k, "attribute 'X_shape' has a negative size %lld", (long long)x_shape[d]);
-  DK_Status st = cpu_check_output(k, 0, (int32_t)n, x_shape);
-  if (st == DK_OK) st = cpu_check_rank(k, 0, (int32_t)n, (int32_t)n);
-  if (st == DK_OK) st = cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+    if (x_shape[d] < 0) return dks_invalid(k, "attribute 'X_shape' has a negative size %lld", (long long)x_shape[d]);
+  DK_Status st = dks_check_output(k, 0, (int32_t)n, x_shape);
+  if (st == DK_OK) st = dks_check_rank(k, 0, (int32_t)n, (int32_t)n);
+  if (st == DK_OK) st = dks_check_dtype(k, "output", 0, k->in[0].dtype);
   if (st != DK_OK) return st;
-  const cpu_tensor *dy = &k->in[0];
+  const dks_tensor *dy = &k->in[0];
   if (strcmp(k->op, "MaxPoolGrad") == 0) { /* Indices: int64, dY's shape; the kernel checks their values */
-    if ((st = cpu_check_rank(k, 1, dy->ndim, dy->ndim)) != DK_OK ||
-        (st = cpu_check_dtype(k, "input", 1, DK_DTYPE_INT64)) != DK_OK)
+    if ((st = dks_check_rank(k, 1, dy->ndim, dy->ndim)) != DK_OK ||
+        (st = dks_check_dtype(k, "input", 1, DK_DTYPE_INT64)) != DK_OK)
       return st;
     for (int32_t d = 0; d < dy->ndim; d++)
-      if (k->in[1].shape[d] != dy->shape[d]) return cpu_invalid(k, "Indices' shape is not dY's");
+      if (k->in[1].shape[d] != dy->shape[d]) return dks_invalid(k, "Indices' shape is not dY's");
     return dy->shape[0] == x_shape[0] && dy->shape[1] == x_shape[1]
-               ? DK_OK : cpu_invalid(k, "dY's N and C are not X_shape's");
+               ? DK_OK : dks_invalid(k, "dY's N and C are not X_shape's");
   }
-  int64_t y[CPU_MAX_DIMS] = {x_shape[0], x_shape[1]};
+  int64_t y[DKS_MAX_DIMS] = {x_shape[0], x_shape[1]};
   if ((st = linalg_check_window(k, (int32_t)n, x_shape, NULL, true, false, y + 2)) != DK_OK) return st;
   for (int32_t d = 0; d < dy->ndim; d++)
-    if (dy->shape[d] != y[d]) return cpu_invalid(k, "dY's shape is not what AveragePool of X_shape gives");
+    if (dy->shape[d] != y[d]) return dks_invalid(k, "dY's shape is not what AveragePool of X_shape gives");
   return DK_OK;
 }
 
-static const cpu_validator v_training_pool[] = {
+static const dks_validator v_training_pool[] = {
     {"MaxPoolGrad", validate_pool_grad},
     {"AveragePoolGrad", validate_pool_grad},
 };
-CPU_REGISTER_VALIDATORS(v_training_pool)
+DKS_REGISTER_VALIDATORS(v_training_pool)

@@ -7,10 +7,10 @@
  * vectorisable polynomials of vmath.h (at most 1 ulp from the correctly
  * rounded result); float16 and bfloat16 load as float32, compute exactly as
  * float32 does and round once on store. Each formula is written once, generic over the
- * compute type (see MATH). Every kernel runs through cpu_elementwise, so all
+ * compute type (see MATH). Every kernel runs through dks_elementwise, so all
  * of them take strided tensors.
  */
-#include "kernel.h"
+#include "dks_kernel.h"
 #include "vmath.h"
 
 #include <tgmath.h>
@@ -151,7 +151,7 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
  * TX x = LOAD(in). A compact run gets an indexed loop the compiler can
  * vectorise; other layouts step by byte strides. The parameters are copied
  * to a local so stores to the output cannot alias them. UNARY_LOOP_WITH's
- * ATTR is CPU_VECTOR_CLONES for the float32 loops worth AVX2/AVX-512 (the
+ * ATTR is DKS_VECTOR_CLONES for the float32 loops worth AVX2/AVX-512 (the
  * FLOAT_OPS column VEC): the vmath functions and the memory-speed ones.
  */
 #define UNARY_LOOP_WITH(ATTR, NAME, TI, TX, LOAD, TO, STORE, EXPR)              \
@@ -185,9 +185,9 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
 #define AS_BOOL(v) ((uint8_t)(v))
 
 #define KERNEL(NAME, LOOP, PARAMS)                  \
-  static DK_Status NAME(const cpu_kernel_args *k) { \
+  static DK_Status NAME(const dks_kernel_args *k) { \
     unary_params params = PARAMS(k);                \
-    cpu_elementwise(k, 1, LOOP, &params);           \
+    dks_elementwise(k, 1, LOOP, &params);           \
     return DK_OK;                                   \
   }
 
@@ -196,43 +196,43 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
  * The host has applied the ONNX defaults; the fallbacks repeat them.
  */
 
-static unary_params no_params(const cpu_kernel_args *k) {
+static unary_params no_params(const dks_kernel_args *k) {
   (void)k;
   return (unary_params){0};
 }
 
-static unary_params hard_sigmoid_params(const cpu_kernel_args *k) {
-  return (unary_params){.alpha = cpu_attr_float(k, "alpha", 0.2f),
-                        .beta = cpu_attr_float(k, "beta", 0.5)};
+static unary_params hard_sigmoid_params(const dks_kernel_args *k) {
+  return (unary_params){.alpha = dks_attr_float(k, "alpha", 0.2f),
+                        .beta = dks_attr_float(k, "beta", 0.5)};
 }
 
-static unary_params leaky_relu_params(const cpu_kernel_args *k) {
-  return (unary_params){.alpha = cpu_attr_float(k, "alpha", 0.01f)};
+static unary_params leaky_relu_params(const dks_kernel_args *k) {
+  return (unary_params){.alpha = dks_attr_float(k, "alpha", 0.01f)};
 }
 
-static unary_params alpha_one_params(const cpu_kernel_args *k) { /* Elu, Celu */
-  return (unary_params){.alpha = cpu_attr_float(k, "alpha", 1.0)};
+static unary_params alpha_one_params(const dks_kernel_args *k) { /* Elu, Celu */
+  return (unary_params){.alpha = dks_attr_float(k, "alpha", 1.0)};
 }
 
-static unary_params selu_params(const cpu_kernel_args *k) {
-  return (unary_params){.alpha = cpu_attr_float(k, "alpha", 1.67326319217681884765625),
-                        .gamma = cpu_attr_float(k, "gamma", 1.05070102214813232421875)};
+static unary_params selu_params(const dks_kernel_args *k) {
+  return (unary_params){.alpha = dks_attr_float(k, "alpha", 1.67326319217681884765625),
+                        .gamma = dks_attr_float(k, "gamma", 1.05070102214813232421875)};
 }
 
-static unary_params gelu_params(const cpu_kernel_args *k) {
+static unary_params gelu_params(const dks_kernel_args *k) {
   return (unary_params){
-      .tanh_approximation = strcmp(cpu_attr_string(k, "approximate", "none"), "tanh") == 0};
+      .tanh_approximation = strcmp(dks_attr_string(k, "approximate", "none"), "tanh") == 0};
 }
 
-static unary_params is_inf_params(const cpu_kernel_args *k) {
-  return (unary_params){.detect_negative = cpu_attr_int(k, "detect_negative", 1) != 0,
-                        .detect_positive = cpu_attr_int(k, "detect_positive", 1) != 0};
+static unary_params is_inf_params(const dks_kernel_args *k) {
+  return (unary_params){.detect_negative = dks_attr_int(k, "detect_negative", 1) != 0,
+                        .detect_positive = dks_attr_int(k, "detect_positive", 1) != 0};
 }
 
 /* Clip's min and max (host inputs) arrive as one-element "floats" or "ints"
  * attributes: a float input's bounds as either, an integer input's as ints
  * (validate_clip checks that). An omitted bound does not bind. */
-static unary_params clip_params(const cpu_kernel_args *k) {
+static unary_params clip_params(const dks_kernel_args *k) {
   unary_params prm = {.lo = -INFINITY, .hi = INFINITY};
   int64_t type_min, type_max;
   switch ((int)k->in[0].dtype) {
@@ -245,7 +245,7 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   prm.ihi = type_max;
   static const char *const names[2] = {"min", "max"};
   for (int i = 0; i < 2; i++) {
-    const DK_Attribute *a = cpu_attr(k, names[i]);
+    const DK_Attribute *a = dks_attr(k, names[i]);
     if (!a || !a->count) continue;
     double *bound = i ? &prm.hi : &prm.lo;
     int64_t *ibound = i ? &prm.ihi : &prm.ilo;
@@ -267,10 +267,10 @@ static unary_params clip_params(const cpu_kernel_args *k) {
  * kernel-table entries.
  */
 #define FLOAT_OPS(X)                                 \
-  X(Abs, abs, no_params, CPU_VECTOR_CLONES)          \
-  X(Neg, neg, no_params, CPU_VECTOR_CLONES)          \
-  X(Exp, exp, no_params, CPU_VECTOR_CLONES)          \
-  X(Log, log, no_params, CPU_VECTOR_CLONES)          \
+  X(Abs, abs, no_params, DKS_VECTOR_CLONES)          \
+  X(Neg, neg, no_params, DKS_VECTOR_CLONES)          \
+  X(Exp, exp, no_params, DKS_VECTOR_CLONES)          \
+  X(Log, log, no_params, DKS_VECTOR_CLONES)          \
   X(Sqrt, sqrt, no_params, )                         \
   X(Reciprocal, reciprocal, no_params, )             \
   X(Sin, sin, no_params, )                           \
@@ -281,19 +281,19 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   X(Atan, atan, no_params, )                         \
   X(Sinh, sinh, no_params, )                         \
   X(Cosh, cosh, no_params, )                         \
-  X(Tanh, tanh, no_params, CPU_VECTOR_CLONES)        \
+  X(Tanh, tanh, no_params, DKS_VECTOR_CLONES)        \
   X(Asinh, asinh, no_params, )                       \
   X(Acosh, acosh, no_params, )                       \
   X(Atanh, atanh, no_params, )                       \
-  X(Sigmoid, sigmoid, no_params, CPU_VECTOR_CLONES)  \
+  X(Sigmoid, sigmoid, no_params, DKS_VECTOR_CLONES)  \
   X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, )\
   X(HardSwish, hard_swish, no_params, )              \
-  X(Relu, relu, no_params, CPU_VECTOR_CLONES)        \
+  X(Relu, relu, no_params, DKS_VECTOR_CLONES)        \
   X(LeakyRelu, leaky_relu, leaky_relu_params, )      \
   X(Elu, elu, alpha_one_params, )                    \
   X(Selu, selu, selu_params, )                       \
   X(Celu, celu, alpha_one_params, )                  \
-  X(Erf, erf, no_params, CPU_VECTOR_CLONES)          \
+  X(Erf, erf, no_params, DKS_VECTOR_CLONES)          \
   X(Softplus, softplus, no_params, )                 \
   X(Softsign, softsign, no_params, )                 \
   X(Mish, mish, no_params, )                         \
@@ -312,15 +312,15 @@ static unary_params clip_params(const cpu_kernel_args *k) {
   X(Clip, clip, clip_params) \
   X(BitwiseNot, bitwise_not, no_params)
 
-#define F16_LOAD cpu_f16_to_f32
-#define BF16_LOAD cpu_bf16_to_f32
+#define F16_LOAD dks_f16_to_f32
+#define BF16_LOAD dks_bf16_to_f32
 
 #define FLOAT_KERNELS(OP, FN, PARAMS, VEC)                                           \
   UNARY_LOOP_WITH(VEC, FN##_f32_loop, float, float, AS_IS, float, AS_IS, FN##_float(x, p)) \
   UNARY_LOOP(FN##_f64_loop, double, double, AS_IS, double, AS_IS, FN##_double(x, p)) \
-  UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint16_t, cpu_f32_to_f16,     \
+  UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint16_t, dks_f32_to_f16,     \
              FN##_float(x, p))                                                       \
-  UNARY_LOOP(FN##_bf16_loop, uint16_t, float, BF16_LOAD, uint16_t, cpu_f32_to_bf16,  \
+  UNARY_LOOP(FN##_bf16_loop, uint16_t, float, BF16_LOAD, uint16_t, dks_f32_to_bf16,  \
              FN##_float(x, p))                                                       \
   KERNEL(FN##_f32, FN##_f32_loop, PARAMS)                                            \
   KERNEL(FN##_f64, FN##_f64_loop, PARAMS)                                            \
@@ -331,11 +331,11 @@ FLOAT_OPS(FLOAT_KERNELS)
 /* Gelu: a loop per form, each vectorising (a test of `approximate` per
  * element keeps the loop scalar), picked by the kernel. */
 #define GELU_FORMS(X)                                \
-  X(GeluErf, gelu_erf, no_params, CPU_VECTOR_CLONES) \
-  X(GeluTanh, gelu_tanh, no_params, CPU_VECTOR_CLONES)
+  X(GeluErf, gelu_erf, no_params, DKS_VECTOR_CLONES) \
+  X(GeluTanh, gelu_tanh, no_params, DKS_VECTOR_CLONES)
 GELU_FORMS(FLOAT_KERNELS)
 #define GELU_KERNEL(SFX)                                                                \
-  static DK_Status gelu_##SFX(const cpu_kernel_args *k) {                               \
+  static DK_Status gelu_##SFX(const dks_kernel_args *k) {                               \
     return gelu_params(k).tanh_approximation ? gelu_tanh_##SFX(k) : gelu_erf_##SFX(k); \
   }
 GELU_KERNEL(f32)
@@ -377,65 +377,65 @@ KERNEL(not_bool, not_loop, no_params)
 /* ---- Table ------------------------------------------------------------------ */
 
 #define FLOAT_ENTRIES(OP, FN, PARAMS, ...)        \
-  {#OP, DK_DTYPE_FLOAT32, FN##_f32, CPU_STRIDED}, \
-  {#OP, DK_DTYPE_FLOAT64, FN##_f64, CPU_STRIDED}, \
-  {#OP, DK_DTYPE_FLOAT16, FN##_f16, CPU_STRIDED}, \
-  {#OP, DK_DTYPE_BFLOAT16, FN##_bf16, CPU_STRIDED},
+  {#OP, DK_DTYPE_FLOAT32, FN##_f32, DKS_STRIDED}, \
+  {#OP, DK_DTYPE_FLOAT64, FN##_f64, DKS_STRIDED}, \
+  {#OP, DK_DTYPE_FLOAT16, FN##_f16, DKS_STRIDED}, \
+  {#OP, DK_DTYPE_BFLOAT16, FN##_bf16, DKS_STRIDED},
 #define INT_ENTRIES(OP, FN, PARAMS)             \
-  {#OP, DK_DTYPE_INT8, FN##_i8, CPU_STRIDED},   \
-  {#OP, DK_DTYPE_UINT8, FN##_u8, CPU_STRIDED},  \
-  {#OP, DK_DTYPE_INT32, FN##_i32, CPU_STRIDED}, \
-  {#OP, DK_DTYPE_INT64, FN##_i64, CPU_STRIDED},
+  {#OP, DK_DTYPE_INT8, FN##_i8, DKS_STRIDED},   \
+  {#OP, DK_DTYPE_UINT8, FN##_u8, DKS_STRIDED},  \
+  {#OP, DK_DTYPE_INT32, FN##_i32, DKS_STRIDED}, \
+  {#OP, DK_DTYPE_INT64, FN##_i64, DKS_STRIDED},
 
-static const cpu_kernel_def k_unary[] = {
+static const dks_kernel_def k_unary[] = {
     FLOAT_OPS(FLOAT_ENTRIES)
     FLOAT_ENTRIES(Gelu, gelu, gelu_params)
     INT_OPS(INT_ENTRIES)
     PREDICATE_OPS(FLOAT_ENTRIES)
-    {"Not", DK_DTYPE_BOOL, not_bool, CPU_STRIDED},
+    {"Not", DK_DTYPE_BOOL, not_bool, DKS_STRIDED},
 };
-CPU_REGISTER_KERNELS(k_unary)
+DKS_REGISTER_KERNELS(k_unary)
 
 /* Y has X's shape, and X's dtype (bool for the predicates). */
-static DK_Status validate_unary(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, k->in[0].dtype);
+static DK_Status validate_unary(const dks_kernel_args *k) {
+  DK_Status st = dks_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
-static DK_Status validate_predicate(const cpu_kernel_args *k) {
-  DK_Status st = cpu_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : cpu_check_dtype(k, "output", 0, DK_DTYPE_BOOL);
+static DK_Status validate_predicate(const dks_kernel_args *k) {
+  DK_Status st = dks_check_output_like(k, 0, 0);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, DK_DTYPE_BOOL);
 }
 
 /* Celu: as the other unary ops; alpha divides x, so it must not be 0. */
-static DK_Status validate_celu(const cpu_kernel_args *k) {
-  if (cpu_attr_float(k, "alpha", 1.0) == 0.0) return cpu_invalid(k, "attribute 'alpha' must not be 0");
+static DK_Status validate_celu(const dks_kernel_args *k) {
+  if (dks_attr_float(k, "alpha", 1.0) == 0.0) return dks_invalid(k, "attribute 'alpha' must not be 0");
   return validate_unary(k);
 }
 
 /* Clip: as the other unary ops; min and max (host inputs), when sent, one
  * value each -- an integer input's an integer its dtype holds (it survives
  * a store and load unchanged). */
-static DK_Status validate_clip(const cpu_kernel_args *k) {
+static DK_Status validate_clip(const dks_kernel_args *k) {
   static const char *const names[2] = {"min", "max"};
   DK_DTypeKey dtype = k->in[0].dtype;
   bool integer = (dtype & 0xff) == DK_DTYPE_CODE_INT || (dtype & 0xff) == DK_DTYPE_CODE_UINT;
   for (int i = 0; i < 2; i++) {
-    const DK_Attribute *a = cpu_attr(k, names[i]);
+    const DK_Attribute *a = dks_attr(k, names[i]);
     uint8_t element[8];
     if (!a) continue;
     if (a->count != 1 || (integer && a->type != DK_ATTR_INTS))
-      return cpu_invalid(k, "attribute '%s' must be one %s value", names[i], integer ? "integer" : "numeric");
-    if (integer) cpu_store_from_int64(element, dtype, a->ints[0]);
-    if (integer && cpu_load_as_int64(element, dtype) != a->ints[0])
-      return cpu_invalid(k, "attribute '%s' is %lld, outside the input's dtype", names[i], (long long)a->ints[0]);
+      return dks_invalid(k, "attribute '%s' must be one %s value", names[i], integer ? "integer" : "numeric");
+    if (integer) dks_store_from_int64(element, dtype, a->ints[0]);
+    if (integer && dks_load_as_int64(element, dtype) != a->ints[0])
+      return dks_invalid(k, "attribute '%s' is %lld, outside the input's dtype", names[i], (long long)a->ints[0]);
   }
   return validate_unary(k);
 }
 
 #define UNARY_VALIDATOR(OP, ...) {#OP, validate_unary},
 #define PREDICATE_VALIDATOR(OP, ...) {#OP, validate_predicate},
-static const cpu_validator v_unary[] = {
+static const dks_validator v_unary[] = {
     FLOAT_OPS(UNARY_VALIDATOR)
     INT_OPS(UNARY_VALIDATOR)
     PREDICATE_OPS(PREDICATE_VALIDATOR)
@@ -444,4 +444,4 @@ static const cpu_validator v_unary[] = {
     {"Celu", validate_celu},  /* after FLOAT_OPS' entry: the last registration wins */
     {"Clip", validate_clip},  /* likewise */
 };
-CPU_REGISTER_VALIDATORS(v_unary)
+DKS_REGISTER_VALIDATORS(v_unary)

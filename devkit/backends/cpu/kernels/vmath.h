@@ -19,7 +19,7 @@
  * exps of the Softmax rows (float64 outputs; float32 and narrower).
  *
  * Products are never fused (ISO C mode: -ffp-contract=off), so every
- * CPU_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
+ * DKS_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
  * count gives the same bits.
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_VMATH_H_

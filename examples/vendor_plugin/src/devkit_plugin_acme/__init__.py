@@ -1,4 +1,4 @@
-"""The devkit plugin for the Acme NPU.
+"""The devkit plugin for acme devices.
 
 pyproject.toml registers ``library_path`` under the ``devkit.plugins`` entry
 point, so ``devkit.load_plugin("acme")`` and ``devkit-conformance acme``

@@ -1,13 +1,11 @@
 /*
- * add.c -- ONNX Add for float32, with multidirectional broadcasting.
- *
- * acme_elementwise broadcasts: it gives a missing or size-1 dimension of an
- * input a step of 0, so this loop serves every pair of broadcastable shapes
- * and every strided view as it is.
+ * add.c -- a second example kernel: ONNX Add for float32, broadcasting its
+ * inputs (NumPy's rules) and on strided views, as relu.c is written.
  */
-#include "kernel.h"
+#include "dks_kernel.h"
 
-/* Operand 0 is the output, operands 1 and 2 the inputs A and B. */
+/* Operand 0 is the output, operands 1 and 2 the inputs; a broadcast
+ * operand's step is 0. */
 static void add_f32_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {
   (void)ctx;
   uint8_t *out = p[0];
@@ -16,29 +14,26 @@ static void add_f32_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *c
     *(float *)out = *(const float *)a + *(const float *)b;
 }
 
-static DK_Status add_f32(const acme_kernel_args *k) {
-  acme_elementwise(k, 2, add_f32_loop, NULL);
+/* DEVICE: launch the device's Add and wait for it. */
+static DK_Status add_f32(const dks_kernel_args *k) {
+  dks_elementwise(k, 2, add_f32_loop, NULL);
   return DK_OK;
 }
 
-static const acme_kernel_def k_defs[] = {
-    {"Add", DK_DTYPE_FLOAT32, add_f32, ACME_STRIDED},
+static const dks_kernel_def k_defs[] = {
+    {"Add", DK_DTYPE_FLOAT32, add_f32, DKS_STRIDED},
 };
-ACME_REGISTER_KERNELS(k_defs)
+DKS_REGISTER_KERNELS(k_defs)
 
-/* Checked at launch: two inputs that broadcast to the output's shape, all float32. */
-static const acme_op_schema k_schemas[] = {
-    {"Add", 2, 2, 1, 1, 0, NULL, 0},
-};
-ACME_REGISTER_SCHEMAS(k_schemas)
-
-static DK_Status validate_add(const acme_kernel_args *k) {
-  DK_Status st = acme_check_broadcast(k, 2);
-  if (st == DK_OK) st = acme_check_dtype(k, "input", 1, k->in[0].dtype);
-  return st != DK_OK ? st : acme_check_dtype(k, "output", 0, k->in[0].dtype);
+/* What add_f32 reads: A and B broadcast to Y's shape; all three have A's
+ * dtype. */
+static DK_Status validate_add(const dks_kernel_args *k) {
+  DK_Status st = dks_check_broadcast(k, 2);
+  if (st == DK_OK) st = dks_check_dtype(k, "input", 1, k->in[0].dtype);
+  return st != DK_OK ? st : dks_check_dtype(k, "output", 0, k->in[0].dtype);
 }
 
-static const acme_validator k_validators[] = {
+static const dks_validator k_validators[] = {
     {"Add", validate_add},
 };
-ACME_REGISTER_VALIDATORS(k_validators)
+DKS_REGISTER_VALIDATORS(k_validators)

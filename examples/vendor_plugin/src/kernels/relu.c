@@ -1,17 +1,18 @@
 /*
- * relu.c -- an example kernel: ONNX Relu for float32.
+ * relu.c -- an example kernel: ONNX Relu for float32, on strided views.
  *
- * A kernel file defines compute functions and registers them with
- * ACME_REGISTER_KERNELS; linking the file in is all it takes (setup.py
- * compiles every .c file of src/kernels). kernel.h explains what the
- * launcher does before a compute function runs on the stream's worker
- * thread.
+ * A kernel file registers compute functions with DKS_REGISTER_KERNELS;
+ * linking it in is all it takes (setup.py compiles every .c file of
+ * src/kernels). The library's launcher checks each call -- devices, ranks,
+ * extents, the op's schema, then the validators registered below -- and
+ * queues it; the compute function runs in stream order on the stream's
+ * worker thread, with every tensor's address resolved (dks_kernel.h).
  */
-#include "kernel.h"
+#include "dks_kernel.h"
 
-/* The inner loop acme_elementwise runs: operand 0 is the output, operand 1
- * the input; each pointer advances by its step in bytes (0 for a broadcast
- * operand), so strided views need nothing more. NaN stays NaN. */
+/* The inner loop dks_elementwise runs: operand 0 is the output, operand 1
+ * the input; each pointer advances by its step in bytes, so strided views
+ * need nothing more. NaN stays NaN. */
 static void relu_f32_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *ctx) {
   (void)ctx;
   uint8_t *out = p[0];
@@ -22,32 +23,22 @@ static void relu_f32_loop(int64_t n, uint8_t *const *p, const int64_t *s, void *
   }
 }
 
-static DK_Status relu_f32(const acme_kernel_args *k) {
-  acme_elementwise(k, 1, relu_f32_loop, NULL);
+/* DEVICE: launch the device's Relu on k->in[0] and k->out[0] (data, shape,
+ * strides in elements) and wait for it. */
+static DK_Status relu_f32(const dks_kernel_args *k) {
+  dks_elementwise(k, 1, relu_f32_loop, NULL);
   return DK_OK;
 }
 
 /* (ONNX op, dtype of its key input, compute function, DK_KernelFlags) */
-static const acme_kernel_def k_defs[] = {
-    {"Relu", DK_DTYPE_FLOAT32, relu_f32, ACME_STRIDED},
+static const dks_kernel_def k_defs[] = {
+    {"Relu", DK_DTYPE_FLOAT32, relu_f32, DKS_STRIDED},
 };
-ACME_REGISTER_KERNELS(k_defs)
+DKS_REGISTER_KERNELS(k_defs)
 
-/* Any host may call the table, so the launcher checks each call before it
- * queues it: the schema (one input, one output, the input keys the dtype,
- * no attributes), then the validator -- what relu_f32 reads: Y has X's
- * shape and dtype. A bad call gets DK_INVALID_ARGUMENT with a message. */
-static const acme_op_schema k_schemas[] = {
-    {"Relu", 1, 1, 1, 1, 0, NULL, 0},
+/* Any host may call the table, so what relu_f32 reads is checked at launch:
+ * Y has X's shape and dtype. A bad call gets DK_INVALID_ARGUMENT. */
+static const dks_validator k_validators[] = {
+    {"Relu", dks_validate_like_input},
 };
-ACME_REGISTER_SCHEMAS(k_schemas)
-
-static DK_Status validate_relu(const acme_kernel_args *k) {
-  DK_Status st = acme_check_output_like(k, 0, 0);
-  return st != DK_OK ? st : acme_check_dtype(k, "output", 0, k->in[0].dtype);
-}
-
-static const acme_validator k_validators[] = {
-    {"Relu", validate_relu},
-};
-ACME_REGISTER_VALIDATORS(k_validators)
+DKS_REGISTER_VALIDATORS(k_validators)

@@ -3,34 +3,34 @@
  * specs (devkit/ops); do not edit. The launcher checks every call against its op's
  * schema: tensor counts, the key input's dtype, attribute presence, types and choices.
  */
-#include "kernel.h"
+#include "dks_kernel.h"
 
-static const cpu_attr_rule Adagrad_attrs[] = {
+static const dks_attr_rule Adagrad_attrs[] = {
     {"decay_factor", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"norm_coefficient", DK_ATTR_FLOAT, true, NULL, NULL, 0},
-    {"R", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"T", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"R", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"T", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Adam_attrs[] = {
+static const dks_attr_rule Adam_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"beta", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"norm_coefficient", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"norm_coefficient_post", DK_ATTR_FLOAT, true, NULL, NULL, 0},
-    {"R", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"T", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"R", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"T", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t ArgMax_keepdims_ints[] = {0, 1};
 static const int64_t ArgMax_select_last_index_ints[] = {0, 1};
-static const cpu_attr_rule ArgMax_attrs[] = {
+static const dks_attr_rule ArgMax_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"keepdims", DK_ATTR_INT, true, NULL, ArgMax_keepdims_ints, 2},
     {"select_last_index", DK_ATTR_INT, true, NULL, ArgMax_select_last_index_ints, 2},
 };
 static const int64_t ArgMin_keepdims_ints[] = {0, 1};
 static const int64_t ArgMin_select_last_index_ints[] = {0, 1};
-static const cpu_attr_rule ArgMin_attrs[] = {
+static const dks_attr_rule ArgMin_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"keepdims", DK_ATTR_INT, true, NULL, ArgMin_keepdims_ints, 2},
     {"select_last_index", DK_ATTR_INT, true, NULL, ArgMin_select_last_index_ints, 2},
@@ -38,7 +38,7 @@ static const cpu_attr_rule ArgMin_attrs[] = {
 static const int64_t Attention_is_causal_ints[] = {0, 1};
 static const int64_t Attention_qk_matmul_output_mode_ints[] = {0, 1, 2, 3};
 static const int64_t Attention_softmax_precision_ints[] = {1, 10, 11, 16};
-static const cpu_attr_rule Attention_attrs[] = {
+static const dks_attr_rule Attention_attrs[] = {
     {"is_causal", DK_ATTR_INT, true, NULL, Attention_is_causal_ints, 2},
     {"kv_num_heads", DK_ATTR_INT, false, NULL, NULL, 0},
     {"q_num_heads", DK_ATTR_INT, false, NULL, NULL, 0},
@@ -50,7 +50,7 @@ static const cpu_attr_rule Attention_attrs[] = {
 static const char *const AveragePool_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
 static const int64_t AveragePool_ceil_mode_ints[] = {0, 1};
 static const int64_t AveragePool_count_include_pad_ints[] = {0, 1};
-static const cpu_attr_rule AveragePool_attrs[] = {
+static const dks_attr_rule AveragePool_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, AveragePool_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, true, NULL, NULL, 0},
@@ -62,7 +62,7 @@ static const cpu_attr_rule AveragePool_attrs[] = {
 static const char *const AveragePoolGrad_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
 static const int64_t AveragePoolGrad_ceil_mode_ints[] = {0, 1};
 static const int64_t AveragePoolGrad_count_include_pad_ints[] = {0, 1};
-static const cpu_attr_rule AveragePoolGrad_attrs[] = {
+static const dks_attr_rule AveragePoolGrad_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, AveragePoolGrad_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, true, NULL, NULL, 0},
@@ -70,36 +70,36 @@ static const cpu_attr_rule AveragePoolGrad_attrs[] = {
     {"strides", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"ceil_mode", DK_ATTR_INT, true, NULL, AveragePoolGrad_ceil_mode_ints, 2},
     {"count_include_pad", DK_ATTR_INT, true, NULL, AveragePoolGrad_count_include_pad_ints, 2},
-    {"X_shape", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"X_shape", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t BatchNormalization_training_mode_ints[] = {0, 1};
-static const cpu_attr_rule BatchNormalization_attrs[] = {
+static const dks_attr_rule BatchNormalization_attrs[] = {
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"momentum", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"training_mode", DK_ATTR_INT, true, NULL, BatchNormalization_training_mode_ints, 2},
 };
 static const int64_t Cast_saturate_ints[] = {0, 1};
-static const cpu_attr_rule Cast_attrs[] = {
+static const dks_attr_rule Cast_attrs[] = {
     {"to", DK_ATTR_DTYPE, true, NULL, NULL, 0},
     {"saturate", DK_ATTR_INT, true, NULL, Cast_saturate_ints, 2},
 };
-static const cpu_attr_rule Celu_attrs[] = {
+static const dks_attr_rule Celu_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Clip_attrs[] = {
-    {"min", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
-    {"max", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+static const dks_attr_rule Clip_attrs[] = {
+    {"min", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"max", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Concat_attrs[] = {
+static const dks_attr_rule Concat_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule ConstantOfShape_attrs[] = {
+static const dks_attr_rule ConstantOfShape_attrs[] = {
     {"value", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"dtype", DK_ATTR_DTYPE, true, NULL, NULL, 0},
-    {"input", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"input", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const char *const Conv_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
-static const cpu_attr_rule Conv_attrs[] = {
+static const dks_attr_rule Conv_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, Conv_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, false, NULL, NULL, 0},
@@ -108,7 +108,7 @@ static const cpu_attr_rule Conv_attrs[] = {
     {"group", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const ConvGrad_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
-static const cpu_attr_rule ConvGrad_attrs[] = {
+static const dks_attr_rule ConvGrad_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, ConvGrad_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, false, NULL, NULL, 0},
@@ -117,7 +117,7 @@ static const cpu_attr_rule ConvGrad_attrs[] = {
     {"group", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const ConvTranspose_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
-static const cpu_attr_rule ConvTranspose_attrs[] = {
+static const dks_attr_rule ConvTranspose_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, ConvTranspose_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, false, NULL, NULL, 0},
@@ -129,40 +129,40 @@ static const cpu_attr_rule ConvTranspose_attrs[] = {
 };
 static const int64_t CumSum_exclusive_ints[] = {0, 1};
 static const int64_t CumSum_reverse_ints[] = {0, 1};
-static const cpu_attr_rule CumSum_attrs[] = {
+static const dks_attr_rule CumSum_attrs[] = {
     {"exclusive", DK_ATTR_INT, true, NULL, CumSum_exclusive_ints, 2},
     {"reverse", DK_ATTR_INT, true, NULL, CumSum_reverse_ints, 2},
-    {"axis", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"axis", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const char *const DepthToSpace_mode_strings[] = {"DCR", "CRD", NULL};
-static const cpu_attr_rule DepthToSpace_attrs[] = {
+static const dks_attr_rule DepthToSpace_attrs[] = {
     {"blocksize", DK_ATTR_INT, true, NULL, NULL, 0},
     {"mode", DK_ATTR_STRING, true, DepthToSpace_mode_strings, NULL, 0},
 };
-static const cpu_attr_rule Dropout_attrs[] = {
+static const dks_attr_rule Dropout_attrs[] = {
     {"seed", DK_ATTR_INT, false, NULL, NULL, 0},
-    {"ratio", CPU_ATTR_NUMBER_OR_NUMBERS, false, NULL, NULL, 0},
-    {"training_mode", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"ratio", DKS_ATTR_NUMBER_OR_NUMBERS, false, NULL, NULL, 0},
+    {"training_mode", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Einsum_attrs[] = {
+static const dks_attr_rule Einsum_attrs[] = {
     {"equation", DK_ATTR_STRING, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Elu_attrs[] = {
+static const dks_attr_rule Elu_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Expand_attrs[] = {
-    {"shape", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+static const dks_attr_rule Expand_attrs[] = {
+    {"shape", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule EyeLike_attrs[] = {
+static const dks_attr_rule EyeLike_attrs[] = {
     {"dtype", DK_ATTR_DTYPE, false, NULL, NULL, 0},
     {"k", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Flatten_attrs[] = {
+static const dks_attr_rule Flatten_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const FusedConv_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
 static const char *const FusedConv_activation_strings[] = {"", "Relu", NULL};
-static const cpu_attr_rule FusedConv_attrs[] = {
+static const dks_attr_rule FusedConv_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, FusedConv_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, false, NULL, NULL, 0},
@@ -171,82 +171,82 @@ static const cpu_attr_rule FusedConv_attrs[] = {
     {"group", DK_ATTR_INT, true, NULL, NULL, 0},
     {"activation", DK_ATTR_STRING, true, FusedConv_activation_strings, NULL, 0},
 };
-static const cpu_attr_rule Gather_attrs[] = {
+static const dks_attr_rule Gather_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule GatherElements_attrs[] = {
+static const dks_attr_rule GatherElements_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule GatherND_attrs[] = {
+static const dks_attr_rule GatherND_attrs[] = {
     {"batch_dims", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const Gelu_approximate_strings[] = {"none", "tanh", NULL};
-static const cpu_attr_rule Gelu_attrs[] = {
+static const dks_attr_rule Gelu_attrs[] = {
     {"approximate", DK_ATTR_STRING, true, Gelu_approximate_strings, NULL, 0},
 };
 static const char *const GeluGrad_approximate_strings[] = {"none", "tanh", NULL};
-static const cpu_attr_rule GeluGrad_attrs[] = {
+static const dks_attr_rule GeluGrad_attrs[] = {
     {"approximate", DK_ATTR_STRING, true, GeluGrad_approximate_strings, NULL, 0},
 };
 static const int64_t Gemm_transA_ints[] = {0, 1};
 static const int64_t Gemm_transB_ints[] = {0, 1};
-static const cpu_attr_rule Gemm_attrs[] = {
+static const dks_attr_rule Gemm_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"beta", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"transA", DK_ATTR_INT, true, NULL, Gemm_transA_ints, 2},
     {"transB", DK_ATTR_INT, true, NULL, Gemm_transB_ints, 2},
 };
-static const cpu_attr_rule GroupNormalization_attrs[] = {
+static const dks_attr_rule GroupNormalization_attrs[] = {
     {"num_groups", DK_ATTR_INT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"stash_type", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule HardSigmoid_attrs[] = {
+static const dks_attr_rule HardSigmoid_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"beta", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Hardmax_attrs[] = {
+static const dks_attr_rule Hardmax_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule InstanceNormalization_attrs[] = {
+static const dks_attr_rule InstanceNormalization_attrs[] = {
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
 static const int64_t IsInf_detect_negative_ints[] = {0, 1};
 static const int64_t IsInf_detect_positive_ints[] = {0, 1};
-static const cpu_attr_rule IsInf_attrs[] = {
+static const dks_attr_rule IsInf_attrs[] = {
     {"detect_negative", DK_ATTR_INT, true, NULL, IsInf_detect_negative_ints, 2},
     {"detect_positive", DK_ATTR_INT, true, NULL, IsInf_detect_positive_ints, 2},
 };
-static const cpu_attr_rule LRN_attrs[] = {
+static const dks_attr_rule LRN_attrs[] = {
     {"size", DK_ATTR_INT, true, NULL, NULL, 0},
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"beta", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"bias", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LayerNormalization_attrs[] = {
+static const dks_attr_rule LayerNormalization_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"stash_type", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LayerNormalizationGrad_attrs[] = {
+static const dks_attr_rule LayerNormalizationGrad_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LeakyRelu_attrs[] = {
+static const dks_attr_rule LeakyRelu_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LeakyReluGrad_attrs[] = {
+static const dks_attr_rule LeakyReluGrad_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LogSoftmax_attrs[] = {
+static const dks_attr_rule LogSoftmax_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule LogSoftmaxGrad_attrs[] = {
+static const dks_attr_rule LogSoftmaxGrad_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const MaxPool_auto_pad_strings[] = {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", NULL};
 static const int64_t MaxPool_ceil_mode_ints[] = {0, 1};
 static const int64_t MaxPool_storage_order_ints[] = {0, 1};
-static const cpu_attr_rule MaxPool_attrs[] = {
+static const dks_attr_rule MaxPool_attrs[] = {
     {"auto_pad", DK_ATTR_STRING, true, MaxPool_auto_pad_strings, NULL, 0},
     {"dilations", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"kernel_shape", DK_ATTR_INTS, true, NULL, NULL, 0},
@@ -256,115 +256,115 @@ static const cpu_attr_rule MaxPool_attrs[] = {
     {"storage_order", DK_ATTR_INT, true, NULL, MaxPool_storage_order_ints, 2},
 };
 static const int64_t MaxPoolGrad_storage_order_ints[] = {0, 1};
-static const cpu_attr_rule MaxPoolGrad_attrs[] = {
+static const dks_attr_rule MaxPoolGrad_attrs[] = {
     {"storage_order", DK_ATTR_INT, true, NULL, MaxPoolGrad_storage_order_ints, 2},
-    {"X_shape", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"X_shape", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t Mod_fmod_ints[] = {0, 1};
-static const cpu_attr_rule Mod_attrs[] = {
+static const dks_attr_rule Mod_attrs[] = {
     {"fmod", DK_ATTR_INT, true, NULL, Mod_fmod_ints, 2},
 };
 static const char *const Momentum_mode_strings[] = {"standard", "nesterov", NULL};
-static const cpu_attr_rule Momentum_attrs[] = {
+static const dks_attr_rule Momentum_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"beta", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"mode", DK_ATTR_STRING, true, Momentum_mode_strings, NULL, 0},
     {"norm_coefficient", DK_ATTR_FLOAT, true, NULL, NULL, 0},
-    {"R", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"T", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"R", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"T", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule OneHot_attrs[] = {
+static const dks_attr_rule OneHot_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
-    {"depth", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"depth", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const char *const Pad_mode_strings[] = {"constant", "reflect", "edge", "wrap", NULL};
-static const cpu_attr_rule Pad_attrs[] = {
+static const dks_attr_rule Pad_attrs[] = {
     {"mode", DK_ATTR_STRING, true, Pad_mode_strings, NULL, 0},
-    {"pads", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"constant_value", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
-    {"axes", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"pads", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"constant_value", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"axes", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule RMSNormalization_attrs[] = {
+static const dks_attr_rule RMSNormalization_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"stash_type", DK_ATTR_INT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule RMSNormalizationGrad_attrs[] = {
+static const dks_attr_rule RMSNormalizationGrad_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"epsilon", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Range_attrs[] = {
-    {"start", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"limit", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"delta", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+static const dks_attr_rule Range_attrs[] = {
+    {"start", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"limit", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"delta", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t ReduceL1_keepdims_ints[] = {0, 1};
 static const int64_t ReduceL1_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceL1_attrs[] = {
+static const dks_attr_rule ReduceL1_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceL1_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceL1_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceL2_keepdims_ints[] = {0, 1};
 static const int64_t ReduceL2_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceL2_attrs[] = {
+static const dks_attr_rule ReduceL2_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceL2_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceL2_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceLogSumExp_keepdims_ints[] = {0, 1};
 static const int64_t ReduceLogSumExp_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceLogSumExp_attrs[] = {
+static const dks_attr_rule ReduceLogSumExp_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceLogSumExp_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceLogSumExp_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceMax_keepdims_ints[] = {0, 1};
 static const int64_t ReduceMax_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceMax_attrs[] = {
+static const dks_attr_rule ReduceMax_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceMax_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceMax_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceMean_keepdims_ints[] = {0, 1};
 static const int64_t ReduceMean_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceMean_attrs[] = {
+static const dks_attr_rule ReduceMean_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceMean_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceMean_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceMin_keepdims_ints[] = {0, 1};
 static const int64_t ReduceMin_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceMin_attrs[] = {
+static const dks_attr_rule ReduceMin_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceMin_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceMin_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceProd_keepdims_ints[] = {0, 1};
 static const int64_t ReduceProd_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceProd_attrs[] = {
+static const dks_attr_rule ReduceProd_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceProd_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceProd_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceSum_keepdims_ints[] = {0, 1};
 static const int64_t ReduceSum_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceSum_attrs[] = {
+static const dks_attr_rule ReduceSum_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceSum_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceSum_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t ReduceSumSquare_keepdims_ints[] = {0, 1};
 static const int64_t ReduceSumSquare_noop_with_empty_axes_ints[] = {0, 1};
-static const cpu_attr_rule ReduceSumSquare_attrs[] = {
+static const dks_attr_rule ReduceSumSquare_attrs[] = {
     {"keepdims", DK_ATTR_INT, true, NULL, ReduceSumSquare_keepdims_ints, 2},
     {"noop_with_empty_axes", DK_ATTR_INT, true, NULL, ReduceSumSquare_noop_with_empty_axes_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t Reshape_allowzero_ints[] = {0, 1};
-static const cpu_attr_rule Reshape_attrs[] = {
+static const dks_attr_rule Reshape_attrs[] = {
     {"allowzero", DK_ATTR_INT, true, NULL, Reshape_allowzero_ints, 2},
-    {"shape", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"shape", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t Resize_antialias_ints[] = {0, 1};
 static const char *const Resize_coordinate_transformation_mode_strings[] = {"half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_crop_and_resize", NULL};
@@ -372,7 +372,7 @@ static const int64_t Resize_exclude_outside_ints[] = {0, 1};
 static const char *const Resize_keep_aspect_ratio_policy_strings[] = {"stretch", "not_larger", "not_smaller", NULL};
 static const char *const Resize_mode_strings[] = {"nearest", "linear", "cubic", NULL};
 static const char *const Resize_nearest_mode_strings[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil", NULL};
-static const cpu_attr_rule Resize_attrs[] = {
+static const dks_attr_rule Resize_attrs[] = {
     {"antialias", DK_ATTR_INT, true, NULL, Resize_antialias_ints, 2},
     {"axes", DK_ATTR_INTS, false, NULL, NULL, 0},
     {"coordinate_transformation_mode", DK_ATTR_STRING, true, Resize_coordinate_transformation_mode_strings, NULL, 0},
@@ -382,92 +382,92 @@ static const cpu_attr_rule Resize_attrs[] = {
     {"keep_aspect_ratio_policy", DK_ATTR_STRING, true, Resize_keep_aspect_ratio_policy_strings, NULL, 0},
     {"mode", DK_ATTR_STRING, true, Resize_mode_strings, NULL, 0},
     {"nearest_mode", DK_ATTR_STRING, true, Resize_nearest_mode_strings, NULL, 0},
-    {"roi", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
-    {"scales", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
-    {"sizes", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"roi", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"scales", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"sizes", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
 static const int64_t RotaryEmbedding_interleaved_ints[] = {0, 1};
-static const cpu_attr_rule RotaryEmbedding_attrs[] = {
+static const dks_attr_rule RotaryEmbedding_attrs[] = {
     {"interleaved", DK_ATTR_INT, true, NULL, RotaryEmbedding_interleaved_ints, 2},
     {"rotary_embedding_dim", DK_ATTR_INT, true, NULL, NULL, 0},
     {"num_heads", DK_ATTR_INT, false, NULL, NULL, 0},
 };
 static const char *const ScatterElements_reduction_strings[] = {"none", "add", "mul", "max", "min", NULL};
-static const cpu_attr_rule ScatterElements_attrs[] = {
+static const dks_attr_rule ScatterElements_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"reduction", DK_ATTR_STRING, true, ScatterElements_reduction_strings, NULL, 0},
 };
 static const char *const ScatterND_reduction_strings[] = {"none", "add", "mul", "max", "min", NULL};
-static const cpu_attr_rule ScatterND_attrs[] = {
+static const dks_attr_rule ScatterND_attrs[] = {
     {"reduction", DK_ATTR_STRING, true, ScatterND_reduction_strings, NULL, 0},
 };
-static const cpu_attr_rule Selu_attrs[] = {
+static const dks_attr_rule Selu_attrs[] = {
     {"alpha", DK_ATTR_FLOAT, true, NULL, NULL, 0},
     {"gamma", DK_ATTR_FLOAT, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Shape_attrs[] = {
+static const dks_attr_rule Shape_attrs[] = {
     {"start", DK_ATTR_INT, true, NULL, NULL, 0},
     {"end", DK_ATTR_INT, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Slice_attrs[] = {
-    {"starts", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"ends", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
-    {"axes", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
-    {"steps", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+static const dks_attr_rule Slice_attrs[] = {
+    {"starts", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"ends", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"axes", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"steps", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Softmax_attrs[] = {
+static const dks_attr_rule Softmax_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const SoftmaxCrossEntropyLoss_reduction_strings[] = {"none", "sum", "mean", NULL};
-static const cpu_attr_rule SoftmaxCrossEntropyLoss_attrs[] = {
+static const dks_attr_rule SoftmaxCrossEntropyLoss_attrs[] = {
     {"ignore_index", DK_ATTR_INT, false, NULL, NULL, 0},
     {"reduction", DK_ATTR_STRING, true, SoftmaxCrossEntropyLoss_reduction_strings, NULL, 0},
 };
 static const char *const SoftmaxCrossEntropyLossGrad_reduction_strings[] = {"none", "sum", "mean", NULL};
-static const cpu_attr_rule SoftmaxCrossEntropyLossGrad_attrs[] = {
+static const dks_attr_rule SoftmaxCrossEntropyLossGrad_attrs[] = {
     {"ignore_index", DK_ATTR_INT, false, NULL, NULL, 0},
     {"reduction", DK_ATTR_STRING, true, SoftmaxCrossEntropyLossGrad_reduction_strings, NULL, 0},
 };
-static const cpu_attr_rule SoftmaxGrad_attrs[] = {
+static const dks_attr_rule SoftmaxGrad_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
 };
 static const char *const SpaceToDepth_mode_strings[] = {"DCR", "CRD", NULL};
-static const cpu_attr_rule SpaceToDepth_attrs[] = {
+static const dks_attr_rule SpaceToDepth_attrs[] = {
     {"blocksize", DK_ATTR_INT, true, NULL, NULL, 0},
     {"mode", DK_ATTR_STRING, true, SpaceToDepth_mode_strings, NULL, 0},
 };
-static const cpu_attr_rule Split_attrs[] = {
+static const dks_attr_rule Split_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"num_outputs", DK_ATTR_INT, false, NULL, NULL, 0},
-    {"split", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"split", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Squeeze_attrs[] = {
-    {"axes", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+static const dks_attr_rule Squeeze_attrs[] = {
+    {"axes", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Tile_attrs[] = {
-    {"repeats", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+static const dks_attr_rule Tile_attrs[] = {
+    {"repeats", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 static const int64_t TopK_largest_ints[] = {0, 1};
 static const int64_t TopK_sorted_ints[] = {0, 1};
-static const cpu_attr_rule TopK_attrs[] = {
+static const dks_attr_rule TopK_attrs[] = {
     {"axis", DK_ATTR_INT, true, NULL, NULL, 0},
     {"largest", DK_ATTR_INT, true, NULL, TopK_largest_ints, 2},
     {"sorted", DK_ATTR_INT, true, NULL, TopK_sorted_ints, 2},
-    {"K", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+    {"K", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
-static const cpu_attr_rule Transpose_attrs[] = {
+static const dks_attr_rule Transpose_attrs[] = {
     {"perm", DK_ATTR_INTS, false, NULL, NULL, 0},
 };
 static const int64_t Trilu_upper_ints[] = {0, 1};
-static const cpu_attr_rule Trilu_attrs[] = {
+static const dks_attr_rule Trilu_attrs[] = {
     {"upper", DK_ATTR_INT, true, NULL, Trilu_upper_ints, 2},
-    {"k", CPU_ATTR_NUMBERS, false, NULL, NULL, 0},
+    {"k", DKS_ATTR_NUMBERS, false, NULL, NULL, 0},
 };
-static const cpu_attr_rule Unsqueeze_attrs[] = {
-    {"axes", CPU_ATTR_NUMBERS, true, NULL, NULL, 0},
+static const dks_attr_rule Unsqueeze_attrs[] = {
+    {"axes", DKS_ATTR_NUMBERS, true, NULL, NULL, 0},
 };
 
-static const cpu_op_schema op_schemas[] = {
+static const dks_op_schema op_schemas[] = {
     {"Abs", 1, 1, 1, 1, 0, NULL, 0},
     {"Acos", 1, 1, 1, 1, 0, NULL, 0},
     {"Acosh", 1, 1, 1, 1, 0, NULL, 0},
@@ -614,4 +614,4 @@ static const cpu_op_schema op_schemas[] = {
     {"Where", 3, 3, 1, 1, 1, NULL, 0},
     {"Xor", 2, 2, 1, 1, 0, NULL, 0},
 };
-CPU_REGISTER_SCHEMAS(op_schemas)
+DKS_REGISTER_SCHEMAS(op_schemas)

@@ -1,6 +1,6 @@
 /*
  * stream.c -- streams (in-order queues, one worker thread each), work items
- * and events of the devkit "cpu" reference plugin.
+ * and events of the devkit plugin-support library.
  *
  * Lifetimes: a stream is pinned by every API call using it (refs) and
  * stream_destroy waits until it is unpinned and drained. An event is
@@ -19,7 +19,7 @@
  * the waiter does not sleep while the worker wakes, and the worker's
  * completion does not have to wake the waiter.
  *
- * Asynchronous failures: a work item reports one with cpu_work_fail; the
+ * Asynchronous failures: a work item reports one with dks_work_fail; the
  * worker then stores it in the stream's sticky error (first failure wins),
  * which every later synchronize / query of the stream reports, and which
  * event records queued behind it capture.
@@ -33,101 +33,101 @@
 #include <string.h>
 #include <time.h>
 
-#include "cpu_internal.h"
+#include "dks_internal.h"
 
 /* ======================================================================== */
 /* Work items and streams                                                    */
 /* ======================================================================== */
 
-typedef struct cpu_work {
-  struct cpu_work *next;
+typedef struct dks_work {
+  struct dks_work *next;
   void (*run)(void *arg);
   void (*destroy)(void *arg);
   max_align_t arg[]; /* the closure's argument, allocated with the item */
-} cpu_work;
+} dks_work;
 
 /* A stream's sticky error. Allocated with the stream (so recording a failure
  * on the worker cannot run out of memory) and reference-counted, because the
  * event records that capture it may outlive the stream. Only the stream's
  * worker writes it, once: message first, then status with release order. */
-typedef struct cpu_error {
+typedef struct dks_error {
   atomic_int refs;
   atomic_int status; /* DK_OK until the first failure */
   char message[1024];
-} cpu_error;
+} dks_error;
 
-static void error_put(cpu_error *e) {
+static void error_put(dks_error *e) {
   if (e && atomic_fetch_sub(&e->refs, 1) == 1) free(e);
 }
 
 /* The failure recorded in e, or DK_OK; the caller keeps e alive. */
-static DK_Status error_status(const cpu_error *e) {
+static DK_Status error_status(const dks_error *e) {
   return atomic_load_explicit(&e->status, memory_order_acquire);
 }
 
 /* Re-raises a recorded failure in the calling thread as `fn`'s error. */
 static DK_Status error_report(const char *fn, const void *what,
-                              const char *kind, const cpu_error *e) {
-  return cpu_set_error(error_status(e), "%s: work queued on %s %p failed: %s",
+                              const char *kind, const dks_error *e) {
+  return dks_set_error(error_status(e), "%s: work queued on %s %p failed: %s",
                        fn, kind, what, e->message);
 }
 
-struct cpu_stream {
+struct dks_stream {
   pthread_t worker;
   pthread_mutex_t mu;
   pthread_cond_t work_cv;  /* worker: queue non-empty or stop */
   pthread_cond_t done_cv;  /* waiters: completed advanced or refs hit 0 */
-  cpu_work *head, *tail;   /* guarded by mu */
+  dks_work *head, *tail;   /* guarded by mu */
   bool running;            /* an item of it is running (guarded by mu) */
   bool stop;               /* guarded by mu */
 #ifdef DEVKIT_DEFECT_OUT_OF_ORDER
-  cpu_work *moved_back; /* guarded by mu (see stream_take) */
+  dks_work *moved_back; /* guarded by mu (see stream_take) */
 #endif
   /* Written under mu; atomic so stream_query can read them without it. */
   atomic_uint_fast64_t submitted, completed;
-  atomic_int refs; /* pins from cpu_stream_acquire */
-  cpu_error *error; /* sticky; holds one reference */
+  atomic_int refs; /* pins from dks_stream_acquire */
+  dks_error *error; /* sticky; holds one reference */
   /* The graph being captured, or NULL; written under mu, read anywhere. */
-  _Atomic(cpu_graph *) capture;
+  _Atomic(dks_graph *) capture;
 };
 
 /* The stream whose item the calling thread runs (its worker, or a waiter
  * running it; NULL elsewhere), and the failure reported by the work item
  * running in this thread. */
-static _Thread_local cpu_stream *t_stream;
+static _Thread_local dks_stream *t_stream;
 static _Thread_local DK_Status t_work_status;
 
-static cpu_work *work_of(void *arg) {
-  return (cpu_work *)((char *)arg - offsetof(cpu_work, arg));
+static dks_work *work_of(void *arg) {
+  return (dks_work *)((char *)arg - offsetof(dks_work, arg));
 }
 
-void *cpu_work_new(size_t arg_size, void (*run)(void *arg),
+void *dks_work_new(size_t arg_size, void (*run)(void *arg),
                    void (*destroy)(void *arg)) {
-  cpu_work *w = calloc(1, sizeof *w + arg_size);
+  dks_work *w = calloc(1, sizeof *w + arg_size);
   if (!w) return NULL;
   w->run = run;
   w->destroy = destroy;
   return w->arg;
 }
 
-void cpu_work_discard(void *arg) { free(work_of(arg)); }
+void dks_work_discard(void *arg) { free(work_of(arg)); }
 
-DK_Status cpu_work_fail(DK_Status status, const char *fmt, ...) {
+DK_Status dks_work_fail(DK_Status status, const char *fmt, ...) {
   char message[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(message, sizeof message, fmt, ap);
   va_end(ap);
   t_work_status = status;
-  return cpu_set_error(status, "%s", message);
+  return dks_set_error(status, "%s", message);
 }
 
-cpu_stream *cpu_stream_current(void) { return t_stream; }
+dks_stream *dks_stream_current(void) { return t_stream; }
 
-/* Runs w and returns what its run function reported through cpu_work_fail
+/* Runs w and returns what its run function reported through dks_work_fail
  * (saved and restored, since a default-stream item may run inside another
  * item, e.g. from a callback or a graph). */
-static DK_Status work_rerun(cpu_work *w) {
+static DK_Status work_rerun(dks_work *w) {
   DK_Status outer = t_work_status;
   t_work_status = DK_OK;
   w->run(w->arg);
@@ -136,31 +136,31 @@ static DK_Status work_rerun(cpu_work *w) {
   return st;
 }
 
-static void work_free(cpu_work *w) {
+static void work_free(dks_work *w) {
   if (w->destroy) w->destroy(w->arg);
   free(w);
 }
 
 /* Runs and frees w. */
-static DK_Status work_run(cpu_work *w) {
+static DK_Status work_run(dks_work *w) {
   DK_Status st = work_rerun(w);
   work_free(w);
   return st;
 }
 
-DK_Status cpu_work_rerun(void *arg) { return work_rerun(work_of(arg)); }
-DK_Status cpu_work_run_once(void *arg) { return work_run(work_of(arg)); }
-void cpu_work_free(void *arg) { work_free(work_of(arg)); }
+DK_Status dks_work_rerun(void *arg) { return work_rerun(work_of(arg)); }
+DK_Status dks_work_run_once(void *arg) { return work_run(work_of(arg)); }
+void dks_work_free(void *arg) { work_free(work_of(arg)); }
 
 /* Queues w on s, or hands it to s's capture; with `recordable` false a
  * capturing stream refuses it (false), the caller keeping w. The capture is
  * read under s->mu, so a capture begun by another thread after the caller's
  * own check cannot take an item it must not hold. */
-static bool work_queue(cpu_stream *s, cpu_work *w, bool recordable) {
+static bool work_queue(dks_stream *s, dks_work *w, bool recordable) {
   pthread_mutex_lock(&s->mu);
-  cpu_graph *g = atomic_load(&s->capture);
+  dks_graph *g = atomic_load(&s->capture);
   if (g) { /* recorded, not run: the graph owns the item from now on */
-    if (recordable) cpu_graph_add_work(g, w->arg);
+    if (recordable) dks_graph_add_work(g, w->arg);
     pthread_mutex_unlock(&s->mu);
     return recordable;
   }
@@ -176,29 +176,29 @@ static bool work_queue(cpu_stream *s, cpu_work *w, bool recordable) {
   return true;
 }
 
-DK_Status cpu_work_submit(cpu_stream *s, void *arg) {
-  cpu_work *w = work_of(arg);
+DK_Status dks_work_submit(dks_stream *s, void *arg) {
+  dks_work *w = work_of(arg);
   if (!s) return work_run(w); /* its message is already this thread's */
   work_queue(s, w, true);
   return DK_OK;
 }
 
-bool cpu_work_submit_uncaptured(cpu_stream *s, void *arg) { return work_queue(s, work_of(arg), false); }
+bool dks_work_submit_uncaptured(dks_stream *s, void *arg) { return work_queue(s, work_of(arg), false); }
 
 /* Keeps the first failure; the message is copied out of this (the worker's)
  * thread-local buffer. Runs before `completed` advances, so a waiter that
  * sees the item complete also sees its failure. */
-static void stream_record_failure(cpu_stream *s, DK_Status st) {
-  cpu_error *e = s->error;
+static void stream_record_failure(dks_stream *s, DK_Status st) {
+  dks_error *e = s->error;
   if (st == DK_OK || error_status(e) != DK_OK) return;
-  snprintf(e->message, sizeof e->message, "%s", cpu_last_error());
+  snprintf(e->message, sizeof e->message, "%s", dks_last_error());
   atomic_store_explicit(&e->status, st, memory_order_release);
 }
 
 /* Takes the next item off s's queue to run it (under s->mu; the queue is
  * non-empty and nobody runs an item of s). */
-static cpu_work *stream_take(cpu_stream *s) {
-  cpu_work *w = s->head;
+static dks_work *stream_take(dks_stream *s) {
+  dks_work *w = s->head;
 #ifdef DEVKIT_DEFECT_OUT_OF_ORDER
   /* The defect: the second item runs before the first. The item a swap
    * moved back runs next, unswapped: swapping it again whenever more work
@@ -208,7 +208,7 @@ static cpu_work *stream_take(cpu_stream *s) {
   if (w == s->moved_back) {
     s->moved_back = NULL;
   } else if (w->next) {
-    cpu_work *second = w->next;
+    dks_work *second = w->next;
     w->next = second->next;
     second->next = w;
     if (s->tail == second) s->tail = w;
@@ -224,10 +224,10 @@ static cpu_work *stream_take(cpu_stream *s) {
 
 /* Runs the next item of s in the calling thread, as s's (under s->mu,
  * released while it runs; stream_take's conditions hold). */
-static void stream_run_next(cpu_stream *s) {
-  cpu_work *w = stream_take(s);
+static void stream_run_next(dks_stream *s) {
+  dks_work *w = stream_take(s);
   pthread_mutex_unlock(&s->mu);
-  cpu_stream *outer = t_stream; /* a waiter may itself be running an item */
+  dks_stream *outer = t_stream; /* a waiter may itself be running an item */
   t_stream = s;
   stream_record_failure(s, work_run(w));
   t_stream = outer;
@@ -238,7 +238,7 @@ static void stream_run_next(cpu_stream *s) {
 }
 
 static void *stream_main(void *arg) {
-  cpu_stream *s = arg;
+  dks_stream *s = arg;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while ((!s->head || s->running) && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
@@ -251,10 +251,10 @@ static void *stream_main(void *arg) {
 
 /* Waiting for a stream from one of its own items (a callback) would never
  * end. */
-static bool on_worker(const cpu_stream *s) { return t_stream == s; }
+static bool on_worker(const dks_stream *s) { return t_stream == s; }
 
-static DK_Status deadlock_error(const char *fn, const cpu_stream *s) {
-  return cpu_set_error(DK_FAILED_PRECONDITION,
+static DK_Status deadlock_error(const char *fn, const dks_stream *s) {
+  return dks_set_error(DK_FAILED_PRECONDITION,
                        "%s: called from a callback running on stream %p, "
                        "which would wait for itself",
                        fn, (const void *)s);
@@ -264,7 +264,7 @@ static void run_callback(void *arg);
 
 /* Blocks until everything submitted before the call has completed, running
  * the items that nobody runs yet itself, up to a host callback. */
-static void stream_drain(cpu_stream *s) {
+static void stream_drain(dks_stream *s) {
   pthread_mutex_lock(&s->mu);
   uint64_t target = atomic_load(&s->submitted);
   bool callback = false;
@@ -282,44 +282,48 @@ static void stream_drain(cpu_stream *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-cpu_graph *cpu_stream_capture(cpu_stream *s) {
+dks_graph *dks_stream_capture(dks_stream *s) {
   return s ? atomic_load(&s->capture) : NULL;
 }
 
-DK_Status cpu_capture_refused(const char *fn, const cpu_stream *s) {
-  return cpu_set_error(DK_FAILED_PRECONDITION,
+bool dks_stream_capturing(const dks_stream *s) {
+  return s && atomic_load(&((dks_stream *)s)->capture) != NULL;
+}
+
+DK_Status dks_capture_refused(const char *fn, const dks_stream *s) {
+  return dks_set_error(DK_FAILED_PRECONDITION,
                        "%s: stream %p is capturing a graph; this call is "
                        "refused until graph_end_capture",
                        fn, (const void *)s);
 }
 
-DK_Status cpu_device_capture_check(const char *fn, cpu_device *d) {
+DK_Status dks_device_capture_check(const char *fn, dks_device *d) {
   int n = atomic_load(&d->capturing);
   if (n == 0) return DK_OK;
-  return cpu_set_error(DK_FAILED_PRECONDITION,
-                       "%s: %d stream(s) of cpu device %d are capturing a "
+  return dks_set_error(DK_FAILED_PRECONDITION,
+                       "%s: %d stream(s) of %s device %d are capturing a "
                        "graph; this call is refused until graph_end_capture",
-                       fn, n, (int)d->index);
+                       fn, n, dks_name(), (int)d->index);
 }
 
-DK_Status cpu_stream_begin_capture(const char *fn, cpu_stream *s,
-                                   cpu_graph *g) {
+DK_Status dks_stream_begin_capture(const char *fn, dks_stream *s,
+                                   dks_graph *g) {
   pthread_mutex_lock(&s->mu);
   bool busy = atomic_load(&s->capture) != NULL;
   if (!busy) atomic_store(&s->capture, g);
   pthread_mutex_unlock(&s->mu);
-  return busy ? cpu_capture_refused(fn, s) : DK_OK;
+  return busy ? dks_capture_refused(fn, s) : DK_OK;
 }
 
-cpu_graph *cpu_stream_end_capture(cpu_stream *s) {
+dks_graph *dks_stream_end_capture(dks_stream *s) {
   pthread_mutex_lock(&s->mu);
-  cpu_graph *g = atomic_exchange(&s->capture, NULL);
+  dks_graph *g = atomic_exchange(&s->capture, NULL);
   pthread_mutex_unlock(&s->mu);
   return g;
 }
 
 /* Stops the worker once its queue is empty, joins it and frees s. */
-static void stream_free(cpu_stream *s) {
+static void stream_free(dks_stream *s) {
   pthread_mutex_lock(&s->mu);
   s->stop = true;
   pthread_cond_signal(&s->work_cv);
@@ -332,19 +336,19 @@ static void stream_free(cpu_stream *s) {
   free(s);
 }
 
-static DK_Status not_a_stream(const char *fn, cpu_device *d, DK_Stream h) {
-  return cpu_set_error(DK_INVALID_ARGUMENT,
-                       "%s: stream %p is not a live stream on cpu device %d",
-                       fn, (void *)h, (int)d->index);
+static DK_Status not_a_stream(const char *fn, dks_device *d, DK_Stream h) {
+  return dks_set_error(DK_INVALID_ARGUMENT,
+                       "%s: stream %p is not a live stream on %s device %d",
+                       fn, (void *)h, dks_name(), (int)d->index);
 }
 
-DK_Status cpu_stream_acquire(const char *fn, cpu_device *d, DK_Stream stream,
-                             cpu_stream **out) {
+DK_Status dks_stream_acquire(const char *fn, dks_device *d, DK_Stream stream,
+                             dks_stream **out) {
   *out = NULL;
   if (!stream) return DK_OK;
-  cpu_stream *s = (cpu_stream *)stream;
+  dks_stream *s = (dks_stream *)stream;
   pthread_mutex_lock(&d->stream_mu);
-  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  bool live = dks_table_find(&d->streams, (uintptr_t)s, NULL);
   if (live) atomic_fetch_add(&s->refs, 1);
   pthread_mutex_unlock(&d->stream_mu);
   if (!live) return not_a_stream(fn, d, stream);
@@ -352,7 +356,7 @@ DK_Status cpu_stream_acquire(const char *fn, cpu_device *d, DK_Stream stream,
   return DK_OK;
 }
 
-void cpu_stream_release(cpu_stream *s) {
+void dks_stream_release(dks_stream *s) {
   if (!s) return;
   /* Under mu so that stream_destroy, once it sees refs == 0, knows no
    * releaser still touches the stream. */
@@ -361,19 +365,19 @@ void cpu_stream_release(cpu_stream *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream) {
+DK_Status dks_stream_create(int32_t dev, DK_Stream *stream) {
   static const char fn[] = "stream_create";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
   if (!stream)
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: stream is NULL", fn);
-  cpu_stream *s = calloc(1, sizeof *s);
-  cpu_error *e = calloc(1, sizeof *e);
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: stream is NULL", fn);
+  dks_stream *s = calloc(1, sizeof *s);
+  dks_error *e = calloc(1, sizeof *e);
   if (!s || !e) {
     free(s);
     free(e);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   atomic_init(&e->refs, 1);
   s->error = e;
@@ -387,37 +391,37 @@ DK_Status cpu_stream_create(int32_t dev, DK_Stream *stream) {
     pthread_mutex_destroy(&s->mu);
     free(e);
     free(s);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
-                         "%s: cannot start a worker thread for cpu device %d: "
+    return dks_set_error(DK_RESOURCE_EXHAUSTED,
+                         "%s: cannot start a worker thread for %s device %d: "
                          "%s",
-                         fn, (int)dev, strerror(rc));
+                         fn, dks_name(), (int)dev, strerror(rc));
   }
   pthread_mutex_lock(&d->stream_mu);
-  bool ok = cpu_table_insert(&d->streams, (uintptr_t)s, 0);
+  bool ok = dks_table_insert(&d->streams, (uintptr_t)s, 0);
   pthread_mutex_unlock(&d->stream_mu);
   if (!ok) {
     stream_free(s);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   *stream = (DK_Stream)s;
   return DK_OK;
 }
 
-DK_Status cpu_stream_destroy(int32_t dev, DK_Stream stream) {
+DK_Status dks_stream_destroy(int32_t dev, DK_Stream stream) {
   static const char fn[] = "stream_destroy";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK || !stream) return st;
-  cpu_stream *s = (cpu_stream *)stream;
+  dks_stream *s = (dks_stream *)stream;
   pthread_mutex_lock(&d->stream_mu);
-  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  bool live = dks_table_find(&d->streams, (uintptr_t)s, NULL);
   bool self = live && on_worker(s);
-  bool capturing = live && cpu_stream_capture(s);
-  if (live && !self && !capturing) cpu_table_remove(&d->streams, (uintptr_t)s, NULL);
+  bool capturing = live && dks_stream_capturing(s);
+  if (live && !self && !capturing) dks_table_remove(&d->streams, (uintptr_t)s, NULL);
   pthread_mutex_unlock(&d->stream_mu);
   if (!live) return not_a_stream(fn, d, stream);
   if (self) return deadlock_error(fn, s);
-  if (capturing) return cpu_capture_refused(fn, s);
+  if (capturing) return dks_capture_refused(fn, s);
   /* Unregistered: no new pins. Wait for calls still using it, then for all
    * work they submitted. */
   pthread_mutex_lock(&s->mu);
@@ -429,39 +433,39 @@ DK_Status cpu_stream_destroy(int32_t dev, DK_Stream stream) {
   return DK_OK;
 }
 
-DK_Status cpu_stream_synchronize(int32_t dev, DK_Stream stream) {
+DK_Status dks_stream_synchronize(int32_t dev, DK_Stream stream) {
   static const char fn[] = "stream_synchronize";
-  cpu_device *d;
-  cpu_stream *s;
-  DK_Status st = cpu_device_get(fn, dev, &d);
-  if (st == DK_OK) st = cpu_stream_acquire(fn, d, stream, &s);
+  dks_device *d;
+  dks_stream *s;
+  DK_Status st = dks_device_get(fn, dev, &d);
+  if (st == DK_OK) st = dks_stream_acquire(fn, d, stream, &s);
   if (st != DK_OK || !s) return st;
   if (on_worker(s)) {
     st = deadlock_error(fn, s);
-  } else if (cpu_stream_capture(s)) {
-    st = cpu_capture_refused(fn, s);
+  } else if (dks_stream_capturing(s)) {
+    st = dks_capture_refused(fn, s);
   } else {
     stream_drain(s);
     if (error_status(s->error) != DK_OK)
       st = error_report(fn, s, "stream", s->error);
   }
-  cpu_stream_release(s);
+  dks_stream_release(s);
   return st;
 }
 
 /* Hot path: one registry lookup, read under the registry lock (which keeps
  * the stream alive) instead of pinning. */
-DK_Status cpu_stream_query(int32_t dev, DK_Stream stream) {
+DK_Status dks_stream_query(int32_t dev, DK_Stream stream) {
   static const char fn[] = "stream_query";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK || !stream) return st;
-  cpu_stream *s = (cpu_stream *)stream;
+  dks_stream *s = (dks_stream *)stream;
   pthread_mutex_lock(&d->stream_mu);
-  bool live = cpu_table_find(&d->streams, (uintptr_t)s, NULL);
+  bool live = dks_table_find(&d->streams, (uintptr_t)s, NULL);
   bool idle = live && atomic_load(&s->completed) == atomic_load(&s->submitted);
-  if (live && cpu_stream_capture(s))
-    st = cpu_capture_refused(fn, s);
+  if (live && dks_stream_capturing(s))
+    st = dks_capture_refused(fn, s);
   else if (live && error_status(s->error) != DK_OK)
     st = error_report(fn, s, "stream", s->error);
   pthread_mutex_unlock(&d->stream_mu);
@@ -470,22 +474,22 @@ DK_Status cpu_stream_query(int32_t dev, DK_Stream stream) {
   return idle ? DK_OK : DK_NOT_READY;
 }
 
-DK_Status cpu_device_synchronize(int32_t dev) {
+DK_Status dks_device_synchronize(int32_t dev) {
   static const char fn[] = "device_synchronize";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
-  if (st == DK_OK) st = cpu_device_capture_check(fn, d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
+  if (st == DK_OK) st = dks_device_capture_check(fn, d);
   if (st != DK_OK) return st;
 
   /* Pin a snapshot of the live streams, then drain them without holding the
    * registry lock (their work may itself create or look up streams). */
   pthread_mutex_lock(&d->stream_mu);
   size_t n = d->streams.count;
-  cpu_stream **streams = n ? malloc(n * sizeof *streams) : NULL;
+  dks_stream **streams = n ? malloc(n * sizeof *streams) : NULL;
   bool oom = n && !streams;
-  cpu_stream *self = NULL;
+  dks_stream *self = NULL;
   for (size_t i = 0, k = 0; !oom && i < d->streams.capacity; i++) {
-    cpu_stream *s = (cpu_stream *)d->streams.slots[i].key;
+    dks_stream *s = (dks_stream *)d->streams.slots[i].key;
     if (!s) continue;
     if (on_worker(s)) self = s;
     atomic_fetch_add(&s->refs, 1);
@@ -494,13 +498,13 @@ DK_Status cpu_device_synchronize(int32_t dev) {
   pthread_mutex_unlock(&d->stream_mu);
 
   if (oom)
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   if (self) st = deadlock_error(fn, self);
   for (size_t i = 0; i < n; i++) {
     if (!self) stream_drain(streams[i]);
     if (st == DK_OK && error_status(streams[i]->error) != DK_OK)
       st = error_report(fn, streams[i], "stream", streams[i]->error);
-    cpu_stream_release(streams[i]);
+    dks_stream_release(streams[i]);
   }
   free(streams);
   return st;
@@ -516,33 +520,33 @@ static void run_callback(void *arg) {
   a->fn(a->user_data);
 }
 
-DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
+DK_Status dks_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
                                   void *user_data) {
   static const char fname[] = "stream_add_callback";
-  cpu_device *d;
-  cpu_stream *s;
-  DK_Status st = cpu_device_get(fname, dev, &d);
+  dks_device *d;
+  dks_stream *s;
+  DK_Status st = dks_device_get(fname, dev, &d);
   if (st != DK_OK) return st;
-  if (!fn) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: fn is NULL", fname);
-  if ((st = cpu_stream_acquire(fname, d, stream, &s)) != DK_OK) return st;
-  if (cpu_stream_capture(s)) {
-    st = cpu_capture_refused(fname, s);
-    cpu_stream_release(s);
+  if (!fn) return dks_set_error(DK_INVALID_ARGUMENT, "%s: fn is NULL", fname);
+  if ((st = dks_stream_acquire(fname, d, stream, &s)) != DK_OK) return st;
+  if (dks_stream_capturing(s)) {
+    st = dks_capture_refused(fname, s);
+    dks_stream_release(s);
     return st;
   }
-  callback_args *a = cpu_work_new(sizeof *a, run_callback, NULL);
+  callback_args *a = dks_work_new(sizeof *a, run_callback, NULL);
   if (!a) {
-    cpu_stream_release(s);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED,
+    dks_stream_release(s);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED,
                          "%s: host out of memory queuing the callback", fname);
   }
   *a = (callback_args){fn, user_data};
   st = DK_OK;
-  if (!cpu_work_submit_uncaptured(s, a)) { /* a capture began since the check above */
-    cpu_work_discard(a);
-    st = cpu_capture_refused(fname, s);
+  if (!dks_work_submit_uncaptured(s, a)) { /* a capture began since the check above */
+    dks_work_discard(a);
+    st = dks_capture_refused(fname, s);
   }
-  cpu_stream_release(s);
+  dks_stream_release(s);
   return st;
 }
 
@@ -553,34 +557,34 @@ DK_Status cpu_stream_add_callback(int32_t dev, DK_Stream stream, DK_HostFn fn,
 /* One event_record: done once the worker reaches it. Each record gets its own
  * mark so that a wait captures exactly the record current at its call, even
  * when a later re-record on another stream completes first. */
-typedef struct cpu_mark {
+typedef struct dks_mark {
   int refs;     /* the event's `last`, queued record/wait work, waiters */
   bool done;
   uint64_t ns;  /* CLOCK_MONOTONIC completion time */
-  cpu_error *error; /* the stream's sticky error when the record ran, if set */
-} cpu_mark;
+  dks_error *error; /* the stream's sticky error when the record ran, if set */
+} dks_mark;
 
-typedef struct cpu_event {
+struct dks_event {
   uint32_t flags;
   atomic_int refs; /* registry entry + queued work + calls in flight */
   pthread_mutex_t mu; /* guards last and every field of its marks */
   pthread_cond_t cv;  /* a mark of this event became done */
-  cpu_mark *last;     /* most recent record; NULL = never recorded */
-} cpu_event;
+  dks_mark *last;     /* most recent record; NULL = never recorded */
+};
 
-static void mark_free(cpu_mark *m) {
+static void mark_free(dks_mark *m) {
   if (!m) return;
   error_put(m->error);
   free(m);
 }
 
 /* Caller holds e->mu. */
-static void mark_put(cpu_mark *m) {
+static void mark_put(dks_mark *m) {
   if (--m->refs == 0) mark_free(m);
 }
 
 /* Caller holds e->mu; returns with it held once m is done. */
-static void mark_wait(cpu_event *e, cpu_mark *m) {
+static void mark_wait(dks_event *e, dks_mark *m) {
   if (m->done) return;
   m->refs++; /* a re-record may drop the event's reference meanwhile */
   while (!m->done) pthread_cond_wait(&e->cv, &e->mu);
@@ -588,25 +592,25 @@ static void mark_wait(cpu_event *e, cpu_mark *m) {
 }
 
 static DK_Status event_acquire(const char *fn, const char *what,
-                               cpu_device *d, DK_Event event,
-                               cpu_event **out) {
+                               dks_device *d, DK_Event event,
+                               dks_event **out) {
   *out = NULL;
   if (!event)
-    return cpu_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
-  cpu_event *e = (cpu_event *)event;
+    return dks_set_error(DK_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+  dks_event *e = (dks_event *)event;
   pthread_mutex_lock(&d->event_mu);
-  bool live = cpu_table_find(&d->events, (uintptr_t)e, NULL);
+  bool live = dks_table_find(&d->events, (uintptr_t)e, NULL);
   if (live) atomic_fetch_add(&e->refs, 1);
   pthread_mutex_unlock(&d->event_mu);
   if (!live)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
-                         "%s: %s %p is not a live event on cpu device %d", fn,
-                         what, (void *)event, (int)d->index);
+    return dks_set_error(DK_INVALID_ARGUMENT,
+                         "%s: %s %p is not a live event on %s device %d", fn,
+                         what, (void *)event, dks_name(), (int)d->index);
   *out = e;
   return DK_OK;
 }
 
-static void event_release(cpu_event *e) {
+static void event_release(dks_event *e) {
   if (atomic_fetch_sub(&e->refs, 1) != 1) return;
   /* Last reference: no queued work remains, so only `last` holds its mark. */
   mark_free(e->last);
@@ -615,67 +619,67 @@ static void event_release(cpu_event *e) {
   free(e);
 }
 
-DK_Status cpu_event_create(int32_t dev, uint32_t flags, DK_Event *event) {
+DK_Status dks_event_create(int32_t dev, uint32_t flags, DK_Event *event) {
   static const char fn[] = "event_create";
-  cpu_device *d;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
-  if (!event) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: event is NULL", fn);
+  if (!event) return dks_set_error(DK_INVALID_ARGUMENT, "%s: event is NULL", fn);
   if (flags & ~(uint32_t)DK_EVENT_DISABLE_TIMING)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
+    return dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: unknown flags 0x%x (allowed: "
                          "DK_EVENT_DISABLE_TIMING = 0x%x)",
                          fn, (unsigned)flags, (unsigned)DK_EVENT_DISABLE_TIMING);
-  cpu_event *e = calloc(1, sizeof *e);
-  if (!e) return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+  dks_event *e = calloc(1, sizeof *e);
+  if (!e) return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   e->flags = flags;
   atomic_init(&e->refs, 1);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   pthread_mutex_lock(&d->event_mu);
-  bool ok = cpu_table_insert(&d->events, (uintptr_t)e, 0);
+  bool ok = dks_table_insert(&d->events, (uintptr_t)e, 0);
   pthread_mutex_unlock(&d->event_mu);
   if (!ok) {
     event_release(e);
-    return cpu_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
+    return dks_set_error(DK_RESOURCE_EXHAUSTED, "%s: host out of memory", fn);
   }
   *event = (DK_Event)e;
   return DK_OK;
 }
 
-DK_Status cpu_event_destroy(int32_t dev, DK_Event event) {
-  cpu_device *d;
-  DK_Status st = cpu_device_get("event_destroy", dev, &d);
+DK_Status dks_event_destroy(int32_t dev, DK_Event event) {
+  dks_device *d;
+  DK_Status st = dks_device_get("event_destroy", dev, &d);
   if (st != DK_OK || !event) return st;
   pthread_mutex_lock(&d->event_mu);
-  bool live = cpu_table_remove(&d->events, (uintptr_t)event, NULL);
+  bool live = dks_table_remove(&d->events, (uintptr_t)event, NULL);
   pthread_mutex_unlock(&d->event_mu);
   if (!live)
-    return cpu_set_error(DK_INVALID_ARGUMENT,
-                         "event_destroy: event %p is not a live event on cpu "
+    return dks_set_error(DK_INVALID_ARGUMENT,
+                         "event_destroy: event %p is not a live event on %s "
                          "device %d",
-                         (void *)event, (int)d->index);
-  event_release((cpu_event *)event); /* queued work may still hold it */
+                         (void *)event, dks_name(), (int)d->index);
+  event_release((dks_event *)event); /* queued work may still hold it */
   return DK_OK;
 }
 
 /* Argument of queued record and wait work: holds a reference to both. */
 typedef struct mark_args {
-  cpu_event *event;
-  cpu_mark *mark;
+  dks_event *event;
+  dks_mark *mark;
 } mark_args;
 
 static void run_record(void *arg) {
   mark_args *a = arg;
   /* Records run as their stream's items, in order: a failure recorded by
    * now came from work queued before this record. */
-  cpu_error *err = t_stream ? t_stream->error : NULL;
+  dks_error *err = t_stream ? t_stream->error : NULL;
   bool failed = err && error_status(err) != DK_OK;
   if (failed) atomic_fetch_add(&err->refs, 1);
   pthread_mutex_lock(&a->event->mu);
   if (failed) a->mark->error = err;
   a->mark->done = true;
-  a->mark->ns = cpu_now_ns();
+  a->mark->ns = dks_now_ns();
   pthread_cond_broadcast(&a->event->cv);
   pthread_mutex_unlock(&a->event->mu);
 }
@@ -696,38 +700,38 @@ static void destroy_mark_args(void *arg) {
 }
 
 /* Pins the event and the stream of an event call on device d. */
-static DK_Status acquire_pair(const char *fn, cpu_device *d, DK_Event event,
-                              DK_Stream stream, cpu_event **e,
-                              cpu_stream **s) {
+static DK_Status acquire_pair(const char *fn, dks_device *d, DK_Event event,
+                              DK_Stream stream, dks_event **e,
+                              dks_stream **s) {
   *s = NULL;
   DK_Status st = event_acquire(fn, "event", d, event, e);
   if (st != DK_OK) return st;
-  if ((st = cpu_stream_acquire(fn, d, stream, s)) != DK_OK) event_release(*e);
+  if ((st = dks_stream_acquire(fn, d, stream, s)) != DK_OK) event_release(*e);
   return st;
 }
 
-DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
+DK_Status dks_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
   static const char fn[] = "event_record";
-  cpu_device *d;
-  cpu_event *e;
-  cpu_stream *s;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  dks_event *e;
+  dks_stream *s;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
   if (st != DK_OK) return st;
-  if (cpu_stream_capture(s)) { /* every launch re-records the event here */
-    st = cpu_graph_add_event(cpu_stream_capture(s), e, true);
-    cpu_stream_release(s);
+  if (dks_stream_capture(s)) { /* every launch re-records the event here */
+    st = dks_graph_add_event(dks_stream_capture(s), e, true);
+    dks_stream_release(s);
     event_release(e);
     return st;
   }
 
-  cpu_mark *m = calloc(1, sizeof *m);
-  mark_args *a = s ? cpu_work_new(sizeof *a, run_record, destroy_mark_args)
+  dks_mark *m = calloc(1, sizeof *m);
+  mark_args *a = s ? dks_work_new(sizeof *a, run_record, destroy_mark_args)
                    : NULL;
   if (!m || (s && !a)) {
     free(m);
-    if (a) cpu_work_discard(a);
-    st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+    if (a) dks_work_discard(a);
+    st = dks_set_error(DK_RESOURCE_EXHAUSTED,
                        "%s: host out of memory queuing the record", fn);
   } else {
     if (s) {
@@ -737,48 +741,48 @@ DK_Status cpu_event_record(int32_t dev, DK_Event event, DK_Stream stream) {
     } else { /* default stream: complete on return */
       m->refs = 1;
       m->done = true;
-      m->ns = cpu_now_ns();
+      m->ns = dks_now_ns();
     }
     /* Publish and queue under e->mu, so a wait that captures m is always
      * queued after m's record: otherwise a concurrent wait on the same
      * stream could land ahead of the record and never finish. (Lock order:
      * an event's mu, then a stream's mu; nothing takes them the other way.) */
     pthread_mutex_lock(&e->mu);
-    cpu_mark *old = e->last;
+    dks_mark *old = e->last;
     e->last = m;
     if (old) mark_put(old);
-    if (s) cpu_work_submit(s, a);
+    if (s) dks_work_submit(s, a);
     pthread_mutex_unlock(&e->mu);
   }
-  cpu_stream_release(s);
+  dks_stream_release(s);
   event_release(e);
   return st;
 }
 
-DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
+DK_Status dks_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
   static const char fn[] = "stream_wait_event";
-  cpu_device *d;
-  cpu_event *e;
-  cpu_stream *s;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  dks_event *e;
+  dks_stream *s;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st == DK_OK) st = acquire_pair(fn, d, event, stream, &e, &s);
   if (st != DK_OK) return st;
-  if (cpu_stream_capture(s)) { /* every launch waits for the record current then */
-    st = cpu_graph_add_event(cpu_stream_capture(s), e, false);
-    cpu_stream_release(s);
+  if (dks_stream_capture(s)) { /* every launch waits for the record current then */
+    st = dks_graph_add_event(dks_stream_capture(s), e, false);
+    dks_stream_release(s);
     event_release(e);
     return st;
   }
 
-  mark_args *a = s ? cpu_work_new(sizeof *a, run_wait, destroy_mark_args)
+  mark_args *a = s ? dks_work_new(sizeof *a, run_wait, destroy_mark_args)
                    : NULL;
   if (s && !a) {
-    st = cpu_set_error(DK_RESOURCE_EXHAUSTED,
+    st = dks_set_error(DK_RESOURCE_EXHAUSTED,
                        "%s: host out of memory queuing the wait", fn);
   } else {
     /* Capture the record current at call time. */
     pthread_mutex_lock(&e->mu);
-    cpu_mark *m = e->last;
+    dks_mark *m = e->last;
     bool pending = m && !m->done;
     if (pending && s) {
       m->refs++;
@@ -789,27 +793,27 @@ DK_Status cpu_stream_wait_event(int32_t dev, DK_Stream stream, DK_Event event) {
     }
     pthread_mutex_unlock(&e->mu);
     if (a && pending)
-      cpu_work_submit(s, a);
+      dks_work_submit(s, a);
     else if (a)
-      cpu_work_discard(a);
+      dks_work_discard(a);
   }
-  cpu_stream_release(s);
+  dks_stream_release(s);
   event_release(e);
   return st;
 }
 
-void cpu_event_retain(cpu_event *e) { atomic_fetch_add(&e->refs, 1); }
-void cpu_event_put(cpu_event *e) { event_release(e); }
-void cpu_event_lock(cpu_event *e) { pthread_mutex_lock(&e->mu); }
-void cpu_event_unlock(cpu_event *e) { pthread_mutex_unlock(&e->mu); }
+void dks_event_retain(dks_event *e) { atomic_fetch_add(&e->refs, 1); }
+void dks_event_put(dks_event *e) { event_release(e); }
+void dks_event_lock(dks_event *e) { pthread_mutex_lock(&e->mu); }
+void dks_event_unlock(dks_event *e) { pthread_mutex_unlock(&e->mu); }
 
 static void run_nothing(void *arg) { (void)arg; }
 
-void *cpu_event_bind(cpu_event *e, bool record) {
-  cpu_mark *m = record ? calloc(1, sizeof *m) : e->last;
+void *dks_event_bind(dks_event *e, bool record) {
+  dks_mark *m = record ? calloc(1, sizeof *m) : e->last;
   bool pending = m && !m->done;
-  if (!record && !pending) return cpu_work_new(0, run_nothing, NULL);
-  mark_args *a = cpu_work_new(sizeof *a, record ? run_record : run_wait,
+  if (!record && !pending) return dks_work_new(0, run_nothing, NULL);
+  mark_args *a = dks_work_new(sizeof *a, record ? run_record : run_wait,
                               destroy_mark_args);
   if (!a) {
     if (record) free(m);
@@ -827,11 +831,11 @@ void *cpu_event_bind(cpu_event *e, bool record) {
   return a;
 }
 
-DK_Status cpu_event_query(int32_t dev, DK_Event event) {
+DK_Status dks_event_query(int32_t dev, DK_Event event) {
   static const char fn[] = "event_query";
-  cpu_device *d;
-  cpu_event *e;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  dks_event *e;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
@@ -848,15 +852,15 @@ DK_Status cpu_event_query(int32_t dev, DK_Event event) {
   return done ? DK_OK : DK_NOT_READY;
 }
 
-DK_Status cpu_event_synchronize(int32_t dev, DK_Event event) {
+DK_Status dks_event_synchronize(int32_t dev, DK_Event event) {
   static const char fn[] = "event_synchronize";
-  cpu_device *d;
-  cpu_event *e;
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  dks_event *e;
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st == DK_OK) st = event_acquire(fn, "event", d, event, &e);
   if (st != DK_OK) return st;
   pthread_mutex_lock(&e->mu);
-  cpu_mark *m = e->last;
+  dks_mark *m = e->last;
 #ifdef DEVKIT_DEFECT_EARLY_EVENT
   m = NULL;
 #endif
@@ -871,14 +875,14 @@ DK_Status cpu_event_synchronize(int32_t dev, DK_Event event) {
   return st;
 }
 
-DK_Status cpu_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
+DK_Status dks_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
                                float *ms) {
   static const char fn[] = "event_elapsed_ms";
-  cpu_device *d;
-  cpu_event *ev[2];
-  DK_Status st = cpu_device_get(fn, dev, &d);
+  dks_device *d;
+  dks_event *ev[2];
+  DK_Status st = dks_device_get(fn, dev, &d);
   if (st != DK_OK) return st;
-  if (!ms) return cpu_set_error(DK_INVALID_ARGUMENT, "%s: ms is NULL", fn);
+  if (!ms) return dks_set_error(DK_INVALID_ARGUMENT, "%s: ms is NULL", fn);
   if ((st = event_acquire(fn, "start", d, start, &ev[0])) != DK_OK) return st;
   if ((st = event_acquire(fn, "end", d, end, &ev[1])) != DK_OK) {
     event_release(ev[0]);
@@ -897,11 +901,11 @@ DK_Status cpu_event_elapsed_ms(int32_t dev, DK_Event start, DK_Event end,
   }
   for (int i = 0; i < 2 && st == DK_OK; i++) {
     if (!recorded[i])
-      st = cpu_set_error(DK_INVALID_ARGUMENT,
+      st = dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: %s event %p was never recorded", fn, names[i],
                          (void *)ev[i]);
     else if (ev[i]->flags & DK_EVENT_DISABLE_TIMING)
-      st = cpu_set_error(DK_INVALID_ARGUMENT,
+      st = dks_set_error(DK_INVALID_ARGUMENT,
                          "%s: %s event %p was created with "
                          "DK_EVENT_DISABLE_TIMING",
                          fn, names[i], (void *)ev[i]);

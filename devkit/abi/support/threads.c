@@ -1,14 +1,14 @@
 /*
- * threads.c -- the cpu plugin's one thread pool, behind cpu_parallel_for
- * (the contract is in kernel.h).
+ * threads.c -- the plugin's one thread pool, behind dks_parallel_for
+ * (the contract is in dks.h).
  *
- * The pool holds cpu_thread_count() - 1 workers, started by the first call
+ * The pool holds dks_thread_count() - 1 workers, started by the first call
  * that splits work: the calling thread (a stream worker) is the last member
  * of the budget and takes chunks itself, so a job starts without waiting for
  * a wake-up and a pool of one thread is no pool at all.
  *
  * Each member has a home share of a job's chunks, the same part of [0, n)
- * in every job (of cpu_thread_count() equal parts, share 0 is the caller's
+ * in every job (of dks_thread_count() equal parts, share 0 is the caller's
  * and share k + 1 worker k's), which it claims first, in order, from
  * its own atomic counter; then it takes what is left of the others' shares.
  * So consecutive kernels over the same range find the bytes that the one
@@ -19,7 +19,7 @@
  *
  * Waking a sleeping thread costs as long as a small kernel (20-50 us on a
  * virtual machine), so neither side sleeps at once:
- * a worker that finished a job spins for DEVKIT_CPU_SPIN_US (cpu_spin_ns,
+ * a worker that finished a job spins for DEVKIT_<NAME>_SPIN_US (dks_spin_ns,
  * default 50 us; 0: it sleeps at once) for the next one before it sleeps on
  * a condition variable, which lets a plan's kernels, a few microseconds
  * apart, reach it without a wake-up and leaves an idle pool quiet soon
@@ -50,19 +50,19 @@
 #include <unistd.h>
 #endif
 
-#include "kernel.h"
+#include "dks_internal.h"
 
 #define PAUSE_NS 5000 /* a spin's first part, before it yields the core */
 
 typedef struct pool_job {
-  cpu_range_fn fn;
+  dks_range_fn fn;
   void *ctx;
   int64_t n, chunk;
   int num_shares; /* the thread budget: one home share per member */
   /* Share s is chunks [next_chunk[s], share_end[s]): a member claims from
    * next_chunk[s] until it passes share_end[s]. */
-  atomic_int_fast64_t next_chunk[CPU_MAX_THREADS];
-  int64_t share_end[CPU_MAX_THREADS];
+  atomic_int_fast64_t next_chunk[DKS_MAX_THREADS];
+  int64_t share_end[DKS_MAX_THREADS];
   /* Threads working on the job, the caller included: joined under mu while
    * the job is posted, left with the decrement (the job may be gone after). */
   atomic_int members;
@@ -79,16 +79,16 @@ static struct {
   atomic_uint_fast64_t generation;
   int num_workers;         /* started */
   bool stop;
-  pthread_t workers[CPU_MAX_THREADS];
+  pthread_t workers[DKS_MAX_THREADS];
   /* Per worker: the CPU it ran its last job on (-1 while it sleeps), its
    * thread id, and whether it was moved off a caller's CPU (move_worker_off). */
-  atomic_int last_cpu[CPU_MAX_THREADS];
-  atomic_long tid[CPU_MAX_THREADS];
-  atomic_bool moved[CPU_MAX_THREADS];
+  atomic_int last_cpu[DKS_MAX_THREADS];
+  atomic_long tid[DKS_MAX_THREADS];
+  atomic_bool moved[DKS_MAX_THREADS];
 } g_pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
             .finished = PTHREAD_COND_INITIALIZER};
 
-/* Set while this thread runs a chunk: a cpu_parallel_for made there runs
+/* Set while this thread runs a chunk: a dks_parallel_for made there runs
  * serially. */
 static _Thread_local bool t_in_chunk;
 
@@ -111,13 +111,13 @@ static void leave_job(pool_job *job) {
   if (atomic_fetch_sub(&job->members, 1) == 2) pthread_cond_signal(&g_pool.finished);
 }
 
-uint64_t cpu_now_ns(void) {
+uint64_t dks_now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-void cpu_spin_pause(void) {
+void dks_spin_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -125,14 +125,14 @@ void cpu_spin_pause(void) {
 #endif
 }
 
-/* Spins for up to cpu_spin_ns() until done(arg): with pause at first,
+/* Spins for up to dks_spin_ns() until done(arg): with pause at first,
  * then yielding the core (sched_yield), so that on a loaded machine the
  * wait gives way to the threads that have work. */
 static void spin_until(bool (*done)(const void *), const void *arg) {
-  int64_t start = (int64_t)cpu_now_ns(), spin = cpu_spin_ns();
-  for (int64_t t = start; !done(arg) && t - start < spin; t = (int64_t)cpu_now_ns()) {
+  int64_t start = (int64_t)dks_now_ns(), spin = dks_spin_ns();
+  for (int64_t t = start; !done(arg) && t - start < spin; t = (int64_t)dks_now_ns()) {
     if (t - start < PAUSE_NS)
-      for (int i = 0; i < 64 && !done(arg); i++) cpu_spin_pause();
+      for (int i = 0; i < 64 && !done(arg); i++) dks_spin_pause();
     else
       sched_yield();
   }
@@ -166,7 +166,7 @@ static int current_cpu(void) {
  * own CPUs back (`g_saved`) when the job is done, or before it sleeps if it
  * joined none. */
 #ifdef __linux__
-static cpu_set_t g_saved[CPU_MAX_THREADS]; /* a moved worker's CPUs before the move */
+static cpu_set_t g_saved[DKS_MAX_THREADS]; /* a moved worker's CPUs before the move */
 
 /* Moves worker k (thread `tid`; 0: the calling thread) off `busy_cpu`, where it
  * may use another. */
@@ -197,7 +197,7 @@ static void join_members(pool_job *job) {
 /* A worker's wait (under mu) for a job posted after its last one, `seen`,
  * or for stop: spinning while jobs keep coming, then asleep. */
 static void await_job(int worker, uint64_t seen) {
-  bool spin = cpu_spin_ns() > 0;
+  bool spin = dks_spin_ns() > 0;
   while (!g_pool.stop && (!g_pool.job || atomic_load(&g_pool.generation) == seen)) {
     if (!spin) {
       atomic_store(&g_pool.last_cpu[worker], -1); /* where it wakes is the scheduler's choice */
@@ -243,7 +243,7 @@ static void *worker_main(void *arg) {
 
 /* Starts the missing workers (under mu); false when none can be started. */
 static bool start_workers(void) {
-  int wanted = cpu_thread_count() - 1;
+  int wanted = dks_thread_count() - 1;
   for (int k = g_pool.num_workers; k < wanted; k++) {
     atomic_store(&g_pool.last_cpu[k], -1);
     atomic_store(&g_pool.moved[k], false);
@@ -255,10 +255,10 @@ static bool start_workers(void) {
   return g_pool.num_workers > 0;
 }
 
-void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
+void dks_parallel_for(int64_t n, int64_t grain, dks_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  int threads = cpu_thread_count();
+  int threads = dks_thread_count();
   if (t_in_chunk || threads < 2 || n < 2 * grain) {
     fn(ctx, 0, n);
     return;
@@ -303,7 +303,7 @@ void cpu_parallel_for(int64_t n, int64_t grain, cpu_range_fn fn, void *ctx) {
   join_members(&job);
 }
 
-void cpu_threads_shutdown(void) {
+void dks_threads_shutdown(void) {
   pthread_mutex_lock(&g_pool.mu);
   g_pool.stop = true;
   pthread_cond_broadcast(&g_pool.wake);
@@ -316,7 +316,7 @@ void cpu_threads_shutdown(void) {
   pthread_mutex_unlock(&g_pool.mu);
 }
 
-__attribute__((destructor)) static void threads_unload(void) { cpu_threads_shutdown(); }
+__attribute__((destructor)) static void threads_unload(void) { dks_threads_shutdown(); }
 
 /* fork() copies only the forking thread: the child has no workers and no job
  * of its parent's, and its pool starts afresh. The lock held across the fork

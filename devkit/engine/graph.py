@@ -47,12 +47,13 @@ import dataclasses
 import sys
 import weakref
 
-from .abi import C, ffi
-from .engine.calls import KernelCall
-from .errors import error_for_status
-from .plugin import check
-from .driver import _allocation_of
-from .runtime import Array, Buffer, Destroyable, Device, Stream, _stream_handle
+from .. import driver as _driver
+from ..abi import C, ffi
+from ..driver import _allocation_of
+from ..errors import error_for_status
+from ..plugin import check
+from ..runtime import Array, Buffer, Destroyable, Device, Stream, _stream_handle
+from .calls import KernelCall
 
 MODES = ("auto", "native", "host")
 
@@ -204,8 +205,10 @@ class Graph(Destroyable):
         them between two other steps), the memory the caller still refers to
         an output; the rest of it released; the steps submitted to the
         plugin's capture where the graph is native."""
-        from . import codegen
-        from .engine import fusion
+        # Deferred for start-up: devkit imports this module (Stream.capture), and codegen
+        # and fusion add about 20 ms to it that only a fused capture needs.
+        from .. import codegen
+        from . import fusion
 
         live = self._referenced_elsewhere()
         recorded, self._recorded = self._recorded, []
@@ -513,3 +516,6 @@ def capture(stream: Stream, mode: str = "auto", fuse: bool = False):
     except BaseException:  # a fused capture's kernel refused its call: nothing is left
         graph.destroy()
         raise
+
+
+_driver._graph_capture = capture  # Stream.capture: the driver, below this module, calls it

@@ -1,0 +1,205 @@
+/*
+ * linalg_packed.c -- float32 products on a prepacked B (linalg_packed.h).
+ *
+ * The block kernel keeps a block of up to PACKED_ROWS rows of c times two
+ * panels (32 columns) in registers over the whole k loop: per k step it
+ * loads two panel rows and does 2 * rows fused multiply-adds, each with one
+ * broadcast a value -- no store or reload of c until the block is done.
+ * On AVX-512 it is written with intrinsics (16 accumulators of 16 floats);
+ * elsewhere a portable loop of the same shape that the compiler vectorises.
+ */
+#include "linalg_packed.h"
+
+#include <string.h>
+
+#include "linalg.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PACKED_X86 1
+#endif
+
+/* Rows of c one block keeps in registers: 8 x 2 panels = 16 of AVX-512's
+ * 32 vector registers, leaving room for the panel rows and broadcasts. */
+#define PACKED_ROWS 8
+/* Products of at least this many multiply-adds are split over the pool. */
+#define PACKED_SPLIT_MIN_MACS (INT64_C(1) << 18)
+
+typedef struct packed_header {
+  uint32_t tag; /* PACKED_TAG */
+  uint32_t panel;
+  int64_t k, n;
+  uint8_t pad[40]; /* to 64 bytes: the panels start cache-line aligned */
+} packed_header;
+_Static_assert(sizeof(packed_header) == 64, "the panels start 64 bytes in");
+
+#define PACKED_TAG 0x42504b44u /* "DKPB" */
+
+static int64_t panels_of(int64_t n) { return (n + PACKED_PANEL - 1) / PACKED_PANEL; }
+
+size_t packed_b_bytes(int64_t k, int64_t n) {
+  if (k < 0 || n < 0) return 0;
+  int64_t panels = panels_of(n);
+  /* k * panels * PACKED_PANEL floats, overflow-checked. */
+  if (panels && k > (int64_t)((SIZE_MAX - sizeof(packed_header)) / sizeof(float) / PACKED_PANEL) / panels)
+    return 0;
+  return sizeof(packed_header) + (size_t)k * (size_t)panels * PACKED_PANEL * sizeof(float);
+}
+
+void packed_b_pack(const float *b, int64_t row_stride, int64_t col_stride, int64_t k, int64_t n,
+                   void *dst) {
+  packed_header h = {.tag = PACKED_TAG, .panel = PACKED_PANEL, .k = k, .n = n};
+  memcpy(dst, &h, sizeof h);
+  float *out = (float *)((uint8_t *)dst + sizeof h);
+  for (int64_t p = 0; p < panels_of(n); p++) {
+    int64_t j0 = p * PACKED_PANEL, width = n - j0 < PACKED_PANEL ? n - j0 : PACKED_PANEL;
+    for (int64_t i = 0; i < k; i++, out += PACKED_PANEL) {
+      const float *row = b + i * row_stride + j0 * col_stride;
+      int64_t j = 0;
+      for (; j < width; j++) out[j] = row[j * col_stride];
+      for (; j < PACKED_PANEL; j++) out[j] = 0.0f;
+    }
+  }
+}
+
+bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n) {
+  packed_header h;
+  if (!packed || size < sizeof h) return false;
+  memcpy(&h, packed, sizeof h);
+  return h.tag == PACKED_TAG && h.panel == PACKED_PANEL && h.k == k && h.n == n &&
+         packed_b_bytes(k, n) != 0 && size >= packed_b_bytes(k, n);
+}
+
+/* ---- Block kernels -------------------------------------------------------- */
+
+/* One block: `rows` rows of c (at most PACKED_ROWS) times `panels` (1 or 2)
+ * panels starting at column j0, of which `width` columns are stored. */
+typedef struct packed_block {
+  int64_t k, lda, ldc;
+  float alpha;
+  bool accumulate;
+} packed_block;
+
+static void block_portable(const packed_block *g, int rows, int panels, int64_t width,
+                           const float *a, const float *bp, float *c) {
+  float acc[PACKED_ROWS][2 * PACKED_PANEL] = {{0}};
+  int64_t panel_stride = g->k * PACKED_PANEL;
+  for (int64_t p = 0; p < g->k; p++) {
+    const float *b0 = bp + p * PACKED_PANEL, *b1 = b0 + panel_stride;
+    for (int r = 0; r < rows; r++) {
+      float av = a[r * g->lda + p];
+      for (int j = 0; j < PACKED_PANEL; j++) acc[r][j] += av * b0[j];
+      if (panels == 2)
+        for (int j = 0; j < PACKED_PANEL; j++) acc[r][PACKED_PANEL + j] += av * b1[j];
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    for (int64_t j = 0; j < width; j++) {
+      float v = g->alpha * acc[r][j];
+      c[r * g->ldc + j] = g->accumulate ? c[r * g->ldc + j] + v : v;
+    }
+}
+
+#ifdef PACKED_X86
+/* The AVX-512 block for a compile-time ROWS (the switch below instantiates
+ * 1..PACKED_ROWS, so the accumulators stay in registers). */
+static inline __attribute__((always_inline, target("avx512f"))) void block_avx512_rows(
+    const packed_block *g, const int rows, int panels, int64_t width, const float *a,
+    const float *bp, float *c) {
+  __m512 acc0[PACKED_ROWS], acc1[PACKED_ROWS];
+  for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  int64_t panel_stride = g->k * PACKED_PANEL;
+  if (panels == 2) {
+    for (int64_t p = 0; p < g->k; p++) {
+      __m512 b0 = _mm512_load_ps(bp + p * PACKED_PANEL);
+      __m512 b1 = _mm512_load_ps(bp + panel_stride + p * PACKED_PANEL);
+      for (int r = 0; r < rows; r++) {
+        __m512 av = _mm512_set1_ps(a[r * g->lda + p]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  } else {
+    for (int64_t p = 0; p < g->k; p++) {
+      __m512 b0 = _mm512_load_ps(bp + p * PACKED_PANEL);
+      for (int r = 0; r < rows; r++)
+        acc0[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * g->lda + p]), b0, acc0[r]);
+    }
+  }
+  __m512 alpha = _mm512_set1_ps(g->alpha);
+  for (int half = 0; half < panels; half++) {
+    int64_t cols = width - half * PACKED_PANEL;
+    if (cols <= 0) break;
+    __mmask16 mask = cols >= PACKED_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    for (int r = 0; r < rows; r++) {
+      float *out = c + r * g->ldc + half * PACKED_PANEL;
+      __m512 v = _mm512_mul_ps(alpha, half ? acc1[r] : acc0[r]);
+      if (g->accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, out));
+      _mm512_mask_storeu_ps(out, mask, v);
+    }
+  }
+}
+
+static __attribute__((target("avx512f"))) void block_avx512(const packed_block *g, int rows, int panels,
+                                                             int64_t width, const float *a,
+                                                             const float *bp, float *c) {
+  switch (rows) {
+#define ROWS_CASE(R) \
+  case R: block_avx512_rows(g, R, panels, width, a, bp, c); break;
+    ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+    ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+#undef ROWS_CASE
+  }
+}
+#endif
+
+typedef void (*block_fn)(const packed_block *, int, int, int64_t, const float *, const float *, float *);
+
+static block_fn pick_block(void) {
+#ifdef PACKED_X86
+  if (__builtin_cpu_supports("avx512f")) return block_avx512;
+#endif
+  return block_portable;
+}
+
+/* ---- The product ---------------------------------------------------------- */
+
+typedef struct packed_product {
+  packed_block g;
+  block_fn block;
+  int64_t m, n;
+  const float *a, *panels;
+  float *c;
+} packed_product;
+
+/* Column blocks [begin, end) of two panels each: every row block of them. */
+static void product_columns(void *arg, int64_t begin, int64_t end) {
+  const packed_product *p = arg;
+  int64_t panel_floats = p->g.k * PACKED_PANEL, panel_count = panels_of(p->n);
+  for (int64_t col = begin; col < end; col++) {
+    int64_t first = 2 * col, j0 = first * PACKED_PANEL;
+    int panels = first + 1 < panel_count ? 2 : 1;
+    int64_t width = p->n - j0 < panels * PACKED_PANEL ? p->n - j0 : panels * PACKED_PANEL;
+    const float *bp = p->panels + first * panel_floats;
+    for (int64_t i = 0; i < p->m; i += PACKED_ROWS) {
+      int rows = p->m - i < PACKED_ROWS ? (int)(p->m - i) : PACKED_ROWS;
+      p->block(&p->g, rows, panels, width, p->a + i * p->g.lda, bp, p->c + i * p->g.ldc + j0);
+    }
+  }
+}
+
+void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const void *packed, bool accumulate, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .alpha = alpha, .accumulate = accumulate},
+                      .block = pick_block(), .m = m, .n = n, .a = a,
+                      .panels = (const float *)((const uint8_t *)packed + sizeof(packed_header)),
+                      .c = c};
+  int64_t columns = (panels_of(n) + 1) / 2, threads = dks_thread_count();
+  if (threads < 2 || columns < 2 || (double)m * (double)n * (double)k < (double)PACKED_SPLIT_MIN_MACS) {
+    product_columns(&p, 0, columns);
+    return;
+  }
+  int64_t parts = threads < columns ? threads : columns;
+  dks_parallel_for(columns, (columns + parts - 1) / parts, product_columns, &p);
+}

@@ -1,0 +1,42 @@
+/*
+ * linalg_packed.h -- float32 products on a prepacked right operand: the
+ * prepared form (DK_KernelEntry.prepare) of a constant MatMul / Gemm B.
+ *
+ * B (k x n, any element strides) is packed once into panels of
+ * PACKED_PANEL columns: panel p holds rows 0..k-1 of columns
+ * p*PACKED_PANEL.. as k contiguous rows of PACKED_PANEL floats, the last
+ * panel's missing columns zero. A product then streams each panel once per
+ * block of rows of A, with no packing of B per call (OpenBLAS packs B again
+ * at every call, most of a small-M product's time). The packed form starts
+ * with a header that names it and the geometry it was packed for, which a
+ * kernel checks before it reads a prepared input (the ABI's rule: a call
+ * through the raw ABI may mark any memory as prepared).
+ */
+#ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_
+#define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PACKED_PANEL 16
+
+/* Bytes of the packed form of a k x n B (header included); 0 when it would
+ * overflow. */
+size_t packed_b_bytes(int64_t k, int64_t n);
+
+/* Packs B, element (i, j) at b[i * row_stride + j * col_stride], into dst
+ * (packed_b_bytes(k, n) bytes, 64-byte aligned for the fastest reads). */
+void packed_b_pack(const float *b, int64_t row_stride, int64_t col_stride, int64_t k, int64_t n,
+                   void *dst);
+
+/* Whether `size` bytes at `packed` are a packed form of a k x n B. */
+bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n);
+
+/* c[i, j] = alpha * sum_p a[i * lda + p] * B[p, j] + (accumulate ? c[i, j] : 0)
+ * for m rows, B the packed form of a k x n matrix; rows of c are ldc apart.
+ * Split over the plugin's pool when the product is large enough. */
+void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const void *packed, bool accumulate, float *c, int64_t ldc);
+
+#endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */
