@@ -188,7 +188,15 @@ def views_and_copies(paddle, counts) -> str:
     assert np.array_equal(y.numpy(), value)
     z = paddle.to_tensor(value, place=paddle.CPUPlace()).to("devkit:0")
     assert "devkit" in str(z.place) and np.array_equal(z.numpy(), value)
-    return "slices, clone, to()"
+    devices = len(paddle.device.get_available_custom_device())
+    if devices > 1:  # the plugin's last device: a kernel there, and a move back to devkit:0
+        last = f"devkit:{devices - 1}"
+        paddle.set_device(last)
+        w = paddle.nn.functional.relu(paddle.to_tensor(value - 10))
+        assert str(w.place) == f"Place({last})", w.place
+        back = w.to("devkit:0")
+        assert str(back.place) == "Place(devkit:0)" and np.array_equal(back.numpy(), np.maximum(value - 10, 0))
+    return f"slices, clone, to(); {devices} device(s)"
 
 
 def fills(paddle, counts) -> str:
