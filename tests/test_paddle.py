@@ -5,6 +5,7 @@ loads the plugin once, at import. The bridge on every plugin under test
 (ops, training, errors) is conformance/test_paddle.py."""
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -88,3 +89,26 @@ def test_every_registered_kernel_has_a_lowering():
                "print(sorted(names ^ set(ops.KERNELS)), len(names))")
     missing, count = out.rsplit(" ", 1)
     assert missing == "[]" and int(count) >= 50, out
+
+
+DIRECT_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
+                "from devkit.paddle import _bridge\n"
+                "paddle.set_device('devkit:0')\n"
+                "x = paddle.to_tensor(np.array([[-1.5, 2.0, 0.25]], np.float32))\n"
+                "y = paddle.to_tensor(np.array([2.0, -4.0, 0.5], np.float32))\n"
+                "n = paddle.to_tensor(np.array([3, -2], np.int64))\n"
+                "values = [paddle.nn.functional.relu(x), paddle.exp(x), x + y, x * y, x / y, x - y, n * n,\n"
+                "          paddle.transpose(x, [1, 0]) + 1.0]\n"
+                "print(json.dumps({'values': [v.numpy().tolist() for v in values],\n"
+                "                  'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)}))\n")
+
+
+def test_elementwise_kernels_call_the_plugin_directly_and_match_the_python_path():
+    # relu, exp, + - * / on compact float32 and int64 tensors: bridge.cc calls the cpu plugin's
+    # kernel table itself; with DEVKIT_PADDLE_DIRECT=0 the same ops go through run_op.
+    direct = json.loads(_run(DIRECT_CHECK).splitlines()[-1])
+    python = json.loads(_run(DIRECT_CHECK, DEVKIT_PADDLE_DIRECT="0").splitlines()[-1])
+    assert direct["values"] == python["values"]
+    elementwise = {"relu", "exp", "add", "multiply", "divide", "subtract"}
+    assert elementwise <= set(direct["direct"]) and not elementwise & set(direct["python"])
+    assert python["direct"] == {} and elementwise <= set(python["python"])

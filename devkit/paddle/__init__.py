@@ -13,11 +13,13 @@ prints the directory for shells that set the variables themselves.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import warnings
 
 from ._build import BuildError, library_dir
+from . import _bridge
 from ._bridge import DEFAULT_PLUGIN, PLUGIN_ENV, kernel_counts as _kernel_counts
 
 DEVICE_TYPE = "devkit"
@@ -42,8 +44,12 @@ def setup() -> str:
 
 
 def kernel_counts() -> dict[str, int]:
-    """Calls of each devkit kernel so far in this process (ops Paddle ran on the devkit device)."""
-    return dict(_kernel_counts)
+    """Calls of each devkit kernel so far in this process (ops Paddle ran on the devkit device),
+    through Python and straight to the plugin's kernel table (bridge.cc) alike."""
+    counts = collections.Counter(_kernel_counts)
+    if hasattr(_bridge, "direct_calls"):  # bridge.cc adds it once Paddle has loaded the bridge
+        counts.update(_bridge.direct_calls())
+    return dict(counts)
 
 
 setup()

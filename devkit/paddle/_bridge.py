@@ -15,6 +15,7 @@ so that no two allocations' byte ranges overlap (as devkit.torch's tokens are).
 from __future__ import annotations
 
 import collections
+import ctypes
 import functools
 import math
 import os
@@ -29,6 +30,7 @@ from ..runtime import Array, Buffer, _contiguous_strides, empty
 from . import ops
 
 PLUGIN_ENV = "DEVKIT_PADDLE_PLUGIN"
+DIRECT_ENV = "DEVKIT_PADDLE_DIRECT"
 DEFAULT_PLUGIN = "cpu"
 
 # Tokens start past any heap or mmap address Linux gives a process's data (2**44).
@@ -53,16 +55,30 @@ def plugin():
     return _state["plugin"]
 
 
-def attach() -> tuple[int, list[tuple[int, int, int]]]:
+def attach(library: str) -> tuple[int, list[tuple[int, int, int, int]]]:
     """Loads the plugin: the address of its DK_DeviceApi table, and per device
-    (alloc_alignment, max_alloc_size, flags)."""
+    (alloc_alignment, max_alloc_size, flags, device_type). ``library``, the bridge
+    itself, stays loaded while Python runs: Paddle unloads it at exit, before this
+    module's teardown frees the function bridge.cc adds to it (direct_calls)."""
+    if library:
+        _state["library"] = ctypes.CDLL(library)
     loaded = load_plugin(os.environ.get(PLUGIN_ENV) or DEFAULT_PLUGIN)
     _state["plugin"] = loaded
     devices = []
     for dev in loaded.devices():
         props = dev.properties
-        devices.append((props.alloc_alignment, props.max_alloc_size, props.flags))
+        devices.append((props.alloc_alignment, props.max_alloc_size, props.flags, props.device_type))
     return int(ffi.cast("uintptr_t", loaded.api)), devices
+
+
+def direct_entry(op: str, pd_dtype: int) -> int:
+    """The address of the plugin's DK_KernelEntry that bridge.cc may call for phi kernel ``op``
+    straight (ops.DIRECT), or 0: the op then runs through ``run``."""
+    dtype = PD_DTYPES.get(pd_dtype)
+    if os.environ.get(DIRECT_ENV, "1") == "0" or op not in ops.DIRECT or dtype is None:
+        return 0
+    entry = plugin().kernel_entry(ops.DIRECT[op], dtype)
+    return 0 if entry is None else int(ffi.cast("uintptr_t", entry))
 
 
 def plugin_error_message() -> str:

@@ -23,6 +23,7 @@
 // completes before returning. Streams and events are still the plugin's, so
 // Paddle's stream and event calls are forwarded and answer correctly.
 #include <Python.h>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
@@ -42,6 +43,7 @@ int32_t g_count = 0;
 std::vector<size_t> g_alignment;   // per device: alloc_alignment
 std::vector<size_t> g_max_alloc;   // per device: max_alloc_size
 std::vector<uint64_t> g_flags;     // per device: DK_DeviceFlags
+std::vector<int32_t> g_device_types;  // per device: DK_DeviceProperties.device_type, for DK_Tensor.device
 thread_local int32_t t_current = 0;  // Paddle has a current device; devkit does not
 
 struct Region {
@@ -141,6 +143,57 @@ C_Status unresolved(const char* function, const void* pointer) {
          " is not inside a live devkit allocation");
   return C_ERROR;
 }
+
+// ---- direct kernel calls ---------------------------------------------------------------
+// Elementwise kernels whose devkit op the plugin has for the dtype, on compact
+// tensors, skip Python: the plugin's DK_KernelFn runs on Paddle's memory in
+// place (no output copy) on the default stream, complete when it returns, as
+// the devkit runtime's own eager calls run. _bridge.direct_entry decides which
+// (DEVKIT_PADDLE_DIRECT=0: none).
+
+std::mutex g_direct_lock;
+std::map<std::pair<std::string, int>, const DK_KernelEntry*> g_direct_entries;  // (op, PD dtype) -> entry or NULL
+std::map<std::string, long long> g_direct_calls;  // op -> direct calls so far
+
+// The entry for (op, dtype), asked of Python once.
+const DK_KernelEntry* direct_entry(const char* op, PD_DataType dtype) {
+  std::pair<std::string, int> key(op, static_cast<int>(dtype));
+  {
+    std::lock_guard<std::mutex> lock(g_direct_lock);
+    auto it = g_direct_entries.find(key);
+    if (it != g_direct_entries.end()) return it->second;
+  }
+  unsigned long long address = 0;
+  {
+    Gil gil;
+    PyObject* result = call_python("direct_entry", Py_BuildValue("(si)", op, static_cast<int>(dtype)));
+    if (result == nullptr) {
+      report(std::string("direct_entry: ") + python_error());  // the Python path still runs the op
+    } else {
+      address = PyLong_AsUnsignedLongLong(result);
+      Py_DECREF(result);
+    }
+  }
+  const DK_KernelEntry* entry = reinterpret_cast<const DK_KernelEntry*>(address);
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  g_direct_entries[key] = entry;
+  return entry;
+}
+
+// _bridge.direct_calls(): op -> direct calls so far (devkit.paddle.kernel_counts adds them).
+PyObject* direct_calls(PyObject*, PyObject*) {
+  PyObject* counts = PyDict_New();
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  for (const auto& item : g_direct_calls) {
+    PyObject* value = PyLong_FromLongLong(item.second);
+    PyDict_SetItemString(counts, item.first.c_str(), value);
+    Py_DECREF(value);
+  }
+  return counts;
+}
+PyMethodDef g_bridge_functions[] = {
+    {"direct_calls", direct_calls, METH_NOARGS, "op -> calls that bridge.cc made to the plugin's kernel directly"},
+    {nullptr, nullptr, 0, nullptr}};
 
 // ---- device ------------------------------------------------------------------------
 
@@ -350,7 +403,11 @@ void attach() {
     report("importing devkit.paddle._bridge: " + python_error());
     return;
   }
-  PyObject* result = call_python("attach", PyTuple_New(0));
+  // Python keeps the library loaded: Paddle unloads its custom-device libraries at
+  // exit, before the module teardown that frees direct_calls (it reads its PyMethodDef).
+  Dl_info self;
+  const char* path = dladdr(reinterpret_cast<void*>(&attach), &self) != 0 ? self.dli_fname : "";
+  PyObject* result = call_python("attach", Py_BuildValue("(s)", path));
   unsigned long long api = 0;
   PyObject* devices = nullptr;
   if (result == nullptr || !PyArg_ParseTuple(result, "KO", &api, &devices)) {
@@ -361,7 +418,8 @@ void attach() {
   Py_ssize_t count = PyList_Size(devices);
   for (Py_ssize_t i = 0; i < count; ++i) {
     unsigned long long alignment, max_alloc, flags;
-    if (!PyArg_ParseTuple(PyList_GetItem(devices, i), "KKK", &alignment, &max_alloc, &flags)) {
+    int device_type;
+    if (!PyArg_ParseTuple(PyList_GetItem(devices, i), "KKKi", &alignment, &max_alloc, &flags, &device_type)) {
       report("reading device properties: " + python_error());
       Py_DECREF(result);
       return;
@@ -369,10 +427,12 @@ void attach() {
     g_alignment.push_back(alignment);
     g_max_alloc.push_back(max_alloc);
     g_flags.push_back(flags);
+    g_device_types.push_back(device_type);
   }
   Py_DECREF(result);
   g_api = reinterpret_cast<const DK_DeviceApi*>(api);
   g_count = static_cast<int32_t>(count);
+  if (PyModule_AddFunctions(g_module, g_bridge_functions) != 0) report("adding direct_calls: " + python_error());
 }
 
 }  // namespace
@@ -521,6 +581,70 @@ void add(Args& a, const std::string& v) { append(a, PyUnicode_FromString(v.c_str
 void add(Args& a, const phi::Scalar& v) { append(a, PyFloat_FromDouble(v.to<double>())); }
 void add(Args& a, PD_DataType v) { append(a, PyLong_FromLong(static_cast<long>(v))); }
 
+// A tensor for a direct call: compact, non-empty, in devkit memory, of a dtype the ABI keys.
+struct DirectTensor {
+  DK_Tensor tensor;
+  std::vector<int64_t> shape;
+};
+
+bool direct_tensor(const DenseTensor& t, void* data, int32_t dev, DirectTensor* out) {
+  static const std::map<int, DK_DataType> kDtypes = {
+      {PD_DataType::FLOAT32, {DK_DTYPE_CODE_FLOAT, 32, 1}}, {PD_DataType::FLOAT64, {DK_DTYPE_CODE_FLOAT, 64, 1}},
+      {PD_DataType::INT32, {DK_DTYPE_CODE_INT, 32, 1}}, {PD_DataType::INT64, {DK_DTYPE_CODE_INT, 64, 1}}};
+  auto dtype = kDtypes.find(static_cast<int>(t.dtype()));
+  if (dtype == kDtypes.end() || data == nullptr || t.numel() == 0) return false;
+  out->shape = t.dims();
+  std::vector<int64_t> strides = t.strides();
+  int64_t step = 1;
+  for (size_t k = strides.size(); k-- > 0;) {  // compact row-major, or no strides at all
+    if (strides.size() == out->shape.size() && out->shape[k] != 1 && strides[k] != step) return false;
+    step *= out->shape[k];
+  }
+  DK_Mem mem;
+  size_t offset;
+  if (!resolve(data, &mem, &offset)) return false;
+  out->tensor = DK_Tensor{mem, DK_Device{g_device_types[dev], dev}, static_cast<int32_t>(out->shape.size()),
+                          dtype->second, nullptr, nullptr, offset};
+  return true;
+}
+
+// Runs op on the plugin's kernel straight from here; false when it cannot (the Python path then runs it).
+bool run_direct(const char* op, const phi::Context& ctx, PD_DataType dtype,
+                const std::vector<const DenseTensor*>& inputs, DenseTensor* output) {
+  int32_t dev = t_current;
+  if (output == nullptr || g_api == nullptr || dev < 0 || dev >= g_count) return false;
+  const DK_KernelEntry* entry = direct_entry(op, dtype);
+  if (entry == nullptr) return false;
+  std::vector<DirectTensor> ins(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!direct_tensor(*inputs[k], inputs[k]->initialized() ? inputs[k]->data<void>() : nullptr, dev, &ins[k]))
+      return false;
+  }
+  DirectTensor out;
+  if (output->dtype() != inputs[0]->dtype() || output->numel() == 0) return false;
+  if (!direct_tensor(*output, ctx.Alloc(output, output->dtype()), dev, &out)) return false;
+  std::vector<DK_Tensor> in_tensors;
+  for (auto& t : ins) {
+    t.tensor.shape = t.shape.data();
+    in_tensors.push_back(t.tensor);
+  }
+  out.tensor.shape = out.shape.data();
+  DK_KernelCall call{};
+  call.struct_size = sizeof(call);
+  call.device = dev;
+  call.stream = nullptr;
+  call.inputs = in_tensors.data();
+  call.num_inputs = in_tensors.size();
+  call.outputs = &out.tensor;
+  call.num_outputs = 1;
+  call.user_data = entry->user_data;
+  DK_Status s = entry->fn(&call);
+  if (s != DK_OK) PD_THROW(std::string("devkit kernel '") + op + "': " + plugin_message());
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  ++g_direct_calls[op];
+  return true;
+}
+
 template <typename T, typename... Ts>
 void run(const char* op, const phi::Context& ctx, Ts&&... args) {
   Gil gil;
@@ -550,8 +674,12 @@ void run(const char* op, const phi::Context& ctx, Ts&&... args) {
 using phi::Context;
 
 // y = f(x), and grads taking (x or out, dout): the Python side knows which.
-#define DEVKIT_UNARY_KERNEL(name) \
-  DEVKIT_KERNEL(name, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+#define DEVKIT_UNARY_KERNEL(name)                                                            \
+  template <typename T>                                                                     \
+  void name##_kernel(const Context& c, const DenseTensor& x, DenseTensor* out) {            \
+    if (!run_direct(#name, c, phi::capi::CppTypeToPDType<T>::Type(), {&x}, out)) run<T>(#name, c, x, out); \
+  }                                                                                         \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
 #define DEVKIT_UNARY_GRAD_KERNEL(name)                                                              \
   DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout, \
                               DenseTensor* dx), c, x_or_out, dout, dx)
@@ -560,7 +688,7 @@ using phi::Context;
 #define DEVKIT_BINARY_KERNEL(name)                                                                           \
   template <typename T>                                                                                       \
   void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) {        \
-    run<T>(#name, c, x, y, out);                                                                              \
+    if (!run_direct(#name, c, phi::capi::CppTypeToPDType<T>::Type(), {&x, &y}, out)) run<T>(#name, c, x, y, out); \
   }                                                                                                           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t) {}
 #define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
