@@ -9,7 +9,9 @@
 // the table's address from Python once, then calls the table directly for
 // device, memory, copy, stream and event hooks. Allocations and kernels go
 // through Python (the GIL is taken with PyGILState_Ensure): allocations are
-// devkit Buffers, so kernels can view them as devkit Arrays and run run_op.
+// devkit Buffers, so kernels can view them as devkit Arrays and run run_op;
+// elementwise kernels call the plugin's kernel table directly where they can
+// (run_direct below).
 //
 // Pointers Paddle sees: on a device reporting DK_DEVICE_HOST_POINTER_HANDLES
 // an allocation's pointer is its handle (a host address); otherwise it is a
