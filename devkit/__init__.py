@@ -13,8 +13,8 @@ checks it; README.md, "Layers"):
 7. engine: graph capture, plans, fusion, codegen, the interpreter
 8. this package's public names (this module)
 9. backends: the reference plugins, loaded by name
-10. frameworks and tools: onnx, torch, distributed, bench, conformance_cli,
-    cli, new_plugin, ops.reference_doc
+10. frameworks and tools: onnx, torch, paddle, distributed, bench,
+    conformance_cli, cli, new_plugin, ops.reference_doc
 """
 
 from ._version import __version__  # noqa: F401

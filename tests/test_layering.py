@@ -12,7 +12,7 @@ docstring and README.md's "Layers" name them):
     engine      (graph capture, plans and I/O binding, fusion, codegen, the interpreter)
     devkit      (the package's public names)
     backends    (the reference plugins, loaded by name)
-    frameworks  (onnx, torch, distributed, bench, conformance_cli, cli, new_plugin;
+    frameworks  (onnx, torch, paddle, distributed, bench, conformance_cli, cli, new_plugin;
                  ops.reference_doc, the docs/operators.md writer)
 
 The import graph has an edge for each devkit import a module makes when it is
@@ -167,8 +167,8 @@ LAYERS = (
     ("package", ("devkit",)),
     ("backends", ("devkit.backends",)),
     # ops.reference_doc writes docs/operators.md, the cpu plugin's float32 error bounds included.
-    ("frameworks", ("devkit.onnx", "devkit.torch", "devkit.distributed", "devkit.bench", "devkit.conformance_cli",
-                    "devkit.cli", "devkit.new_plugin", "devkit.ops.reference_doc")),
+    ("frameworks", ("devkit.onnx", "devkit.torch", "devkit.paddle", "devkit.distributed", "devkit.bench",
+                    "devkit.conformance_cli", "devkit.cli", "devkit.new_plugin", "devkit.ops.reference_doc")),
 )
 # The host core: what a framework builds on. It names no specific backend.
 CORE_LAYERS = ("base", "driver", "plugin", "runtime", "calls", "ops", "engine", "package")
