@@ -657,6 +657,21 @@ def prepared_input_past_the_inputs(ctx):
     return _matmul_marked(ctx, 5, 48)
 
 
+@case
+def prepare_of_a_kernel_that_prepares_nothing(ctx):
+    """MatMul's prepare called with a Relu call (Relu's entry prepares no input)."""
+    prepare = calls.prepare_fn(_preparing_matmul(ctx))
+    relu = _relu(ctx)
+
+    def through_prepare(raw, keep):
+        size = calls._owned(keep, "size_t *", 0)
+        statuses.append(prepare(raw, 0, ffi.NULL, 0, size))
+
+    statuses: list[int] = []
+    run_kernel(ctx, relu, _relu_call(), through_prepare)
+    return [statuses]
+
+
 def _is_invalid(v: Valid, attrs: dict, inputs: list, outputs=None) -> bool:
     """Whether the op spec refuses the call, or infers other outputs than those passed."""
     outputs = v.outputs if outputs is None else outputs

@@ -772,7 +772,9 @@ static DK_Status kernel_prepare(const DK_KernelCall *call, size_t input, DK_Mem 
   const char *op = l->def->op;
   uint8_t *dst = NULL;
   size_t size = 0;
-  if (!prepared_size)
+  if (!l->prepare) /* a raw call: another entry's user_data, of a kernel that prepares nothing */
+    st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: this kernel prepares no input", op);
+  else if (!prepared_size)
     st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: prepared_size is NULL", op);
   else if (input >= call->num_inputs || l->args.in[input].ndim < 0)
     st = dks_set_error(DK_INVALID_ARGUMENT, "%s: prepare: input %zu is not a present input of the call",
@@ -802,7 +804,6 @@ static DK_Status kernel_prepare(const DK_KernelCall *call, size_t input, DK_Mem 
   dks_stream_release(s);
   return st;
 }
-
 
 DK_Status dks_kernel_fail(const dks_kernel_args *k, DK_Status status, const char *fmt, ...) {
   char message[768];
