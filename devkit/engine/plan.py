@@ -36,9 +36,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..abi import C, ffi
+from ..abi import ffi
 from ..ops import dispatch
 from ..ops import spec as _spec
+from ..plugin import check
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
 from .binding import BIND_IN_PLACE_BYTES, BoundRun, slot_references
 from .calls import KernelCall, bind, launch, prepare_fn
@@ -386,11 +387,12 @@ def _prepare_constants(device: Device, steps: list, resident: list) -> list[Prep
         for position in range(min(call.cdata.num_inputs, 64)):
             if position in fed or call.inputs[position].ndim < 0:
                 continue
-            _check_prepare(call, prepare(call.cdata, position, ffi.NULL, 0, size))
+            check(call.plugin, prepare(call.cdata, position, ffi.NULL, 0, size), f"{call.label()} prepare")
             if size[0] == 0:
                 continue
             buffer = device.alloc(size[0])
-            _check_prepare(call, prepare(call.cdata, position, buffer.handle, buffer.offset, size))
+            check(call.plugin, prepare(call.cdata, position, buffer.handle, buffer.offset, size),
+                  f"{call.label()} prepare")
             call.inputs[position].data = buffer.handle
             call.inputs[position].byte_offset = buffer.offset
             call.cdata.prepared_inputs |= 1 << position
@@ -447,11 +449,6 @@ def _build_node(node: Node, index: int, env: dict, host_twins: Mapping, device: 
                       bound.attributes)
     steps.append((call, slot_inputs, list(enumerate(made))))
     return made
-
-
-def _check_prepare(call: KernelCall, status: int) -> None:
-    if status != C.DK_OK:
-        call.plugin.raise_status(status, f"{call.label()} prepare")
 
 
 def _host_value(name: str, env: dict, host_twins: Mapping) -> np.ndarray | None:
