@@ -579,6 +579,14 @@ static bool mm_foldable(const mm_geometry *g, const mm_operand *a, bool a_trans,
   return true;
 }
 
+static bool is_compact(const dks_tensor *t) {
+  int64_t compact[DKS_MAX_DIMS];
+  dks_compact_strides(t->ndim, t->shape, compact);
+  for (int32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] > 1 && t->strides[d] != compact[d]) return false;
+  return true;
+}
+
 /* ---- Prepared B: packed panels (linalg_packed.h) ------------------------------ */
 
 /* The k x n matrix a MatMul or Gemm multiplies by, as B's element strides:
@@ -623,9 +631,7 @@ static DK_Status product_prepared(const dks_kernel_args *k, const dks_tensor *a,
     return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
                            "input 1 is marked prepared and is not this kernel's packed form of a "
                            "%lld x %lld B", (long long)kk, (long long)n);
-  bool rows = a->strides[a->ndim - 1] == 1 || kk <= 1;
-  for (int32_t d = a->ndim - 2; rows && d >= 0; d--)
-    rows = a->shape[d] <= 1 || a->strides[d] == a->strides[d + 1] * a->shape[d + 1];
+  bool rows = is_compact(a);
   float *copy = rows ? NULL : linalg_compact_copy(k, a);
   if (!rows && !copy) return DK_RESOURCE_EXHAUSTED;
   packed_gemm(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
@@ -701,14 +707,6 @@ static DK_Status matmul_float(const dks_kernel_args *k) {
   }
 INT_GEMM(int_gemm_i32, int32_t, uint32_t)
 INT_GEMM(int_gemm_i64, int64_t, uint64_t)
-
-static bool is_compact(const dks_tensor *t) {
-  int64_t compact[DKS_MAX_DIMS];
-  dks_compact_strides(t->ndim, t->shape, compact);
-  for (int32_t d = 0; d < t->ndim; d++)
-    if (t->shape[d] > 1 && t->strides[d] != compact[d]) return false;
-  return true;
-}
 
 static DK_Status matmul_int(const dks_kernel_args *k) {
   const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
