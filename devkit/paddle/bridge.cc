@@ -28,7 +28,9 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -154,33 +156,8 @@ C_Status unresolved(const char* function, const void* pointer) {
 // (DEVKIT_PADDLE_DIRECT=0: none).
 
 std::mutex g_direct_lock;
-std::map<std::pair<std::string, int>, const DK_KernelEntry*> g_direct_entries;  // (op, PD dtype) -> entry or NULL
+std::map<std::pair<std::string, int>, const DK_KernelEntry*> g_direct_entries;  // (devkit op, DK_DTypeKey) -> entry or NULL
 std::map<std::string, long long> g_direct_calls;  // op -> direct calls so far
-
-// The entry for (op, dtype), asked of Python once.
-const DK_KernelEntry* direct_entry(const char* op, PD_DataType dtype) {
-  std::pair<std::string, int> key(op, static_cast<int>(dtype));
-  {
-    std::lock_guard<std::mutex> lock(g_direct_lock);
-    auto it = g_direct_entries.find(key);
-    if (it != g_direct_entries.end()) return it->second;
-  }
-  unsigned long long address = 0;
-  {
-    Gil gil;
-    PyObject* result = call_python("direct_entry", Py_BuildValue("(si)", op, static_cast<int>(dtype)));
-    if (result == nullptr) {
-      report(std::string("direct_entry: ") + python_error());  // the Python path still runs the op
-    } else {
-      address = PyLong_AsUnsignedLongLong(result);
-      Py_DECREF(result);
-    }
-  }
-  const DK_KernelEntry* entry = reinterpret_cast<const DK_KernelEntry*>(address);
-  std::lock_guard<std::mutex> lock(g_direct_lock);
-  g_direct_entries[key] = entry;
-  return entry;
-}
 
 // _bridge.direct_calls(): op -> direct calls so far (devkit.paddle.kernel_counts adds them).
 PyObject* direct_calls(PyObject*, PyObject*) {
@@ -583,67 +560,291 @@ void add(Args& a, const std::string& v) { append(a, PyUnicode_FromString(v.c_str
 void add(Args& a, const phi::Scalar& v) { append(a, PyFloat_FromDouble(v.to<double>())); }
 void add(Args& a, PD_DataType v) { append(a, PyLong_FromLong(static_cast<long>(v))); }
 
-// A tensor for a direct call: compact, non-empty, in devkit memory, of a dtype the ABI keys.
-struct DirectTensor {
-  DK_Tensor tensor;
+// ---- direct calls: phi tensors straight into a DK_KernelCall ------------------------
+// A kernel with a direct path builds every devkit call it needs first
+// (Paddle's tensors as (handle, offset), compact, shapes as the devkit op
+// wants them; attributes as the op's schema names them; scratch memory for
+// intermediate results and outputs Paddle does not want), and only then runs
+// them; when something does not fit (a strided view, an empty tensor, an
+// attribute value the direct path does not cover, an op the plugin lacks)
+// it returns false before running anything and the kernel goes through
+// run_op instead.
+
+bool dk_dtype(PD_DataType dtype, DK_DataType* out) {
+  switch (dtype) {
+    case PD_DataType::FLOAT32: *out = {DK_DTYPE_CODE_FLOAT, 32, 1}; return true;
+    case PD_DataType::FLOAT64: *out = {DK_DTYPE_CODE_FLOAT, 64, 1}; return true;
+    case PD_DataType::FLOAT16: *out = {DK_DTYPE_CODE_FLOAT, 16, 1}; return true;
+    case PD_DataType::BFLOAT16: *out = {DK_DTYPE_CODE_BFLOAT, 16, 1}; return true;
+    case PD_DataType::INT32: *out = {DK_DTYPE_CODE_INT, 32, 1}; return true;
+    case PD_DataType::INT64: *out = {DK_DTYPE_CODE_INT, 64, 1}; return true;
+    case PD_DataType::INT8: *out = {DK_DTYPE_CODE_INT, 8, 1}; return true;
+    case PD_DataType::UINT8: *out = {DK_DTYPE_CODE_UINT, 8, 1}; return true;
+    case PD_DataType::BOOL: *out = {DK_DTYPE_CODE_BOOL, 8, 1}; return true;
+    default: return false;
+  }
+}
+
+const DK_DataType kFloat32{DK_DTYPE_CODE_FLOAT, 32, 1};
+
+// A tensor of a devkit call: where its bytes are and how the op sees them.
+struct Operand {
+  DK_Mem mem = nullptr;
+  size_t offset = 0;
   std::vector<int64_t> shape;
+  DK_DataType dtype{};
 };
 
-bool direct_tensor(const DenseTensor& t, void* data, int32_t dev, DirectTensor* out) {
-  static const std::map<int, DK_DataType> kDtypes = {
-      {PD_DataType::FLOAT32, {DK_DTYPE_CODE_FLOAT, 32, 1}}, {PD_DataType::FLOAT64, {DK_DTYPE_CODE_FLOAT, 64, 1}},
-      {PD_DataType::INT32, {DK_DTYPE_CODE_INT, 32, 1}}, {PD_DataType::INT64, {DK_DTYPE_CODE_INT, 64, 1}}};
-  auto dtype = kDtypes.find(static_cast<int>(t.dtype()));
-  if (dtype == kDtypes.end() || data == nullptr || t.numel() == 0) return false;
-  out->shape = t.dims();
-  std::vector<int64_t> strides = t.strides();
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Paddle's tensor (its memory at data) as an operand: false unless compact,
+// non-empty, in devkit memory and of a dtype the ABI keys. shape, where given,
+// replaces Paddle's (same element count: a reshape).
+bool operand(const DenseTensor& t, const void* data, std::vector<int64_t> shape, Operand* out) {
+  if (data == nullptr || t.numel() == 0 || !dk_dtype(t.dtype(), &out->dtype)) return false;
+  std::vector<int64_t> dims = t.dims(), strides = t.strides();
   int64_t step = 1;
   for (size_t k = strides.size(); k-- > 0;) {  // compact row-major, or no strides at all
-    if (strides.size() == out->shape.size() && out->shape[k] != 1 && strides[k] != step) return false;
-    step *= out->shape[k];
+    if (strides.size() == dims.size() && dims[k] != 1 && strides[k] != step) return false;
+    step *= dims[k];
   }
-  DK_Mem mem;
-  size_t offset;
-  if (!resolve(data, &mem, &offset)) return false;
-  out->tensor = DK_Tensor{mem, DK_Device{g_device_types[dev], dev}, static_cast<int32_t>(out->shape.size()),
-                          dtype->second, nullptr, nullptr, offset};
+  if (!resolve(data, &out->mem, &out->offset)) return false;
+  if (shape.empty() && !dims.empty()) shape = dims;
+  if (numel(shape) != t.numel()) return false;
+  out->shape = std::move(shape);
+  return true;
+}
+bool input(const DenseTensor& t, Operand* out, std::vector<int64_t> shape = {}) {
+  return t.initialized() && operand(t, t.data<void>(), std::move(shape), out);
+}
+// An output, allocated now; Paddle leaves some outputs' dtype unset until then: they take
+// `dtype` (the kernel's).
+bool output(const phi::Context& ctx, DenseTensor* t, Operand* out, std::vector<int64_t> shape = {},
+            PD_DataType dtype = PD_DataType::FLOAT32) {
+  if (t == nullptr || !t->valid()) return false;
+  return operand(*t, ctx.Alloc(t, t->dtype() == PD_DataType::UNDEFINED ? dtype : t->dtype()), std::move(shape), out);
+}
+
+// Scratch device memory for intermediate results: blocks kept per device and
+// reused, so a warm training step allocates nothing. A Scratch hands its
+// blocks back when it goes out of scope; kernels run to completion on the
+// default stream before that (see the top of the file).
+std::mutex g_scratch_lock;
+std::vector<std::multimap<size_t, DK_Mem>> g_scratch_free;  // per device: size -> free block
+
+class Scratch {
+ public:
+  explicit Scratch(int32_t dev) : dev_(dev) {}
+  ~Scratch() {
+    std::lock_guard<std::mutex> lock(g_scratch_lock);
+    for (auto& block : taken_) g_scratch_free[dev_].emplace(block.first, block.second);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  // A compact operand of shape and dtype in a scratch block.
+  Operand take(std::vector<int64_t> shape, DK_DataType dtype) {
+    size_t bytes = static_cast<size_t>(std::max<int64_t>(numel(shape), 1)) * ((dtype.bits + 7) / 8);
+    Operand o;
+    o.shape = std::move(shape);
+    o.dtype = dtype;
+    {
+      std::lock_guard<std::mutex> lock(g_scratch_lock);
+      if (g_scratch_free.size() < static_cast<size_t>(g_count)) g_scratch_free.resize(g_count);
+      auto& free_blocks = g_scratch_free[dev_];
+      auto it = free_blocks.lower_bound(bytes);
+      if (it != free_blocks.end()) {
+        taken_.emplace_back(it->first, it->second);
+        free_blocks.erase(it);
+        o.mem = taken_.back().second;
+        return o;
+      }
+    }
+    size_t size = 256;
+    while (size < bytes) size *= 2;  // powers of two: blocks fit many later requests
+    DK_Mem mem = nullptr;
+    if (g_api->mem_alloc(dev_, size, &mem) != DK_OK)
+      PD_THROW("devkit scratch memory of " + std::to_string(size) + " bytes: " + plugin_message());
+    taken_.emplace_back(size, mem);
+    o.mem = mem;
+    return o;
+  }
+  // A float32 scalar (shape []) holding value.
+  Operand scalar(float value) {
+    Operand o = take({}, kFloat32);
+    check(g_api->copy_h2d(dev_, o.mem, o.offset, &value, sizeof value, nullptr), "copy_h2d");
+    return o;
+  }
+  // A float32 tensor of shape filled with value.
+  Operand filled(std::vector<int64_t> shape, float value) {
+    Operand o = take(std::move(shape), kFloat32);
+    std::vector<float> host(static_cast<size_t>(numel(o.shape)), value);
+    check(g_api->copy_h2d(dev_, o.mem, o.offset, host.data(), host.size() * sizeof(float), nullptr), "copy_h2d");
+    return o;
+  }
+  static void check(DK_Status s, const char* what) {
+    if (s != DK_OK) PD_THROW(std::string("devkit ") + what + ": " + plugin_message());
+  }
+
+ private:
+  int32_t dev_;
+  std::vector<std::pair<size_t, DK_Mem>> taken_;
+};
+
+// The plugin's kernel entry for a devkit op and the dtype of its key input,
+// asked of Python once (NULL: the plugin lacks it, or DEVKIT_PADDLE_DIRECT=0).
+const DK_KernelEntry* kernel_entry(const char* op, DK_DataType dtype) {
+  uint32_t key = dtype.code | (dtype.bits << 8) | (dtype.lanes << 16);
+  std::pair<std::string, int> cache_key(op, static_cast<int>(key));
+  {
+    std::lock_guard<std::mutex> lock(g_direct_lock);
+    auto it = g_direct_entries.find(cache_key);
+    if (it != g_direct_entries.end()) return it->second;
+  }
+  unsigned long long address = 0;
+  {
+    Gil gil;
+    PyObject* result = call_python("kernel_entry", Py_BuildValue("(sI)", op, key));
+    if (result == nullptr) {
+      report(std::string("kernel_entry: ") + python_error());  // the Python path still runs the op
+    } else {
+      address = PyLong_AsUnsignedLongLong(result);
+      Py_DECREF(result);
+    }
+  }
+  const DK_KernelEntry* entry = reinterpret_cast<const DK_KernelEntry*>(address);
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  g_direct_entries[cache_key] = entry;
+  return entry;
+}
+
+// One devkit kernel call: its operands and attributes, run on the default stream.
+class Call {
+ public:
+  Call(const char* op, DK_DataType key) : op_(op), entry_(kernel_entry(op, key)) {}
+  Call(const Call&) = delete;  // its attributes point into its own storage
+  Call& operator=(const Call&) = delete;
+  bool available() const { return entry_ != nullptr; }
+  Call& in(const Operand& o) { ins_.push_back(o); return *this; }
+  Call& out(const Operand& o) { outs_.push_back(o); return *this; }
+  Call& attr(const char* name, int64_t v) {
+    add(name, DK_ATTR_INT).i = v;
+    return *this;
+  }
+  Call& attr(const char* name, double v) {
+    add(name, DK_ATTR_FLOAT).f = v;
+    return *this;
+  }
+  Call& attr(const char* name, const char* v) {
+    add(name, DK_ATTR_STRING).s = v;
+    return *this;
+  }
+  Call& attr(const char* name, DK_DataType v) {
+    add(name, DK_ATTR_DTYPE).dtype = v;
+    return *this;
+  }
+  Call& attr(const char* name, std::vector<int64_t> v) {
+    ints_.push_back(std::move(v));
+    DK_Attribute& a = add(name, DK_ATTR_INTS);
+    a.count = static_cast<int64_t>(ints_.back().size());
+    a.ints = ints_.back().data();
+    return *this;
+  }
+  Call& attr_floats(const char* name, std::vector<double> v) {
+    floats_.push_back(std::move(v));
+    DK_Attribute& a = add(name, DK_ATTR_FLOATS);
+    a.count = static_cast<int64_t>(floats_.back().size());
+    a.floats = floats_.back().data();
+    return *this;
+  }
+
+  void run(int32_t dev) {
+    std::vector<DK_Tensor> ins, outs;
+    for (Operand& o : ins_) ins.push_back(tensor(o, dev));
+    for (Operand& o : outs_) outs.push_back(tensor(o, dev));
+    std::vector<const DK_Attribute*> attrs;
+    for (const DK_Attribute& a : attrs_) attrs.push_back(&a);
+    DK_KernelCall call{};
+    call.struct_size = sizeof(call);
+    call.device = dev;
+    call.stream = nullptr;
+    call.inputs = ins.data();
+    call.num_inputs = ins.size();
+    call.outputs = outs.data();
+    call.num_outputs = outs.size();
+    call.attributes = attrs.data();
+    call.num_attributes = attrs.size();
+    call.user_data = entry_->user_data;
+    DK_Status s = entry_->fn(&call);
+    if (s != DK_OK) PD_THROW(std::string("devkit kernel ") + op_ + ": " + plugin_message());
+  }
+
+ private:
+  DK_Attribute& add(const char* name, int32_t type) {
+    attrs_.emplace_back();
+    DK_Attribute& a = attrs_.back();
+    a.struct_size = sizeof(a);
+    a.name = name;
+    a.type = type;
+    return a;
+  }
+  static DK_Tensor tensor(Operand& o, int32_t dev) {
+    return DK_Tensor{o.mem, DK_Device{g_device_types[dev], dev}, static_cast<int32_t>(o.shape.size()), o.dtype,
+                     o.shape.data(), nullptr, o.offset};
+  }
+  const char* op_;
+  const DK_KernelEntry* entry_;
+  std::vector<Operand> ins_, outs_;
+  std::deque<DK_Attribute> attrs_;  // deques: the pointers into them stay put as they grow
+  std::deque<std::vector<int64_t>> ints_;
+  std::deque<std::vector<double>> floats_;
+};
+
+// The device of this thread's kernels, or -1 when direct calls cannot run.
+int32_t direct_device() {
+  int32_t dev = t_current;
+  return (g_api == nullptr || dev < 0 || dev >= g_count) ? -1 : dev;
+}
+
+// The calls of one phi kernel (a deque: calls stay put as more are added).
+using Calls = std::deque<Call>;
+
+// Runs calls in order and counts one direct call of the phi kernel.
+void run_calls(const char* phi_op, int32_t dev, Calls& calls) {
+  for (Call& c : calls) c.run(dev);
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  ++g_direct_calls[phi_op];
+}
+bool all_available(const Calls& calls) {
+  for (const Call& c : calls)
+    if (!c.available()) return false;
   return true;
 }
 
-// Runs op on the plugin's kernel straight from here; false when it cannot (the Python path then runs it).
-bool run_direct(const char* op, const phi::Context& ctx, PD_DataType dtype,
-                const std::vector<const DenseTensor*>& inputs, DenseTensor* output) {
-  int32_t dev = t_current;
-  if (output == nullptr || g_api == nullptr || dev < 0 || dev >= g_count) return false;
-  const DK_KernelEntry* entry = direct_entry(op, dtype);
-  if (entry == nullptr) return false;
-  std::vector<DirectTensor> ins(inputs.size());
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    if (!direct_tensor(*inputs[k], inputs[k]->initialized() ? inputs[k]->data<void>() : nullptr, dev, &ins[k]))
-      return false;
+// An elementwise kernel: devkit op on the inputs in order, into result.
+bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
+                const std::vector<const DenseTensor*>& inputs, DenseTensor* result) {
+  int32_t dev = direct_device();
+  if (dev < 0 || result == nullptr ||
+      (result->dtype() != PD_DataType::UNDEFINED && result->dtype() != inputs[0]->dtype()))
+    return false;
+  Calls calls;
+  DK_DataType key;
+  if (!dk_dtype(inputs[0]->dtype(), &key)) return false;
+  calls.emplace_back(op, key);
+  for (const DenseTensor* t : inputs) {
+    Operand o;
+    if (!input(*t, &o)) return false;
+    calls.back().in(o);
   }
-  DirectTensor out;
-  if (output->dtype() != inputs[0]->dtype() || output->numel() == 0) return false;
-  if (!direct_tensor(*output, ctx.Alloc(output, output->dtype()), dev, &out)) return false;
-  std::vector<DK_Tensor> in_tensors;
-  for (auto& t : ins) {
-    t.tensor.shape = t.shape.data();
-    in_tensors.push_back(t.tensor);
-  }
-  out.tensor.shape = out.shape.data();
-  DK_KernelCall call{};
-  call.struct_size = sizeof(call);
-  call.device = dev;
-  call.stream = nullptr;
-  call.inputs = in_tensors.data();
-  call.num_inputs = in_tensors.size();
-  call.outputs = &out.tensor;
-  call.num_outputs = 1;
-  call.user_data = entry->user_data;
-  DK_Status s = entry->fn(&call);
-  if (s != DK_OK) PD_THROW(std::string("devkit kernel '") + op + "': " + plugin_message());
-  std::lock_guard<std::mutex> lock(g_direct_lock);
-  ++g_direct_calls[op];
+  Operand out;
+  if (!calls.back().available() || !output(ctx, result, &out, {}, inputs[0]->dtype())) return false;
+  calls.back().out(out);
+  run_calls(phi_op, dev, calls);
   return true;
 }
 
@@ -657,11 +858,609 @@ void run(const char* op, const phi::Context& ctx, Ts&&... args) {
   Py_DECREF(result);
 }
 
+
+// ---- kernels with a direct path (see "direct calls" above) -------------------------------------
+
+using Shape = std::vector<int64_t>;
+using phi::Context;
+
+// The axes of `from` that a numpy broadcast to `to` added or stretched: what its grad sums over.
+Shape broadcast_axes(const Shape& to, const Shape& from) {
+  Shape axes;
+  size_t lead = from.size() - to.size();
+  for (size_t k = 0; k < from.size(); ++k)
+    if (k < lead || (to[k - lead] == 1 && from[k] != 1)) axes.push_back(static_cast<int64_t>(k));
+  return axes;
+}
+
+// dout summed to target's shape (a broadcast's grad), into target.
+bool unbroadcast(const Context& ctx, const Operand& dout, DenseTensor* target, Calls& calls,
+                 std::vector<std::pair<Operand, Operand>>& copies) {
+  if (target == nullptr) return true;
+  if (target->dims().size() > dout.shape.size()) return false;
+  Shape axes = broadcast_axes(target->dims(), dout.shape);
+  Shape kept = dout.shape;
+  for (int64_t a : axes) kept[a] = 1;
+  Operand out;
+  if (!output(ctx, target, &out, axes.empty() ? Shape{} : kept)) return false;
+  if (axes.empty()) {
+    copies.emplace_back(out, dout);
+    return true;
+  }
+  calls.emplace_back("ReduceSum", dout.dtype);
+  calls.back().in(dout).out(out).attr("axes", axes).attr("keepdims", int64_t{1}).attr("noop_with_empty_axes", int64_t{0});
+  return true;
+}
+
+void copy(int32_t dev, const Operand& dst, const Operand& src) {
+  size_t bytes = static_cast<size_t>(numel(src.shape)) * ((src.dtype.bits + 7) / 8);
+  if (dst.mem == src.mem && dst.offset == src.offset) return;
+  Scratch::check(g_api->copy_d2d(dev, dst.mem, dst.offset, src.mem, src.offset, bytes, nullptr), "copy_d2d");
+}
+
+bool run_with_copies(const char* phi_op, int32_t dev, Calls& calls,
+                     const std::vector<std::pair<Operand, Operand>>& copies) {
+  if (!all_available(calls)) return false;
+  for (const auto& c : copies) copy(dev, c.first, c.second);
+  run_calls(phi_op, dev, calls);
+  return true;
+}
+
+bool add_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout, int axis,
+                     DenseTensor* dx, DenseTensor* dy) {
+  int32_t dev = direct_device();
+  Operand g;
+  if (dev < 0 || axis != -1 || !input(dout, &g)) return false;
+  Calls calls;
+  std::vector<std::pair<Operand, Operand>> copies;
+  if (!unbroadcast(c, g, dx, calls, copies) || !unbroadcast(c, g, dy, calls, copies)) return false;
+  return run_with_copies("add_grad", dev, calls, copies);
+}
+
+// conv2d's attributes as Conv's (NCHW, explicit or valid padding); false for others.
+struct ConvAttrs {
+  Shape strides, pads, dilations, kernel;
+  int64_t group = 1;
+  bool parse(const DenseTensor& filter, const std::vector<int>& s, const std::vector<int>& p,
+             const std::string& algorithm, const std::vector<int>& d, int groups, const std::string& format) {
+    if ((format != "NCHW" && format != "AnyLayout") || filter.dims().size() != 4) return false;
+    if (algorithm == "VALID") {
+      pads = {0, 0, 0, 0};
+    } else if (algorithm != "EXPLICIT") {
+      return false;
+    } else if (p.size() == 2) {
+      pads = {p[0], p[1], p[0], p[1]};
+    } else if (p.size() == 4) {  // Paddle: top, bottom, left, right; ONNX: begins, then ends
+      pads = {p[0], p[2], p[1], p[3]};
+    } else {
+      return false;
+    }
+    strides.assign(s.begin(), s.end());
+    dilations.assign(d.begin(), d.end());
+    Shape f = filter.dims();
+    kernel = {f[2], f[3]};
+    group = groups;
+    return true;
+  }
+  Call& apply(Call& call) const {
+    return call.attr("strides", strides).attr("pads", pads).attr("dilations", dilations).attr("kernel_shape", kernel)
+        .attr("group", group).attr("auto_pad", "NOTSET");
+  }
+};
+
+bool conv2d_direct(const Context& c, const DenseTensor& input_, const DenseTensor& filter,
+                   const std::vector<int>& strides, const std::vector<int>& paddings,
+                   const std::string& padding_algorithm, const std::vector<int>& dilations, int groups,
+                   const std::string& data_format, DenseTensor* out) {
+  int32_t dev = direct_device();
+  ConvAttrs attrs;
+  Operand x, w, y;
+  if (dev < 0 || !attrs.parse(filter, strides, paddings, padding_algorithm, dilations, groups, data_format) ||
+      !input(input_, &x) || !input(filter, &w) || !output(c, out, &y))
+    return false;
+  Calls calls;
+  calls.emplace_back("Conv", x.dtype);
+  attrs.apply(calls.back().in(x).in(w).out(y));
+  return run_with_copies("conv2d", dev, calls, {});
+}
+
+bool conv2d_grad_direct(const Context& c, const DenseTensor& input_, const DenseTensor& filter,
+                        const DenseTensor& out_grad, const std::vector<int>& strides,
+                        const std::vector<int>& paddings, const std::string& padding_algorithm,
+                        const std::vector<int>& dilations, int groups, const std::string& data_format,
+                        DenseTensor* input_grad, DenseTensor* filter_grad) {
+  int32_t dev = direct_device();
+  ConvAttrs attrs;
+  Operand x, w, dy;
+  if (dev < 0 || !attrs.parse(filter, strides, paddings, padding_algorithm, dilations, groups, data_format) ||
+      !input(input_, &x) || !input(filter, &w) || !input(out_grad, &dy))
+    return false;
+  Scratch scratch(dev);
+  Operand dx, dw;  // the grads Paddle does not want go to scratch, as dB always does
+  if (input_grad == nullptr) dx = scratch.take(x.shape, x.dtype);
+  else if (!output(c, input_grad, &dx)) return false;
+  if (filter_grad == nullptr) dw = scratch.take(w.shape, w.dtype);
+  else if (!output(c, filter_grad, &dw)) return false;
+  Calls calls;
+  calls.emplace_back("ConvGrad", x.dtype);
+  attrs.apply(calls.back().in(dy).in(x).in(w).out(dx).out(dw).out(scratch.take({w.shape[0]}, w.dtype)));
+  return run_with_copies("conv2d_grad", dev, calls, {});
+}
+
+bool channels_first(const std::string& layout) {
+  return layout == "NCHW" || layout == "NCL" || layout == "NC" || layout == "AnyLayout";
+}
+
+// An optional per-channel parameter, or a constant of `value` in scratch.
+bool param_or(const paddle::optional<DenseTensor>& t, Shape shape, float value, Scratch& scratch, Operand* out) {
+  if (t) return input(*t, out, shape);
+  *out = scratch.filled(std::move(shape), value);
+  return true;
+}
+
+// inv_std = 1 / sqrt(variance + epsilon), into out.
+void inv_std_calls(const Operand& variance, float epsilon, const Operand& out, Scratch& scratch,
+                   Calls& calls) {
+  Operand sum = scratch.take(variance.shape, variance.dtype), root = scratch.take(variance.shape, variance.dtype);
+  calls.emplace_back("Add", variance.dtype);
+  calls.back().in(variance).in(scratch.scalar(epsilon)).out(sum);
+  calls.emplace_back("Sqrt", variance.dtype);
+  calls.back().in(sum).out(root);
+  calls.emplace_back("Reciprocal", variance.dtype);
+  calls.back().in(root).out(out);
+}
+
+bool batch_norm_direct(const Context& c, const DenseTensor& x_, const DenseTensor& mean, const DenseTensor& variance,
+                       const paddle::optional<DenseTensor>& scale, const paddle::optional<DenseTensor>& bias,
+                       bool is_test, float momentum, float epsilon, const std::string& data_layout,
+                       bool use_global_stats, bool trainable_statistics, DenseTensor* y, DenseTensor* mean_out,
+                       DenseTensor* variance_out, DenseTensor* saved_mean, DenseTensor* saved_variance,
+                       DenseTensor*) {
+  int32_t dev = direct_device();
+  Operand x, m, v, out;
+  if (dev < 0 || !channels_first(data_layout) || x_.dims().size() < 2 || !input(x_, &x) || !input(mean, &m) ||
+      !input(variance, &v) || !output(c, y, &out))
+    return false;
+  Shape channels{x.shape[1]};
+  Scratch scratch(dev);
+  Operand gamma, beta, m_out, v_out;
+  if (!param_or(scale, channels, 1.0f, scratch, &gamma) || !param_or(bias, channels, 0.0f, scratch, &beta) ||
+      !output(c, mean_out, &m_out) || !output(c, variance_out, &v_out))
+    return false;
+  Calls calls;
+  std::vector<std::pair<Operand, Operand>> copies;
+  auto bn = [&](double bn_momentum, int64_t training) -> Call& {
+    calls.emplace_back("BatchNormalization", x.dtype);
+    return calls.back().in(x).in(gamma).in(beta).in(m).in(v).attr("epsilon", static_cast<double>(epsilon))
+        .attr("momentum", bn_momentum).attr("training_mode", training);
+  };
+  if (is_test || use_global_stats) {
+    bn(momentum, 0).out(out).out(scratch.take(channels, m.dtype)).out(scratch.take(channels, v.dtype));
+    copies = {{m_out, m}, {v_out, v}};
+    return run_with_copies("batch_norm", dev, calls, copies);
+  }
+  // Paddle keeps the batch's mean and 1 / sqrt(variance + epsilon) for the grad: a first call
+  // with momentum 0 gives the batch statistics as its running ones; the second normalizes and
+  // moves the running statistics by `momentum` (into scratch: mean_out may be mean itself).
+  Operand batch_mean, batch_var = scratch.take(channels, m.dtype), inv_std;
+  if (!output(c, saved_mean, &batch_mean) || !output(c, saved_variance, &inv_std)) return false;
+  bn(0.0, 1).out(scratch.take(x.shape, x.dtype)).out(batch_mean).out(batch_var);
+  Operand running_mean = scratch.take(channels, m.dtype), running_var = scratch.take(channels, v.dtype);
+  bn(momentum, 1).out(out).out(running_mean).out(running_var);
+  inv_std_calls(batch_var, epsilon, inv_std, scratch, calls);
+  if (!all_available(calls)) return false;
+  for (Call& call : calls) call.run(dev);
+  copy(dev, m_out, running_mean);
+  copy(dev, v_out, running_var);
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  ++g_direct_calls["batch_norm"];
+  return true;
+}
+
+bool batch_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddle::optional<DenseTensor>& scale,
+                            const paddle::optional<DenseTensor>&, const paddle::optional<DenseTensor>&,
+                            const paddle::optional<DenseTensor>&, const DenseTensor& saved_mean,
+                            const DenseTensor& saved_variance, const paddle::optional<DenseTensor>&,
+                            const DenseTensor& y_grad, float, float, const std::string& data_layout, bool is_test,
+                            bool use_global_stats, bool, DenseTensor* x_grad, DenseTensor* scale_grad,
+                            DenseTensor* bias_grad) {
+  int32_t dev = direct_device();
+  Operand x, dy, mean, inv_std;
+  if (dev < 0 || is_test || use_global_stats || !channels_first(data_layout) || x_.dims().size() < 2 ||
+      !input(x_, &x) || !input(y_grad, &dy) || !input(saved_mean, &mean) || !input(saved_variance, &inv_std))
+    return false;
+  Shape channels{x.shape[1]};
+  Scratch scratch(dev);
+  Operand gamma, dx, dscale, dbias;
+  if (!param_or(scale, channels, 1.0f, scratch, &gamma)) return false;
+  auto grad = [&](DenseTensor* t, const Operand& like, Operand* o) {
+    if (t != nullptr) return output(c, t, o);
+    *o = scratch.take(like.shape, like.dtype);
+    return true;
+  };
+  if (!grad(x_grad, x, &dx) || !grad(scale_grad, gamma, &dscale) || !grad(bias_grad, gamma, &dbias)) return false;
+  Calls calls;
+  calls.emplace_back("BatchNormalizationGrad", x.dtype);
+  calls.back().in(dy).in(x).in(gamma).in(mean).in(inv_std).out(dx).out(dscale).out(dbias);
+  return run_with_copies("batch_norm_grad", dev, calls, {});
+}
+
+bool layer_norm_direct(const Context& c, const DenseTensor& x_, const paddle::optional<DenseTensor>& scale,
+                       const paddle::optional<DenseTensor>& bias, float epsilon, int begin_norm_axis,
+                       DenseTensor* out, DenseTensor* mean_out, DenseTensor* variance_out) {
+  int32_t dev = direct_device();
+  Shape dims = x_.dims();
+  if (dev < 0 || begin_norm_axis < 0 || static_cast<size_t>(begin_norm_axis) >= dims.size()) return false;
+  Shape normalized(dims.begin() + begin_norm_axis, dims.end()), stats(dims.begin(), dims.begin() + begin_norm_axis);
+  stats.resize(dims.size(), 1);
+  Scratch scratch(dev);
+  Operand x, gamma, beta, y, mean;
+  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, scratch, &gamma) || !output(c, out, &y) ||
+      !output(c, mean_out, &mean, stats))
+    return false;
+  Calls calls;
+  Operand inv_std = scratch.take(stats, x.dtype);
+  calls.emplace_back("LayerNormalization", x.dtype);
+  Call& ln = calls.back().in(x).in(gamma);
+  if (bias) {
+    if (!input(*bias, &beta, normalized)) return false;
+    ln.in(beta);
+  }
+  ln.out(y).out(mean).out(inv_std).attr("axis", int64_t{begin_norm_axis}).attr("epsilon", static_cast<double>(epsilon))
+      .attr("stash_type", int64_t{1});
+  if (variance_out != nullptr) {  // Paddle keeps the variance: 1 / inv_std^2 - epsilon
+    Operand variance, squared = scratch.take(stats, x.dtype), reciprocal = scratch.take(stats, x.dtype);
+    if (!output(c, variance_out, &variance, stats)) return false;
+    calls.emplace_back("Mul", x.dtype);
+    calls.back().in(inv_std).in(inv_std).out(squared);
+    calls.emplace_back("Reciprocal", x.dtype);
+    calls.back().in(squared).out(reciprocal);
+    calls.emplace_back("Sub", x.dtype);
+    calls.back().in(reciprocal).in(scratch.scalar(epsilon)).out(variance);
+  }
+  return run_with_copies("layer_norm", dev, calls, {});
+}
+
+bool layer_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddle::optional<DenseTensor>& scale,
+                            const paddle::optional<DenseTensor>&, const DenseTensor& mean_,
+                            const DenseTensor& variance_, const DenseTensor& out_grad, float epsilon,
+                            int begin_norm_axis, DenseTensor* x_grad, DenseTensor* scale_grad,
+                            DenseTensor* bias_grad) {
+  int32_t dev = direct_device();
+  Shape dims = x_.dims();
+  if (dev < 0 || begin_norm_axis < 0 || static_cast<size_t>(begin_norm_axis) >= dims.size()) return false;
+  Shape normalized(dims.begin() + begin_norm_axis, dims.end()), stats(dims.begin(), dims.begin() + begin_norm_axis);
+  stats.resize(dims.size(), 1);
+  Scratch scratch(dev);
+  Operand x, gamma, mean, variance, dy, dx, dscale, dbias;
+  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, scratch, &gamma) || !input(mean_, &mean, stats) ||
+      !input(variance_, &variance, stats) || !input(out_grad, &dy))
+    return false;
+  auto grad = [&](DenseTensor* t, const Operand& like, Operand* o) {
+    if (t != nullptr) return output(c, t, o, like.shape);
+    *o = scratch.take(like.shape, like.dtype);
+    return true;
+  };
+  if (!grad(x_grad, x, &dx) || !grad(scale_grad, gamma, &dscale) || !grad(bias_grad, gamma, &dbias)) return false;
+  Calls calls;
+  Operand inv_std = scratch.take(stats, x.dtype);
+  inv_std_calls(variance, epsilon, inv_std, scratch, calls);
+  calls.emplace_back("LayerNormalizationGrad", x.dtype);
+  calls.back().in(dy).in(x).in(gamma).in(mean).in(inv_std).out(dx).out(dscale).out(dbias)
+      .attr("axis", int64_t{begin_norm_axis});
+  return run_with_copies("layer_norm_grad", dev, calls, {});
+}
+
+// matmul as a Gemm of 2-D operands: x's leading dims merged where y is 2-D and x not transposed.
+struct Matrices {
+  Operand x, y;
+  bool parse(const DenseTensor& x_, const DenseTensor& y_, bool tx) {
+    size_t xd = x_.dims().size(), yd = y_.dims().size();
+    if (yd != 2 || xd < 2 || (xd > 2 && tx)) return false;
+    return input(x_, &x, xd > 2 ? merged_to_2d(x_.dims()) : Shape{}) && input(y_, &y);
+  }
+  static Shape merged_to_2d(const Shape& d) {
+    int64_t rows = 1;
+    for (size_t k = 0; k + 1 < d.size(); ++k) rows *= d[k];
+    return {rows, d.back()};
+  }
+};
+
+Call& gemm(Calls& calls, const Operand& a, const Operand& b, bool ta, bool tb, const Operand& out) {
+  calls.emplace_back("Gemm", a.dtype);
+  return calls.back().in(a).in(b).out(out).attr("transA", int64_t{ta}).attr("transB", int64_t{tb})
+      .attr("alpha", 1.0).attr("beta", 1.0);
+}
+
+bool matmul_direct(const Context& c, const DenseTensor& x_, const DenseTensor& y_, bool tx, bool ty,
+                   DenseTensor* out) {
+  int32_t dev = direct_device();
+  Matrices m;
+  Operand o;
+  if (dev < 0 || !m.parse(x_, y_, tx)) return false;
+  int64_t rows = m.x.shape[tx ? 1 : 0], cols = m.y.shape[ty ? 0 : 1];
+  if (!output(c, out, &o, {rows, cols})) return false;
+  Calls calls;
+  gemm(calls, m.x, m.y, tx, ty, o);
+  return run_with_copies("matmul", dev, calls, {});
+}
+
+bool matmul_grad_direct(const Context& c, const DenseTensor& x_, const DenseTensor& y_, const DenseTensor& dout_,
+                        bool tx, bool ty, DenseTensor* dx_, DenseTensor* dy_) {
+  int32_t dev = direct_device();
+  Matrices m;
+  Operand g, dx, dy;
+  if (dev < 0 || !m.parse(x_, y_, tx)) return false;
+  int64_t rows = m.x.shape[tx ? 1 : 0], cols = m.y.shape[ty ? 0 : 1];
+  if (!input(dout_, &g, {rows, cols})) return false;
+  Calls calls;
+  // out = op(x) op(y): d op(x) = dout op(y)^T, d op(y) = op(x)^T dout, each transposed back where op is.
+  if (dx_ != nullptr) {
+    if (!output(c, dx_, &dx, m.x.shape)) return false;
+    if (!tx) gemm(calls, g, m.y, false, !ty, dx);
+    else gemm(calls, m.y, g, ty, true, dx);
+  }
+  if (dy_ != nullptr) {
+    if (!output(c, dy_, &dy, m.y.shape)) return false;
+    if (!ty) gemm(calls, m.x, g, !tx, false, dy);
+    else gemm(calls, g, m.x, true, tx, dy);
+  }
+  return run_with_copies("matmul_grad", dev, calls, {});
+}
+
+bool softmax_direct(const Context& c, const DenseTensor& x_, int axis, DenseTensor* out) {
+  int32_t dev = direct_device();
+  Operand x, y;
+  if (dev < 0 || !input(x_, &x) || !output(c, out, &y)) return false;
+  Calls calls;
+  calls.emplace_back("Softmax", x.dtype);
+  calls.back().in(x).out(y).attr("axis", int64_t{axis});
+  return run_with_copies("softmax", dev, calls, {});
+}
+
+bool softmax_grad_direct(const Context& c, const DenseTensor& out_, const DenseTensor& dout_, int axis,
+                         DenseTensor* dx_) {
+  int32_t dev = direct_device();
+  Operand y, g, dx;
+  if (dev < 0 || !input(out_, &y) || !input(dout_, &g) || !output(c, dx_, &dx)) return false;
+  Calls calls;
+  calls.emplace_back("SoftmaxGrad", y.dtype);
+  calls.back().in(g).in(y).out(dx).attr("axis", int64_t{axis});
+  return run_with_copies("softmax_grad", dev, calls, {});
+}
+
+// Hard labels over the last axis of 2-D logits: the direct path's case.
+bool hard_labels(const Shape& logits, bool soft_label, bool use_softmax, int axis) {
+  return !soft_label && use_softmax && logits.size() == 2 && (axis == -1 || axis == 1);
+}
+
+bool cross_entropy_with_softmax_direct(const Context& c, const DenseTensor& logits_, const DenseTensor& label_,
+                                       bool soft_label, bool use_softmax, bool, int ignore_index, int axis,
+                                       DenseTensor* softmax_, DenseTensor* loss_) {
+  int32_t dev = direct_device();
+  Operand logits, labels, probabilities, loss;
+  if (dev < 0 || !hard_labels(logits_.dims(), soft_label, use_softmax, axis) || !input(logits_, &logits) ||
+      !input(label_, &labels, {label_.numel()}) || !output(c, softmax_, &probabilities) ||
+      !output(c, loss_, &loss, {label_.numel()}))
+    return false;
+  Scratch scratch(dev);
+  Calls calls;
+  calls.emplace_back("Softmax", logits.dtype);
+  calls.back().in(logits).out(probabilities).attr("axis", int64_t{-1});
+  calls.emplace_back("SoftmaxCrossEntropyLoss", logits.dtype);
+  calls.back().in(logits).in(labels).out(loss).out(scratch.take(logits.shape, logits.dtype))
+      .attr("reduction", "none").attr("ignore_index", int64_t{ignore_index});
+  return run_with_copies("cross_entropy_with_softmax", dev, calls, {});
+}
+
+bool cross_entropy_with_softmax_grad_direct(const Context& c, const DenseTensor& label_,
+                                            const DenseTensor& softmax_, const DenseTensor& loss_grad,
+                                            bool soft_label, bool use_softmax, bool, int ignore_index, int axis,
+                                            DenseTensor* logits_grad) {
+  int32_t dev = direct_device();
+  Operand labels, probabilities, dloss, dlogits;
+  if (dev < 0 || !hard_labels(softmax_.dims(), soft_label, use_softmax, axis) ||
+      !input(label_, &labels, {label_.numel()}) || !input(softmax_, &probabilities) ||
+      !input(loss_grad, &dloss, {label_.numel()}) || !output(c, logits_grad, &dlogits))
+    return false;
+  Scratch scratch(dev);
+  Operand log_prob = scratch.take(probabilities.shape, probabilities.dtype);
+  Calls calls;
+  calls.emplace_back("Log", probabilities.dtype);
+  calls.back().in(probabilities).out(log_prob);
+  calls.emplace_back("SoftmaxCrossEntropyLossGrad", probabilities.dtype);
+  calls.back().in(dloss).in(log_prob).in(labels).out(dlogits).attr("reduction", "none")
+      .attr("ignore_index", int64_t{ignore_index});
+  return run_with_copies("cross_entropy_with_softmax_grad", dev, calls, {});
+}
+
+Shape all_axes(size_t ndim) {
+  Shape axes(ndim);
+  for (size_t k = 0; k < ndim; ++k) axes[k] = static_cast<int64_t>(k);
+  return axes;
+}
+
+// Paddle's reduce dims (empty: every axis) as devkit axes.
+Shape reduce_axes(const std::vector<int64_t>& dims, size_t ndim, bool reduce_all) {
+  if (reduce_all || dims.empty()) return all_axes(ndim);
+  Shape axes;
+  for (int64_t d : dims) axes.push_back(((d % static_cast<int64_t>(ndim)) + ndim) % ndim);
+  return axes;
+}
+
+bool reduce_direct(const char* phi_op, const char* op, const Context& c, const DenseTensor& x_, const Shape& axes,
+                   DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand x, out;
+  if (dev < 0 || x_.dims().empty() || !input(x_, &x)) return false;
+  Shape kept = x.shape;
+  for (int64_t a : axes) kept[a] = 1;
+  if (!output(c, out_, &out, kept)) return false;
+  Calls calls;
+  calls.emplace_back(op, x.dtype);
+  calls.back().in(x).out(out).attr("axes", axes).attr("keepdims", int64_t{1}).attr("noop_with_empty_axes", int64_t{0});
+  return run_with_copies(phi_op, dev, calls, {});
+}
+
+bool mean_all_direct(const Context& c, const DenseTensor& x, DenseTensor* out) {
+  return reduce_direct("mean_all", "ReduceMean", c, x, all_axes(x.dims().size()), out);
+}
+bool mean_direct(const Context& c, const DenseTensor& x, const phi::IntArray& dims, bool, DenseTensor* out) {
+  return reduce_direct("mean", "ReduceMean", c, x, reduce_axes(dims.GetData(), x.dims().size(), false), out);
+}
+bool sum_direct(const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype, bool,
+                DenseTensor* out) {
+  if (out_dtype != PD_DataType::UNDEFINED && out_dtype != x.dtype()) return false;
+  return reduce_direct("sum", "ReduceSum", c, x, reduce_axes(dims.GetData(), x.dims().size(), false), out);
+}
+
+// dx = dout (with the reduced axes kept as 1s) times factor, expanded to x's shape.
+bool reduce_grad_direct(const char* phi_op, const Context& c, const DenseTensor& x_, const DenseTensor& dout_,
+                        const Shape& axes, bool mean, DenseTensor* dx_) {
+  int32_t dev = direct_device();
+  Shape shape = x_.dims();  // x may be shape only (NoNeedBuffer)
+  Shape kept = shape;
+  for (int64_t a : axes) kept[a] = 1;
+  Operand g, dx;
+  if (dev < 0 || shape.empty() || !input(dout_, &g, kept) || !output(c, dx_, &dx)) return false;
+  Scratch scratch(dev);
+  Calls calls;
+  if (mean) {
+    int64_t count = numel(shape) / std::max<int64_t>(numel(kept), 1);
+    Operand scaled = scratch.take(kept, g.dtype);
+    calls.emplace_back("Mul", g.dtype);
+    calls.back().in(g).in(scratch.scalar(1.0f / static_cast<float>(std::max<int64_t>(count, 1)))).out(scaled);
+    g = scaled;
+  }
+  calls.emplace_back("Expand", g.dtype);
+  calls.back().in(g).out(dx).attr("shape", shape);
+  return run_with_copies(phi_op, dev, calls, {});
+}
+
+bool mean_all_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& dout, DenseTensor* dx) {
+  return reduce_grad_direct("mean_all_grad", c, x, dout, all_axes(x.dims().size()), true, dx);
+}
+bool mean_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
+                      bool, bool reduce_all, DenseTensor* dx) {
+  return reduce_grad_direct("mean_grad", c, x, dout, reduce_axes(dims.GetData(), x.dims().size(), reduce_all), true,
+                            dx);
+}
+bool sum_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
+                     bool, bool reduce_all, DenseTensor* dx) {
+  return reduce_grad_direct("sum_grad", c, x, dout, reduce_axes(dims.GetData(), x.dims().size(), reduce_all), false,
+                            dx);
+}
+
+// A one-element float32 tensor's value, read from the device.
+bool read_scalar(const DenseTensor& t, float* value) {
+  Operand o;
+  int32_t dev = direct_device();
+  if (t.dtype() != PD_DataType::FLOAT32 || t.numel() != 1 || !input(t, &o)) return false;
+  Scratch::check(g_api->copy_d2h(dev, value, o.mem, o.offset, sizeof(float), nullptr), "copy_d2h");
+  return true;
+}
+
+// Paddle's dense Adam as one devkit Adam call: with its bias corrections folded into the
+// learning rate and epsilon (phi's AdamFunctor: lr' = lr sqrt(1 - beta2^t) / (1 - beta1^t),
+// param -= lr' m1 / (sqrt(m2) + epsilon sqrt(1 - beta2^t))) and T = 0, devkit's update is
+// Paddle's.
+bool adam_direct(const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
+                 const DenseTensor& moment1, const DenseTensor& moment2, const paddle::optional<DenseTensor>&,
+                 const DenseTensor& beta1_pow, const DenseTensor& beta2_pow,
+                 const paddle::optional<DenseTensor>&, const paddle::optional<DenseTensor>& skip_update,
+                 const phi::Scalar& beta1_, const phi::Scalar& beta2_, const phi::Scalar& epsilon_, bool, int64_t,
+                 bool multi_precision, bool use_global_beta_pow, bool amsgrad, DenseTensor* param_out,
+                 DenseTensor* moment1_out, DenseTensor* moment2_out, DenseTensor*, DenseTensor* beta1_pow_out,
+                 DenseTensor* beta2_pow_out, DenseTensor*) {
+  int32_t dev = direct_device();
+  Operand x, g, v, h, x_new, v_new, h_new;
+  if (dev < 0 || multi_precision || amsgrad || skip_update || param.dtype() != PD_DataType::FLOAT32 ||
+      !input(param, &x) || !input(grad, &g) || !input(moment1, &v) || !input(moment2, &h) ||
+      !output(c, param_out, &x_new) || !output(c, moment1_out, &v_new) || !output(c, moment2_out, &h_new))
+    return false;
+  Calls calls;
+  calls.emplace_back("Adam", x.dtype);
+  if (!all_available(calls)) return false;
+  float rate, pow1, pow2;
+  if (!read_scalar(lr, &rate) || !read_scalar(beta1_pow, &pow1) || !read_scalar(beta2_pow, &pow2)) return false;
+  float beta1 = beta1_.to<float>(), beta2 = beta2_.to<float>(), epsilon = epsilon_.to<float>();
+  float corrected = rate * std::sqrt(1.0f - pow2) / (1.0f - pow1);
+  calls.back().in(x).in(g).in(v).in(h).out(x_new).out(v_new).out(h_new).attr_floats("R", {corrected})
+      .attr("T", Shape{0}).attr("alpha", static_cast<double>(beta1)).attr("beta", static_cast<double>(beta2))
+      .attr("epsilon", static_cast<double>(epsilon * std::sqrt(1.0f - pow2))).attr("norm_coefficient", 0.0)
+      .attr("norm_coefficient_post", 0.0);
+  run_calls("adam", dev, calls);
+  if (!use_global_beta_pow) {
+    for (auto [out, value] : {std::make_pair(beta1_pow_out, pow1 * beta1), std::make_pair(beta2_pow_out, pow2 * beta2)}) {
+      Operand o;
+      if (out == nullptr) continue;
+      if (!output(c, out, &o)) PD_THROW("adam: a beta power output is not a float32 devkit tensor");
+      Scratch::check(g_api->copy_h2d(dev, o.mem, o.offset, &value, sizeof value, nullptr), "copy_h2d");
+    }
+  }
+  return true;
+}
+
+// A fill: one memset where the value's bytes are all alike (zeros), else a copy of a host pattern.
+bool fill(const Context& c, const phi::Scalar& value, PD_DataType dtype, DenseTensor* out_, const char* phi_op) {
+  int32_t dev = direct_device();
+  Operand out;
+  if (dev < 0 || out_ == nullptr || out_->numel() == 0 || !output(c, out_, &out, {}, dtype)) return false;
+  size_t item = (out.dtype.bits + 7) / 8, n = static_cast<size_t>(out_->numel());
+  unsigned char bytes[8];
+  switch (out_->dtype()) {
+    case PD_DataType::FLOAT32: { float v = value.to<float>(); std::memcpy(bytes, &v, 4); break; }
+    case PD_DataType::FLOAT64: { double v = value.to<double>(); std::memcpy(bytes, &v, 8); break; }
+    case PD_DataType::INT32: { int32_t v = value.to<int32_t>(); std::memcpy(bytes, &v, 4); break; }
+    case PD_DataType::INT64: { int64_t v = value.to<int64_t>(); std::memcpy(bytes, &v, 8); break; }
+    case PD_DataType::BOOL: bytes[0] = value.to<bool>() ? 1 : 0; break;
+    default: return false;
+  }
+  if (std::all_of(bytes, bytes + item, [&](unsigned char b) { return b == bytes[0]; })) {
+    Scratch::check(g_api->memset(dev, out.mem, out.offset, bytes[0], n * item, nullptr), "memset");
+  } else {
+    thread_local std::vector<unsigned char> pattern;
+    pattern.resize(n * item);
+    for (size_t k = 0; k < n; ++k) std::memcpy(pattern.data() + k * item, bytes, item);
+    Scratch::check(g_api->copy_h2d(dev, out.mem, out.offset, pattern.data(), pattern.size(), nullptr), "copy_h2d");
+  }
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  ++g_direct_calls[phi_op];
+  return true;
+}
+bool full_direct(const Context& c, const phi::IntArray&, const phi::Scalar& value, PD_DataType dtype,
+                 DenseTensor* out) {
+  return fill(c, value, dtype, out, "full");
+}
+bool full_like_direct(const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
+                      DenseTensor* out) {
+  return fill(c, value, dtype == PD_DataType::UNDEFINED ? x.dtype() : dtype, out, "full_like");
+}
+
+bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype, DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand x, out;
+  if (dev < 0 || !input(x_, &x) || !output(c, out_, &out, {}, out_dtype)) return false;
+  Calls calls;
+  calls.emplace_back("Cast", x.dtype);
+  calls.back().in(x).out(out).attr("to", out.dtype).attr("saturate", int64_t{1});
+  return run_with_copies("cast", dev, calls, {});
+}
+
 }  // namespace
 
 #define DEVKIT_KERNEL(name, params, ...)                              \
   template <typename T>                                               \
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
+
+// A kernel with a direct path: name##_direct runs it on the plugin's kernel
+// table, or declines (false) and run_op runs it.
+#define DEVKIT_DIRECT_KERNEL(name, params, ...)                                                \
+  template <typename T>                                                                        \
+  void name##_kernel params {                                                                  \
+    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
+  }                                                                                            \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
 
 // Kernels for every dtype: fills, because Paddle's CPU fallback for them
@@ -672,25 +1471,39 @@ void run(const char* op, const phi::Context& ctx, Ts&&... args) {
   template <typename T>                                               \
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t, bool) {}
+#define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...)                                     \
+  template <typename T>                                                                        \
+  void name##_kernel params {                                                                  \
+    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
+  }                                                                                            \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t, bool) {}
 
 using phi::Context;
 
 // y = f(x), and grads taking (x or out, dout): the Python side knows which.
-#define DEVKIT_UNARY_KERNEL(name)                                                            \
+#define DEVKIT_UNARY_KERNEL(name, op)                                                        \
   template <typename T>                                                                     \
   void name##_kernel(const Context& c, const DenseTensor& x, DenseTensor* out) {            \
-    if (!run_direct(#name, c, phi::capi::CppTypeToPDType<T>::Type(), {&x}, out)) run<T>(#name, c, x, out); \
+    if (!run_direct(#name, op, c, {&x}, out)) run<T>(#name, c, x, out);                     \
   }                                                                                         \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
 #define DEVKIT_UNARY_GRAD_KERNEL(name)                                                              \
   DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout, \
                               DenseTensor* dx), c, x_or_out, dout, dx)
+// A grad that is one devkit op of (dout, x or out).
+#define DEVKIT_UNARY_DIRECT_GRAD_KERNEL(name, op)                                                   \
+  template <typename T>                                                                             \
+  void name##_grad_kernel(const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout,   \
+                          DenseTensor* dx) {                                                        \
+    if (!run_direct(#name "_grad", op, c, {&dout, &x_or_out}, dx)) run<T>(#name "_grad", c, x_or_out, dout, dx); \
+  }                                                                                                 \
+  PD_BUILD_PHI_KERNEL(name##_grad, devkit, ALL_LAYOUT, name##_grad_kernel, float) {}
 // Elementwise binary ops with numpy broadcasting, for the numeric dtypes (integer
 // arithmetic runs on the device too: labels, masks), and their grads (axis is -1).
-#define DEVKIT_BINARY_KERNEL(name)                                                                           \
+#define DEVKIT_BINARY_KERNEL(name, op)                                                                       \
   template <typename T>                                                                                       \
   void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) {        \
-    if (!run_direct(#name, c, phi::capi::CppTypeToPDType<T>::Type(), {&x, &y}, out)) run<T>(#name, c, x, y, out); \
+    if (op == nullptr || !run_direct(#name, op, c, {&x, &y}, out)) run<T>(#name, c, x, y, out);                \
   }                                                                                                           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t) {}
 #define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
@@ -698,25 +1511,25 @@ using phi::Context;
                               const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy), \
                 c, x, y, dout, axis, dx, dy)
 
-DEVKIT_UNARY_KERNEL(exp)
+DEVKIT_UNARY_KERNEL(exp, "Exp")
 DEVKIT_UNARY_GRAD_KERNEL(exp)
-DEVKIT_UNARY_KERNEL(tanh)
-DEVKIT_UNARY_GRAD_KERNEL(tanh)
-DEVKIT_UNARY_KERNEL(sigmoid)
-DEVKIT_UNARY_GRAD_KERNEL(sigmoid)
-DEVKIT_UNARY_KERNEL(sqrt)
+DEVKIT_UNARY_KERNEL(tanh, "Tanh")
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(tanh, "TanhGrad")
+DEVKIT_UNARY_KERNEL(sigmoid, "Sigmoid")
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(sigmoid, "SigmoidGrad")
+DEVKIT_UNARY_KERNEL(sqrt, "Sqrt")
 DEVKIT_UNARY_GRAD_KERNEL(sqrt)
-DEVKIT_UNARY_KERNEL(log)
+DEVKIT_UNARY_KERNEL(log, "Log")
 DEVKIT_UNARY_GRAD_KERNEL(log)
-DEVKIT_UNARY_KERNEL(sin)
+DEVKIT_UNARY_KERNEL(sin, "Sin")
 DEVKIT_UNARY_GRAD_KERNEL(sin)
-DEVKIT_UNARY_KERNEL(cos)
+DEVKIT_UNARY_KERNEL(cos, "Cos")
 DEVKIT_UNARY_GRAD_KERNEL(cos)
-DEVKIT_UNARY_KERNEL(abs)
+DEVKIT_UNARY_KERNEL(abs, "Abs")
 DEVKIT_UNARY_GRAD_KERNEL(abs)
-DEVKIT_UNARY_KERNEL(square)
+DEVKIT_KERNEL(square, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
 DEVKIT_UNARY_GRAD_KERNEL(square)
-DEVKIT_BINARY_KERNEL(divide)
+DEVKIT_BINARY_KERNEL(divide, "Div")
 DEVKIT_KERNEL(divide_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& out,
                             const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
               c, x, y, out, dout, axis, dx, dy)
@@ -728,74 +1541,75 @@ DEVKIT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const DenseTen
                           DenseTensor* dx), c, x, dout, approximate, dx)
 DEVKIT_KERNEL(scale, (const Context& c, const DenseTensor& x, const phi::Scalar& scale, const phi::Scalar& bias,
                       bool bias_after_scale, DenseTensor* out), c, x, scale, bias, bias_after_scale, out)
-DEVKIT_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
+DEVKIT_DIRECT_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
                     bool keep_dim, DenseTensor* out), c, x, dims, out_dtype, keep_dim, out)
-DEVKIT_KERNEL(sum_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
+DEVKIT_DIRECT_KERNEL(sum_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
                          bool keep_dim, bool reduce_all, DenseTensor* dx), c, x, dout, dims, keep_dim, reduce_all, dx)
 DEVKIT_KERNEL(transpose, (const Context& c, const DenseTensor& x, const std::vector<int>& perm, DenseTensor* out),
               c, x, perm, out)
 DEVKIT_KERNEL(transpose_grad, (const Context& c, const DenseTensor& dout, const std::vector<int>& perm,
                                DenseTensor* dx), c, dout, perm, dx)
 
-DEVKIT_UNARY_KERNEL(relu)
-DEVKIT_UNARY_GRAD_KERNEL(relu)
-DEVKIT_BINARY_KERNEL(add)
-DEVKIT_BINARY_GRAD_KERNEL(add)
-DEVKIT_BINARY_KERNEL(subtract)
-DEVKIT_BINARY_KERNEL(multiply)
-DEVKIT_KERNEL(matmul, (const Context& c, const DenseTensor& x, const DenseTensor& y, bool tx, bool ty,
+DEVKIT_UNARY_KERNEL(relu, "Relu")
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(relu, "ReluGrad")
+DEVKIT_BINARY_KERNEL(add, "Add")
+DEVKIT_DIRECT_KERNEL(add_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+                                 int axis, DenseTensor* dx, DenseTensor* dy), c, x, y, dout, axis, dx, dy)
+DEVKIT_BINARY_KERNEL(subtract, "Sub")
+DEVKIT_BINARY_KERNEL(multiply, "Mul")
+DEVKIT_DIRECT_KERNEL(matmul, (const Context& c, const DenseTensor& x, const DenseTensor& y, bool tx, bool ty,
                        DenseTensor* out), c, x, y, tx, ty, out)
-DEVKIT_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+DEVKIT_DIRECT_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
                             bool tx, bool ty, DenseTensor* dx, DenseTensor* dy), c, x, y, dout, tx, ty, dx, dy)
-DEVKIT_KERNEL(softmax, (const Context& c, const DenseTensor& x, int axis, DenseTensor* out), c, x, axis, out)
-DEVKIT_KERNEL(softmax_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
+DEVKIT_DIRECT_KERNEL(softmax, (const Context& c, const DenseTensor& x, int axis, DenseTensor* out), c, x, axis, out)
+DEVKIT_DIRECT_KERNEL(softmax_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
                              DenseTensor* dx), c, out, dout, axis, dx)
-DEVKIT_KERNEL(cross_entropy_with_softmax,
+DEVKIT_DIRECT_KERNEL(cross_entropy_with_softmax,
               (const Context& c, const DenseTensor& logits, const DenseTensor& label, bool soft_label,
                bool use_softmax, bool numeric_stable_mode, int ignore_index, int axis, DenseTensor* softmax,
                DenseTensor* loss),
               c, logits, label, soft_label, use_softmax, numeric_stable_mode, ignore_index, axis, softmax, loss)
-DEVKIT_KERNEL(cross_entropy_with_softmax_grad,
+DEVKIT_DIRECT_KERNEL(cross_entropy_with_softmax_grad,
               (const Context& c, const DenseTensor& label, const DenseTensor& softmax, const DenseTensor& loss_grad,
                bool soft_label, bool use_softmax, bool numeric_stable_mode, int ignore_index, int axis,
                DenseTensor* logits_grad),
               c, label, softmax, loss_grad, soft_label, use_softmax, numeric_stable_mode, ignore_index, axis,
               logits_grad)
-DEVKIT_KERNEL(mean_all, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
-DEVKIT_KERNEL(mean_all_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, DenseTensor* dx),
+DEVKIT_DIRECT_KERNEL(mean_all, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+DEVKIT_DIRECT_KERNEL(mean_all_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, DenseTensor* dx),
               c, x, dout, dx)
-DEVKIT_KERNEL(mean, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, bool keep_dim,
+DEVKIT_DIRECT_KERNEL(mean, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, bool keep_dim,
                      DenseTensor* out), c, x, dims, keep_dim, out)
-DEVKIT_KERNEL(mean_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout,
+DEVKIT_DIRECT_KERNEL(mean_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout,
                           const phi::IntArray& dims, bool keep_dim, bool reduce_all, DenseTensor* dx),
               c, x, dout, dims, keep_dim, reduce_all, dx)
 DEVKIT_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTensor& lr, const DenseTensor& grad,
                     const paddle::optional<DenseTensor>& master_param, bool multi_precision,
                     DenseTensor* param_out, DenseTensor* master_param_out),
               c, param, lr, grad, master_param, multi_precision, param_out, master_param_out)
-DEVKIT_KERNEL(layer_norm, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_KERNEL(layer_norm, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                            const paddle::optional<DenseTensor>& bias, float epsilon, int begin_norm_axis,
                            DenseTensor* out, DenseTensor* mean, DenseTensor* variance),
               c, x, scale, bias, epsilon, begin_norm_axis, out, mean, variance)
-DEVKIT_KERNEL(layer_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_KERNEL(layer_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                                 const paddle::optional<DenseTensor>& bias, const DenseTensor& mean,
                                 const DenseTensor& variance, const DenseTensor& out_grad, float epsilon,
                                 int begin_norm_axis, DenseTensor* x_grad, DenseTensor* scale_grad,
                                 DenseTensor* bias_grad),
               c, x, scale, bias, mean, variance, out_grad, epsilon, begin_norm_axis, x_grad, scale_grad, bias_grad)
-DEVKIT_KERNEL(conv2d, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+DEVKIT_DIRECT_KERNEL(conv2d, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
                        const std::vector<int>& strides, const std::vector<int>& paddings,
                        const std::string& padding_algorithm, const std::vector<int>& dilations, int groups,
                        const std::string& data_format, DenseTensor* out),
               c, input, filter, strides, paddings, padding_algorithm, dilations, groups, data_format, out)
-DEVKIT_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+DEVKIT_DIRECT_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
                             const DenseTensor& out_grad, const std::vector<int>& strides,
                             const std::vector<int>& paddings, const std::string& padding_algorithm,
                             const std::vector<int>& dilations, int groups, const std::string& data_format,
                             DenseTensor* input_grad, DenseTensor* filter_grad),
               c, input, filter, out_grad, strides, paddings, padding_algorithm, dilations, groups, data_format,
               input_grad, filter_grad)
-DEVKIT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTensor& mean,
+DEVKIT_DIRECT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTensor& mean,
                            const DenseTensor& variance, const paddle::optional<DenseTensor>& scale,
                            const paddle::optional<DenseTensor>& bias, bool is_test, float momentum, float epsilon,
                            const std::string& data_layout, bool use_global_stats, bool trainable_statistics,
@@ -803,7 +1617,7 @@ DEVKIT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTe
                            DenseTensor* saved_variance, DenseTensor* reserve_space),
               c, x, mean, variance, scale, bias, is_test, momentum, epsilon, data_layout, use_global_stats,
               trainable_statistics, y, mean_out, variance_out, saved_mean, saved_variance, reserve_space)
-DEVKIT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                                 const paddle::optional<DenseTensor>& bias, const paddle::optional<DenseTensor>& mean,
                                 const paddle::optional<DenseTensor>& variance, const DenseTensor& saved_mean,
                                 const DenseTensor& saved_variance, const paddle::optional<DenseTensor>& reserve_space,
@@ -813,7 +1627,7 @@ DEVKIT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const pa
                                 DenseTensor* bias_grad),
               c, x, scale, bias, mean, variance, saved_mean, saved_variance, reserve_space, y_grad, momentum, epsilon,
               data_layout, is_test, use_global_stats, trainable_statistics, x_grad, scale_grad, bias_grad)
-DEVKIT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
+DEVKIT_DIRECT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
                      const DenseTensor& moment1, const DenseTensor& moment2,
                      const paddle::optional<DenseTensor>& moment2_max, const DenseTensor& beta1_pow,
                      const DenseTensor& beta2_pow, const paddle::optional<DenseTensor>& master_param,
@@ -833,17 +1647,17 @@ DEVKIT_ALL_DTYPES_KERNEL(equal, (const Context& c, const DenseTensor& x, const D
                          c, x, y, out)
 DEVKIT_ALL_DTYPES_KERNEL(not_equal, (const Context& c, const DenseTensor& x, const DenseTensor& y,
                                      DenseTensor* out), c, x, y, out)
-DEVKIT_BINARY_KERNEL(less_than)
-DEVKIT_BINARY_KERNEL(less_equal)
-DEVKIT_BINARY_KERNEL(greater_than)
-DEVKIT_BINARY_KERNEL(greater_equal)
-DEVKIT_ALL_DTYPES_KERNEL(cast, (const Context& c, const DenseTensor& x, PD_DataType out_dtype, DenseTensor* out),
+DEVKIT_BINARY_KERNEL(less_than, nullptr)  // bool out: through run_op
+DEVKIT_BINARY_KERNEL(less_equal, nullptr)  // bool out: through run_op
+DEVKIT_BINARY_KERNEL(greater_than, nullptr)  // bool out: through run_op
+DEVKIT_BINARY_KERNEL(greater_equal, nullptr)  // bool out: through run_op
+DEVKIT_ALL_DTYPES_DIRECT_KERNEL(cast, (const Context& c, const DenseTensor& x, PD_DataType out_dtype, DenseTensor* out),
                          c, x, out_dtype, out)
 DEVKIT_KERNEL(concat, (const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis,
                        DenseTensor* out), c, xs, axis, out)
 DEVKIT_KERNEL(split_with_num, (const Context& c, const DenseTensor& x, int num, const phi::Scalar& axis,
                                std::vector<DenseTensor*> outs), c, x, num, axis, outs)
-DEVKIT_ALL_DTYPES_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
+DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
                            DenseTensor* out), c, shape, value, dtype, out)
-DEVKIT_ALL_DTYPES_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
+DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
                                DenseTensor* out), c, x, value, dtype, out)

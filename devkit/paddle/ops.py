@@ -79,11 +79,6 @@ BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "
           "greater_equal": "GreaterOrEqual"}
 
 
-# Kernels bridge.cc calls on the plugin's kernel table directly when the plugin has the
-# devkit op for the dtype and the tensors are compact (no attributes, one output).
-DIRECT = {**UNARY, **{name: BINARY[name] for name in ("add", "subtract", "multiply", "divide")}}
-
-
 def _unary(op: str):
     def kernel(dev, x, out):
         _write(out, _op(op, [x]))
