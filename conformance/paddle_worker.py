@@ -274,14 +274,12 @@ def compare_training(paddle, run) -> str:
 
 
 def cnn_training(paddle, counts) -> str:
-    """Conv2D-BatchNorm2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm with Adam."""
+    """Conv2D-BatchNorm2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm (devkit.paddle.models.cnn) with Adam."""
+    from devkit.paddle import models
+
     def run(place):
         paddle.set_device(place)
-        net = paddle.nn.Sequential(
-            paddle.nn.Conv2D(2, 4, 3, padding=1), paddle.nn.BatchNorm2D(4), paddle.nn.ReLU(),
-            paddle.nn.Conv2D(4, 4, 3, stride=2),
-            paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(36, 5), paddle.nn.LayerNorm(5))
-        return train(paddle, net, paddle.optimizer.Adam, 0.05, (8, 2, 8, 8), 5)
+        return train(paddle, models.cnn(paddle), paddle.optimizer.Adam, 0.05, models.CNN_INPUT, models.CNN_CLASSES)
     return compare_training(paddle, run)
 
 

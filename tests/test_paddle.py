@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 
+import numpy as np
+
 import pytest
 
 from .conftest import run_python
@@ -112,3 +114,34 @@ def test_elementwise_kernels_call_the_plugin_directly_and_match_the_python_path(
     elementwise = {"relu", "exp", "add", "multiply", "divide", "subtract"}
     assert elementwise <= set(direct["direct"]) and not elementwise & set(direct["python"])
     assert python["direct"] == {} and elementwise <= set(python["python"])
+
+
+TRAINING_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
+                  "from devkit.paddle import _bridge, models\n"
+                  "paddle.set_device('devkit:0')\n"
+                  "paddle.seed(0)\n"
+                  "net = models.cnn(paddle)\n"
+                  "optimizer = paddle.optimizer.Adam(learning_rate=0.05, parameters=net.parameters())\n"
+                  "step = models.training_step(paddle, net, optimizer, models.CNN_INPUT, models.CNN_CLASSES)\n"
+                  "losses = [float(step()) for _ in range(3)]\n"
+                  "trained = [p for p in net.parameters() if not p.stop_gradient]\n"
+                  "print(json.dumps({'losses': losses, 'params': [p.numpy().ravel().tolist() for p in trained],\n"
+                  "                  'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)}))\n")
+
+
+def test_training_kernels_call_the_plugin_directly_and_match_the_python_path():
+    # The CNN's kernels with attributes (conv2d, batch_norm, layer_norm, matmul, cross entropy, Adam as one
+    # devkit Adam call...) run from bridge.cc on the cpu plugin's kernel table; with DEVKIT_PADDLE_DIRECT=0
+    # every one goes through run_op. Both train alike: devkit's Adam computes in float64, the Python
+    # path's chain of ops in float32, hence rtol 1e-5 on the losses. (Not on every parameter: the first
+    # conv's bias feeds BatchNorm, so its gradient is rounding noise that Adam scales to full steps.)
+    direct = json.loads(_run(TRAINING_CHECK).splitlines()[-1])
+    python = json.loads(_run(TRAINING_CHECK, DEVKIT_PADDLE_DIRECT="0").splitlines()[-1])
+    np.testing.assert_allclose(direct["losses"], python["losses"], rtol=1e-5)
+    np.testing.assert_allclose(direct["params"][-1], python["params"][-1], rtol=1e-5, atol=1e-6)  # LayerNorm's bias
+    kernels = {"conv2d", "conv2d_grad", "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad", "matmul",
+               "matmul_grad", "cross_entropy_with_softmax", "cross_entropy_with_softmax_grad", "mean_all",
+               "mean_all_grad", "add_grad", "relu_grad", "adam", "full", "cast"}
+    assert kernels <= set(direct["direct"]) and not kernels & set(direct["python"]), direct
+    assert python["direct"] == {} and kernels - {"full"} <= set(python["python"])
+    assert direct["direct"]["adam"] == 3 * len(direct["params"])  # one call per parameter and step

@@ -30,7 +30,6 @@ from ..runtime import Array, Buffer, _contiguous_strides, empty
 from . import ops
 
 PLUGIN_ENV = "DEVKIT_PADDLE_PLUGIN"
-DIRECT_ENV = "DEVKIT_PADDLE_DIRECT"
 DEFAULT_PLUGIN = "cpu"
 
 # Tokens start past any heap or mmap address Linux gives a process's data (2**44).
@@ -77,9 +76,7 @@ def attach(library: str) -> tuple[int, list[tuple[int, int, int, int]]]:
 def kernel_entry(op: str, dtype_key: int) -> int:
     """The address of the plugin's DK_KernelEntry for devkit ``op`` keyed by the dtype
     ``dtype_key`` (a DK_DTypeKey), which bridge.cc calls straight; 0 where the plugin
-    lacks it or DEVKIT_PADDLE_DIRECT=0: the phi kernel then runs through ``run``."""
-    if os.environ.get(DIRECT_ENV, "1") == "0":
-        return 0
+    lacks it: the phi kernel then runs through ``run``."""
     dtype = _KEY_DTYPES.get(dtype_key)
     entry = None if dtype is None else plugin().kernel_entry(op, dtype)
     return 0 if entry is None else int(ffi.cast("uintptr_t", entry))

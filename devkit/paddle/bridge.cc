@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -696,7 +697,7 @@ class Scratch {
 };
 
 // The plugin's kernel entry for a devkit op and the dtype of its key input,
-// asked of Python once (NULL: the plugin lacks it, or DEVKIT_PADDLE_DIRECT=0).
+// asked of Python once (NULL: the plugin lacks it).
 const DK_KernelEntry* kernel_entry(const char* op, DK_DataType dtype) {
   uint32_t key = dtype.code | (dtype.bits << 8) | (dtype.lanes << 16);
   std::pair<std::string, int> cache_key(op, static_cast<int>(key));
@@ -804,10 +805,16 @@ class Call {
   std::deque<std::vector<double>> floats_;
 };
 
+// DEVKIT_PADDLE_DIRECT=0 sends every kernel through run_op (read once, as Paddle reads its flags).
+const bool g_direct_enabled = [] {
+  const char* value = std::getenv("DEVKIT_PADDLE_DIRECT");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}();
+
 // The device of this thread's kernels, or -1 when direct calls cannot run.
 int32_t direct_device() {
   int32_t dev = t_current;
-  return (g_api == nullptr || dev < 0 || dev >= g_count) ? -1 : dev;
+  return (!g_direct_enabled || g_api == nullptr || dev < 0 || dev >= g_count) ? -1 : dev;
 }
 
 // The calls of one phi kernel (a deque: calls stay put as more are added).
