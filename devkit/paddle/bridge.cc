@@ -1444,6 +1444,29 @@ bool full_like_direct(const Context& c, const DenseTensor& x, const phi::Scalar&
   return fill(c, value, dtype == PD_DataType::UNDEFINED ? x.dtype() : dtype, out, "full_like");
 }
 
+// A comparison into Paddle's bool output; not_equal is Not of Equal.
+bool compare_direct(const char* phi_op, const char* op, bool negate, const Context& c, const DenseTensor& x_,
+                    const DenseTensor& y_, DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand x, y, out;
+  if (dev < 0 || !input(x_, &x) || !input(y_, &y) || !output(c, out_, &out, {}, PD_DataType::BOOL) ||
+      out.dtype.code != DK_DTYPE_CODE_BOOL)
+    return false;
+  Scratch scratch(dev);
+  Calls calls;
+  calls.emplace_back(op, x.dtype);
+  calls.back().in(x).in(y);
+  if (!negate) {
+    calls.back().out(out);
+  } else {
+    Operand equal = scratch.take(out.shape, out.dtype);
+    calls.back().out(equal);
+    calls.emplace_back("Not", out.dtype);
+    calls.back().in(equal).out(out);
+  }
+  return run_with_copies(phi_op, dev, calls, {});
+}
+
 bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype, DenseTensor* out_) {
   int32_t dev = direct_device();
   Operand x, out;
@@ -1487,6 +1510,14 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
 
 using phi::Context;
 
+// A comparison (bool out) for float and the dtypes listed; not_equal negates Equal.
+#define DEVKIT_COMPARE_KERNEL(name, op, negate, ...)                                             \
+  template <typename T>                                                                         \
+  void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) { \
+    if (!compare_direct(#name, op, negate, c, x, y, out)) run<T>(#name, c, x, y, out);          \
+  }                                                                                             \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, __VA_ARGS__) {}
+
 // y = f(x), and grads taking (x or out, dout): the Python side knows which.
 #define DEVKIT_UNARY_KERNEL(name, op)                                                        \
   template <typename T>                                                                     \
@@ -1510,7 +1541,7 @@ using phi::Context;
 #define DEVKIT_BINARY_KERNEL(name, op)                                                                       \
   template <typename T>                                                                                       \
   void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) {        \
-    if (op == nullptr || !run_direct(#name, op, c, {&x, &y}, out)) run<T>(#name, c, x, y, out);                \
+    if (!run_direct(#name, op, c, {&x, &y}, out)) run<T>(#name, c, x, y, out);                                \
   }                                                                                                           \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t) {}
 #define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
@@ -1650,14 +1681,12 @@ DEVKIT_DIRECT_KERNEL(adam, (const Context& c, const DenseTensor& param, const De
               beta2_pow_out, master_param_out)
 // A strided view made compact (Paddle's stride kernels make views: transpose, slices).
 DEVKIT_ALL_DTYPES_KERNEL(contiguous, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
-DEVKIT_ALL_DTYPES_KERNEL(equal, (const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out),
-                         c, x, y, out)
-DEVKIT_ALL_DTYPES_KERNEL(not_equal, (const Context& c, const DenseTensor& x, const DenseTensor& y,
-                                     DenseTensor* out), c, x, y, out)
-DEVKIT_BINARY_KERNEL(less_than, nullptr)  // bool out: through run_op
-DEVKIT_BINARY_KERNEL(less_equal, nullptr)  // bool out: through run_op
-DEVKIT_BINARY_KERNEL(greater_than, nullptr)  // bool out: through run_op
-DEVKIT_BINARY_KERNEL(greater_equal, nullptr)  // bool out: through run_op
+DEVKIT_COMPARE_KERNEL(equal, "Equal", false, double, int32_t, int64_t, bool)
+DEVKIT_COMPARE_KERNEL(not_equal, "Equal", true, double, int32_t, int64_t, bool)
+DEVKIT_COMPARE_KERNEL(less_than, "Less", false, double, int32_t, int64_t)
+DEVKIT_COMPARE_KERNEL(less_equal, "LessOrEqual", false, double, int32_t, int64_t)
+DEVKIT_COMPARE_KERNEL(greater_than, "Greater", false, double, int32_t, int64_t)
+DEVKIT_COMPARE_KERNEL(greater_equal, "GreaterOrEqual", false, double, int32_t, int64_t)
 DEVKIT_ALL_DTYPES_DIRECT_KERNEL(cast, (const Context& c, const DenseTensor& x, PD_DataType out_dtype, DenseTensor* out),
                          c, x, out_dtype, out)
 DEVKIT_KERNEL(concat, (const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis,
