@@ -630,6 +630,25 @@ bool output(const phi::Context& ctx, DenseTensor* t, Operand* out, std::vector<i
   return operand(*t, ctx.Alloc(t, t->dtype() == PD_DataType::UNDEFINED ? dtype : t->dtype()), std::move(shape), out);
 }
 
+// value's bytes in a float dtype (float16 and bfloat16 rounded as Paddle rounds them).
+bool encode_float(double value, DK_DataType dtype, unsigned char* bytes) {
+  if (dtype.code == DK_DTYPE_CODE_FLOAT && dtype.bits == 32) {
+    float v = static_cast<float>(value);
+    std::memcpy(bytes, &v, 4);
+  } else if (dtype.code == DK_DTYPE_CODE_FLOAT && dtype.bits == 64) {
+    std::memcpy(bytes, &value, 8);
+  } else if (dtype.code == DK_DTYPE_CODE_FLOAT && dtype.bits == 16) {
+    phi::dtype::float16 v(static_cast<float>(value));
+    std::memcpy(bytes, &v, 2);
+  } else if (dtype.code == DK_DTYPE_CODE_BFLOAT && dtype.bits == 16) {
+    phi::dtype::bfloat16 v(static_cast<float>(value));
+    std::memcpy(bytes, &v, 2);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Scratch device memory for intermediate results: blocks kept per device and
 // reused, so a warm training step allocates nothing. A Scratch hands its
 // blocks back when it goes out of scope; kernels run to completion on the
@@ -674,17 +693,17 @@ class Scratch {
     o.mem = mem;
     return o;
   }
-  // A float32 scalar (shape []) holding value.
-  Operand scalar(float value) {
-    Operand o = take({}, kFloat32);
-    check(g_api->copy_h2d(dev_, o.mem, o.offset, &value, sizeof value, nullptr), "copy_h2d");
-    return o;
-  }
-  // A float32 tensor of shape filled with value.
-  Operand filled(std::vector<int64_t> shape, float value) {
-    Operand o = take(std::move(shape), kFloat32);
-    std::vector<float> host(static_cast<size_t>(numel(o.shape)), value);
-    check(g_api->copy_h2d(dev_, o.mem, o.offset, host.data(), host.size() * sizeof(float), nullptr), "copy_h2d");
+  // A scalar (shape []) of a float dtype holding value.
+  Operand scalar(float value, DK_DataType dtype = kFloat32) { return filled({}, value, dtype); }
+  // A tensor of shape and a float dtype filled with value.
+  Operand filled(std::vector<int64_t> shape, float value, DK_DataType dtype = kFloat32) {
+    Operand o = take(std::move(shape), dtype);
+    size_t item = (dtype.bits + 7) / 8, n = static_cast<size_t>(std::max<int64_t>(numel(o.shape), 1));
+    unsigned char bytes[8];
+    if (!encode_float(value, dtype, bytes)) PD_THROW("devkit scratch: a constant of a dtype that is not a float");
+    std::vector<unsigned char> host(n * item);
+    for (size_t k = 0; k < n; ++k) std::memcpy(host.data() + k * item, bytes, item);
+    check(g_api->copy_h2d(dev_, o.mem, o.offset, host.data(), host.size(), nullptr), "copy_h2d");
     return o;
   }
   static void check(DK_Status s, const char* what) {
@@ -908,20 +927,52 @@ void copy(int32_t dev, const Operand& dst, const Operand& src) {
 bool run_with_copies(const char* phi_op, int32_t dev, Calls& calls,
                      const std::vector<std::pair<Operand, Operand>>& copies) {
   if (!all_available(calls)) return false;
-  for (const auto& c : copies) copy(dev, c.first, c.second);
-  run_calls(phi_op, dev, calls);
+  for (Call& call : calls) call.run(dev);
+  for (const auto& c : copies) copy(dev, c.first, c.second);  // a copy may read a call's result
+  std::lock_guard<std::mutex> lock(g_direct_lock);
+  ++g_direct_calls[phi_op];
   return true;
 }
 
-bool add_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout, int axis,
-                     DenseTensor* dx, DenseTensor* dy) {
+// The grads of a broadcasting add, subtract or multiply: each the broadcast's grad of dout
+// (negated for subtract's y, times the other operand for multiply).
+enum class Binary { kAdd, kSubtract, kMultiply };
+
+bool binary_grad_direct(const char* phi_op, Binary kind, const Context& c, const DenseTensor& x_,
+                        const DenseTensor& y_, const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy) {
   int32_t dev = direct_device();
-  Operand g;
+  Operand g, x, y;
   if (dev < 0 || axis != -1 || !input(dout, &g)) return false;
+  if (kind == Binary::kMultiply && ((dx != nullptr && !input(y_, &y)) || (dy != nullptr && !input(x_, &x))))
+    return false;
+  Scratch scratch(dev);
   Calls calls;
   std::vector<std::pair<Operand, Operand>> copies;
-  if (!unbroadcast(c, g, dx, calls, copies) || !unbroadcast(c, g, dy, calls, copies)) return false;
-  return run_with_copies("add_grad", dev, calls, copies);
+  auto term = [&](const char* op, std::vector<const Operand*> operands) {
+    Operand result = scratch.take(g.shape, g.dtype);
+    calls.emplace_back(op, g.dtype);
+    for (const Operand* o : operands) calls.back().in(*o);
+    calls.back().out(result);
+    return result;
+  };
+  Operand gx = kind == Binary::kMultiply && dx != nullptr ? term("Mul", {&g, &y}) : g;
+  Operand gy = kind == Binary::kMultiply && dy != nullptr ? term("Mul", {&g, &x})
+               : kind == Binary::kSubtract && dy != nullptr ? term("Neg", {&g}) : g;
+  // A term's broadcast grad reads the term: the reductions come after the calls that make them.
+  if (!unbroadcast(c, gx, dx, calls, copies) || !unbroadcast(c, gy, dy, calls, copies)) return false;
+  return run_with_copies(phi_op, dev, calls, copies);
+}
+bool add_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout, int axis,
+                     DenseTensor* dx, DenseTensor* dy) {
+  return binary_grad_direct("add_grad", Binary::kAdd, c, x, y, dout, axis, dx, dy);
+}
+bool subtract_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+                          int axis, DenseTensor* dx, DenseTensor* dy) {
+  return binary_grad_direct("subtract_grad", Binary::kSubtract, c, x, y, dout, axis, dx, dy);
+}
+bool multiply_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+                          int axis, DenseTensor* dx, DenseTensor* dy) {
+  return binary_grad_direct("multiply_grad", Binary::kMultiply, c, x, y, dout, axis, dx, dy);
 }
 
 // conv2d's attributes as Conv's (NCHW, explicit or valid padding); false for others.
@@ -999,9 +1050,10 @@ bool channels_first(const std::string& layout) {
 }
 
 // An optional per-channel parameter, or a constant of `value` in scratch.
-bool param_or(const paddle::optional<DenseTensor>& t, Shape shape, float value, Scratch& scratch, Operand* out) {
+bool param_or(const paddle::optional<DenseTensor>& t, Shape shape, float value, DK_DataType dtype, Scratch& scratch,
+              Operand* out) {
   if (t) return input(*t, out, shape);
-  *out = scratch.filled(std::move(shape), value);
+  *out = scratch.filled(std::move(shape), value, dtype);
   return true;
 }
 
@@ -1010,7 +1062,7 @@ void inv_std_calls(const Operand& variance, float epsilon, const Operand& out, S
                    Calls& calls) {
   Operand sum = scratch.take(variance.shape, variance.dtype), root = scratch.take(variance.shape, variance.dtype);
   calls.emplace_back("Add", variance.dtype);
-  calls.back().in(variance).in(scratch.scalar(epsilon)).out(sum);
+  calls.back().in(variance).in(scratch.scalar(epsilon, variance.dtype)).out(sum);
   calls.emplace_back("Sqrt", variance.dtype);
   calls.back().in(sum).out(root);
   calls.emplace_back("Reciprocal", variance.dtype);
@@ -1031,7 +1083,7 @@ bool batch_norm_direct(const Context& c, const DenseTensor& x_, const DenseTenso
   Shape channels{x.shape[1]};
   Scratch scratch(dev);
   Operand gamma, beta, m_out, v_out;
-  if (!param_or(scale, channels, 1.0f, scratch, &gamma) || !param_or(bias, channels, 0.0f, scratch, &beta) ||
+  if (!param_or(scale, channels, 1.0f, x.dtype, scratch, &gamma) || !param_or(bias, channels, 0.0f, x.dtype, scratch, &beta) ||
       !output(c, mean_out, &m_out) || !output(c, variance_out, &v_out))
     return false;
   Calls calls;
@@ -1079,7 +1131,7 @@ bool batch_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
   Shape channels{x.shape[1]};
   Scratch scratch(dev);
   Operand gamma, dx, dscale, dbias;
-  if (!param_or(scale, channels, 1.0f, scratch, &gamma)) return false;
+  if (!param_or(scale, channels, 1.0f, x.dtype, scratch, &gamma)) return false;
   auto grad = [&](DenseTensor* t, const Operand& like, Operand* o) {
     if (t != nullptr) return output(c, t, o);
     *o = scratch.take(like.shape, like.dtype);
@@ -1102,11 +1154,11 @@ bool layer_norm_direct(const Context& c, const DenseTensor& x_, const paddle::op
   stats.resize(dims.size(), 1);
   Scratch scratch(dev);
   Operand x, gamma, beta, y, mean;
-  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, scratch, &gamma) || !output(c, out, &y) ||
+  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, x.dtype, scratch, &gamma) || !output(c, out, &y) ||
       !output(c, mean_out, &mean, stats))
     return false;
   Calls calls;
-  Operand inv_std = scratch.take(stats, x.dtype);
+  Operand inv_std = scratch.take(stats, mean.dtype);  // Paddle's statistics' dtype (float32 for 16-bit x)
   calls.emplace_back("LayerNormalization", x.dtype);
   Call& ln = calls.back().in(x).in(gamma);
   if (bias) {
@@ -1116,14 +1168,14 @@ bool layer_norm_direct(const Context& c, const DenseTensor& x_, const paddle::op
   ln.out(y).out(mean).out(inv_std).attr("axis", int64_t{begin_norm_axis}).attr("epsilon", static_cast<double>(epsilon))
       .attr("stash_type", int64_t{1});
   if (variance_out != nullptr) {  // Paddle keeps the variance: 1 / inv_std^2 - epsilon
-    Operand variance, squared = scratch.take(stats, x.dtype), reciprocal = scratch.take(stats, x.dtype);
+    Operand variance, squared = scratch.take(stats, mean.dtype), reciprocal = scratch.take(stats, mean.dtype);
     if (!output(c, variance_out, &variance, stats)) return false;
-    calls.emplace_back("Mul", x.dtype);
+    calls.emplace_back("Mul", mean.dtype);
     calls.back().in(inv_std).in(inv_std).out(squared);
-    calls.emplace_back("Reciprocal", x.dtype);
+    calls.emplace_back("Reciprocal", mean.dtype);
     calls.back().in(squared).out(reciprocal);
-    calls.emplace_back("Sub", x.dtype);
-    calls.back().in(reciprocal).in(scratch.scalar(epsilon)).out(variance);
+    calls.emplace_back("Sub", mean.dtype);
+    calls.back().in(reciprocal).in(scratch.scalar(epsilon, inv_std.dtype)).out(variance);
   }
   return run_with_copies("layer_norm", dev, calls, {});
 }
@@ -1140,7 +1192,7 @@ bool layer_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
   stats.resize(dims.size(), 1);
   Scratch scratch(dev);
   Operand x, gamma, mean, variance, dy, dx, dscale, dbias;
-  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, scratch, &gamma) || !input(mean_, &mean, stats) ||
+  if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, x.dtype, scratch, &gamma) || !input(mean_, &mean, stats) ||
       !input(variance_, &variance, stats) || !input(out_grad, &dy))
     return false;
   auto grad = [&](DenseTensor* t, const Operand& like, Operand* o) {
@@ -1150,7 +1202,7 @@ bool layer_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
   };
   if (!grad(x_grad, x, &dx) || !grad(scale_grad, gamma, &dscale) || !grad(bias_grad, gamma, &dbias)) return false;
   Calls calls;
-  Operand inv_std = scratch.take(stats, x.dtype);
+  Operand inv_std = scratch.take(stats, variance.dtype);
   inv_std_calls(variance, epsilon, inv_std, scratch, calls);
   calls.emplace_back("LayerNormalizationGrad", x.dtype);
   calls.back().in(dy).in(x).in(gamma).in(mean).in(inv_std).out(dx).out(dscale).out(dbias)
@@ -1336,7 +1388,7 @@ bool reduce_grad_direct(const char* phi_op, const Context& c, const DenseTensor&
     int64_t count = numel(shape) / std::max<int64_t>(numel(kept), 1);
     Operand scaled = scratch.take(kept, g.dtype);
     calls.emplace_back("Mul", g.dtype);
-    calls.back().in(g).in(scratch.scalar(1.0f / static_cast<float>(std::max<int64_t>(count, 1)))).out(scaled);
+    calls.back().in(g).in(scratch.scalar(1.0f / static_cast<float>(std::max<int64_t>(count, 1)), g.dtype)).out(scaled);
     g = scaled;
   }
   calls.emplace_back("Expand", g.dtype);
@@ -1416,8 +1468,10 @@ bool fill(const Context& c, const phi::Scalar& value, PD_DataType dtype, DenseTe
   size_t item = (out.dtype.bits + 7) / 8, n = static_cast<size_t>(out_->numel());
   unsigned char bytes[8];
   switch (out_->dtype()) {
-    case PD_DataType::FLOAT32: { float v = value.to<float>(); std::memcpy(bytes, &v, 4); break; }
-    case PD_DataType::FLOAT64: { double v = value.to<double>(); std::memcpy(bytes, &v, 8); break; }
+    case PD_DataType::FLOAT32:
+    case PD_DataType::FLOAT64:
+    case PD_DataType::FLOAT16:
+    case PD_DataType::BFLOAT16: encode_float(value.to<double>(), out.dtype, bytes); break;
     case PD_DataType::INT32: { int32_t v = value.to<int32_t>(); std::memcpy(bytes, &v, 4); break; }
     case PD_DataType::INT64: { int64_t v = value.to<int64_t>(); std::memcpy(bytes, &v, 8); break; }
     case PD_DataType::BOOL: bytes[0] = value.to<bool>() ? 1 : 0; break;
@@ -1492,6 +1546,12 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
     if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
   }                                                                                            \
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
+#define DEVKIT_DIRECT_FLOATS_KERNEL(name, params, ...)                                         \
+  template <typename T>                                                                        \
+  void name##_kernel params {                                                                  \
+    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
+  }                                                                                            \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS) {}
 
 // Kernels for every dtype: fills, because Paddle's CPU fallback for them
 // writes the output's memory from the host (set_constant_with_place), which
@@ -1500,15 +1560,19 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
 #define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...)                         \
   template <typename T>                                               \
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t, bool) {}
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS, double, int32_t, int64_t, bool) {}
 #define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...)                                     \
   template <typename T>                                                                        \
   void name##_kernel params {                                                                  \
     if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
   }                                                                                            \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t, bool) {}
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS, double, int32_t, int64_t, bool) {}
 
 using phi::Context;
+
+// The float dtypes of the kernels that Linear, Conv2D, LayerNorm, Softmax and ReLU networks
+// need: float16 and bfloat16 run where the plugin has the devkit op for them.
+#define DEVKIT_FLOATS float, phi::dtype::float16, phi::dtype::bfloat16
 
 // A comparison (bool out) for float and the dtypes listed; not_equal negates Equal.
 #define DEVKIT_COMPARE_KERNEL(name, op, negate, ...)                                             \
@@ -1519,60 +1583,59 @@ using phi::Context;
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, __VA_ARGS__) {}
 
 // y = f(x), and grads taking (x or out, dout): the Python side knows which.
-#define DEVKIT_UNARY_KERNEL(name, op)                                                        \
+#define DEVKIT_UNARY_KERNEL(name, op, ...)                                                   \
   template <typename T>                                                                     \
   void name##_kernel(const Context& c, const DenseTensor& x, DenseTensor* out) {            \
     if (!run_direct(#name, op, c, {&x}, out)) run<T>(#name, c, x, out);                     \
   }                                                                                         \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, __VA_ARGS__) {}
 #define DEVKIT_UNARY_GRAD_KERNEL(name)                                                              \
   DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout, \
                               DenseTensor* dx), c, x_or_out, dout, dx)
 // A grad that is one devkit op of (dout, x or out).
-#define DEVKIT_UNARY_DIRECT_GRAD_KERNEL(name, op)                                                   \
+#define DEVKIT_UNARY_DIRECT_GRAD_KERNEL(name, op, ...)                                              \
   template <typename T>                                                                             \
   void name##_grad_kernel(const Context& c, const DenseTensor& x_or_out, const DenseTensor& dout,   \
                           DenseTensor* dx) {                                                        \
     if (!run_direct(#name "_grad", op, c, {&dout, &x_or_out}, dx)) run<T>(#name "_grad", c, x_or_out, dout, dx); \
   }                                                                                                 \
-  PD_BUILD_PHI_KERNEL(name##_grad, devkit, ALL_LAYOUT, name##_grad_kernel, float) {}
-// Elementwise binary ops with numpy broadcasting, for the numeric dtypes (integer
-// arithmetic runs on the device too: labels, masks), and their grads (axis is -1).
-#define DEVKIT_BINARY_KERNEL(name, op)                                                                       \
+  PD_BUILD_PHI_KERNEL(name##_grad, devkit, ALL_LAYOUT, name##_grad_kernel, __VA_ARGS__) {}
+// Elementwise binary ops with numpy broadcasting, for the float dtypes listed and the other
+// numeric ones (integer arithmetic runs on the device too: labels, masks).
+#define DEVKIT_BINARY_KERNEL(name, op, ...)                                                                  \
   template <typename T>                                                                                       \
   void name##_kernel(const Context& c, const DenseTensor& x, const DenseTensor& y, DenseTensor* out) {        \
     if (!run_direct(#name, op, c, {&x, &y}, out)) run<T>(#name, c, x, y, out);                                \
   }                                                                                                           \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float, double, int32_t, int64_t) {}
-#define DEVKIT_BINARY_GRAD_KERNEL(name)                                                          \
-  DEVKIT_KERNEL(name##_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,        \
-                              const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy), \
-                c, x, y, dout, axis, dx, dy)
-
-DEVKIT_UNARY_KERNEL(exp, "Exp")
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, __VA_ARGS__, double, int32_t, int64_t) {}
+DEVKIT_UNARY_KERNEL(exp, "Exp", float)
 DEVKIT_UNARY_GRAD_KERNEL(exp)
-DEVKIT_UNARY_KERNEL(tanh, "Tanh")
-DEVKIT_UNARY_DIRECT_GRAD_KERNEL(tanh, "TanhGrad")
-DEVKIT_UNARY_KERNEL(sigmoid, "Sigmoid")
-DEVKIT_UNARY_DIRECT_GRAD_KERNEL(sigmoid, "SigmoidGrad")
-DEVKIT_UNARY_KERNEL(sqrt, "Sqrt")
+DEVKIT_UNARY_KERNEL(tanh, "Tanh", float)
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(tanh, "TanhGrad", float)
+DEVKIT_UNARY_KERNEL(sigmoid, "Sigmoid", float)
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(sigmoid, "SigmoidGrad", float)
+DEVKIT_UNARY_KERNEL(sqrt, "Sqrt", float)
 DEVKIT_UNARY_GRAD_KERNEL(sqrt)
-DEVKIT_UNARY_KERNEL(log, "Log")
+DEVKIT_UNARY_KERNEL(log, "Log", float)
 DEVKIT_UNARY_GRAD_KERNEL(log)
-DEVKIT_UNARY_KERNEL(sin, "Sin")
+DEVKIT_UNARY_KERNEL(sin, "Sin", float)
 DEVKIT_UNARY_GRAD_KERNEL(sin)
-DEVKIT_UNARY_KERNEL(cos, "Cos")
+DEVKIT_UNARY_KERNEL(cos, "Cos", float)
 DEVKIT_UNARY_GRAD_KERNEL(cos)
-DEVKIT_UNARY_KERNEL(abs, "Abs")
+DEVKIT_UNARY_KERNEL(abs, "Abs", float)
 DEVKIT_UNARY_GRAD_KERNEL(abs)
 DEVKIT_KERNEL(square, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
 DEVKIT_UNARY_GRAD_KERNEL(square)
-DEVKIT_BINARY_KERNEL(divide, "Div")
+DEVKIT_BINARY_KERNEL(divide, "Div", float)
 DEVKIT_KERNEL(divide_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& out,
                             const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
               c, x, y, out, dout, axis, dx, dy)
-DEVKIT_BINARY_GRAD_KERNEL(subtract)
-DEVKIT_BINARY_GRAD_KERNEL(multiply)
+DEVKIT_DIRECT_FLOATS_KERNEL(subtract_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,
+                                            const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
+                            c, x, y, dout, axis, dx, dy)
+DEVKIT_DIRECT_FLOATS_KERNEL(multiply_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,
+                                            const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
+                            c, x, y, dout, axis, dx, dy)
 DEVKIT_KERNEL(gelu, (const Context& c, const DenseTensor& x, bool approximate, DenseTensor* out), c, x, approximate,
               out)
 DEVKIT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, bool approximate,
@@ -1588,19 +1651,19 @@ DEVKIT_KERNEL(transpose, (const Context& c, const DenseTensor& x, const std::vec
 DEVKIT_KERNEL(transpose_grad, (const Context& c, const DenseTensor& dout, const std::vector<int>& perm,
                                DenseTensor* dx), c, dout, perm, dx)
 
-DEVKIT_UNARY_KERNEL(relu, "Relu")
-DEVKIT_UNARY_DIRECT_GRAD_KERNEL(relu, "ReluGrad")
-DEVKIT_BINARY_KERNEL(add, "Add")
-DEVKIT_DIRECT_KERNEL(add_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+DEVKIT_UNARY_KERNEL(relu, "Relu", DEVKIT_FLOATS)
+DEVKIT_UNARY_DIRECT_GRAD_KERNEL(relu, "ReluGrad", DEVKIT_FLOATS)
+DEVKIT_BINARY_KERNEL(add, "Add", DEVKIT_FLOATS)
+DEVKIT_DIRECT_FLOATS_KERNEL(add_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
                                  int axis, DenseTensor* dx, DenseTensor* dy), c, x, y, dout, axis, dx, dy)
-DEVKIT_BINARY_KERNEL(subtract, "Sub")
-DEVKIT_BINARY_KERNEL(multiply, "Mul")
-DEVKIT_DIRECT_KERNEL(matmul, (const Context& c, const DenseTensor& x, const DenseTensor& y, bool tx, bool ty,
+DEVKIT_BINARY_KERNEL(subtract, "Sub", DEVKIT_FLOATS)
+DEVKIT_BINARY_KERNEL(multiply, "Mul", DEVKIT_FLOATS)
+DEVKIT_DIRECT_FLOATS_KERNEL(matmul, (const Context& c, const DenseTensor& x, const DenseTensor& y, bool tx, bool ty,
                        DenseTensor* out), c, x, y, tx, ty, out)
-DEVKIT_DIRECT_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
+DEVKIT_DIRECT_FLOATS_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y, const DenseTensor& dout,
                             bool tx, bool ty, DenseTensor* dx, DenseTensor* dy), c, x, y, dout, tx, ty, dx, dy)
-DEVKIT_DIRECT_KERNEL(softmax, (const Context& c, const DenseTensor& x, int axis, DenseTensor* out), c, x, axis, out)
-DEVKIT_DIRECT_KERNEL(softmax_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
+DEVKIT_DIRECT_FLOATS_KERNEL(softmax, (const Context& c, const DenseTensor& x, int axis, DenseTensor* out), c, x, axis, out)
+DEVKIT_DIRECT_FLOATS_KERNEL(softmax_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
                              DenseTensor* dx), c, out, dout, axis, dx)
 DEVKIT_DIRECT_KERNEL(cross_entropy_with_softmax,
               (const Context& c, const DenseTensor& logits, const DenseTensor& label, bool soft_label,
@@ -1625,22 +1688,22 @@ DEVKIT_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTenso
                     const paddle::optional<DenseTensor>& master_param, bool multi_precision,
                     DenseTensor* param_out, DenseTensor* master_param_out),
               c, param, lr, grad, master_param, multi_precision, param_out, master_param_out)
-DEVKIT_DIRECT_KERNEL(layer_norm, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_FLOATS_KERNEL(layer_norm, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                            const paddle::optional<DenseTensor>& bias, float epsilon, int begin_norm_axis,
                            DenseTensor* out, DenseTensor* mean, DenseTensor* variance),
               c, x, scale, bias, epsilon, begin_norm_axis, out, mean, variance)
-DEVKIT_DIRECT_KERNEL(layer_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_FLOATS_KERNEL(layer_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                                 const paddle::optional<DenseTensor>& bias, const DenseTensor& mean,
                                 const DenseTensor& variance, const DenseTensor& out_grad, float epsilon,
                                 int begin_norm_axis, DenseTensor* x_grad, DenseTensor* scale_grad,
                                 DenseTensor* bias_grad),
               c, x, scale, bias, mean, variance, out_grad, epsilon, begin_norm_axis, x_grad, scale_grad, bias_grad)
-DEVKIT_DIRECT_KERNEL(conv2d, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+DEVKIT_DIRECT_FLOATS_KERNEL(conv2d, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
                        const std::vector<int>& strides, const std::vector<int>& paddings,
                        const std::string& padding_algorithm, const std::vector<int>& dilations, int groups,
                        const std::string& data_format, DenseTensor* out),
               c, input, filter, strides, paddings, padding_algorithm, dilations, groups, data_format, out)
-DEVKIT_DIRECT_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
+DEVKIT_DIRECT_FLOATS_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& input, const DenseTensor& filter,
                             const DenseTensor& out_grad, const std::vector<int>& strides,
                             const std::vector<int>& paddings, const std::string& padding_algorithm,
                             const std::vector<int>& dilations, int groups, const std::string& data_format,
