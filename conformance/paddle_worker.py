@@ -89,7 +89,7 @@ OP_CASES = {
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "forward_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "forward_ops", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised")
 
 
@@ -114,6 +114,63 @@ def op_case(paddle, counts, name: str, kernels, arrays, fn) -> str:
     missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
     assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
     return f"{len(expected)} arrays match"
+
+
+# 16-bit floats: the ops Linear, Conv2D, LayerNorm, Softmax and ReLU networks need, forward and
+# backward in the dtype, against Paddle CPU in float32 on the same (rounded) inputs. Tolerances:
+# a few units of the dtype's rounding (float16 2^-11, bfloat16 2^-8) for the outputs and for
+# sums of up to 27 products, relative and scaled by the array's largest magnitude.
+HALF_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
+HALF_CASES = {
+    "relu": (("relu", "relu_grad"), _inputs(60, (4, 5)), lambda p, x: p.nn.functional.relu(x)),
+    "add_broadcast": (("add", "add_grad"), _inputs(61, (3, 4), (4,)), lambda p, x, y: x + y),
+    "subtract": (("subtract", "subtract_grad"), _inputs(62, (3, 4), (3, 1)), lambda p, x, y: x - y),
+    "multiply": (("multiply", "multiply_grad"), _inputs(63, (3, 4), (1, 4)), lambda p, x, y: x * y),
+    "linear": (("matmul", "matmul_grad", "add"), _inputs(64, (6, 4), (4, 3), (3,)),
+               lambda p, x, w, b: p.nn.functional.linear(x, w, b)),
+    "softmax": (("softmax", "softmax_grad"), _inputs(65, (3, 5)), lambda p, x: p.nn.functional.softmax(x)),
+    "conv2d": (("conv2d", "conv2d_grad"), _inputs(66, (2, 3, 6, 6), (4, 3, 3, 3)),
+               lambda p, x, w: p.nn.functional.conv2d(x, w, padding=1)),
+    "layer_norm": (("layer_norm", "layer_norm_grad"), _inputs(67, (4, 5), (5,), (5,)),
+                   lambda p, x, w, b: p.nn.functional.layer_norm(x, [5], w, b)),
+}
+
+
+def _half_ops(paddle, counts, dtype: str, flag: int) -> str:
+    from devkit.paddle import _bridge
+
+    if not _bridge.plugin().device(0).properties.flags & flag:
+        return f"the device does not store {dtype}: not registered for it"
+    tolerance = HALF_TOLERANCE[dtype]
+    for name, (kernels, arrays, fn) in HALF_CASES.items():
+        paddle.set_device("devkit:0")
+        rounded = [paddle.to_tensor(a).astype(dtype).astype("float32").numpy() for a in arrays]
+        expected = _run_op_case(paddle, "cpu", fn, rounded)
+        before = counts()
+        paddle.set_device("devkit:0")
+        tensors = [paddle.to_tensor(a).astype(dtype) for a in rounded]
+        for t in tensors:
+            t.stop_gradient = False
+        out = fn(paddle, *tensors)
+        assert out.dtype == tensors[0].dtype, f"{dtype} {name}: the output is {out.dtype}"
+        weights = paddle.to_tensor(np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape))
+        (out.astype("float32") * weights).sum().backward()
+        got = [out.astype("float32").numpy()] + [t.grad.astype("float32").numpy() for t in tensors]
+        after = counts()
+        for label, e, g in zip(["output"] + [f"grad of input {k}" for k in range(len(arrays))], expected, got):
+            np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * max(1.0, float(np.abs(e).max())),
+                                       err_msg=f"{dtype} {name}: {label}")
+        missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
+        assert not missing, f"{dtype} {name}: kernels {missing} did not run on the devkit device"
+    return f"{len(HALF_CASES)} ops forward and backward within {tolerance}"
+
+
+def float16_ops(paddle, counts) -> str:
+    return _half_ops(paddle, counts, "float16", 1 << 1)  # DK_DEVICE_FP16
+
+
+def bfloat16_ops(paddle, counts) -> str:
+    return _half_ops(paddle, counts, "bfloat16", 1 << 2)  # DK_DEVICE_BF16
 
 
 def forward_ops(paddle, counts) -> str:
