@@ -87,9 +87,28 @@ OP_CASES = {
                              lambda p, x: p.nn.functional.batch_norm(
                                  x, p.to_tensor(np.array([0.1, -0.2, 0.3], np.float32)),
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
+    "max_pool2d": (("pool2d", "pool2d_grad"), _inputs(23, (2, 3, 8, 8)),
+                   lambda p, x: p.nn.functional.max_pool2d(x, 3, 2, padding=1)),
+    "max_pool2d_ceil": (("pool2d", "pool2d_grad"), _inputs(24, (1, 2, 7, 7)),
+                        lambda p, x: p.nn.functional.max_pool2d(x, 3, 2, ceil_mode=True)),
+    "avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(25, (2, 3, 8, 8)),
+                   lambda p, x: p.nn.functional.avg_pool2d(x, 3, 2, padding=1)),
+    "avg_pool2d_with_padding": (("pool2d", "pool2d_grad"), _inputs(26, (2, 3, 8, 8)),
+                                lambda p, x: p.nn.functional.avg_pool2d(x, 3, 2, padding=[1, 0], exclusive=False)),
+    "adaptive_avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(27, (2, 3, 8, 8)),
+                            lambda p, x: p.nn.functional.adaptive_avg_pool2d(x, 4)),
+    "global_avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(28, (2, 3, 5, 5)),
+                          lambda p, x: p.nn.functional.adaptive_avg_pool2d(x, 1)),
+    "adaptive_max_pool2d": (("max_pool2d_with_index", "max_pool2d_with_index_grad"), _inputs(29, (2, 3, 8, 8)),
+                            lambda p, x: p.nn.functional.adaptive_max_pool2d(x, 2)),
+    "embedding": (("embedding", "embedding_grad"), _inputs(56, (6, 4)),
+                  lambda p, w: p.nn.functional.embedding(p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w)),
+    "embedding_padding_idx": (("embedding", "embedding_grad"), _inputs(57, (6, 4)),
+                              lambda p, w: p.nn.functional.embedding(
+                                  p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w, padding_idx=3)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "forward_ops", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "forward_ops", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised")
 
 
@@ -114,6 +133,60 @@ def op_case(paddle, counts, name: str, kernels, arrays, fn) -> str:
     missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
     assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
     return f"{len(expected)} arrays match"
+
+
+def max_pool2d_mask(paddle, counts) -> str:
+    """max_pool2d's mask (return_mask): each maximum's index within its plane, int32, as Paddle CPU's."""
+    x = _inputs(58, (2, 3, 7, 7))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        out, mask = paddle.nn.functional.max_pool2d(paddle.to_tensor(x), 3, 2, padding=1, return_mask=True)
+        results.append((out.numpy(), mask.numpy(), mask.dtype))
+    (out_cpu, mask_cpu, dtype_cpu), (out_dk, mask_dk, dtype_dk) = results
+    np.testing.assert_array_equal(out_dk, out_cpu)
+    np.testing.assert_array_equal(mask_dk, mask_cpu)
+    assert dtype_dk == dtype_cpu, (dtype_dk, dtype_cpu)
+    return f"{mask_dk.size} indices equal"
+
+
+def dropout_training(paddle, counts) -> str:
+    """Training dropout: a random mask (so checked by its properties, not against Paddle CPU's draw):
+    each element is 0 or x / (1 - p), about p of them 0, and the grad is the mask's scaling of dout."""
+    p = 0.25
+    x = np.abs(_inputs(59, (64, 64))[0]) + 0.5  # no zeros of its own
+    paddle.set_device("devkit:0")
+    before = counts()
+    tensor = paddle.to_tensor(x, stop_gradient=False)
+    out = paddle.nn.functional.dropout(tensor, p, training=True)
+    out.sum().backward()
+    y, grad = out.numpy(), tensor.grad.numpy()
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - p), rtol=1e-6)
+    np.testing.assert_allclose(grad, kept / (1 - p), rtol=1e-6)
+    dropped = 1 - kept.mean()
+    assert abs(dropped - p) < 0.03, f"{dropped:.3f} of the elements dropped with p={p}"  # 4096 draws: sd 0.007
+    again = paddle.nn.functional.dropout(tensor, p, training=True).numpy() != 0
+    assert (again != kept).any(), "two draws gave the same mask"
+    downscaled = paddle.nn.functional.dropout(tensor, p, training=True, mode="downscale_in_infer").numpy()
+    np.testing.assert_array_equal(downscaled[downscaled != 0], x[downscaled != 0])  # kept as they are
+    after = counts()
+    missing = [k for k in ("dropout", "dropout_grad") if after.get(k, 0) <= before.get(k, 0)]
+    assert not missing, f"kernels {missing} did not run on the devkit device"
+    return f"{dropped:.3f} dropped with p={p}"
+
+
+def dropout_eval(paddle, counts) -> str:
+    x = _inputs(55, (4, 5))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        tensor = paddle.to_tensor(x)
+        results.append([paddle.nn.functional.dropout(tensor, 0.3, training=False).numpy(),
+                        paddle.nn.functional.dropout(tensor, 0.3, training=False, mode="downscale_in_infer").numpy()])
+    for got, expected in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    return "upscale_in_train and downscale_in_infer match"
 
 
 # 16-bit floats: the ops Linear, Conv2D, LayerNorm, Softmax and ReLU networks need, forward and

@@ -557,6 +557,15 @@ void add(Args& a, const std::vector<int>& v) {
   }
   append(a, o);
 }
+void add(Args& a, const std::vector<int64_t>& v) {
+  PyObject* o = PyList_New(0);
+  for (int64_t x : v) {
+    PyObject* item = PyLong_FromLongLong(x);
+    PyList_Append(o, item);
+    Py_DECREF(item);
+  }
+  append(a, o);
+}
 void add(Args& a, const std::string& v) { append(a, PyUnicode_FromString(v.c_str())); }
 void add(Args& a, const phi::Scalar& v) { append(a, PyFloat_FromDouble(v.to<double>())); }
 void add(Args& a, PD_DataType v) { append(a, PyLong_FromLong(static_cast<long>(v))); }
@@ -1760,3 +1769,40 @@ DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full, (const Context& c, const phi::IntArray& sh
                            DenseTensor* out), c, shape, value, dtype, out)
 DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
                                DenseTensor* out), c, x, value, dtype, out)
+// Pooling (max or average; global, adaptive where the output divides the input), embedding and
+// dropout (its mask drawn on the host: devkit has no random op): through run_op.
+DEVKIT_KERNEL(pool2d, (const Context& c, const DenseTensor& x, const phi::IntArray& kernel_size,
+                       const std::vector<int64_t>& strides, const std::vector<int64_t>& paddings, bool ceil_mode,
+                       bool exclusive, const std::string& data_format, const std::string& pooling_type,
+                       bool global_pooling, bool adaptive, const std::string& padding_algorithm, DenseTensor* out),
+              c, x, kernel_size, strides, paddings, ceil_mode, exclusive, data_format, pooling_type, global_pooling,
+              adaptive, padding_algorithm, out)
+DEVKIT_KERNEL(pool2d_grad, (const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& dout,
+                            const phi::IntArray& kernel_size, const std::vector<int64_t>& strides,
+                            const std::vector<int64_t>& paddings, bool ceil_mode, bool exclusive,
+                            const std::string& data_format, const std::string& pooling_type, bool global_pooling,
+                            bool adaptive, const std::string& padding_algorithm, DenseTensor* dx),
+              c, x, out, dout, kernel_size, strides, paddings, ceil_mode, exclusive, data_format, pooling_type,
+              global_pooling, adaptive, padding_algorithm, dx)
+DEVKIT_KERNEL(max_pool2d_with_index, (const Context& c, const DenseTensor& x, const std::vector<int>& kernel_size,
+                                      const std::vector<int>& strides, const std::vector<int>& paddings,
+                                      bool global_pooling, bool adaptive, bool ceil_mode, DenseTensor* out,
+                                      DenseTensor* mask),
+              c, x, kernel_size, strides, paddings, global_pooling, adaptive, ceil_mode, out, mask)
+DEVKIT_KERNEL(max_pool2d_with_index_grad, (const Context& c, const DenseTensor& x, const DenseTensor& mask,
+                                           const DenseTensor& dout, const std::vector<int>& kernel_size,
+                                           const std::vector<int>& strides, const std::vector<int>& paddings,
+                                           bool global_pooling, bool adaptive, bool ceil_mode, DenseTensor* dx),
+              c, x, mask, dout, kernel_size, strides, paddings, global_pooling, adaptive, ceil_mode, dx)
+DEVKIT_KERNEL(embedding, (const Context& c, const DenseTensor& ids, const DenseTensor& weight, int64_t padding_idx,
+                          DenseTensor* out), c, ids, weight, padding_idx, out)
+DEVKIT_KERNEL(embedding_grad, (const Context& c, const DenseTensor& ids, const DenseTensor& weight,
+                               const DenseTensor& out_grad, int64_t padding_idx, DenseTensor* weight_grad),
+              c, ids, weight, out_grad, padding_idx, weight_grad)
+DEVKIT_KERNEL(dropout, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& seed_tensor,
+                        const phi::Scalar& p, bool is_test, const std::string& mode, int seed, bool fix_seed,
+                        DenseTensor* out, DenseTensor* mask),
+              c, x, seed_tensor, p, is_test, mode, seed, fix_seed, out, mask)
+DEVKIT_KERNEL(dropout_grad, (const Context& c, const DenseTensor& mask, const DenseTensor& out_grad,
+                             const phi::Scalar& p, bool is_test, const std::string& mode, DenseTensor* x_grad),
+              c, mask, out_grad, p, is_test, mode, x_grad)
