@@ -31,7 +31,6 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -751,15 +750,17 @@ const DK_KernelEntry* kernel_entry(const char* op, DK_DataType dtype) {
   return entry;
 }
 
-// One devkit kernel call: its operands and attributes, run on the default stream.
+// One devkit kernel call: its operands and attributes, run on the default stream. Storage is
+// inline (no allocation but the operands' shapes); attribute lists point into it only while
+// the call runs, so a Call may be moved.
 class Call {
  public:
+  static constexpr size_t kMaxOperands = 6, kMaxAttributes = 10, kMaxInts = 32, kMaxFloats = 2;
+
   Call(const char* op, DK_DataType key) : op_(op), entry_(kernel_entry(op, key)) {}
-  Call(const Call&) = delete;  // its attributes point into its own storage
-  Call& operator=(const Call&) = delete;
   bool available() const { return entry_ != nullptr; }
-  Call& in(const Operand& o) { ins_.push_back(o); return *this; }
-  Call& out(const Operand& o) { outs_.push_back(o); return *this; }
+  Call& in(const Operand& o) { return put(ins_, num_ins_, o); }
+  Call& out(const Operand& o) { return put(outs_, num_outs_, o); }
   Call& attr(const char* name, int64_t v) {
     add(name, DK_ATTR_INT).i = v;
     return *this;
@@ -776,46 +777,61 @@ class Call {
     add(name, DK_ATTR_DTYPE).dtype = v;
     return *this;
   }
-  Call& attr(const char* name, std::vector<int64_t> v) {
-    ints_.push_back(std::move(v));
+  Call& attr(const char* name, const std::vector<int64_t>& v) {
+    if (num_ints_ + v.size() > kMaxInts) PD_THROW(std::string("devkit kernel ") + op_ + ": too many ints attributes");
     DK_Attribute& a = add(name, DK_ATTR_INTS);
-    a.count = static_cast<int64_t>(ints_.back().size());
-    a.ints = ints_.back().data();
+    a.count = static_cast<int64_t>(v.size());
+    a.i = static_cast<int64_t>(num_ints_);  // where its values start; made a pointer when the call runs
+    std::copy(v.begin(), v.end(), ints_ + num_ints_);
+    num_ints_ += v.size();
     return *this;
   }
-  Call& attr_floats(const char* name, std::vector<double> v) {
-    floats_.push_back(std::move(v));
+  Call& attr_float(const char* name, double v) {  // a floats attribute of one value
+    if (num_floats_ == kMaxFloats) PD_THROW(std::string("devkit kernel ") + op_ + ": too many floats attributes");
     DK_Attribute& a = add(name, DK_ATTR_FLOATS);
-    a.count = static_cast<int64_t>(floats_.back().size());
-    a.floats = floats_.back().data();
+    a.count = 1;
+    a.i = static_cast<int64_t>(num_floats_);
+    floats_[num_floats_++] = v;
     return *this;
   }
 
   void run(int32_t dev) {
-    std::vector<DK_Tensor> ins, outs;
-    for (Operand& o : ins_) ins.push_back(tensor(o, dev));
-    for (Operand& o : outs_) outs.push_back(tensor(o, dev));
-    std::vector<const DK_Attribute*> attrs;
-    for (const DK_Attribute& a : attrs_) attrs.push_back(&a);
+    DK_Tensor ins[kMaxOperands], outs[kMaxOperands];
+    for (size_t k = 0; k < num_ins_; ++k) ins[k] = tensor(ins_[k], dev);
+    for (size_t k = 0; k < num_outs_; ++k) outs[k] = tensor(outs_[k], dev);
+    DK_Attribute attrs[kMaxAttributes];
+    const DK_Attribute* pointers[kMaxAttributes];
+    for (size_t k = 0; k < num_attrs_; ++k) {
+      attrs[k] = attrs_[k];
+      if (attrs[k].type == DK_ATTR_INTS) attrs[k].ints = ints_ + attrs[k].i;
+      if (attrs[k].type == DK_ATTR_FLOATS) attrs[k].floats = floats_ + attrs[k].i;
+      pointers[k] = &attrs[k];
+    }
     DK_KernelCall call{};
     call.struct_size = sizeof(call);
     call.device = dev;
     call.stream = nullptr;
-    call.inputs = ins.data();
-    call.num_inputs = ins.size();
-    call.outputs = outs.data();
-    call.num_outputs = outs.size();
-    call.attributes = attrs.data();
-    call.num_attributes = attrs.size();
+    call.inputs = ins;
+    call.num_inputs = num_ins_;
+    call.outputs = outs;
+    call.num_outputs = num_outs_;
+    call.attributes = pointers;
+    call.num_attributes = num_attrs_;
     call.user_data = entry_->user_data;
     DK_Status s = entry_->fn(&call);
     if (s != DK_OK) PD_THROW(std::string("devkit kernel ") + op_ + ": " + plugin_message());
   }
 
  private:
+  Call& put(Operand* list, size_t& count, const Operand& o) {
+    if (count == kMaxOperands) PD_THROW(std::string("devkit kernel ") + op_ + ": too many operands");
+    list[count++] = o;
+    return *this;
+  }
   DK_Attribute& add(const char* name, int32_t type) {
-    attrs_.emplace_back();
-    DK_Attribute& a = attrs_.back();
+    if (num_attrs_ == kMaxAttributes) PD_THROW(std::string("devkit kernel ") + op_ + ": too many attributes");
+    DK_Attribute& a = attrs_[num_attrs_++];
+    a = DK_Attribute{};
     a.struct_size = sizeof(a);
     a.name = name;
     a.type = type;
@@ -827,10 +843,14 @@ class Call {
   }
   const char* op_;
   const DK_KernelEntry* entry_;
-  std::vector<Operand> ins_, outs_;
-  std::deque<DK_Attribute> attrs_;  // deques: the pointers into them stay put as they grow
-  std::deque<std::vector<int64_t>> ints_;
-  std::deque<std::vector<double>> floats_;
+  Operand ins_[kMaxOperands], outs_[kMaxOperands];
+  size_t num_ins_ = 0, num_outs_ = 0;
+  DK_Attribute attrs_[kMaxAttributes];
+  size_t num_attrs_ = 0;
+  int64_t ints_[kMaxInts];
+  size_t num_ints_ = 0;
+  double floats_[kMaxFloats];
+  size_t num_floats_ = 0;
 };
 
 // DEVKIT_PADDLE_DIRECT=0 sends every kernel through run_op (read once, as Paddle reads its flags).
@@ -845,15 +865,18 @@ int32_t direct_device() {
   return (!g_direct_enabled || g_api == nullptr || dev < 0 || dev >= g_count) ? -1 : dev;
 }
 
-// The calls of one phi kernel (a deque: calls stay put as more are added).
-using Calls = std::deque<Call>;
+// The calls of one phi kernel, in order.
+class Calls : public std::vector<Call> {
+ public:
+  Calls() { reserve(6); }  // the most one phi kernel makes: one allocation
+};
 
-// Runs calls in order and counts one direct call of the phi kernel.
-void run_calls(const char* phi_op, int32_t dev, Calls& calls) {
-  for (Call& c : calls) c.run(dev);
+// Counts one direct call of the phi kernel.
+void count_direct(const char* phi_op) {
   std::lock_guard<std::mutex> lock(g_direct_lock);
   ++g_direct_calls[phi_op];
 }
+
 bool all_available(const Calls& calls) {
   for (const Call& c : calls)
     if (!c.available()) return false;
@@ -862,24 +885,23 @@ bool all_available(const Calls& calls) {
 
 // An elementwise kernel: devkit op on the inputs in order, into result.
 bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
-                const std::vector<const DenseTensor*>& inputs, DenseTensor* result) {
+                const std::initializer_list<const DenseTensor*>& inputs, DenseTensor* result) {
   int32_t dev = direct_device();
-  if (dev < 0 || result == nullptr ||
-      (result->dtype() != PD_DataType::UNDEFINED && result->dtype() != inputs[0]->dtype()))
-    return false;
-  Calls calls;
+  const DenseTensor& first = **inputs.begin();
   DK_DataType key;
-  if (!dk_dtype(inputs[0]->dtype(), &key)) return false;
-  calls.emplace_back(op, key);
+  if (dev < 0 || result == nullptr || !dk_dtype(first.dtype(), &key) ||
+      (result->dtype() != PD_DataType::UNDEFINED && result->dtype() != first.dtype()))
+    return false;
+  Call call(op, key);
   for (const DenseTensor* t : inputs) {
     Operand o;
     if (!input(*t, &o)) return false;
-    calls.back().in(o);
+    call.in(o);
   }
   Operand out;
-  if (!calls.back().available() || !output(ctx, result, &out, {}, inputs[0]->dtype())) return false;
-  calls.back().out(out);
-  run_calls(phi_op, dev, calls);
+  if (!call.available() || !output(ctx, result, &out, {}, first.dtype())) return false;
+  call.out(out).run(dev);
+  count_direct(phi_op);
   return true;
 }
 
@@ -938,8 +960,7 @@ bool run_with_copies(const char* phi_op, int32_t dev, Calls& calls,
   if (!all_available(calls)) return false;
   for (Call& call : calls) call.run(dev);
   for (const auto& c : copies) copy(dev, c.first, c.second);  // a copy may read a call's result
-  std::lock_guard<std::mutex> lock(g_direct_lock);
-  ++g_direct_calls[phi_op];
+  count_direct(phi_op);
   return true;
 }
 
@@ -1116,13 +1137,7 @@ bool batch_norm_direct(const Context& c, const DenseTensor& x_, const DenseTenso
   Operand running_mean = scratch.take(channels, m.dtype), running_var = scratch.take(channels, v.dtype);
   bn(momentum, 1).out(out).out(running_mean).out(running_var);
   inv_std_calls(batch_var, epsilon, inv_std, scratch, calls);
-  if (!all_available(calls)) return false;
-  for (Call& call : calls) call.run(dev);
-  copy(dev, m_out, running_mean);
-  copy(dev, v_out, running_var);
-  std::lock_guard<std::mutex> lock(g_direct_lock);
-  ++g_direct_calls["batch_norm"];
-  return true;
+  return run_with_copies("batch_norm", dev, calls, {{m_out, running_mean}, {v_out, running_var}});
 }
 
 bool batch_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddle::optional<DenseTensor>& scale,
@@ -1446,18 +1461,18 @@ bool adam_direct(const Context& c, const DenseTensor& param, const DenseTensor& 
       !input(param, &x) || !input(grad, &g) || !input(moment1, &v) || !input(moment2, &h) ||
       !output(c, param_out, &x_new) || !output(c, moment1_out, &v_new) || !output(c, moment2_out, &h_new))
     return false;
-  Calls calls;
-  calls.emplace_back("Adam", x.dtype);
-  if (!all_available(calls)) return false;
+  Call adam("Adam", x.dtype);
   float rate, pow1, pow2;
+  if (!adam.available()) return false;
   if (!read_scalar(lr, &rate) || !read_scalar(beta1_pow, &pow1) || !read_scalar(beta2_pow, &pow2)) return false;
   float beta1 = beta1_.to<float>(), beta2 = beta2_.to<float>(), epsilon = epsilon_.to<float>();
   float corrected = rate * std::sqrt(1.0f - pow2) / (1.0f - pow1);
-  calls.back().in(x).in(g).in(v).in(h).out(x_new).out(v_new).out(h_new).attr_floats("R", {corrected})
+  adam.in(x).in(g).in(v).in(h).out(x_new).out(v_new).out(h_new).attr_float("R", corrected)
       .attr("T", Shape{0}).attr("alpha", static_cast<double>(beta1)).attr("beta", static_cast<double>(beta2))
       .attr("epsilon", static_cast<double>(epsilon * std::sqrt(1.0f - pow2))).attr("norm_coefficient", 0.0)
-      .attr("norm_coefficient_post", 0.0);
-  run_calls("adam", dev, calls);
+      .attr("norm_coefficient_post", 0.0)
+      .run(dev);
+  count_direct("adam");
   if (!use_global_beta_pow) {
     for (auto [out, value] : {std::make_pair(beta1_pow_out, pow1 * beta1), std::make_pair(beta2_pow_out, pow2 * beta2)}) {
       Operand o;
@@ -1494,8 +1509,7 @@ bool fill(const Context& c, const phi::Scalar& value, PD_DataType dtype, DenseTe
     for (size_t k = 0; k < n; ++k) std::memcpy(pattern.data() + k * item, bytes, item);
     Scratch::check(g_api->copy_h2d(dev, out.mem, out.offset, pattern.data(), pattern.size(), nullptr), "copy_h2d");
   }
-  std::lock_guard<std::mutex> lock(g_direct_lock);
-  ++g_direct_calls[phi_op];
+  count_direct(phi_op);
   return true;
 }
 bool full_direct(const Context& c, const phi::IntArray&, const phi::Scalar& value, PD_DataType dtype,
