@@ -93,6 +93,14 @@ def test_every_registered_kernel_has_a_lowering():
     assert missing == "[]" and int(count) >= 50, out
 
 
+def _both_paths(code: str) -> tuple[dict, dict]:
+    """What ``code`` prints (JSON, its last line) with direct calls on, then with DEVKIT_PADDLE_DIRECT=0."""
+    return tuple(json.loads(_run(code, **env).splitlines()[-1]) for env in ({}, {"DEVKIT_PADDLE_DIRECT": "0"}))
+
+
+# The kernels that ran, as the checks below print them.
+COUNTS = "'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)"
+
 DIRECT_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
                 "from devkit.paddle import _bridge\n"
                 "paddle.set_device('devkit:0')\n"
@@ -101,15 +109,13 @@ DIRECT_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
                 "n = paddle.to_tensor(np.array([3, -2], np.int64))\n"
                 "values = [paddle.nn.functional.relu(x), paddle.exp(x), x + y, x * y, x / y, x - y, n * n,\n"
                 "          paddle.transpose(x, [1, 0]) + 1.0]\n"
-                "print(json.dumps({'values': [v.numpy().tolist() for v in values],\n"
-                "                  'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)}))\n")
+                f"print(json.dumps({{'values': [v.numpy().tolist() for v in values], {COUNTS}}}))\n")
 
 
 def test_elementwise_kernels_call_the_plugin_directly_and_match_the_python_path():
     # relu, exp, + - * / on compact float32 and int64 tensors: bridge.cc calls the cpu plugin's
     # kernel table itself; with DEVKIT_PADDLE_DIRECT=0 the same ops go through run_op.
-    direct = json.loads(_run(DIRECT_CHECK).splitlines()[-1])
-    python = json.loads(_run(DIRECT_CHECK, DEVKIT_PADDLE_DIRECT="0").splitlines()[-1])
+    direct, python = _both_paths(DIRECT_CHECK)
     assert direct["values"] == python["values"]
     elementwise = {"relu", "exp", "add", "multiply", "divide", "subtract"}
     assert elementwise <= set(direct["direct"]) and not elementwise & set(direct["python"])
@@ -125,8 +131,8 @@ TRAINING_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
                   "step = models.training_step(paddle, net, optimizer, models.CNN_INPUT, models.CNN_CLASSES)\n"
                   "losses = [float(step()) for _ in range(3)]\n"
                   "trained = [p for p in net.parameters() if not p.stop_gradient]\n"
-                  "print(json.dumps({'losses': losses, 'params': [p.numpy().ravel().tolist() for p in trained],\n"
-                  "                  'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)}))\n")
+                  "params = [p.numpy().ravel().tolist() for p in trained]\n"
+                  f"print(json.dumps({{'losses': losses, 'params': params, {COUNTS}}}))\n")
 
 
 def test_training_kernels_call_the_plugin_directly_and_match_the_python_path():
@@ -135,8 +141,7 @@ def test_training_kernels_call_the_plugin_directly_and_match_the_python_path():
     # every one goes through run_op. Both train alike: devkit's Adam computes in float64, the Python
     # path's chain of ops in float32, hence rtol 1e-5 on the losses. (Not on every parameter: the first
     # conv's bias feeds BatchNorm, so its gradient is rounding noise that Adam scales to full steps.)
-    direct = json.loads(_run(TRAINING_CHECK).splitlines()[-1])
-    python = json.loads(_run(TRAINING_CHECK, DEVKIT_PADDLE_DIRECT="0").splitlines()[-1])
+    direct, python = _both_paths(TRAINING_CHECK)
     np.testing.assert_allclose(direct["losses"], python["losses"], rtol=1e-5)
     np.testing.assert_allclose(direct["params"][-1], python["params"][-1], rtol=1e-5, atol=1e-6)  # LayerNorm's bias
     kernels = {"conv2d", "conv2d_grad", "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad", "matmul",

@@ -536,35 +536,18 @@ void add(Args& a, bool v) { PyList_Append(a.list, v ? Py_True : Py_False); }
 void add(Args& a, int v) { append(a, PyLong_FromLong(v)); }
 void add(Args& a, int64_t v) { append(a, PyLong_FromLongLong(v)); }
 void add(Args& a, float v) { append(a, PyFloat_FromDouble(v)); }
-void add(Args& a, const phi::IntArray& v) {
-  std::vector<int64_t> data = v.GetData();
+// A list of integers (an int_tuple's values as a Python list).
+template <typename Int>
+void add(Args& a, const std::vector<Int>& v) {
   PyObject* o = PyList_New(0);
-  for (int64_t x : data) {
-    PyObject* item = PyLong_FromLongLong(x);
+  for (Int x : v) {
+    PyObject* item = PyLong_FromLongLong(static_cast<long long>(x));
     PyList_Append(o, item);
     Py_DECREF(item);
   }
   append(a, o);
 }
-
-void add(Args& a, const std::vector<int>& v) {
-  PyObject* o = PyList_New(0);
-  for (int x : v) {
-    PyObject* item = PyLong_FromLong(x);
-    PyList_Append(o, item);
-    Py_DECREF(item);
-  }
-  append(a, o);
-}
-void add(Args& a, const std::vector<int64_t>& v) {
-  PyObject* o = PyList_New(0);
-  for (int64_t x : v) {
-    PyObject* item = PyLong_FromLongLong(x);
-    PyList_Append(o, item);
-    Py_DECREF(item);
-  }
-  append(a, o);
-}
+void add(Args& a, const phi::IntArray& v) { add(a, v.GetData()); }
 void add(Args& a, const std::string& v) { append(a, PyUnicode_FromString(v.c_str())); }
 void add(Args& a, const phi::Scalar& v) { append(a, PyFloat_FromDouble(v.to<double>())); }
 void add(Args& a, PD_DataType v) { append(a, PyLong_FromLong(static_cast<long>(v))); }
@@ -1168,14 +1151,22 @@ bool batch_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
   return run_with_copies("batch_norm_grad", dev, calls, {});
 }
 
+// LayerNorm's normalized dims (from begin_norm_axis on: the scale's shape) and its statistics'
+// shape (the leading dims, then 1s); false for an axis outside x.
+bool norm_shapes(const Shape& dims, int begin_norm_axis, Shape* normalized, Shape* stats) {
+  if (begin_norm_axis < 0 || static_cast<size_t>(begin_norm_axis) >= dims.size()) return false;
+  normalized->assign(dims.begin() + begin_norm_axis, dims.end());
+  stats->assign(dims.begin(), dims.begin() + begin_norm_axis);
+  stats->resize(dims.size(), 1);
+  return true;
+}
+
 bool layer_norm_direct(const Context& c, const DenseTensor& x_, const paddle::optional<DenseTensor>& scale,
                        const paddle::optional<DenseTensor>& bias, float epsilon, int begin_norm_axis,
                        DenseTensor* out, DenseTensor* mean_out, DenseTensor* variance_out) {
   int32_t dev = direct_device();
-  Shape dims = x_.dims();
-  if (dev < 0 || begin_norm_axis < 0 || static_cast<size_t>(begin_norm_axis) >= dims.size()) return false;
-  Shape normalized(dims.begin() + begin_norm_axis, dims.end()), stats(dims.begin(), dims.begin() + begin_norm_axis);
-  stats.resize(dims.size(), 1);
+  Shape normalized, stats;
+  if (dev < 0 || !norm_shapes(x_.dims(), begin_norm_axis, &normalized, &stats)) return false;
   Scratch scratch(dev);
   Operand x, gamma, beta, y, mean;
   if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, x.dtype, scratch, &gamma) || !output(c, out, &y) ||
@@ -1210,10 +1201,8 @@ bool layer_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
                             int begin_norm_axis, DenseTensor* x_grad, DenseTensor* scale_grad,
                             DenseTensor* bias_grad) {
   int32_t dev = direct_device();
-  Shape dims = x_.dims();
-  if (dev < 0 || begin_norm_axis < 0 || static_cast<size_t>(begin_norm_axis) >= dims.size()) return false;
-  Shape normalized(dims.begin() + begin_norm_axis, dims.end()), stats(dims.begin(), dims.begin() + begin_norm_axis);
-  stats.resize(dims.size(), 1);
+  Shape normalized, stats;
+  if (dev < 0 || !norm_shapes(x_.dims(), begin_norm_axis, &normalized, &stats)) return false;
   Scratch scratch(dev);
   Operand x, gamma, mean, variance, dy, dx, dscale, dbias;
   if (!input(x_, &x) || !param_or(scale, normalized, 1.0f, x.dtype, scratch, &gamma) || !input(mean_, &mean, stats) ||
@@ -1556,46 +1545,37 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
 
 }  // namespace
 
-#define DEVKIT_KERNEL(name, params, ...)                              \
+// A kernel registered for the dtypes `types` (a macro naming the list) that
+// run_op runs; with _DIRECT, name##_direct first runs it on the plugin's
+// kernel table, or declines (false) and run_op runs it.
+#define DEVKIT_KERNEL_OF(types, name, params, ...)                    \
   template <typename T>                                               \
   void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
-
-// A kernel with a direct path: name##_direct runs it on the plugin's kernel
-// table, or declines (false) and run_op runs it.
-#define DEVKIT_DIRECT_KERNEL(name, params, ...)                                                \
-  template <typename T>                                                                        \
-  void name##_kernel params {                                                                  \
-    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
-  }                                                                                            \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, float) {}
-#define DEVKIT_DIRECT_FLOATS_KERNEL(name, params, ...)                                         \
-  template <typename T>                                                                        \
-  void name##_kernel params {                                                                  \
-    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
-  }                                                                                            \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS) {}
-
-// Kernels for every dtype: fills, because Paddle's CPU fallback for them
-// writes the output's memory from the host (set_constant_with_place), which
-// only a device with host-pointer handles survives; contiguous, because
-// Paddle has no fallback for it.
-#define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...)                         \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, types) {}
+#define DEVKIT_DIRECT_KERNEL_OF(types, name, params, ...)             \
   template <typename T>                                               \
-  void name##_kernel params { run<T>(#name, __VA_ARGS__); }           \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS, double, int32_t, int64_t, bool) {}
-#define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...)                                     \
-  template <typename T>                                                                        \
-  void name##_kernel params {                                                                  \
-    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);                               \
-  }                                                                                            \
-  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, DEVKIT_FLOATS, double, int32_t, int64_t, bool) {}
+  void name##_kernel params {                                         \
+    if (!name##_direct(__VA_ARGS__)) run<T>(#name, __VA_ARGS__);      \
+  }                                                                   \
+  PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, types) {}
 
-using phi::Context;
-
+#define DEVKIT_FLOAT32 float
 // The float dtypes of the kernels that Linear, Conv2D, LayerNorm, Softmax and ReLU networks
 // need: float16 and bfloat16 run where the plugin has the devkit op for them.
 #define DEVKIT_FLOATS float, phi::dtype::float16, phi::dtype::bfloat16
+// Every dtype: fills, because Paddle's CPU fallback for them writes the output's memory from
+// the host (set_constant_with_place), which only a device with host-pointer handles survives;
+// cast; contiguous, because Paddle has no fallback for it.
+#define DEVKIT_ALL_DTYPES DEVKIT_FLOATS, double, int32_t, int64_t, bool
+
+#define DEVKIT_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
+#define DEVKIT_DIRECT_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
+#define DEVKIT_DIRECT_FLOATS_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOATS, name, params, __VA_ARGS__)
+#define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_ALL_DTYPES, name, params, __VA_ARGS__)
+#define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...) \
+  DEVKIT_DIRECT_KERNEL_OF(DEVKIT_ALL_DTYPES, name, params, __VA_ARGS__)
+
+using phi::Context;
 
 // A comparison (bool out) for float and the dtypes listed; not_equal negates Equal.
 #define DEVKIT_COMPARE_KERNEL(name, op, negate, ...)                                             \
