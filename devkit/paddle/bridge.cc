@@ -988,24 +988,32 @@ bool multiply_grad_direct(const Context& c, const DenseTensor& x, const DenseTen
   return binary_grad_direct("multiply_grad", Binary::kMultiply, c, x, y, dout, axis, dx, dy);
 }
 
+// Paddle's 2-D paddings (2 values, or top, bottom, left, right) under its padding_algorithm as
+// ONNX's pads (begins, then ends); false for SAME and other counts.
+template <typename Int>
+bool onnx_pads(const std::vector<Int>& p, const std::string& algorithm, Shape* pads) {
+  if (algorithm == "VALID") {
+    *pads = {0, 0, 0, 0};
+  } else if (algorithm != "EXPLICIT") {
+    return false;
+  } else if (p.size() == 2) {
+    *pads = {p[0], p[1], p[0], p[1]};
+  } else if (p.size() == 4) {
+    *pads = {p[0], p[2], p[1], p[3]};
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // conv2d's attributes as Conv's (NCHW, explicit or valid padding); false for others.
 struct ConvAttrs {
   Shape strides, pads, dilations, kernel;
   int64_t group = 1;
   bool parse(const DenseTensor& filter, const std::vector<int>& s, const std::vector<int>& p,
              const std::string& algorithm, const std::vector<int>& d, int groups, const std::string& format) {
-    if ((format != "NCHW" && format != "AnyLayout") || filter.dims().size() != 4) return false;
-    if (algorithm == "VALID") {
-      pads = {0, 0, 0, 0};
-    } else if (algorithm != "EXPLICIT") {
+    if ((format != "NCHW" && format != "AnyLayout") || filter.dims().size() != 4 || !onnx_pads(p, algorithm, &pads))
       return false;
-    } else if (p.size() == 2) {
-      pads = {p[0], p[1], p[0], p[1]};
-    } else if (p.size() == 4) {  // Paddle: top, bottom, left, right; ONNX: begins, then ends
-      pads = {p[0], p[2], p[1], p[3]};
-    } else {
-      return false;
-    }
     strides.assign(s.begin(), s.end());
     dilations.assign(d.begin(), d.end());
     Shape f = filter.dims();
@@ -1510,6 +1518,148 @@ bool full_like_direct(const Context& c, const DenseTensor& x, const phi::Scalar&
   return fill(c, value, dtype == PD_DataType::UNDEFINED ? x.dtype() : dtype, out, "full_like");
 }
 
+// pool2d's window as MaxPool's / AveragePool's attributes (NCHW; adaptive where the output
+// divides the input); global: one window over each whole plane.
+struct PoolWindow {
+  bool global = false;
+  Shape kernel, strides, pads;
+  int64_t ceil = 0;
+  bool parse(const Shape& x, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& s,
+             const std::vector<int64_t>& p, bool ceil_mode, const std::string& format, bool global_pooling,
+             bool adaptive, const std::string& algorithm) {
+    if (x.size() != 4 || !channels_first(format) || kernel_size.size() != 2) return false;
+    kernel = kernel_size;
+    if (global_pooling || (adaptive && kernel == Shape{1, 1})) {
+      global = true;
+      return true;
+    }
+    if (adaptive) {  // kernel_size is the output's size
+      if (kernel[0] <= 0 || kernel[1] <= 0 || x[2] % kernel[0] || x[3] % kernel[1]) return false;
+      kernel = {x[2] / kernel[0], x[3] / kernel[1]};
+      strides = kernel;
+      pads = {0, 0, 0, 0};
+      return true;
+    }
+    if (s.size() != 2 || !onnx_pads(p, algorithm, &pads)) return false;
+    strides = s;
+    ceil = ceil_mode;
+    return true;
+  }
+  // The window for a grad: a global one spans the plane.
+  void spell_out(const Shape& x) {
+    if (!global) return;
+    kernel = {x[2], x[3]};
+    strides = {1, 1};
+    pads = {0, 0, 0, 0};
+  }
+  Call& apply(Call& call) const {
+    return call.attr("kernel_shape", kernel).attr("strides", strides).attr("pads", pads).attr("dilations", Shape{1, 1})
+        .attr("ceil_mode", ceil).attr("auto_pad", "NOTSET");
+  }
+};
+
+bool pool_type(const std::string& type, bool* max) {
+  *max = type == "max";
+  return type == "max" || type == "avg";
+}
+
+bool pool2d_direct(const Context& c, const DenseTensor& x_, const phi::IntArray& kernel_size,
+                   const std::vector<int64_t>& strides, const std::vector<int64_t>& paddings, bool ceil_mode,
+                   bool exclusive, const std::string& data_format, const std::string& pooling_type,
+                   bool global_pooling, bool adaptive, const std::string& padding_algorithm, DenseTensor* out_) {
+  int32_t dev = direct_device();
+  PoolWindow window;
+  bool max;
+  Operand x, out;
+  if (dev < 0 || !pool_type(pooling_type, &max) ||
+      !window.parse(x_.dims(), kernel_size.GetData(), strides, paddings, ceil_mode, data_format, global_pooling,
+                    adaptive, padding_algorithm) ||
+      !input(x_, &x) || !output(c, out_, &out))
+    return false;
+  Scratch scratch(dev);
+  Calls calls;
+  if (window.global) {
+    calls.emplace_back(max ? "GlobalMaxPool" : "GlobalAveragePool", x.dtype);
+    calls.back().in(x).out(out);
+  } else if (max) {
+    calls.emplace_back("MaxPool", x.dtype);
+    window.apply(calls.back().in(x).out(out).out(scratch.take(out.shape, DK_DataType{DK_DTYPE_CODE_INT, 64, 1})))
+        .attr("storage_order", int64_t{0});
+  } else {
+    calls.emplace_back("AveragePool", x.dtype);
+    window.apply(calls.back().in(x).out(out)).attr("count_include_pad", int64_t{!exclusive});
+  }
+  return run_with_copies("pool2d", dev, calls, {});
+}
+
+bool pool2d_grad_direct(const Context& c, const DenseTensor& x_, const DenseTensor&, const DenseTensor& dout_,
+                        const phi::IntArray& kernel_size, const std::vector<int64_t>& strides,
+                        const std::vector<int64_t>& paddings, bool ceil_mode, bool exclusive,
+                        const std::string& data_format, const std::string& pooling_type, bool global_pooling,
+                        bool adaptive, const std::string& padding_algorithm, DenseTensor* dx_) {
+  int32_t dev = direct_device();
+  PoolWindow window;
+  bool max;
+  Operand x, dout, dx;
+  if (dev < 0 || !pool_type(pooling_type, &max) ||
+      !window.parse(x_.dims(), kernel_size.GetData(), strides, paddings, ceil_mode, data_format, global_pooling,
+                    adaptive, padding_algorithm) ||
+      !input(x_, &x) || !input(dout_, &dout) || !output(c, dx_, &dx))
+    return false;
+  window.spell_out(x.shape);
+  Scratch scratch(dev);
+  Calls calls;
+  if (max) {  // the maxima's places, found again
+    Operand indices = scratch.take(dout.shape, DK_DataType{DK_DTYPE_CODE_INT, 64, 1});
+    calls.emplace_back("MaxPool", x.dtype);
+    window.apply(calls.back().in(x).out(scratch.take(dout.shape, x.dtype)).out(indices))
+        .attr("storage_order", int64_t{0});
+    calls.emplace_back("MaxPoolGrad", x.dtype);
+    calls.back().in(dout).in(indices).out(dx).attr("X_shape", x.shape).attr("storage_order", int64_t{0});
+  } else {
+    calls.emplace_back("AveragePoolGrad", x.dtype);
+    window.apply(calls.back().in(dout).out(dx)).attr("count_include_pad", int64_t{!exclusive})
+        .attr("X_shape", x.shape);
+  }
+  return run_with_copies("pool2d_grad", dev, calls, {});
+}
+
+// embedding without padding_idx: Gather of weight's rows (with it, run_op zeroes those rows).
+bool embedding_direct(const Context& c, const DenseTensor& ids_, const DenseTensor& weight_, int64_t padding_idx,
+                      DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand ids, weight, out;
+  if (dev < 0 || padding_idx >= 0 || !input(ids_, &ids) || !input(weight_, &weight) || !output(c, out_, &out))
+    return false;
+  Calls calls;
+  calls.emplace_back("Gather", weight.dtype);
+  calls.back().in(weight).in(ids).out(out).attr("axis", int64_t{0});
+  return run_with_copies("embedding", dev, calls, {});
+}
+
+// embedding_grad without padding_idx: out_grad's rows added into zeros at ids (ScatterND add).
+bool embedding_grad_direct(const Context& c, const DenseTensor& ids_, const DenseTensor& weight_,
+                           const DenseTensor& out_grad, int64_t padding_idx, DenseTensor* weight_grad) {
+  int32_t dev = direct_device();
+  Shape index_shape = ids_.dims(), weight_shape = weight_.dims();
+  if (dev < 0 || padding_idx >= 0 || weight_shape.size() != 2) return false;
+  Shape update_shape = index_shape;
+  update_shape.push_back(weight_shape[1]);
+  index_shape.push_back(1);
+  Operand ids, updates, grad;
+  if (!input(ids_, &ids, index_shape) || !input(out_grad, &updates, update_shape) || !output(c, weight_grad, &grad))
+    return false;
+  Scratch scratch(dev);
+  Operand zeros = scratch.take(grad.shape, grad.dtype);
+  Calls calls;
+  calls.emplace_back("ScatterND", grad.dtype);
+  calls.back().in(zeros).in(ids).in(updates).out(grad).attr("reduction", "add");
+  if (!all_available(calls)) return false;
+  size_t bytes = static_cast<size_t>(numel(grad.shape)) * ((grad.dtype.bits + 7) / 8);
+  Scratch::check(g_api->memset(dev, zeros.mem, zeros.offset, 0, bytes, nullptr), "memset");
+  return run_with_copies("embedding_grad", dev, calls, {});
+}
+
 // A comparison into Paddle's bool output; not_equal is Not of Equal.
 bool compare_direct(const char* phi_op, const char* op, bool negate, const Context& c, const DenseTensor& x_,
                     const DenseTensor& y_, DenseTensor* out_) {
@@ -1764,14 +1914,14 @@ DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full, (const Context& c, const phi::IntArray& sh
 DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full_like, (const Context& c, const DenseTensor& x, const phi::Scalar& value, PD_DataType dtype,
                                DenseTensor* out), c, x, value, dtype, out)
 // Pooling (max or average; global, adaptive where the output divides the input), embedding and
-// dropout (its mask drawn on the host: devkit has no random op): through run_op.
-DEVKIT_KERNEL(pool2d, (const Context& c, const DenseTensor& x, const phi::IntArray& kernel_size,
+// dropout (its mask drawn on the host: devkit has no random op; through run_op).
+DEVKIT_DIRECT_KERNEL(pool2d, (const Context& c, const DenseTensor& x, const phi::IntArray& kernel_size,
                        const std::vector<int64_t>& strides, const std::vector<int64_t>& paddings, bool ceil_mode,
                        bool exclusive, const std::string& data_format, const std::string& pooling_type,
                        bool global_pooling, bool adaptive, const std::string& padding_algorithm, DenseTensor* out),
               c, x, kernel_size, strides, paddings, ceil_mode, exclusive, data_format, pooling_type, global_pooling,
               adaptive, padding_algorithm, out)
-DEVKIT_KERNEL(pool2d_grad, (const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& dout,
+DEVKIT_DIRECT_KERNEL(pool2d_grad, (const Context& c, const DenseTensor& x, const DenseTensor& out, const DenseTensor& dout,
                             const phi::IntArray& kernel_size, const std::vector<int64_t>& strides,
                             const std::vector<int64_t>& paddings, bool ceil_mode, bool exclusive,
                             const std::string& data_format, const std::string& pooling_type, bool global_pooling,
@@ -1788,9 +1938,9 @@ DEVKIT_KERNEL(max_pool2d_with_index_grad, (const Context& c, const DenseTensor& 
                                            const std::vector<int>& strides, const std::vector<int>& paddings,
                                            bool global_pooling, bool adaptive, bool ceil_mode, DenseTensor* dx),
               c, x, mask, dout, kernel_size, strides, paddings, global_pooling, adaptive, ceil_mode, dx)
-DEVKIT_KERNEL(embedding, (const Context& c, const DenseTensor& ids, const DenseTensor& weight, int64_t padding_idx,
+DEVKIT_DIRECT_KERNEL(embedding, (const Context& c, const DenseTensor& ids, const DenseTensor& weight, int64_t padding_idx,
                           DenseTensor* out), c, ids, weight, padding_idx, out)
-DEVKIT_KERNEL(embedding_grad, (const Context& c, const DenseTensor& ids, const DenseTensor& weight,
+DEVKIT_DIRECT_KERNEL(embedding_grad, (const Context& c, const DenseTensor& ids, const DenseTensor& weight,
                                const DenseTensor& out_grad, int64_t padding_idx, DenseTensor* weight_grad),
               c, ids, weight, out_grad, padding_idx, weight_grad)
 DEVKIT_KERNEL(dropout, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& seed_tensor,
