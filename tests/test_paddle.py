@@ -150,3 +150,34 @@ def test_training_kernels_call_the_plugin_directly_and_match_the_python_path():
     assert kernels <= set(direct["direct"]) and not kernels & set(direct["python"]), direct
     assert python["direct"] == {} and kernels - {"full"} <= set(python["python"])
     assert direct["direct"]["adam"] == 3 * len(direct["params"])  # one call per parameter and step
+
+
+VIEW_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
+              "from devkit.paddle import _bridge\n"
+              "F = paddle.nn.functional\n"
+              "paddle.set_device('devkit:0')\n"
+              "rng = np.random.default_rng(3)\n"
+              "q, k, x, w = (paddle.to_tensor(rng.standard_normal(s).astype(np.float32), stop_gradient=False)\n"
+              "              for s in ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 8, 8), (6, 4)))\n"
+              "ids = paddle.to_tensor(np.array([[0, 5, 2], [2, 2, 1]], np.int64))\n"
+              "scores = F.softmax(paddle.matmul(q, k, transpose_y=True) * 0.5)\n"
+              "mixed = paddle.matmul(scores, k).transpose([0, 2, 1, 3]).reshape([2, 5, 12])\n"
+              "a, b, c = paddle.split(F.gelu(mixed), 3, axis=-1)\n"
+              "joined = paddle.concat([c, a], axis=-1)\n"
+              "pooled = F.max_pool2d(x, 2, 2) + F.avg_pool2d(x, 2, 2)\n"
+              "rows = F.embedding(ids, w)\n"
+              "(joined.sum() + pooled.sum() * 0.5 + (rows * rows).sum()).backward()\n"
+              "values = [t.numpy().ravel().tolist() for t in (joined, pooled, rows, q.grad, k.grad, x.grad, w.grad)]\n"
+              f"print(json.dumps({{'values': values, {COUNTS}}}))\n")
+
+
+def test_attention_pooling_and_embedding_kernels_call_the_plugin_directly_and_match_the_python_path():
+    # Batched matmul with a transposed operand (a strided view into MatMul), transpose's contiguous (a
+    # strided Identity), scale, gelu, split, concat, pooling and embedding, forward and backward.
+    direct, python = _both_paths(VIEW_CHECK)
+    for got, expected in zip(direct["values"], python["values"]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    kernels = {"matmul", "matmul_grad", "contiguous", "scale", "gelu", "gelu_grad", "split_with_num", "concat",
+               "pool2d", "pool2d_grad", "embedding", "embedding_grad"}
+    assert kernels <= set(direct["direct"]) and not kernels & set(direct["python"]), direct
+    assert python["direct"] == {} and kernels <= set(python["python"])

@@ -585,6 +585,7 @@ struct Operand {
   size_t offset = 0;
   std::vector<int64_t> shape;
   DK_DataType dtype{};
+  std::vector<int64_t> strides;  // in elements; empty: compact
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -596,22 +597,33 @@ int64_t numel(const std::vector<int64_t>& shape) {
 // Paddle's tensor (its memory at data) as an operand: false unless compact,
 // non-empty, in devkit memory and of a dtype the ABI keys. shape, where given,
 // replaces Paddle's (same element count: a reshape).
-bool operand(const DenseTensor& t, const void* data, std::vector<int64_t> shape, Operand* out) {
+// Paddle's tensor (its memory at data) as an operand: false unless non-empty, in devkit
+// memory, of a dtype the ABI keys and compact, or a view (Paddle's stride kernels) where
+// `view` allows one (its strides kept; a call whose kernel takes no strided inputs declines).
+// shape, where given, replaces Paddle's (same element count: a reshape of a compact tensor).
+bool operand(const DenseTensor& t, const void* data, std::vector<int64_t> shape, Operand* out, bool view = false) {
   if (data == nullptr || t.numel() == 0 || !dk_dtype(t.dtype(), &out->dtype)) return false;
   std::vector<int64_t> dims = t.dims(), strides = t.strides();
+  bool compact = true;
   int64_t step = 1;
   for (size_t k = strides.size(); k-- > 0;) {  // compact row-major, or no strides at all
-    if (strides.size() == dims.size() && dims[k] != 1 && strides[k] != step) return false;
+    if (strides.size() == dims.size() && dims[k] != 1 && strides[k] != step) compact = false;
     step *= dims[k];
   }
+  if (!compact && (!view || !shape.empty())) return false;
   if (!resolve(data, &out->mem, &out->offset)) return false;
   if (shape.empty() && !dims.empty()) shape = dims;
   if (numel(shape) != t.numel()) return false;
   out->shape = std::move(shape);
+  out->strides = compact ? std::vector<int64_t>{} : std::move(strides);
   return true;
 }
 bool input(const DenseTensor& t, Operand* out, std::vector<int64_t> shape = {}) {
   return t.initialized() && operand(t, t.data<void>(), std::move(shape), out);
+}
+// An input that may be a strided view.
+bool view_input(const DenseTensor& t, Operand* out) {
+  return t.initialized() && operand(t, t.data<void>(), {}, out, true);
 }
 // An output, allocated now; Paddle leaves some outputs' dtype unset until then: they take
 // `dtype` (the kernel's).
@@ -741,7 +753,13 @@ class Call {
   static constexpr size_t kMaxOperands = 6, kMaxAttributes = 10, kMaxInts = 32, kMaxFloats = 2;
 
   Call(const char* op, DK_DataType key) : op_(op), entry_(kernel_entry(op, key)) {}
-  bool available() const { return entry_ != nullptr; }
+  // Whether the plugin has the kernel, and takes the strided inputs given.
+  bool available() const {
+    if (entry_ == nullptr) return false;
+    for (size_t k = 0; k < num_ins_; ++k)
+      if (!ins_[k].strides.empty() && !(entry_->flags & DK_KERNEL_STRIDED_INPUTS)) return false;
+    return true;
+  }
   Call& in(const Operand& o) { return put(ins_, num_ins_, o); }
   Call& out(const Operand& o) { return put(outs_, num_outs_, o); }
   Call& attr(const char* name, int64_t v) {
@@ -822,7 +840,7 @@ class Call {
   }
   static DK_Tensor tensor(Operand& o, int32_t dev) {
     return DK_Tensor{o.mem, DK_Device{g_device_types[dev], dev}, static_cast<int32_t>(o.shape.size()), o.dtype,
-                     o.shape.data(), nullptr, o.offset};
+                     o.shape.data(), o.strides.empty() ? nullptr : o.strides.data(), o.offset};
   }
   const char* op_;
   const DK_KernelEntry* entry_;
@@ -866,9 +884,11 @@ bool all_available(const Calls& calls) {
   return true;
 }
 
-// An elementwise kernel: devkit op on the inputs in order, into result.
+// A kernel that is one devkit op of its inputs (in the op's order) into one output of the first
+// input's dtype; `attrs` gives the op its attributes (elementwise ops have none).
+template <typename Attrs>
 bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
-                const std::initializer_list<const DenseTensor*>& inputs, DenseTensor* result) {
+                const std::initializer_list<const DenseTensor*>& inputs, DenseTensor* result, Attrs attrs) {
   int32_t dev = direct_device();
   const DenseTensor& first = **inputs.begin();
   DK_DataType key;
@@ -883,9 +903,14 @@ bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
   }
   Operand out;
   if (!call.available() || !output(ctx, result, &out, {}, first.dtype())) return false;
-  call.out(out).run(dev);
+  attrs(call.out(out));
+  call.run(dev);
   count_direct(phi_op);
   return true;
+}
+bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
+                const std::initializer_list<const DenseTensor*>& inputs, DenseTensor* result) {
+  return run_direct(phi_op, op, ctx, inputs, result, [](Call&) {});
 }
 
 template <typename T, typename... Ts>
@@ -1031,16 +1056,9 @@ bool conv2d_direct(const Context& c, const DenseTensor& input_, const DenseTenso
                    const std::vector<int>& strides, const std::vector<int>& paddings,
                    const std::string& padding_algorithm, const std::vector<int>& dilations, int groups,
                    const std::string& data_format, DenseTensor* out) {
-  int32_t dev = direct_device();
   ConvAttrs attrs;
-  Operand x, w, y;
-  if (dev < 0 || !attrs.parse(filter, strides, paddings, padding_algorithm, dilations, groups, data_format) ||
-      !input(input_, &x) || !input(filter, &w) || !output(c, out, &y))
-    return false;
-  Calls calls;
-  calls.emplace_back("Conv", x.dtype);
-  attrs.apply(calls.back().in(x).in(w).out(y));
-  return run_with_copies("conv2d", dev, calls, {});
+  return attrs.parse(filter, strides, paddings, padding_algorithm, dilations, groups, data_format) &&
+         run_direct("conv2d", "Conv", c, {&input_, &filter}, out, [&](Call& k) { attrs.apply(k); });
 }
 
 bool conv2d_grad_direct(const Context& c, const DenseTensor& input_, const DenseTensor& filter,
@@ -1252,17 +1270,71 @@ Call& gemm(Calls& calls, const Operand& a, const Operand& b, bool ta, bool tb, c
       .attr("alpha", 1.0).attr("beta", 1.0);
 }
 
+// The operand with its last two dims exchanged: a strided view (compact again after two swaps).
+Operand swapped(Operand o) {
+  size_t n = o.shape.size();
+  Shape compact(n);
+  for (int64_t k = static_cast<int64_t>(n) - 1, step = 1; k >= 0; step *= o.shape[k], --k) compact[k] = step;
+  if (o.strides.empty()) o.strides = compact;
+  std::swap(o.shape[n - 2], o.shape[n - 1]);
+  std::swap(o.strides[n - 2], o.strides[n - 1]);
+  for (int64_t k = static_cast<int64_t>(n) - 1, step = 1; k >= 0; step *= o.shape[k], --k) compact[k] = step;
+  if (o.strides == compact) o.strides.clear();
+  return o;
+}
+
+// Batched operands (2-D or more each) for MatMul, transposes as views; their batch dims
+// broadcast in the forward op.
+bool batched(const DenseTensor& x_, const DenseTensor& y_, bool tx, bool ty, Operand* a, Operand* b) {
+  if (x_.dims().size() < 2 || y_.dims().size() < 2 || !input(x_, a) || !input(y_, b)) return false;
+  if (tx) *a = swapped(*a);
+  if (ty) *b = swapped(*b);
+  return true;
+}
+
 bool matmul_direct(const Context& c, const DenseTensor& x_, const DenseTensor& y_, bool tx, bool ty,
                    DenseTensor* out) {
   int32_t dev = direct_device();
   Matrices m;
   Operand o;
-  if (dev < 0 || !m.parse(x_, y_, tx)) return false;
-  int64_t rows = m.x.shape[tx ? 1 : 0], cols = m.y.shape[ty ? 0 : 1];
-  if (!output(c, out, &o, {rows, cols})) return false;
   Calls calls;
-  gemm(calls, m.x, m.y, tx, ty, o);
+  if (dev < 0) return false;
+  if (m.parse(x_, y_, tx)) {
+    int64_t rows = m.x.shape[tx ? 1 : 0], cols = m.y.shape[ty ? 0 : 1];
+    if (!output(c, out, &o, {rows, cols})) return false;
+    gemm(calls, m.x, m.y, tx, ty, o);
+  } else {
+    Operand a, b;
+    if (!batched(x_, y_, tx, ty, &a, &b) || !output(c, out, &o)) return false;
+    calls.emplace_back("MatMul", a.dtype);
+    calls.back().in(a).in(b).out(o);
+  }
   return run_with_copies("matmul", dev, calls, {});
+}
+
+// matmul_grad of batched operands with the same batch dims (no broadcast to sum back).
+bool batched_matmul_grad(const Context& c, const DenseTensor& x_, const DenseTensor& y_, const DenseTensor& dout_,
+                         bool tx, bool ty, DenseTensor* dx_, DenseTensor* dy_, Calls& calls) {
+  Shape xd = x_.dims(), yd = y_.dims();
+  Operand a, b, g, dx, dy;
+  if (xd.size() < 3 || xd.size() != yd.size() || !std::equal(xd.begin(), xd.end() - 2, yd.begin()) ||
+      !batched(x_, y_, tx, ty, &a, &b) || !input(dout_, &g))
+    return false;
+  // out = A B with A = op(x), B = op(y): dA = dout B^T, dB = A^T dout; a transposed operand's
+  // grad is the transpose: dx = B dout^T, dy = dout^T A.
+  if (dx_ != nullptr) {
+    if (!output(c, dx_, &dx)) return false;
+    calls.emplace_back("MatMul", g.dtype);
+    if (!tx) calls.back().in(g).in(swapped(b)).out(dx);
+    else calls.back().in(b).in(swapped(g)).out(dx);
+  }
+  if (dy_ != nullptr) {
+    if (!output(c, dy_, &dy)) return false;
+    calls.emplace_back("MatMul", g.dtype);
+    if (!ty) calls.back().in(swapped(a)).in(g).out(dy);
+    else calls.back().in(swapped(g)).in(a).out(dy);
+  }
+  return true;
 }
 
 bool matmul_grad_direct(const Context& c, const DenseTensor& x_, const DenseTensor& y_, const DenseTensor& dout_,
@@ -1270,10 +1342,14 @@ bool matmul_grad_direct(const Context& c, const DenseTensor& x_, const DenseTens
   int32_t dev = direct_device();
   Matrices m;
   Operand g, dx, dy;
-  if (dev < 0 || !m.parse(x_, y_, tx)) return false;
+  Calls calls;
+  if (dev < 0) return false;
+  if (!m.parse(x_, y_, tx)) {
+    return batched_matmul_grad(c, x_, y_, dout_, tx, ty, dx_, dy_, calls) &&
+           run_with_copies("matmul_grad", dev, calls, {});
+  }
   int64_t rows = m.x.shape[tx ? 1 : 0], cols = m.y.shape[ty ? 0 : 1];
   if (!input(dout_, &g, {rows, cols})) return false;
-  Calls calls;
   // out = op(x) op(y): d op(x) = dout op(y)^T, d op(y) = op(x)^T dout, each transposed back where op is.
   if (dx_ != nullptr) {
     if (!output(c, dx_, &dx, m.x.shape)) return false;
@@ -1288,25 +1364,14 @@ bool matmul_grad_direct(const Context& c, const DenseTensor& x_, const DenseTens
   return run_with_copies("matmul_grad", dev, calls, {});
 }
 
-bool softmax_direct(const Context& c, const DenseTensor& x_, int axis, DenseTensor* out) {
-  int32_t dev = direct_device();
-  Operand x, y;
-  if (dev < 0 || !input(x_, &x) || !output(c, out, &y)) return false;
-  Calls calls;
-  calls.emplace_back("Softmax", x.dtype);
-  calls.back().in(x).out(y).attr("axis", int64_t{axis});
-  return run_with_copies("softmax", dev, calls, {});
+bool softmax_direct(const Context& c, const DenseTensor& x, int axis, DenseTensor* out) {
+  return run_direct("softmax", "Softmax", c, {&x}, out, [&](Call& k) { k.attr("axis", int64_t{axis}); });
 }
 
-bool softmax_grad_direct(const Context& c, const DenseTensor& out_, const DenseTensor& dout_, int axis,
-                         DenseTensor* dx_) {
-  int32_t dev = direct_device();
-  Operand y, g, dx;
-  if (dev < 0 || !input(out_, &y) || !input(dout_, &g) || !output(c, dx_, &dx)) return false;
-  Calls calls;
-  calls.emplace_back("SoftmaxGrad", y.dtype);
-  calls.back().in(g).in(y).out(dx).attr("axis", int64_t{axis});
-  return run_with_copies("softmax_grad", dev, calls, {});
+bool softmax_grad_direct(const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
+                         DenseTensor* dx) {
+  return run_direct("softmax_grad", "SoftmaxGrad", c, {&dout, &out}, dx,
+                    [&](Call& k) { k.attr("axis", int64_t{axis}); });
 }
 
 // Hard labels over the last axis of 2-D logits: the direct path's case.
@@ -1660,6 +1725,106 @@ bool embedding_grad_direct(const Context& c, const DenseTensor& ids_, const Dens
   return run_with_copies("embedding_grad", dev, calls, {});
 }
 
+// scale: x * scale + bias (or (x + bias) * scale), Mul and Add with scalars of x's dtype.
+bool scale_direct(const Context& c, const DenseTensor& x_, const phi::Scalar& factor, const phi::Scalar& bias,
+                  bool bias_after_scale, DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand x, out;
+  unsigned char probe[8];
+  if (dev < 0 || !input(x_, &x) || !encode_float(0.0, x.dtype, probe) || !output(c, out_, &out)) return false;
+  Scratch scratch(dev);
+  Calls calls;
+  float s = factor.to<float>(), b = bias.to<float>();
+  auto step = [&](const char* op, const Operand& in, float value, const Operand& result) {
+    calls.emplace_back(op, x.dtype);
+    calls.back().in(in).in(scratch.scalar(value, x.dtype)).out(result);
+  };
+  if (b == 0.0f) {
+    step("Mul", x, s, out);
+  } else {
+    Operand partial = scratch.take(x.shape, x.dtype);
+    if (bias_after_scale) {
+      step("Mul", x, s, partial);
+      step("Add", partial, b, out);
+    } else {
+      step("Add", x, b, partial);
+      step("Mul", partial, s, out);
+    }
+  }
+  return run_with_copies("scale", dev, calls, {});
+}
+
+bool gelu_direct(const Context& c, const DenseTensor& x, bool approximate, DenseTensor* out) {
+  return run_direct("gelu", "Gelu", c, {&x}, out,
+                    [&](Call& k) { k.attr("approximate", approximate ? "tanh" : "none"); });
+}
+
+bool gelu_grad_direct(const Context& c, const DenseTensor& x, const DenseTensor& dout, bool approximate,
+                      DenseTensor* dx) {
+  return run_direct("gelu_grad", "GeluGrad", c, {&dout, &x}, dx,
+                    [&](Call& k) { k.attr("approximate", approximate ? "tanh" : "none"); });
+}
+
+// A view made compact: Identity of the strided input (kernels that take strided inputs).
+bool contiguous_direct(const Context& c, const DenseTensor& x_, DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand x, out;
+  // Paddle may hand the output the input's strides: it is written compact all the same (run_op's
+  // path writes it so too; Paddle's own contiguous kernels make its meta compact).
+  if (dev < 0 || !view_input(x_, &x) || out_ == nullptr || !out_->valid() ||
+      !operand(*out_, c.Alloc(out_, x_.dtype()), {}, &out, true))
+    return false;
+  out.strides.clear();
+  Calls calls;
+  calls.emplace_back("Identity", x.dtype);
+  calls.back().in(x).out(out);
+  return run_with_copies("contiguous", dev, calls, {});
+}
+
+int64_t axis_of(const phi::Scalar& axis, size_t ndim) {
+  int64_t a = axis.to<int64_t>(), n = static_cast<int64_t>(ndim);
+  return ((a % n) + n) % n;
+}
+
+bool split_with_num_direct(const Context& c, const DenseTensor& x_, int num, const phi::Scalar& axis_,
+                           std::vector<DenseTensor*> outs) {
+  int32_t dev = direct_device();
+  Operand x;
+  if (dev < 0 || x_.dims().empty() || num < 1 || outs.size() != static_cast<size_t>(num) ||
+      outs.size() > Call::kMaxOperands || !input(x_, &x))
+    return false;
+  int64_t axis = axis_of(axis_, x.shape.size());
+  if (x.shape[axis] % num) return false;  // run_op says why
+  Calls calls;
+  calls.emplace_back("Split", x.dtype);
+  calls.back().in(x).attr("axis", axis).attr("num_outputs", int64_t{num});
+  for (DenseTensor* t : outs) {
+    Operand o;
+    if (!output(c, t, &o, {}, x_.dtype())) return false;
+    calls.back().out(o);
+  }
+  return run_with_copies("split_with_num", dev, calls, {});
+}
+
+bool concat_direct(const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis_,
+                   DenseTensor* out_) {
+  int32_t dev = direct_device();
+  Operand out;
+  if (dev < 0 || xs.empty() || xs.size() > Call::kMaxOperands || xs[0]->dims().empty()) return false;
+  Operand first;
+  if (!input(*xs[0], &first)) return false;
+  Calls calls;
+  calls.emplace_back("Concat", first.dtype);
+  for (const DenseTensor* t : xs) {
+    Operand o;
+    if (!input(*t, &o)) return false;
+    calls.back().in(o);
+  }
+  if (!output(c, out_, &out, {}, xs[0]->dtype())) return false;
+  calls.back().out(out).attr("axis", axis_of(axis_, first.shape.size()));
+  return run_with_copies("concat", dev, calls, {});
+}
+
 // A comparison into Paddle's bool output; not_equal is Not of Equal.
 bool compare_direct(const char* phi_op, const char* op, bool negate, const Context& c, const DenseTensor& x_,
                     const DenseTensor& y_, DenseTensor* out_) {
@@ -1789,11 +1954,11 @@ DEVKIT_DIRECT_FLOATS_KERNEL(subtract_grad, (const Context& c, const DenseTensor&
 DEVKIT_DIRECT_FLOATS_KERNEL(multiply_grad, (const Context& c, const DenseTensor& x, const DenseTensor& y,
                                             const DenseTensor& dout, int axis, DenseTensor* dx, DenseTensor* dy),
                             c, x, y, dout, axis, dx, dy)
-DEVKIT_KERNEL(gelu, (const Context& c, const DenseTensor& x, bool approximate, DenseTensor* out), c, x, approximate,
+DEVKIT_DIRECT_KERNEL(gelu, (const Context& c, const DenseTensor& x, bool approximate, DenseTensor* out), c, x, approximate,
               out)
-DEVKIT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, bool approximate,
+DEVKIT_DIRECT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, bool approximate,
                           DenseTensor* dx), c, x, dout, approximate, dx)
-DEVKIT_KERNEL(scale, (const Context& c, const DenseTensor& x, const phi::Scalar& scale, const phi::Scalar& bias,
+DEVKIT_DIRECT_KERNEL(scale, (const Context& c, const DenseTensor& x, const phi::Scalar& scale, const phi::Scalar& bias,
                       bool bias_after_scale, DenseTensor* out), c, x, scale, bias, bias_after_scale, out)
 DEVKIT_DIRECT_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
                     bool keep_dim, DenseTensor* out), c, x, dims, out_dtype, keep_dim, out)
@@ -1896,7 +2061,7 @@ DEVKIT_DIRECT_KERNEL(adam, (const Context& c, const DenseTensor& param, const De
               use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
               beta2_pow_out, master_param_out)
 // A strided view made compact (Paddle's stride kernels make views: transpose, slices).
-DEVKIT_ALL_DTYPES_KERNEL(contiguous, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+DEVKIT_ALL_DTYPES_DIRECT_KERNEL(contiguous, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
 DEVKIT_COMPARE_KERNEL(equal, "Equal", false, double, int32_t, int64_t, bool)
 DEVKIT_COMPARE_KERNEL(not_equal, "Equal", true, double, int32_t, int64_t, bool)
 DEVKIT_COMPARE_KERNEL(less_than, "Less", false, double, int32_t, int64_t)
@@ -1905,9 +2070,9 @@ DEVKIT_COMPARE_KERNEL(greater_than, "Greater", false, double, int32_t, int64_t)
 DEVKIT_COMPARE_KERNEL(greater_equal, "GreaterOrEqual", false, double, int32_t, int64_t)
 DEVKIT_ALL_DTYPES_DIRECT_KERNEL(cast, (const Context& c, const DenseTensor& x, PD_DataType out_dtype, DenseTensor* out),
                          c, x, out_dtype, out)
-DEVKIT_KERNEL(concat, (const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis,
+DEVKIT_DIRECT_KERNEL(concat, (const Context& c, const std::vector<const DenseTensor*>& xs, const phi::Scalar& axis,
                        DenseTensor* out), c, xs, axis, out)
-DEVKIT_KERNEL(split_with_num, (const Context& c, const DenseTensor& x, int num, const phi::Scalar& axis,
+DEVKIT_DIRECT_KERNEL(split_with_num, (const Context& c, const DenseTensor& x, int num, const phi::Scalar& axis,
                                std::vector<DenseTensor*> outs), c, x, num, axis, outs)
 DEVKIT_ALL_DTYPES_DIRECT_KERNEL(full, (const Context& c, const phi::IntArray& shape, const phi::Scalar& value, PD_DataType dtype,
                            DenseTensor* out), c, shape, value, dtype, out)
