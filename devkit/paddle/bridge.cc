@@ -34,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "devkit.h"
@@ -658,6 +659,7 @@ bool encode_float(double value, DK_DataType dtype, unsigned char* bytes) {
 // default stream before that (see the top of the file).
 std::mutex g_scratch_lock;
 std::vector<std::multimap<size_t, DK_Mem>> g_scratch_free;  // per device: size -> free block
+std::map<std::tuple<int32_t, uint32_t, uint32_t>, Operand> g_constants;  // (device, dtype, float bits) -> scalar
 
 class Scratch {
  public:
@@ -696,8 +698,30 @@ class Scratch {
     o.mem = mem;
     return o;
   }
-  // A scalar (shape []) of a float dtype holding value.
-  Operand scalar(float value, DK_DataType dtype = kFloat32) { return filled({}, value, dtype); }
+  // A scalar (shape []) of a float dtype holding value: the device's constants are written once
+  // and kept (epsilons, scales: a few per model); past kMaxConstants, a scratch block each time.
+  Operand scalar(float value, DK_DataType dtype = kFloat32) {
+    static constexpr size_t kMaxConstants = 256;
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    auto key = std::make_tuple(dev_, dtype.code | (dtype.bits << 8), bits);
+    {
+      std::lock_guard<std::mutex> lock(g_scratch_lock);
+      auto it = g_constants.find(key);
+      if (it != g_constants.end()) return it->second;
+      if (g_constants.size() >= kMaxConstants) return filled({}, value, dtype);
+    }
+    Operand o;
+    o.dtype = dtype;
+    unsigned char bytes[8];
+    if (!encode_float(value, dtype, bytes)) PD_THROW("devkit constant: a dtype that is not a float");
+    check(g_api->mem_alloc(dev_, 256, &o.mem), "mem_alloc");
+    check(g_api->copy_h2d(dev_, o.mem, 0, bytes, (dtype.bits + 7) / 8, nullptr), "copy_h2d");
+    std::lock_guard<std::mutex> lock(g_scratch_lock);
+    auto inserted = g_constants.emplace(key, o);
+    if (!inserted.second) g_api->mem_free(dev_, o.mem);  // another thread wrote it first
+    return inserted.first->second;
+  }
   // A tensor of shape and a float dtype filled with value.
   Operand filled(std::vector<int64_t> shape, float value, DK_DataType dtype = kFloat32) {
     Operand o = take(std::move(shape), dtype);
