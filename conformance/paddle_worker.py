@@ -109,7 +109,7 @@ OP_CASES = {
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
          "forward_ops", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
-         "missing_kernel_is_named", "kernel_error_is_raised")
+         "missing_kernel_is_named", "kernel_error_is_raised", "label_error_is_raised")
 
 
 def _run_op_case(paddle, place: str, fn, arrays):
@@ -491,6 +491,22 @@ def kernel_error_is_raised(paddle, counts) -> str:
     assert "devkit kernel 'cross_entropy_with_softmax'" in message and "hard labels" in message, message
     np.testing.assert_allclose(paddle.nn.functional.relu(logits).numpy(), 0)  # the process goes on
     return message.splitlines()[0][:120]
+
+
+def label_error_is_raised(paddle, counts) -> str:
+    """A kernel the plugin runs that fails (a label past the classes) raises Paddle's OSError naming the
+    phi kernel and the plugin's message; the process goes on."""
+    paddle.set_device("devkit:0")
+    logits = paddle.to_tensor(np.zeros((2, 3), np.float32))
+    try:
+        paddle.nn.functional.cross_entropy(logits, paddle.to_tensor(np.array([[0], [7]], np.int64)))
+    except OSError as error:
+        message = str(error)
+    else:
+        raise AssertionError("label 7 of 3 classes ran")
+    assert "devkit kernel 'cross_entropy_with_softmax'" in message and "7" in message, message
+    np.testing.assert_allclose(paddle.nn.functional.relu(logits).numpy(), 0)
+    return message.splitlines()[0][:160]
 
 
 def main() -> int:

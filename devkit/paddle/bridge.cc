@@ -820,7 +820,8 @@ class Call {
     return *this;
   }
 
-  void run(int32_t dev) {
+  // Runs the kernel; a failure throws, naming the phi kernel it serves.
+  void run(const char* phi_op, int32_t dev) {
     DK_Tensor ins[kMaxOperands], outs[kMaxOperands];
     for (size_t k = 0; k < num_ins_; ++k) ins[k] = tensor(ins_[k], dev);
     for (size_t k = 0; k < num_outs_; ++k) outs[k] = tensor(outs_[k], dev);
@@ -844,7 +845,8 @@ class Call {
     call.num_attributes = num_attrs_;
     call.user_data = entry_->user_data;
     DK_Status s = entry_->fn(&call);
-    if (s != DK_OK) PD_THROW(std::string("devkit kernel ") + op_ + ": " + plugin_message());
+    // The run_op path's form: Paddle raises it as an OSError naming the phi kernel.
+    if (s != DK_OK) PD_THROW(std::string("devkit kernel '") + phi_op + "': " + op_ + ": " + plugin_message());
   }
 
  private:
@@ -928,7 +930,7 @@ bool run_direct(const char* phi_op, const char* op, const phi::Context& ctx,
   Operand out;
   if (!call.available() || !output(ctx, result, &out, {}, first.dtype())) return false;
   attrs(call.out(out));
-  call.run(dev);
+  call.run(phi_op, dev);
   count_direct(phi_op);
   return true;
 }
@@ -990,7 +992,7 @@ void copy(int32_t dev, const Operand& dst, const Operand& src) {
 bool run_with_copies(const char* phi_op, int32_t dev, Calls& calls,
                      const std::vector<std::pair<Operand, Operand>>& copies) {
   if (!all_available(calls)) return false;
-  for (Call& call : calls) call.run(dev);
+  for (Call& call : calls) call.run(phi_op, dev);
   for (const auto& c : copies) copy(dev, c.first, c.second);  // a copy may read a call's result
   count_direct(phi_op);
   return true;
@@ -1557,7 +1559,7 @@ bool adam_direct(const Context& c, const DenseTensor& param, const DenseTensor& 
       .attr("T", Shape{0}).attr("alpha", static_cast<double>(beta1)).attr("beta", static_cast<double>(beta2))
       .attr("epsilon", static_cast<double>(epsilon * std::sqrt(1.0f - pow2))).attr("norm_coefficient", 0.0)
       .attr("norm_coefficient_post", 0.0)
-      .run(dev);
+      .run("adam", dev);
   count_direct("adam");
   if (!use_global_beta_pow) {
     for (auto [out, value] : {std::make_pair(beta1_pow_out, pow1 * beta1), std::make_pair(beta2_pow_out, pow2 * beta2)}) {
