@@ -1,0 +1,256 @@
+// Paddle's xccl_* hooks (device_ext.h) forwarded onto the devkit plugin's
+// collectives section (devkit.h, "OPTIONAL: collectives"). Paddle's
+// ProcessGroupCustom (backend "xccl") drives them: rank 0 makes the unique id,
+// Paddle's TCP store carries it to every rank, each rank joins with
+// xccl_comm_init_rank on its current device (FLAGS_selected_devkits).
+//
+// A C_CCLComm is the plugin's DK_Comm itself. Buffers are pointers Paddle
+// holds, resolved to (handle, offset) as the rest of the bridge does.
+// Collectives run on the device's default (NULL) stream, so each is complete
+// when its call returns (inside a group: when the outermost group_end
+// returns), as the bridge's kernels and copies are; Paddle's stream argument
+// is not used, and the stream work Paddle orders after it (events, waits) is
+// then already satisfied.
+//
+// What the plugin lacks (no collectives section, a dtype or reduce op it
+// refuses) is C_ERROR with the reason on stderr; Paddle raises it as its
+// "CustomDevice error".
+#include "bridge_ccl.h"
+
+#include <cstdlib>
+
+namespace devkit_paddle {
+namespace {
+
+BridgeAccess g;
+
+const char* plugin_name() {
+  const char* name = std::getenv("DEVKIT_PADDLE_PLUGIN");
+  return name != nullptr && *name != '\0' ? name : "cpu";
+}
+
+// C_ERROR, saying that the plugin has no `function` (its collectives section leaves it NULL).
+C_Status missing(const char* hook, const char* function) {
+  g.report(std::string(hook) + ": devkit plugin '" + plugin_name() + "' has no " + function +
+           " (its collectives section leaves it NULL)");
+  return C_ERROR;
+}
+
+bool dtype_key(C_DataType type, DK_DTypeKey* key) {
+  switch (type) {
+    case BOOL: *key = DK_DTYPE_BOOL; return true;
+    case UINT8: *key = DK_DTYPE_UINT8; return true;
+    case UINT16: *key = DK_DTYPE_UINT16; return true;
+    case UINT32: *key = DK_DTYPE_UINT32; return true;
+    case UINT64: *key = DK_DTYPE_UINT64; return true;
+    case INT8: *key = DK_DTYPE_INT8; return true;
+    case INT16: *key = DK_DTYPE_INT16; return true;
+    case INT32: *key = DK_DTYPE_INT32; return true;
+    case INT64: *key = DK_DTYPE_INT64; return true;
+    case FLOAT16: *key = DK_DTYPE_FLOAT16; return true;
+    case FLOAT32: *key = DK_DTYPE_FLOAT32; return true;
+    case FLOAT64: *key = DK_DTYPE_FLOAT64; return true;
+    case BFLOAT16: *key = DK_DTYPE_BFLOAT16; return true;
+    default: return false;  // complex and undefined: devkit has no such dtype
+  }
+}
+
+bool reduce_op(C_CCLReduceOp op, int32_t* out) {
+  switch (op) {
+    case SUM: *out = DK_REDUCE_SUM; return true;
+    case AVG: *out = DK_REDUCE_AVG; return true;
+    case MAX: *out = DK_REDUCE_MAX; return true;
+    case MIN: *out = DK_REDUCE_MIN; return true;
+    case PRODUCT: *out = DK_REDUCE_PROD; return true;
+    default: return false;
+  }
+}
+
+// The arguments every data-moving hook shares, checked and converted; `ok` false
+// once one failed (already reported).
+struct Call {
+  const char* hook;
+  bool ok = true;
+  DK_DTypeKey dtype = 0;
+  int32_t op = 0;
+
+  explicit Call(const char* hook) : hook(hook) {}
+  Call(const char* hook, C_DataType type) : hook(hook) {
+    if (!dtype_key(type, &dtype)) fail("Paddle dtype " + std::to_string(static_cast<int>(type)) +
+                                       " has no devkit dtype");
+  }
+  void reduce(C_CCLReduceOp paddle_op) {
+    if (ok && !reduce_op(paddle_op, &op))
+      fail("Paddle reduce op " + std::to_string(static_cast<int>(paddle_op)) + " has no devkit reduce op");
+  }
+  void buffer(const void* pointer, DK_Mem* mem, size_t* offset) {
+    if (ok && !g.resolve(pointer, mem, offset))
+      fail("pointer " + std::to_string(reinterpret_cast<uintptr_t>(pointer)) +
+           " is not inside a live devkit allocation");
+  }
+  void rank(size_t value, int32_t* out) {
+    if (ok && value > static_cast<size_t>(INT32_MAX)) fail("rank " + std::to_string(value) + " is out of range");
+    *out = static_cast<int32_t>(value);
+  }
+  void fail(const std::string& why) {
+    g.report(std::string(hook) + ": " + why);
+    ok = false;
+  }
+};
+
+DK_Comm comm_of(C_CCLComm comm) { return reinterpret_cast<DK_Comm>(comm); }
+
+C_Status get_unique_id_size(size_t* size) {
+  if (g.api->ccl_unique_id_size == nullptr) return missing("xccl_get_unique_id_size", "ccl_unique_id_size");
+  return g.status(g.api->ccl_unique_id_size(size), "ccl_unique_id_size");
+}
+
+C_Status get_unique_id(C_CCLRootId* id) {
+  if (g.api->ccl_get_unique_id == nullptr) return missing("xccl_get_unique_id", "ccl_get_unique_id");
+  return g.status(g.api->ccl_get_unique_id(id->data, id->sz), "ccl_get_unique_id");
+}
+
+C_Status comm_init_rank(size_t nranks, C_CCLRootId* id, size_t rank, C_CCLComm* comm) {
+  if (g.api->ccl_comm_init == nullptr) return missing("xccl_comm_init_rank", "ccl_comm_init");
+  Call call("xccl_comm_init_rank");
+  int32_t n = 0, r = 0;
+  call.rank(nranks, &n);
+  call.rank(rank, &r);
+  if (!call.ok) return C_ERROR;
+  DK_Comm made = nullptr;
+  C_Status st = g.status(g.api->ccl_comm_init(g.current_device(), n, id->data, id->sz, r, &made), "ccl_comm_init");
+  *comm = reinterpret_cast<C_CCLComm>(made);
+  return st;
+}
+
+C_Status destroy_comm(C_CCLComm comm) {
+  if (g.api->ccl_comm_destroy == nullptr) return missing("xccl_destroy_comm", "ccl_comm_destroy");
+  return g.status(g.api->ccl_comm_destroy(comm_of(comm)), "ccl_comm_destroy");
+}
+
+C_Status all_reduce(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, C_CCLComm comm,
+                    C_Stream) {
+  if (g.api->all_reduce == nullptr) return missing("xccl_all_reduce", "all_reduce");
+  Call call("xccl_all_reduce", type);
+  DK_Mem send_mem = nullptr, recv_mem = nullptr;
+  size_t send_offset = 0, recv_offset = 0;
+  call.reduce(op);
+  call.buffer(send, &send_mem, &send_offset);
+  call.buffer(recv, &recv_mem, &recv_offset);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->all_reduce(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
+                                    call.dtype, call.op, nullptr), "all_reduce");
+}
+
+// In place on `buf`: the root's data reaches every rank.
+C_Status broadcast(void* buf, size_t count, C_DataType type, size_t root, C_CCLComm comm, C_Stream) {
+  if (g.api->broadcast == nullptr) return missing("xccl_broadcast", "broadcast");
+  Call call("xccl_broadcast", type);
+  DK_Mem mem = nullptr;
+  size_t offset = 0;
+  int32_t r = 0;
+  call.buffer(buf, &mem, &offset);
+  call.rank(root, &r);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->broadcast(comm_of(comm), mem, offset, mem, offset, count, call.dtype, r, nullptr),
+                  "broadcast");
+}
+
+C_Status reduce(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, size_t root,
+                C_CCLComm comm, C_Stream) {
+  if (g.api->reduce == nullptr) return missing("xccl_reduce", "reduce");
+  Call call("xccl_reduce", type);
+  DK_Mem send_mem = nullptr, recv_mem = nullptr;
+  size_t send_offset = 0, recv_offset = 0;
+  int32_t r = 0;
+  call.reduce(op);
+  call.buffer(send, &send_mem, &send_offset);
+  call.buffer(recv, &recv_mem, &recv_offset);
+  call.rank(root, &r);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->reduce(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count, call.dtype,
+                                call.op, r, nullptr), "reduce");
+}
+
+C_Status all_gather(void* send, void* recv, size_t count, C_DataType type, C_CCLComm comm, C_Stream) {
+  if (g.api->all_gather == nullptr) return missing("xccl_all_gather", "all_gather");
+  Call call("xccl_all_gather", type);
+  DK_Mem send_mem = nullptr, recv_mem = nullptr;
+  size_t send_offset = 0, recv_offset = 0;
+  call.buffer(send, &send_mem, &send_offset);
+  call.buffer(recv, &recv_mem, &recv_offset);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->all_gather(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
+                                    call.dtype, nullptr), "all_gather");
+}
+
+C_Status reduce_scatter(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, C_CCLComm comm,
+                        C_Stream) {
+  if (g.api->reduce_scatter == nullptr) return missing("xccl_reduce_scatter", "reduce_scatter");
+  Call call("xccl_reduce_scatter", type);
+  DK_Mem send_mem = nullptr, recv_mem = nullptr;
+  size_t send_offset = 0, recv_offset = 0;
+  call.reduce(op);
+  call.buffer(send, &send_mem, &send_offset);
+  call.buffer(recv, &recv_mem, &recv_offset);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->reduce_scatter(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
+                                        call.dtype, call.op, nullptr), "reduce_scatter");
+}
+
+C_Status group_start() {
+  if (g.api->group_start == nullptr) return missing("xccl_group_start", "group_start");
+  return g.status(g.api->group_start(), "group_start");
+}
+
+C_Status group_end() {
+  if (g.api->group_end == nullptr) return missing("xccl_group_end", "group_end");
+  return g.status(g.api->group_end(), "group_end");
+}
+
+C_Status send(void* buf, size_t count, C_DataType type, size_t peer, C_CCLComm comm, C_Stream) {
+  if (g.api->send == nullptr) return missing("xccl_send", "send");
+  Call call("xccl_send", type);
+  DK_Mem mem = nullptr;
+  size_t offset = 0;
+  int32_t p = 0;
+  call.buffer(buf, &mem, &offset);
+  call.rank(peer, &p);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->send(comm_of(comm), mem, offset, count, call.dtype, p, nullptr), "send");
+}
+
+C_Status recv(void* buf, size_t count, C_DataType type, size_t peer, C_CCLComm comm, C_Stream) {
+  if (g.api->recv == nullptr) return missing("xccl_recv", "recv");
+  Call call("xccl_recv", type);
+  DK_Mem mem = nullptr;
+  size_t offset = 0;
+  int32_t p = 0;
+  call.buffer(buf, &mem, &offset);
+  call.rank(peer, &p);
+  if (!call.ok) return C_ERROR;
+  return g.status(g.api->recv(comm_of(comm), mem, offset, count, call.dtype, p, nullptr), "recv");
+}
+
+}  // namespace
+
+void register_collectives(C_DeviceInterface* i, const BridgeAccess& access) {
+  if (access.api == nullptr) return;  // no plugin: Paddle's own "not implemented" errors say so
+  g = access;
+  // Filled even where the plugin has no collectives, so that Paddle's error comes with the reason.
+  i->xccl_get_unique_id_size = get_unique_id_size;
+  i->xccl_get_unique_id = get_unique_id;
+  i->xccl_comm_init_rank = comm_init_rank;
+  i->xccl_destroy_comm = destroy_comm;
+  i->xccl_all_reduce = all_reduce;
+  i->xccl_broadcast = broadcast;
+  i->xccl_reduce = reduce;
+  i->xccl_all_gather = all_gather;
+  i->xccl_reduce_scatter = reduce_scatter;
+  i->xccl_group_start = group_start;
+  i->xccl_group_end = group_end;
+  i->xccl_send = send;
+  i->xccl_recv = recv;
+}
+
+}  // namespace devkit_paddle
