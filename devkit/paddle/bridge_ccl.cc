@@ -55,6 +55,15 @@ bool dtype_key(C_DataType type, DK_DTypeKey* key) {
   }
 }
 
+const char* dtype_name(C_DataType type) {
+  switch (type) {
+    case COMPLEX64: return "complex64";
+    case COMPLEX128: return "complex128";
+    case UNDEFINED: return "undefined";
+    default: return "(unknown)";  // dtype_key maps every other C_DataType
+  }
+}
+
 bool reduce_op(C_CCLReduceOp op, int32_t* out) {
   switch (op) {
     case SUM: *out = DK_REDUCE_SUM; return true;
@@ -76,8 +85,7 @@ struct Call {
 
   explicit Call(const char* hook) : hook(hook) {}
   Call(const char* hook, C_DataType type) : hook(hook) {
-    if (!dtype_key(type, &dtype)) fail("Paddle dtype " + std::to_string(static_cast<int>(type)) +
-                                       " has no devkit dtype");
+    if (!dtype_key(type, &dtype)) fail(std::string("Paddle dtype ") + dtype_name(type) + " has no devkit dtype");
   }
   void reduce(C_CCLReduceOp paddle_op) {
     if (ok && !reduce_op(paddle_op, &op))
