@@ -6,7 +6,9 @@
 test_paddle_collectives.py starts two of these, one per rank, with Paddle's
 launch variables (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ENDPOINTS,
 PADDLE_CURRENT_ENDPOINT, MASTER_ADDR/MASTER_PORT, FLAGS_selected_devkits,
-PADDLE_DISTRI_BACKEND=xccl) and DEVKIT_PADDLE_PLUGIN. Each rank runs
+PADDLE_DISTRI_BACKEND=xccl) and DEVKIT_PADDLE_PLUGIN, or has
+``python -m paddle.distributed.launch`` start them. "{rank}" in FILE becomes
+the rank. Each rank runs
 ``paddle.distributed.init_parallel_env()`` (ProcessGroupCustom; Paddle's TCP
 store carries the plugin's unique id) and writes FILE: case -> {"value": the
 output as a list (or a list of lists), "error": "Type: message" or null,
@@ -168,7 +170,7 @@ def main() -> int:
         results[case] = _case(paddle, dist, case, spec, rank)
         if args.mode == "missing":
             break  # rank 0 then exits, and with it Paddle's TCP store: rank 1's wait for the id ends
-    with open(args.out, "w") as out:
+    with open(args.out.format(rank=rank), "w") as out:
         json.dump(results, out)
     return 0
 
