@@ -33,7 +33,7 @@ import pytest
 import devkit
 
 from . import paddle_collective_worker as worker
-from .conftest import PLUGINS
+from .conftest import PLUGINS, has_collectives
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("paddle") is None,
                                  reason="PaddlePaddle is not installed: pip install 'devkit[paddle]'"),
@@ -42,14 +42,6 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("paddle") is None,
 WORKER_TIMEOUT_S = 300
 CCL_TIMEOUT_S = 60  # a rank whose peer fell out of step fails in this long, not hangs
 PADDLE_ERROR = "CustomDevice error, the error code is : 3"  # C_ERROR, as Paddle raises it
-
-
-def _has_collectives(name: str) -> bool | None:
-    """None when the plugin does not load (its cases then fail, loading it)."""
-    try:
-        return devkit.load_plugin(name).has_collectives
-    except devkit.PluginLoadError:
-        return None
 
 
 def _plugin_variable(name: str) -> str:
@@ -144,7 +136,7 @@ def _ranks_ok(ranks: tuple, name: str) -> tuple:
 
 def _plugins(with_collectives: bool) -> list[str]:
     """The plugins under test that have (or lack) collectives, and those that do not load (they fail)."""
-    return [name for name in PLUGINS if _has_collectives(name) in (None, with_collectives)]
+    return [name for name in PLUGINS if has_collectives(name) in (None, with_collectives)]
 
 
 def _params(with_collectives: bool, cases) -> list:

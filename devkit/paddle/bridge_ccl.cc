@@ -75,8 +75,13 @@ bool reduce_op(C_CCLReduceOp op, int32_t* out) {
   }
 }
 
-// The arguments every data-moving hook shares, checked and converted; `ok` false
-// once one failed (already reported).
+// A buffer argument: where Paddle's pointer lies.
+struct Operand {
+  DK_Mem mem = nullptr;
+  size_t offset = 0;
+};
+
+// The arguments every hook checks and converts; `ok` false once one failed (already reported).
 struct Call {
   const char* hook;
   bool ok = true;
@@ -91,14 +96,16 @@ struct Call {
     if (ok && !reduce_op(paddle_op, &op))
       fail("Paddle reduce op " + std::to_string(static_cast<int>(paddle_op)) + " has no devkit reduce op");
   }
-  void buffer(const void* pointer, DK_Mem* mem, size_t* offset) {
-    if (ok && !g.resolve(pointer, mem, offset))
+  Operand buffer(const void* pointer) {
+    Operand operand;
+    if (ok && !g.resolve(pointer, &operand.mem, &operand.offset))
       fail("pointer " + std::to_string(reinterpret_cast<uintptr_t>(pointer)) +
            " is not inside a live devkit allocation");
+    return operand;
   }
-  void rank(size_t value, int32_t* out) {
+  int32_t rank(size_t value) {
     if (ok && value > static_cast<size_t>(INT32_MAX)) fail("rank " + std::to_string(value) + " is out of range");
-    *out = static_cast<int32_t>(value);
+    return static_cast<int32_t>(value);
   }
   void fail(const std::string& why) {
     g.report(std::string(hook) + ": " + why);
@@ -121,9 +128,7 @@ C_Status get_unique_id(C_CCLRootId* id) {
 C_Status comm_init_rank(size_t nranks, C_CCLRootId* id, size_t rank, C_CCLComm* comm) {
   if (g.api->ccl_comm_init == nullptr) return missing("xccl_comm_init_rank", "ccl_comm_init");
   Call call("xccl_comm_init_rank");
-  int32_t n = 0, r = 0;
-  call.rank(nranks, &n);
-  call.rank(rank, &r);
+  int32_t n = call.rank(nranks), r = call.rank(rank);
   if (!call.ok) return C_ERROR;
   DK_Comm made = nullptr;
   C_Status st = g.status(g.api->ccl_comm_init(g.current_device(), n, id->data, id->sz, r, &made), "ccl_comm_init");
@@ -136,74 +141,59 @@ C_Status destroy_comm(C_CCLComm comm) {
   return g.status(g.api->ccl_comm_destroy(comm_of(comm)), "ccl_comm_destroy");
 }
 
+// all_reduce and reduce_scatter: (send, recv, count, dtype, op).
+using ReducingFn = DK_Status (*)(DK_Comm, DK_Mem, size_t, DK_Mem, size_t, size_t, DK_DTypeKey, int32_t, DK_Stream);
+C_Status reducing(const char* hook, const char* function, ReducingFn fn, void* send, void* recv, size_t count,
+                  C_DataType type, C_CCLReduceOp op, C_CCLComm comm) {
+  if (fn == nullptr) return missing(hook, function);
+  Call call(hook, type);
+  call.reduce(op);
+  Operand in = call.buffer(send), out = call.buffer(recv);
+  if (!call.ok) return C_ERROR;
+  return g.status(fn(comm_of(comm), in.mem, in.offset, out.mem, out.offset, count, call.dtype, call.op, nullptr),
+                  function);
+}
+
 C_Status all_reduce(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, C_CCLComm comm,
                     C_Stream) {
-  if (g.api->all_reduce == nullptr) return missing("xccl_all_reduce", "all_reduce");
-  Call call("xccl_all_reduce", type);
-  DK_Mem send_mem = nullptr, recv_mem = nullptr;
-  size_t send_offset = 0, recv_offset = 0;
-  call.reduce(op);
-  call.buffer(send, &send_mem, &send_offset);
-  call.buffer(recv, &recv_mem, &recv_offset);
-  if (!call.ok) return C_ERROR;
-  return g.status(g.api->all_reduce(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
-                                    call.dtype, call.op, nullptr), "all_reduce");
+  return reducing("xccl_all_reduce", "all_reduce", g.api->all_reduce, send, recv, count, type, op, comm);
+}
+
+C_Status reduce_scatter(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, C_CCLComm comm,
+                        C_Stream) {
+  return reducing("xccl_reduce_scatter", "reduce_scatter", g.api->reduce_scatter, send, recv, count, type, op, comm);
 }
 
 // In place on `buf`: the root's data reaches every rank.
 C_Status broadcast(void* buf, size_t count, C_DataType type, size_t root, C_CCLComm comm, C_Stream) {
   if (g.api->broadcast == nullptr) return missing("xccl_broadcast", "broadcast");
   Call call("xccl_broadcast", type);
-  DK_Mem mem = nullptr;
-  size_t offset = 0;
-  int32_t r = 0;
-  call.buffer(buf, &mem, &offset);
-  call.rank(root, &r);
+  Operand data = call.buffer(buf);
+  int32_t r = call.rank(root);
   if (!call.ok) return C_ERROR;
-  return g.status(g.api->broadcast(comm_of(comm), mem, offset, mem, offset, count, call.dtype, r, nullptr),
-                  "broadcast");
+  return g.status(g.api->broadcast(comm_of(comm), data.mem, data.offset, data.mem, data.offset, count, call.dtype,
+                                   r, nullptr), "broadcast");
 }
 
 C_Status reduce(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, size_t root,
                 C_CCLComm comm, C_Stream) {
   if (g.api->reduce == nullptr) return missing("xccl_reduce", "reduce");
   Call call("xccl_reduce", type);
-  DK_Mem send_mem = nullptr, recv_mem = nullptr;
-  size_t send_offset = 0, recv_offset = 0;
-  int32_t r = 0;
   call.reduce(op);
-  call.buffer(send, &send_mem, &send_offset);
-  call.buffer(recv, &recv_mem, &recv_offset);
-  call.rank(root, &r);
+  Operand in = call.buffer(send), out = call.buffer(recv);
+  int32_t r = call.rank(root);
   if (!call.ok) return C_ERROR;
-  return g.status(g.api->reduce(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count, call.dtype,
-                                call.op, r, nullptr), "reduce");
+  return g.status(g.api->reduce(comm_of(comm), in.mem, in.offset, out.mem, out.offset, count, call.dtype, call.op,
+                                r, nullptr), "reduce");
 }
 
 C_Status all_gather(void* send, void* recv, size_t count, C_DataType type, C_CCLComm comm, C_Stream) {
   if (g.api->all_gather == nullptr) return missing("xccl_all_gather", "all_gather");
   Call call("xccl_all_gather", type);
-  DK_Mem send_mem = nullptr, recv_mem = nullptr;
-  size_t send_offset = 0, recv_offset = 0;
-  call.buffer(send, &send_mem, &send_offset);
-  call.buffer(recv, &recv_mem, &recv_offset);
+  Operand in = call.buffer(send), out = call.buffer(recv);
   if (!call.ok) return C_ERROR;
-  return g.status(g.api->all_gather(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
-                                    call.dtype, nullptr), "all_gather");
-}
-
-C_Status reduce_scatter(void* send, void* recv, size_t count, C_DataType type, C_CCLReduceOp op, C_CCLComm comm,
-                        C_Stream) {
-  if (g.api->reduce_scatter == nullptr) return missing("xccl_reduce_scatter", "reduce_scatter");
-  Call call("xccl_reduce_scatter", type);
-  DK_Mem send_mem = nullptr, recv_mem = nullptr;
-  size_t send_offset = 0, recv_offset = 0;
-  call.reduce(op);
-  call.buffer(send, &send_mem, &send_offset);
-  call.buffer(recv, &recv_mem, &recv_offset);
-  if (!call.ok) return C_ERROR;
-  return g.status(g.api->reduce_scatter(comm_of(comm), send_mem, send_offset, recv_mem, recv_offset, count,
-                                        call.dtype, call.op, nullptr), "reduce_scatter");
+  return g.status(g.api->all_gather(comm_of(comm), in.mem, in.offset, out.mem, out.offset, count, call.dtype,
+                                    nullptr), "all_gather");
 }
 
 C_Status group_start() {
@@ -216,28 +206,24 @@ C_Status group_end() {
   return g.status(g.api->group_end(), "group_end");
 }
 
-C_Status send(void* buf, size_t count, C_DataType type, size_t peer, C_CCLComm comm, C_Stream) {
-  if (g.api->send == nullptr) return missing("xccl_send", "send");
-  Call call("xccl_send", type);
-  DK_Mem mem = nullptr;
-  size_t offset = 0;
-  int32_t p = 0;
-  call.buffer(buf, &mem, &offset);
-  call.rank(peer, &p);
+// send and recv: `count` elements of `buf` to / from rank `peer`.
+using PeerFn = DK_Status (*)(DK_Comm, DK_Mem, size_t, size_t, DK_DTypeKey, int32_t, DK_Stream);
+C_Status point_to_point(const char* hook, const char* function, PeerFn fn, void* buf, size_t count, C_DataType type,
+                        size_t peer, C_CCLComm comm) {
+  if (fn == nullptr) return missing(hook, function);
+  Call call(hook, type);
+  Operand data = call.buffer(buf);
+  int32_t p = call.rank(peer);
   if (!call.ok) return C_ERROR;
-  return g.status(g.api->send(comm_of(comm), mem, offset, count, call.dtype, p, nullptr), "send");
+  return g.status(fn(comm_of(comm), data.mem, data.offset, count, call.dtype, p, nullptr), function);
+}
+
+C_Status send(void* buf, size_t count, C_DataType type, size_t peer, C_CCLComm comm, C_Stream) {
+  return point_to_point("xccl_send", "send", g.api->send, buf, count, type, peer, comm);
 }
 
 C_Status recv(void* buf, size_t count, C_DataType type, size_t peer, C_CCLComm comm, C_Stream) {
-  if (g.api->recv == nullptr) return missing("xccl_recv", "recv");
-  Call call("xccl_recv", type);
-  DK_Mem mem = nullptr;
-  size_t offset = 0;
-  int32_t p = 0;
-  call.buffer(buf, &mem, &offset);
-  call.rank(peer, &p);
-  if (!call.ok) return C_ERROR;
-  return g.status(g.api->recv(comm_of(comm), mem, offset, count, call.dtype, p, nullptr), "recv");
+  return point_to_point("xccl_recv", "recv", g.api->recv, buf, count, type, peer, comm);
 }
 
 }  // namespace
