@@ -406,6 +406,9 @@ class _DeviceMemory:
         self._returned: collections.deque = collections.deque()  # (nbytes, capacity, block or None)
         self._idle_events: list[Event] = []
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        # Steady-state reuses not yet in _stats: each is a free, a cache hit and an
+        # allocation, counted in one integer on the eager path and folded in by stats().
+        self._recycled = 0
         self._max_alloc_size = 0  # read from the properties at the first allocation
         _DeviceMemory._all.append(self)
 
@@ -433,23 +436,24 @@ class _DeviceMemory:
                 # An eager op's steady state: the block the last result gave back, reused
                 # as it is (what _take_returned and the cache's pop would do, in one step).
                 freed, _, block = returned.popleft()
-                stats["allocated_bytes"] -= freed
-                stats["allocations"] -= 1
-                stats["free_count"] += 1
-                stats["cache_hits"] += 1
+                self._recycled += 1
+                if freed != nbytes:
+                    allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes - freed
+                    if allocated > stats["peak_allocated_bytes"]:
+                        stats["peak_allocated_bytes"] = allocated
+                return _Allocation(self, block.handle, nbytes, block)
+            if returned:
+                self._take_returned()
+            blocks = self._cache.get(capacity)
+            if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
+                block = blocks.pop()
             else:
-                if returned:
-                    self._take_returned()
-                blocks = self._cache.get(capacity)
-                if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
-                    block = blocks.pop()
-                else:
-                    block = self._reuse(capacity, stream)
-                if block is None:
-                    block = _Block(self._device_alloc(capacity), capacity)
-                else:
-                    stats["cache_hits"] += 1
-                    stats["cached_bytes"] -= capacity
+                block = self._reuse(capacity, stream)
+            if block is None:
+                block = _Block(self._device_alloc(capacity), capacity)
+            else:
+                stats["cache_hits"] += 1
+                stats["cached_bytes"] -= capacity
             # _count_allocation, inlined
             allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes
             if allocated > stats["peak_allocated_bytes"]:
@@ -642,7 +646,11 @@ class _DeviceMemory:
     def stats(self) -> dict[str, int]:
         with self._lock:
             self._take_returned()
-            return dict(self._stats)
+            stats, recycled = self._stats, self._recycled
+            self._recycled = 0
+            for name in ("free_count", "cache_hits", "allocation_count"):
+                stats[name] += recycled
+            return dict(stats)
 
 
 def _completed(event: Event, wait: bool = False) -> bool:

@@ -377,6 +377,37 @@ def test_repeated_calls_hit_the_cache(cache):
     assert cache() == {"hits": 3, "misses": 4, "entries": 4}
 
 
+def test_results_are_keyed_as_arrays_of_their_layout(cache):
+    """A cached call's result keys the next call as any Array of its device,
+    dtype, shape and strides does; another dtype or strides is another entry."""
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = devkit.asarray(host)
+    c = devkit.ops.Add(a, a)
+    d = devkit.ops.Add(c, a)  # c: a result of the cached call, keyed as a is
+    np.testing.assert_array_equal(d.numpy(), host * 3)
+    assert cache() == {"hits": 1, "misses": 1, "entries": 1}
+    devkit.ops.Add(a.T, devkit.asarray(np.ones((3, 2), np.float32)))  # strided: its own entry
+    devkit.ops.Add(devkit.asarray(host.astype(np.float64)), devkit.asarray(host.astype(np.float64)))
+    assert cache() == {"hits": 1, "misses": 3, "entries": 3}
+
+
+def test_eager_steady_state_counts_every_allocation_and_free(cache):
+    """The allocator's steady-state reuse (the block the last result gave back)
+    counts an allocation, a free and a cache hit for each result, as any reuse does."""
+    dev = devkit.device("cpu:0")
+    a = devkit.asarray(np.ones(5, np.float32))
+    devkit.ops.Add(a, a)
+    start = devkit.memory_stats(dev)
+    for _ in range(50):
+        devkit.ops.Add(a, a)
+    stats = devkit.memory_stats(dev)
+    assert stats["allocated_bytes"] == start["allocated_bytes"]
+    assert stats["allocation_count"] - start["allocation_count"] == 50
+    assert stats["free_count"] - start["free_count"] == 50
+    assert stats["cache_hits"] - start["cache_hits"] == 50
+    assert stats["device_allocations"] == start["device_allocations"]
+
+
 def test_host_inputs_are_keyed_by_value(cache):
     x = devkit.asarray(np.arange(6, dtype=np.float32))
     assert devkit.ops.Reshape(x, [2, 3]).shape == (2, 3)
