@@ -251,6 +251,27 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
     second.destroy()
 
 
+def test_a_run_after_a_bound_run_launches_on_its_own_stream(monkeypatch):
+    """A bound run points the calls at its stream and leaves them there; host
+    replay (a plugin without graphs) points them back at the next run's stream."""
+    monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    prepared = donnx.prepare(model, prepare_weights=False)
+    (want,) = donnx.prepare(model, plan=False).run(inputs)
+    dev = devkit.device("cpu:0")
+    with dev.create_stream() as stream:
+        prepared.run(inputs, stream)
+        stream.synchronize()
+        plan = only_plan(prepared)
+        (bound,) = prepared.run({name: devkit.asarray(value) for name, value in inputs.items()})  # bound
+        np.testing.assert_array_equal(bound.numpy(), want)
+        assert all(call.cdata.stream != stream.handle for call in plan.calls)
+        (got,) = prepared.run(inputs, stream)
+        assert all(call.cdata.stream == stream.handle for call in plan.calls)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
     """The cpu plugin checks at every launch that each captured tensor still
     lies in a live allocation (one lock and one look-up per run of slots in

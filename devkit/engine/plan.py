@@ -41,7 +41,7 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..plugin import check
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
-from .binding import BIND_IN_PLACE_BYTES, BoundRun, slot_references
+from .binding import BIND_IN_PLACE_BYTES, BoundRun, Registrar, slot_references
 from .calls import KernelCall, bind, launch, prepare_fn
 from .fusion import fuse_steps
 from .launch import StagedGraph, make_launcher
@@ -132,8 +132,8 @@ class Plan:
         self._output_references = output_references
         self._registers = device.plugin.has_host_registration
         self._host_pointers = device.properties.host_pointer_handles
-        # The handles a bound run's registrations return (one run at a time: the lock).
-        self._handle_cells = ffi.new("DK_Mem[]", max(len(inputs) + len(outputs), 1))
+        # Where a bound run registers host memory (one run at a time: the lock).
+        self._registrar = Registrar(device, len(inputs) + len(outputs)) if self._registers else None
         self._large_output = self._registers and any(
             references is not None and value.nbytes >= BIND_IN_PLACE_BYTES
             for value, references in zip(outputs, output_references))
