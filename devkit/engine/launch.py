@@ -58,6 +58,11 @@ class GraphLaunch:
             self._graph = graph
         self._graph.launch(stream)
 
+    @property
+    def graph(self):
+        """The captured graph, None before the first replay."""
+        return self._graph
+
     def forget_stream(self) -> None:
         """The graph, once captured, holds its calls as they were; until then the capture replays them."""
         self._capture.forget_stream()
