@@ -431,11 +431,16 @@ class _DeviceMemory:
         stats = self._stats
         with self._lock:
             returned = self._returned
-            if len(returned) == 1 and returned[0][1] == capacity and returned[0][2] is not None \
-                    and not returned[0][2].waits:
+            if len(returned) == 1:
+                freed, returned_capacity, block = returned[0]
+                if returned_capacity != capacity or block is None or block.waits:
+                    block = None
+            else:
+                block = None
+            if block is not None:
                 # An eager op's steady state: the block the last result gave back, reused
                 # as it is (what _take_returned and the cache's pop would do, in one step).
-                freed, _, block = returned.popleft()
+                returned.popleft()  # not clear(): a finalizer may have appended since
                 self._recycled += 1
                 if freed != nbytes:
                     allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes - freed
@@ -729,10 +734,11 @@ class _Allocation:
         if handle is None:
             return
         try:
-            if self._free_stream is None and not self.used_on_streams and self.block is not None:
+            block = self.block
+            if self._free_stream is None and not self.used_on_streams and block is not None:
                 # memory.release's first case, inlined: no work can be pending on it
                 self._owned = None
-                self.memory._returned.append((self.nbytes, self.block.capacity, self.block))
+                self.memory._returned.append((self.nbytes, block.capacity, block))
                 return
             self._release(self._pending_free_stream(), True)
         except Exception:  # interpreter shutdown or an already-failed plugin
