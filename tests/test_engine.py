@@ -251,6 +251,27 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
     second.destroy()
 
 
+def test_a_run_after_a_bound_run_launches_on_its_own_stream(monkeypatch):
+    """A bound run points the calls at its stream and leaves them there; host
+    replay (a plugin without graphs) points them back at the next run's stream."""
+    monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    prepared = donnx.prepare(model, prepare_weights=False)
+    (want,) = donnx.prepare(model, plan=False).run(inputs)
+    dev = devkit.device("cpu:0")
+    with dev.create_stream() as stream:
+        prepared.run(inputs, stream)
+        stream.synchronize()
+        plan = only_plan(prepared)
+        (bound,) = prepared.run({name: devkit.asarray(value) for name, value in inputs.items()})  # bound
+        np.testing.assert_array_equal(bound.numpy(), want)
+        assert all(call.cdata.stream != stream.handle for call in plan.calls)
+        (got,) = prepared.run(inputs, stream)
+        assert all(call.cdata.stream == stream.handle for call in plan.calls)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
     """The cpu plugin checks at every launch that each captured tensor still
     lies in a live allocation (one lock and one look-up per run of slots in
@@ -375,6 +396,37 @@ def test_repeated_calls_hit_the_cache(cache):
     devkit.ops.Softmax(a, axis=0)
     devkit.ops.Softmax(a, axis=1)
     assert cache() == {"hits": 3, "misses": 4, "entries": 4}
+
+
+def test_results_are_keyed_as_arrays_of_their_layout(cache):
+    """A cached call's result keys the next call as any Array of its device,
+    dtype, shape and strides does; another dtype or strides is another entry."""
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = devkit.asarray(host)
+    c = devkit.ops.Add(a, a)
+    d = devkit.ops.Add(c, a)  # c: a result of the cached call, keyed as a is
+    np.testing.assert_array_equal(d.numpy(), host * 3)
+    assert cache() == {"hits": 1, "misses": 1, "entries": 1}
+    devkit.ops.Add(a.T, devkit.asarray(np.ones((3, 2), np.float32)))  # strided: its own entry
+    devkit.ops.Add(devkit.asarray(host.astype(np.float64)), devkit.asarray(host.astype(np.float64)))
+    assert cache() == {"hits": 1, "misses": 3, "entries": 3}
+
+
+def test_eager_steady_state_counts_every_allocation_and_free(cache):
+    """The allocator's steady-state reuse (the block the last result gave back)
+    counts an allocation, a free and a cache hit for each result, as any reuse does."""
+    dev = devkit.device("cpu:0")
+    a = devkit.asarray(np.ones(5, np.float32))
+    devkit.ops.Add(a, a)
+    start = devkit.memory_stats(dev)
+    for _ in range(50):
+        devkit.ops.Add(a, a)
+    stats = devkit.memory_stats(dev)
+    assert stats["allocated_bytes"] == start["allocated_bytes"]
+    assert stats["allocation_count"] - start["allocation_count"] == 50
+    assert stats["free_count"] - start["free_count"] == 50
+    assert stats["cache_hits"] - start["cache_hits"] == 50
+    assert stats["device_allocations"] == start["device_allocations"]
 
 
 def test_host_inputs_are_keyed_by_value(cache):
