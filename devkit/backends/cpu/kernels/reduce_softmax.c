@@ -38,24 +38,6 @@ static inline __attribute__((always_inline)) double softmax_exp(double x, bool w
   return wide ? vm_exp_nonpositive(x, -746.0) : vm_exp_nonpositive_narrow(x);
 }
 
-/* The largest of len >= 1 float32s, as the largest of their bits mapped to
- * ordered integers (a loop that vectorises, where a float maximum with NaN
- * rules does not). A NaN may or may not win: either way exp(x - max) of the
- * NaN element makes the sum, and so the whole slice, NaN. */
-static inline __attribute__((always_inline)) float softmax_max_f32(const float *x, int64_t len) {
-  int32_t m = INT32_MIN;
-  for (int64_t i = 0; i < len; i++) {
-    int32_t b;
-    memcpy(&b, &x[i], sizeof b);
-    int32_t key = b ^ (int32_t)((uint32_t)(b >> 31) >> 1); /* negatives: magnitude bits flipped */
-    m = key > m ? key : m;
-  }
-  m ^= (int32_t)((uint32_t)(m >> 31) >> 1);
-  float f;
-  memcpy(&f, &m, sizeof f);
-  return f;
-}
-
 typedef struct softmax_job {
   const uint8_t *x;
   uint8_t *y;
@@ -72,7 +54,7 @@ typedef struct softmax_job {
     int64_t body = len - len % LANES;                                                             \
     double m = -INFINITY;                                                                         \
     if (DT == DK_DTYPE_FLOAT32) {                                                                 \
-      m = softmax_max_f32((const float *)x, len);                                                 \
+      m = vm_max_f32((const float *)x, len);                                                      \
     } else {                                                                                      \
       /* float64 in a row of lanes, which vectorises; float16/bfloat16 convert element by        \
        * element and keep 8 lanes in registers (64 measured 9% slower there) */                   \
