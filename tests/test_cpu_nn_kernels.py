@@ -450,3 +450,21 @@ def test_attention_rows_of_nan_and_of_masked_keys(dev):
     np.testing.assert_array_equal(p[0, 0, 0], 0.0)
     np.testing.assert_array_equal(y[0, 0, 0], 0.0)
     assert np.isnan(p[0, 0, 1:]).all() and np.isnan(y[0, 0, 1:]).all()
+
+
+# Batched MatMul whose products are too small to split themselves splits
+# its batches over the pool, each chunk starting at its own batch index
+# (broadcast batch dims included); large products split themselves, one
+# batch after another. Reference: float64, a dot-product bound.
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 4, 32, 32), (2, 4, 32, 32)), ((3, 1, 5, 7), (1, 4, 7, 6)),
+                                             ((2, 3, 1, 9, 33), (3, 4, 33, 1)), ((7, 17, 3), (3, 20)),
+                                             ((2, 130, 128), (2, 128, 140))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_matmul_split_over_batches_matches_float64(dev, a_shape, b_shape, dtype):
+    rng = np.random.default_rng(len(a_shape) + a_shape[-1])
+    a, b = rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)
+    (y,) = _run(dev, "MatMul", [a, b], {})
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = 8 * a_shape[-1] * np.finfo(dtype).eps * (np.abs(a64) @ np.abs(b64))
+    assert y.shape == (a64 @ b64).shape
+    assert np.all(np.abs(y - a64 @ b64) <= bound)
