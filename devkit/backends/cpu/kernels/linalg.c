@@ -682,7 +682,9 @@ static DK_Status matmul_float(const dks_kernel_args *k) {
   if (y->size == 0) return DK_OK;
   if (b->prepared_bytes) return matmul_prepared(k);
   linalg_real real = linalg_real_of(y);
-  mm_geometry g;
+  /* zeroed: its address goes to the pool, past which GCC cannot see that mm_setup sets what is
+   * read (-Wmaybe-uninitialized) */
+  mm_geometry g = {0};
   mm_setup(a, b, y, &g);
   if (g.k == 0) { /* empty sums; A and B are empty (NULL) */
     memset(y->data, 0, (size_t)(y->size * y->itemsize));
