@@ -434,10 +434,13 @@ def test_attention_narrow_dtypes_on_packed_products(dev, dtype):
 def test_attention_rows_of_nan_and_of_masked_keys(dev):
     # Float masks: row 0 masks every key (zeros), row 1 every key but one
     # negative NaN (it ranks below -inf as an ordered integer: NaN anyway),
-    # row 2 one NaN among finite biases, row 3 a +inf score (NaN).
+    # row 2 one NaN among finite biases, row 3 a +inf score (NaN), row 4 a
+    # negative NaN among finite biases (below the finite maximum: NaN).
     rng = np.random.default_rng(11)
-    q, k, v = (rng.standard_normal((1, 1, 4, 8)).astype(np.float32) for _ in range(3))
-    mask = np.zeros((4, 20), np.float32)
+    q = rng.standard_normal((1, 1, 5, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 4, 8)).astype(np.float32) for _ in range(2))
+    mask = np.zeros((5, 20), np.float32)
+    mask[4, 9] = np.copysign(np.nan, -1.0)
     mask[0] = -np.inf
     mask[1] = -np.inf
     mask[1, 7] = np.copysign(np.nan, -1.0)

@@ -215,14 +215,16 @@ DKS_VECTOR_CLONES static void attn_softmax_f32(float *s, int64_t rows, int64_t n
   }
   int64_t body = n - n % ATTN_SUM_LANES;
   for (int64_t i = 0; i < rows; i++) {
-    const float *r = s + i * n;
+    float *r = s + i * n;
     if (isnan(row_scratch[i])) continue;
     double lane[ATTN_SUM_LANES] = {0}, sum = 0.0;
     for (int64_t j = 0; j < body; j += ATTN_SUM_LANES)
       for (int l = 0; l < ATTN_SUM_LANES; l++) lane[l] += r[j + l];
     for (int64_t j = body; j < n; j++) sum += r[j];
     for (int l = 0; l < ATTN_SUM_LANES; l++) sum += lane[l];
-    row_scratch[i] = (float)(1.0 / sum);
+    if (isnan(sum)) /* a NaN that ranked below the maximum */
+      for (int64_t j = 0; j < n; j++) r[j] = NAN;
+    row_scratch[i] = isnan(sum) ? NAN : (float)(1.0 / sum); /* the sum is at least 1: the maximum's term */
   }
   for (int64_t i = 0; i < rows; i++) {
     float *r = s + i * n, inv = row_scratch[i];
