@@ -241,6 +241,25 @@ def test_softmax_special_values(dev):
     assert np.isnan(y[1:]).all() and np.isnan(log_y[1:]).all()
 
 
+# Softmax rows run up to 16 at a time, pass by pass: a block's rows keep
+# their own maxima and sums, a NaN or all -inf row among them is NaN alone,
+# and the last block may be short. 1 ulp against float64 elsewhere.
+@pytest.mark.parametrize("rows", [1, 16, 17, 37])
+def test_softmax_rows_in_blocks_keep_their_own_statistics(dev, rows):
+    x = (np.random.default_rng(rows).standard_normal((rows, 33)) * np.arange(1, rows + 1)[:, None]).astype(np.float32)
+    special = {rows // 2: np.nan, rows - 1: -np.inf} if rows > 1 else {}
+    for r, value in special.items():
+        x[r, 3 if np.isnan(value) else slice(None)] = value
+    with np.errstate(invalid="ignore"):  # the special rows' reference is NaN
+        soft, log_soft = _softmax64(x, -1)
+    for op, want in (("Softmax", soft), ("LogSoftmax", log_soft)):
+        (y,) = _run(dev, op, [x], {"axis": -1})
+        plain = [r for r in range(rows) if r not in special]
+        np.testing.assert_array_max_ulp(y[plain], want[plain].astype(np.float32), maxulp=1)
+        for r in special:
+            assert np.isnan(y[r]).all()
+
+
 # Gemm and MatMul with one row or one column run as a GEMV, split over
 # blocks of 64 outputs when the matrix is large: a classifier head (ResNet's
 # 1x512 by 1000x512^T), both transposes, short last blocks, a bias that
