@@ -552,6 +552,43 @@ def test_a_batched_matmul_on_a_prepared_weight(dtype):
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), **tolerance)
 
 
+def _gemm_model(m: int, k: int, n: int, bias: bool):
+    """Gemm (alpha 0.5, beta 2, C broadcast over rows when ``bias``) or MatMul of x (m, k) by a constant
+    (k, n)."""
+    rng = np.random.default_rng(m + k + n)
+    inits = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "c"))
+        node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], alpha=0.5, beta=2.0)
+    else:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "product", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), inits
+
+
+# Prepared products split over the pool by tiles of 8 rows x 32 columns:
+# llama_decoder's 64 x 128 x 344 (11 column blocks, an odd count), rows
+# that are not a multiple of 8 and columns not of 16 (tail tiles), one
+# column block split by rows, two row blocks by columns, and a product
+# below the split threshold. Reference: float64, a dot-product bound.
+@pytest.mark.parametrize("m,k,n", [(64, 128, 344), (203, 96, 17), (9, 300, 1000), (37, 50, 20)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepared_products_split_into_tiles_match_float64(m, k, n, bias):
+    model, inits = _gemm_model(m, k, n, bias)
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    prepared = donnx.prepare(model, fuse=False)
+    (got,) = prepared.run({"x": x})
+    assert [p.input for p in only_plan(prepared).prepared] == [1]
+    w = numpy_helper.to_array(inits[0]).astype(np.float64)
+    want, bound = x.astype(np.float64) @ w, 8 * k * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w))
+    if bias:
+        c = numpy_helper.to_array(inits[1]).astype(np.float64)
+        want, bound = 0.5 * want + 2.0 * c, 0.5 * bound + 8 * np.finfo(np.float32).eps * np.abs(c)
+    assert got.shape == (m, n)
+    assert np.all(np.abs(got - want) <= bound)
+
+
 @pytest.mark.parametrize(("channels", "size", "prepares"), [(64, 32, True), (16, 32, False)])
 def test_a_winograd_conv_prepares_its_filter_transforms(channels, size, prepares):
     """Where the cpu Conv goes by Winograd its W is prepared (the transforms made once, the same
