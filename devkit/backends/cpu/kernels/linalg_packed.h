@@ -39,4 +39,10 @@ bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n);
 void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const void *packed, bool accumulate, float *c, int64_t ldc);
 
+/* packed_gemm's product, split over the pool by tiles of rows and column
+ * blocks (packed_gemm splits by column blocks only, and runs serially where
+ * ceil(column blocks / threads) is more than half of them). */
+void packed_gemm_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const void *packed, bool accumulate, float *c, int64_t ldc);
+
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */
