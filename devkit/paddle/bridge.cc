@@ -7,11 +7,12 @@
 // The plugin is loaded in-process by the Python devkit (devkit.paddle._bridge),
 // so C plugins and Python (cffi) plugins are reached alike: the bridge takes
 // the table's address from Python once, then calls the table directly for
-// device, memory, copy, stream and event hooks. Allocations and kernels go
-// through Python (the GIL is taken with PyGILState_Ensure): allocations are
-// devkit Buffers, so kernels can view them as devkit Arrays and run run_op;
-// elementwise kernels call the plugin's kernel table directly where they can
-// (run_direct below).
+// device, memory, copy, stream and event hooks. Allocations go through Python
+// (the GIL is taken with PyGILState_Ensure): they are devkit Buffers, so
+// kernels that run_op serves can view them as devkit Arrays. Most kernels
+// build their DK_KernelCalls here and call the plugin's kernel table
+// directly ("direct calls" below); the others, and any case a direct path
+// does not cover, go through Python's run_op (devkit/paddle/ops.py).
 //
 // Pointers Paddle sees: on a device reporting DK_DEVICE_HOST_POINTER_HANDLES
 // an allocation's pointer is its handle (a host address); otherwise it is a
@@ -20,7 +21,7 @@
 // so every hook resolves a pointer to (handle, byte offset) through the
 // table of live allocations below.
 //
-// Execution is synchronous in this first slice: kernels and copies, the
+// Execution is synchronous: kernels and copies, the
 // async ones included, run on the device's default (NULL) stream, which
 // completes before returning. Streams and events are still the plugin's, so
 // Paddle's stream and event calls are forwarded and answer correctly.

@@ -5,7 +5,10 @@ signature order (bridge.cc's DEVKIT_KERNEL lines): inputs as devkit Arrays
 viewing Paddle's memory, attributes as Python values, outputs as Arrays that
 Paddle allocated (None where Paddle does not want that output). A kernel runs
 devkit ops with ``run_op`` (so decompositions and counted CPU fallback apply)
-and writes the results into the outputs. Float32 only, as registered.
+and writes the results into the outputs, in the dtypes bridge.cc registers.
+Most kernels run from bridge.cc on the plugin's kernel table instead (its
+direct calls); they come here when a case does not fit the direct path, and
+all of them do with DEVKIT_PADDLE_DIRECT=0.
 """
 
 from __future__ import annotations
