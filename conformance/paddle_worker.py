@@ -108,7 +108,7 @@ OP_CASES = {
                                   p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w, padding_idx=3)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "forward_ops", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "forward_ops", "batch_norm_running_statistics", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised", "label_error_is_raised")
 
 
@@ -148,6 +148,24 @@ def max_pool2d_mask(paddle, counts) -> str:
     np.testing.assert_array_equal(mask_dk, mask_cpu)
     assert dtype_dk == dtype_cpu, (dtype_dk, dtype_cpu)
     return f"{mask_dk.size} indices equal"
+
+
+def batch_norm_running_statistics(paddle, counts) -> str:
+    """BatchNorm2D's running mean and variance after two training steps, and its eval output with
+    them, as Paddle CPU's."""
+    x = _inputs(54, (4, 3, 5, 5))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        layer = paddle.nn.BatchNorm2D(3, momentum=0.8)
+        layer.train()
+        for scale in (1.0, 2.0):
+            layer(paddle.to_tensor(x * scale)).sum().backward()
+        layer.eval()
+        results.append([layer._mean.numpy(), layer._variance.numpy(), layer(paddle.to_tensor(x)).numpy()])
+    for label, got, expected in zip(("running mean", "running variance", "eval output"), results[1], results[0]):
+        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=label)
+    return "running statistics and eval output match"
 
 
 def dropout_training(paddle, counts) -> str:
