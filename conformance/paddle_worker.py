@@ -87,10 +87,29 @@ OP_CASES = {
                              lambda p, x: p.nn.functional.batch_norm(
                                  x, p.to_tensor(np.array([0.1, -0.2, 0.3], np.float32)),
                                  p.to_tensor(np.array([1.5, 0.5, 2.0], np.float32)), training=False)),
+    "max_pool2d": (("pool2d", "pool2d_grad"), _inputs(23, (2, 3, 8, 8)),
+                   lambda p, x: p.nn.functional.max_pool2d(x, 3, 2, padding=1)),
+    "max_pool2d_ceil": (("pool2d", "pool2d_grad"), _inputs(24, (1, 2, 7, 7)),
+                        lambda p, x: p.nn.functional.max_pool2d(x, 3, 2, ceil_mode=True)),
+    "avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(25, (2, 3, 8, 8)),
+                   lambda p, x: p.nn.functional.avg_pool2d(x, 3, 2, padding=1)),
+    "avg_pool2d_with_padding": (("pool2d", "pool2d_grad"), _inputs(26, (2, 3, 8, 8)),
+                                lambda p, x: p.nn.functional.avg_pool2d(x, 3, 2, padding=[1, 0], exclusive=False)),
+    "adaptive_avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(27, (2, 3, 8, 8)),
+                            lambda p, x: p.nn.functional.adaptive_avg_pool2d(x, 4)),
+    "global_avg_pool2d": (("pool2d", "pool2d_grad"), _inputs(28, (2, 3, 5, 5)),
+                          lambda p, x: p.nn.functional.adaptive_avg_pool2d(x, 1)),
+    "adaptive_max_pool2d": (("max_pool2d_with_index", "max_pool2d_with_index_grad"), _inputs(29, (2, 3, 8, 8)),
+                            lambda p, x: p.nn.functional.adaptive_max_pool2d(x, 2)),
+    "embedding": (("embedding", "embedding_grad"), _inputs(56, (6, 4)),
+                  lambda p, w: p.nn.functional.embedding(p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w)),
+    "embedding_padding_idx": (("embedding", "embedding_grad"), _inputs(57, (6, 4)),
+                              lambda p, w: p.nn.functional.embedding(
+                                  p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w, padding_idx=3)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "forward_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
-         "missing_kernel_is_named", "kernel_error_is_raised")
+         "forward_ops", "batch_norm_running_statistics", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "missing_kernel_is_named", "kernel_error_is_raised", "label_error_is_raised")
 
 
 def _run_op_case(paddle, place: str, fn, arrays):
@@ -114,6 +133,135 @@ def op_case(paddle, counts, name: str, kernels, arrays, fn) -> str:
     missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
     assert not missing, f"{name}: kernels {missing} did not run on the devkit device"
     return f"{len(expected)} arrays match"
+
+
+def max_pool2d_mask(paddle, counts) -> str:
+    """max_pool2d's mask (return_mask): each maximum's index within its plane, int32, as Paddle CPU's."""
+    x = _inputs(58, (2, 3, 7, 7))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        out, mask = paddle.nn.functional.max_pool2d(paddle.to_tensor(x), 3, 2, padding=1, return_mask=True)
+        results.append((out.numpy(), mask.numpy(), mask.dtype))
+    (out_cpu, mask_cpu, dtype_cpu), (out_dk, mask_dk, dtype_dk) = results
+    np.testing.assert_array_equal(out_dk, out_cpu)
+    np.testing.assert_array_equal(mask_dk, mask_cpu)
+    assert dtype_dk == dtype_cpu, (dtype_dk, dtype_cpu)
+    return f"{mask_dk.size} indices equal"
+
+
+def batch_norm_running_statistics(paddle, counts) -> str:
+    """BatchNorm2D's running mean and variance after two training steps, and its eval output with
+    them, as Paddle CPU's."""
+    x = _inputs(54, (4, 3, 5, 5))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        layer = paddle.nn.BatchNorm2D(3, momentum=0.8)
+        layer.train()
+        for scale in (1.0, 2.0):
+            layer(paddle.to_tensor(x * scale)).sum().backward()
+        layer.eval()
+        results.append([layer._mean.numpy(), layer._variance.numpy(), layer(paddle.to_tensor(x)).numpy()])
+    for label, got, expected in zip(("running mean", "running variance", "eval output"), results[1], results[0]):
+        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=label)
+    return "running statistics and eval output match"
+
+
+def dropout_training(paddle, counts) -> str:
+    """Training dropout: a random mask (so checked by its properties, not against Paddle CPU's draw):
+    each element is 0 or x / (1 - p), about p of them 0, and the grad is the mask's scaling of dout."""
+    p = 0.25
+    x = np.abs(_inputs(59, (64, 64))[0]) + 0.5  # no zeros of its own
+    paddle.set_device("devkit:0")
+    before = counts()
+    tensor = paddle.to_tensor(x, stop_gradient=False)
+    out = paddle.nn.functional.dropout(tensor, p, training=True)
+    out.sum().backward()
+    y, grad = out.numpy(), tensor.grad.numpy()
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - p), rtol=1e-6)
+    np.testing.assert_allclose(grad, kept / (1 - p), rtol=1e-6)
+    dropped = 1 - kept.mean()
+    assert abs(dropped - p) < 0.03, f"{dropped:.3f} of the elements dropped with p={p}"  # 4096 draws: sd 0.007
+    again = paddle.nn.functional.dropout(tensor, p, training=True).numpy() != 0
+    assert (again != kept).any(), "two draws gave the same mask"
+    downscaled = paddle.nn.functional.dropout(tensor, p, training=True, mode="downscale_in_infer").numpy()
+    np.testing.assert_array_equal(downscaled[downscaled != 0], x[downscaled != 0])  # kept as they are
+    after = counts()
+    missing = [k for k in ("dropout", "dropout_grad") if after.get(k, 0) <= before.get(k, 0)]
+    assert not missing, f"kernels {missing} did not run on the devkit device"
+    return f"{dropped:.3f} dropped with p={p}"
+
+
+def dropout_eval(paddle, counts) -> str:
+    x = _inputs(55, (4, 5))[0]
+    results = []
+    for place in ("cpu", "devkit:0"):
+        paddle.set_device(place)
+        tensor = paddle.to_tensor(x)
+        results.append([paddle.nn.functional.dropout(tensor, 0.3, training=False).numpy(),
+                        paddle.nn.functional.dropout(tensor, 0.3, training=False, mode="downscale_in_infer").numpy()])
+    for got, expected in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    return "upscale_in_train and downscale_in_infer match"
+
+
+# 16-bit floats: the ops Linear, Conv2D, LayerNorm, Softmax and ReLU networks need, forward and
+# backward in the dtype, against Paddle CPU in float32 on the same (rounded) inputs. Tolerances:
+# a few units of the dtype's rounding (float16 2^-11, bfloat16 2^-8) for the outputs and for
+# sums of up to 27 products, relative and scaled by the array's largest magnitude.
+HALF_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
+HALF_CASES = {
+    "relu": (("relu", "relu_grad"), _inputs(60, (4, 5)), lambda p, x: p.nn.functional.relu(x)),
+    "add_broadcast": (("add", "add_grad"), _inputs(61, (3, 4), (4,)), lambda p, x, y: x + y),
+    "subtract": (("subtract", "subtract_grad"), _inputs(62, (3, 4), (3, 1)), lambda p, x, y: x - y),
+    "multiply": (("multiply", "multiply_grad"), _inputs(63, (3, 4), (1, 4)), lambda p, x, y: x * y),
+    "linear": (("matmul", "matmul_grad", "add"), _inputs(64, (6, 4), (4, 3), (3,)),
+               lambda p, x, w, b: p.nn.functional.linear(x, w, b)),
+    "softmax": (("softmax", "softmax_grad"), _inputs(65, (3, 5)), lambda p, x: p.nn.functional.softmax(x)),
+    "conv2d": (("conv2d", "conv2d_grad"), _inputs(66, (2, 3, 6, 6), (4, 3, 3, 3)),
+               lambda p, x, w: p.nn.functional.conv2d(x, w, padding=1)),
+    "layer_norm": (("layer_norm", "layer_norm_grad"), _inputs(67, (4, 5), (5,), (5,)),
+                   lambda p, x, w, b: p.nn.functional.layer_norm(x, [5], w, b)),
+}
+
+
+def _half_ops(paddle, counts, dtype: str, flag: int) -> str:
+    from devkit.paddle import _bridge
+
+    if not _bridge.plugin().device(0).properties.flags & flag:
+        return f"the device does not store {dtype}: not registered for it"
+    tolerance = HALF_TOLERANCE[dtype]
+    for name, (kernels, arrays, fn) in HALF_CASES.items():
+        paddle.set_device("devkit:0")
+        rounded = [paddle.to_tensor(a).astype(dtype).astype("float32").numpy() for a in arrays]
+        expected = _run_op_case(paddle, "cpu", fn, rounded)
+        before = counts()
+        paddle.set_device("devkit:0")
+        tensors = [paddle.to_tensor(a).astype(dtype) for a in rounded]
+        for t in tensors:
+            t.stop_gradient = False
+        out = fn(paddle, *tensors)
+        assert out.dtype == tensors[0].dtype, f"{dtype} {name}: the output is {out.dtype}"
+        weights = paddle.to_tensor(np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape))
+        (out.astype("float32") * weights).sum().backward()
+        got = [out.astype("float32").numpy()] + [t.grad.astype("float32").numpy() for t in tensors]
+        after = counts()
+        for label, e, g in zip(["output"] + [f"grad of input {k}" for k in range(len(arrays))], expected, got):
+            np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * max(1.0, float(np.abs(e).max())),
+                                       err_msg=f"{dtype} {name}: {label}")
+        missing = [k for k in kernels if after.get(k, 0) <= before.get(k, 0)]
+        assert not missing, f"{dtype} {name}: kernels {missing} did not run on the devkit device"
+    return f"{len(HALF_CASES)} ops forward and backward within {tolerance}"
+
+
+def float16_ops(paddle, counts) -> str:
+    return _half_ops(paddle, counts, "float16", 1 << 1)  # DK_DEVICE_FP16
+
+
+def bfloat16_ops(paddle, counts) -> str:
+    return _half_ops(paddle, counts, "bfloat16", 1 << 2)  # DK_DEVICE_BF16
 
 
 def forward_ops(paddle, counts) -> str:
@@ -274,14 +422,12 @@ def compare_training(paddle, run) -> str:
 
 
 def cnn_training(paddle, counts) -> str:
-    """Conv2D-BatchNorm2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm with Adam."""
+    """Conv2D-BatchNorm2D-ReLU-Conv2D-ReLU-Flatten-Linear-LayerNorm (devkit.paddle.models.cnn) with Adam."""
+    from devkit.paddle import models
+
     def run(place):
         paddle.set_device(place)
-        net = paddle.nn.Sequential(
-            paddle.nn.Conv2D(2, 4, 3, padding=1), paddle.nn.BatchNorm2D(4), paddle.nn.ReLU(),
-            paddle.nn.Conv2D(4, 4, 3, stride=2),
-            paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(36, 5), paddle.nn.LayerNorm(5))
-        return train(paddle, net, paddle.optimizer.Adam, 0.05, (8, 2, 8, 8), 5)
+        return train(paddle, models.cnn(paddle), paddle.optimizer.Adam, 0.05, models.CNN_INPUT, models.CNN_CLASSES)
     return compare_training(paddle, run)
 
 
@@ -363,6 +509,22 @@ def kernel_error_is_raised(paddle, counts) -> str:
     assert "devkit kernel 'cross_entropy_with_softmax'" in message and "hard labels" in message, message
     np.testing.assert_allclose(paddle.nn.functional.relu(logits).numpy(), 0)  # the process goes on
     return message.splitlines()[0][:120]
+
+
+def label_error_is_raised(paddle, counts) -> str:
+    """A kernel the plugin runs that fails (a label past the classes) raises Paddle's OSError naming the
+    phi kernel and the plugin's message; the process goes on."""
+    paddle.set_device("devkit:0")
+    logits = paddle.to_tensor(np.zeros((2, 3), np.float32))
+    try:
+        paddle.nn.functional.cross_entropy(logits, paddle.to_tensor(np.array([[0], [7]], np.int64)))
+    except OSError as error:
+        message = str(error)
+    else:
+        raise AssertionError("label 7 of 3 classes ran")
+    assert "devkit kernel 'cross_entropy_with_softmax'" in message and "7" in message, message
+    np.testing.assert_allclose(paddle.nn.functional.relu(logits).numpy(), 0)
+    return message.splitlines()[0][:160]
 
 
 def main() -> int:

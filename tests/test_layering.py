@@ -190,6 +190,8 @@ _SUBCOMMAND = ("start-up: each devkit-bench subcommand's module is imported when
                "collectives ranks (one process per rank) import none of them, nor the ONNX side "
                "(devkit.onnx and onnx, about 0.1 s) that engine, ops, cuda and fusion import")
 _TORCH = "optional dependency: devkit.torch imports torch, imported once it is known to be installed"
+_PADDLE = ("optional dependency, and order: devkit.paddle builds the bridge and sets CUSTOM_DEVICE_ROOT, "
+           "imported once paddle is known to be installed and DEVKIT_PADDLE_PLUGIN is set, before paddle")
 
 # Every function-level devkit import, (importer, imported module) -> why it is deferred.
 DEFERRED = {
@@ -198,9 +200,11 @@ DEFERRED = {
     ("devkit.onnx", "devkit.onnx.backend"): "start-up: devkit.onnx.Backend imports onnx.backend, which is slow: "
                                             "on first use",
     **{("devkit.bench", f"devkit.bench.{command}"): _SUBCOMMAND
-       for command in ("fusion", "torch", "engine", "opencl", "cuda", "ops")},
+       for command in ("fusion", "torch", "paddle", "engine", "opencl", "cuda", "ops")},
     ("devkit.bench.torch", "devkit.torch"): _TORCH,
     ("devkit.bench.torch", "devkit.torch.models"): _TORCH,
+    ("devkit.bench.paddle", "devkit.paddle"): _PADDLE,
+    ("devkit.bench.paddle", "devkit.paddle.models"): _PADDLE,
 }
 
 

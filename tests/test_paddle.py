@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 
+import numpy as np
+
 import pytest
 
 from .conftest import run_python
@@ -91,6 +93,14 @@ def test_every_registered_kernel_has_a_lowering():
     assert missing == "[]" and int(count) >= 50, out
 
 
+def _both_paths(code: str) -> tuple[dict, dict]:
+    """What ``code`` prints (JSON, its last line) with direct calls on, then with DEVKIT_PADDLE_DIRECT=0."""
+    return tuple(json.loads(_run(code, **env).splitlines()[-1]) for env in ({}, {"DEVKIT_PADDLE_DIRECT": "0"}))
+
+
+# The kernels that ran, as the checks below print them.
+COUNTS = "'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)"
+
 DIRECT_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
                 "from devkit.paddle import _bridge\n"
                 "paddle.set_device('devkit:0')\n"
@@ -99,16 +109,75 @@ DIRECT_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
                 "n = paddle.to_tensor(np.array([3, -2], np.int64))\n"
                 "values = [paddle.nn.functional.relu(x), paddle.exp(x), x + y, x * y, x / y, x - y, n * n,\n"
                 "          paddle.transpose(x, [1, 0]) + 1.0]\n"
-                "print(json.dumps({'values': [v.numpy().tolist() for v in values],\n"
-                "                  'direct': _bridge.direct_calls(), 'python': dict(_bridge.kernel_counts)}))\n")
+                f"print(json.dumps({{'values': [v.numpy().tolist() for v in values], {COUNTS}}}))\n")
 
 
 def test_elementwise_kernels_call_the_plugin_directly_and_match_the_python_path():
     # relu, exp, + - * / on compact float32 and int64 tensors: bridge.cc calls the cpu plugin's
     # kernel table itself; with DEVKIT_PADDLE_DIRECT=0 the same ops go through run_op.
-    direct = json.loads(_run(DIRECT_CHECK).splitlines()[-1])
-    python = json.loads(_run(DIRECT_CHECK, DEVKIT_PADDLE_DIRECT="0").splitlines()[-1])
+    direct, python = _both_paths(DIRECT_CHECK)
     assert direct["values"] == python["values"]
     elementwise = {"relu", "exp", "add", "multiply", "divide", "subtract"}
     assert elementwise <= set(direct["direct"]) and not elementwise & set(direct["python"])
     assert python["direct"] == {} and elementwise <= set(python["python"])
+
+
+TRAINING_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
+                  "from devkit.paddle import _bridge, models\n"
+                  "paddle.set_device('devkit:0')\n"
+                  "paddle.seed(0)\n"
+                  "net = models.cnn(paddle)\n"
+                  "optimizer = paddle.optimizer.Adam(learning_rate=0.05, parameters=net.parameters())\n"
+                  "step = models.training_step(paddle, net, optimizer, models.CNN_INPUT, models.CNN_CLASSES)\n"
+                  "losses = [float(step()) for _ in range(3)]\n"
+                  "trained = [p for p in net.parameters() if not p.stop_gradient]\n"
+                  "params = [p.numpy().ravel().tolist() for p in trained]\n"
+                  f"print(json.dumps({{'losses': losses, 'params': params, {COUNTS}}}))\n")
+
+
+def test_training_kernels_call_the_plugin_directly_and_match_the_python_path():
+    # The CNN's kernels with attributes (conv2d, batch_norm, layer_norm, matmul, cross entropy, Adam as one
+    # devkit Adam call...) run from bridge.cc on the cpu plugin's kernel table; with DEVKIT_PADDLE_DIRECT=0
+    # every one goes through run_op. Both train alike: devkit's Adam computes in float64, the Python
+    # path's chain of ops in float32, hence rtol 1e-5 on the losses. (Not on every parameter: the first
+    # conv's bias feeds BatchNorm, so its gradient is rounding noise that Adam scales to full steps.)
+    direct, python = _both_paths(TRAINING_CHECK)
+    np.testing.assert_allclose(direct["losses"], python["losses"], rtol=1e-5)
+    np.testing.assert_allclose(direct["params"][-1], python["params"][-1], rtol=1e-5, atol=1e-6)  # LayerNorm's bias
+    kernels = {"conv2d", "conv2d_grad", "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad", "matmul",
+               "matmul_grad", "cross_entropy_with_softmax", "cross_entropy_with_softmax_grad", "mean_all",
+               "mean_all_grad", "add_grad", "relu_grad", "adam", "full", "cast"}
+    assert kernels <= set(direct["direct"]) and not kernels & set(direct["python"]), direct
+    assert python["direct"] == {} and kernels - {"full"} <= set(python["python"])
+    assert direct["direct"]["adam"] == 3 * len(direct["params"])  # one call per parameter and step
+
+
+VIEW_CHECK = ("import json, numpy as np, devkit.paddle, paddle\n"
+              "from devkit.paddle import _bridge\n"
+              "F = paddle.nn.functional\n"
+              "paddle.set_device('devkit:0')\n"
+              "rng = np.random.default_rng(3)\n"
+              "q, k, x, w = (paddle.to_tensor(rng.standard_normal(s).astype(np.float32), stop_gradient=False)\n"
+              "              for s in ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 8, 8), (6, 4)))\n"
+              "ids = paddle.to_tensor(np.array([[0, 5, 2], [2, 2, 1]], np.int64))\n"
+              "scores = F.softmax(paddle.matmul(q, k, transpose_y=True) * 0.5)\n"
+              "mixed = paddle.matmul(scores, k).transpose([0, 2, 1, 3]).reshape([2, 5, 12])\n"
+              "a, b, c = paddle.split(F.gelu(mixed), 3, axis=-1)\n"
+              "joined = paddle.concat([c, a], axis=-1)\n"
+              "pooled = F.max_pool2d(x, 2, 2) + F.avg_pool2d(x, 2, 2)\n"
+              "rows = F.embedding(ids, w)\n"
+              "(joined.sum() + pooled.sum() * 0.5 + (rows * rows).sum()).backward()\n"
+              "values = [t.numpy().ravel().tolist() for t in (joined, pooled, rows, q.grad, k.grad, x.grad, w.grad)]\n"
+              f"print(json.dumps({{'values': values, {COUNTS}}}))\n")
+
+
+def test_attention_pooling_and_embedding_kernels_call_the_plugin_directly_and_match_the_python_path():
+    # Batched matmul with a transposed operand (a strided view into MatMul), transpose's contiguous (a
+    # strided Identity), scale, gelu, split, concat, pooling and embedding, forward and backward.
+    direct, python = _both_paths(VIEW_CHECK)
+    for got, expected in zip(direct["values"], python["values"]):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    kernels = {"matmul", "matmul_grad", "contiguous", "scale", "gelu", "gelu_grad", "split_with_num", "concat",
+               "pool2d", "pool2d_grad", "embedding", "embedding_grad"}
+    assert kernels <= set(direct["direct"]) and not kernels & set(direct["python"]), direct
+    assert python["direct"] == {} and kernels <= set(python["python"])

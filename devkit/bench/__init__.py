@@ -4,6 +4,8 @@
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
     devkit-bench cuda [--repeat 10] [--json PATH]                        (devkit.bench.cuda)
     devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
+    devkit-bench paddle [--plugin cpu] [--repeat 15] [--calls 200]       (devkit.bench.paddle)
+                        [--steps 5] [--json PATH]
     devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models,host] (devkit.bench.engine)
                         [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
     devkit-bench fusion [--plugins cpu,opencl] [--rows 256] [--width 2048]  (devkit.bench.fusion)
@@ -65,6 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     torch_bench.add_argument("--plugin", default="cpu")
     torch_bench.add_argument("--repeat", type=int, default=7)
     torch_bench.add_argument("--json", type=Path, help="also write the results to this file")
+    paddle_bench = commands.add_parser("paddle", help="devkit.paddle per-op overhead on small tensors and a CNN "
+                                                      "training step vs Paddle's CPU place")
+    paddle_bench.add_argument("--plugin", default="cpu")
+    paddle_bench.add_argument("--repeat", type=int, default=15)
+    paddle_bench.add_argument("--calls", type=int, default=200, help="op calls per timed round")
+    paddle_bench.add_argument("--steps", type=int, default=5, help="training steps per timed round")
+    paddle_bench.add_argument("--json", type=Path, help="also write the results to this file")
     engine_bench = commands.add_parser("engine", help="eager ops, plans and the interpreter vs torch, NumPy "
                                                       "and onnxruntime: host cost per op and per model")
     engine_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
@@ -95,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         from .torch import torch_main
 
         sys.exit(torch_main(args))
+    if args.command == "paddle":
+        from .paddle import paddle_main
+
+        sys.exit(paddle_main(args))
     if args.command == "engine":
         from .engine import engine_main
 

@@ -30,7 +30,6 @@ from ..runtime import Array, Buffer, _contiguous_strides, empty
 from . import ops
 
 PLUGIN_ENV = "DEVKIT_PADDLE_PLUGIN"
-DIRECT_ENV = "DEVKIT_PADDLE_DIRECT"
 DEFAULT_PLUGIN = "cpu"
 
 # Tokens start past any heap or mmap address Linux gives a process's data (2**44).
@@ -42,6 +41,9 @@ PD_DTYPES = {code: dtype for code, dtype in (
     (1, np.dtype("bool")), (2, np.dtype("uint8")), (6, np.dtype("int8")), (7, np.dtype("int16")),
     (8, np.dtype("int32")), (9, np.dtype("int64")), (10, np.dtype("float16")), (11, np.dtype("float32")),
     (12, np.dtype("float64")), (13, dtypes.bfloat16)) if dtype is not None}
+
+# DK_DTypeKey -> NumPy dtype, for the dtypes Paddle's tensors have.
+_KEY_DTYPES = {dtypes.dtype_key(dtype): dtype for dtype in PD_DTYPES.values()}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -71,13 +73,12 @@ def attach(library: str) -> tuple[int, list[tuple[int, int, int, int]]]:
     return int(ffi.cast("uintptr_t", loaded.api)), devices
 
 
-def direct_entry(op: str, pd_dtype: int) -> int:
-    """The address of the plugin's DK_KernelEntry that bridge.cc may call for phi kernel ``op``
-    straight (ops.DIRECT), or 0: the op then runs through ``run``."""
-    dtype = PD_DTYPES.get(pd_dtype)
-    if os.environ.get(DIRECT_ENV, "1") == "0" or op not in ops.DIRECT or dtype is None:
-        return 0
-    entry = plugin().kernel_entry(ops.DIRECT[op], dtype)
+def kernel_entry(op: str, dtype_key: int) -> int:
+    """The address of the plugin's DK_KernelEntry for devkit ``op`` keyed by the dtype
+    ``dtype_key`` (a DK_DTypeKey), which bridge.cc calls straight; 0 where the plugin
+    lacks it: the phi kernel then runs through ``run``."""
+    dtype = _KEY_DTYPES.get(dtype_key)
+    entry = None if dtype is None else plugin().kernel_entry(op, dtype)
     return 0 if entry is None else int(ffi.cast("uintptr_t", entry))
 
 

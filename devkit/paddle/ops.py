@@ -5,7 +5,10 @@ signature order (bridge.cc's DEVKIT_KERNEL lines): inputs as devkit Arrays
 viewing Paddle's memory, attributes as Python values, outputs as Arrays that
 Paddle allocated (None where Paddle does not want that output). A kernel runs
 devkit ops with ``run_op`` (so decompositions and counted CPU fallback apply)
-and writes the results into the outputs. Float32 only, as registered.
+and writes the results into the outputs, in the dtypes bridge.cc registers.
+Most kernels run from bridge.cc on the plugin's kernel table instead (its
+direct calls); they come here when a case does not fit the direct path, and
+all of them do with DEVKIT_PADDLE_DIRECT=0.
 """
 
 from __future__ import annotations
@@ -77,11 +80,6 @@ UNARY_GRADS = {
 BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "equal": "Equal",
           "less_than": "Less", "less_equal": "LessOrEqual", "greater_than": "Greater",
           "greater_equal": "GreaterOrEqual"}
-
-
-# Kernels bridge.cc calls on the plugin's kernel table directly when the plugin has the
-# devkit op for the dtype and the tensors are compact (no attributes, one output).
-DIRECT = {**UNARY, **{name: BINARY[name] for name in ("add", "subtract", "multiply", "divide")}}
 
 
 def _unary(op: str):
@@ -416,6 +414,137 @@ def conv2d_grad(dev, x, filter_, out_grad, strides, paddings, padding_algorithm,
     _write(filter_grad, dw)
 
 
+def _pool_attrs(x, kernel_size, strides, paddings, ceil_mode, data_format, global_pooling, adaptive,
+                padding_algorithm) -> dict | None:
+    """pool2d's window as MaxPool's / AveragePool's attributes; None for a pooling over all of each plane."""
+    _channels_first(data_format, "pool2d")
+    height, width = x.shape[2:]
+    kernel = [int(k) for k in kernel_size]
+    if global_pooling or (adaptive and kernel == [1, 1]):
+        return None
+    if adaptive:  # kernel_size is the output's size: windows of equal extent where it divides the input
+        if height % kernel[0] or width % kernel[1]:
+            raise NotImplementedError(f"pool2d: adaptive output {kernel} does not divide the input {[height, width]}")
+        window = [height // kernel[0], width // kernel[1]]
+        return {"kernel_shape": window, "strides": window, "pads": [0, 0, 0, 0], "dilations": [1, 1], "ceil_mode": 0}
+    attrs = _conv_attrs(x, strides, paddings, padding_algorithm, [1, 1], 1, "NCHW")
+    return {"kernel_shape": kernel, "strides": attrs["strides"], "pads": attrs["pads"], "dilations": [1, 1],
+            "ceil_mode": int(ceil_mode)}
+
+
+def _pool_type(pooling_type: str) -> str:
+    if pooling_type not in ("max", "avg"):
+        raise NotImplementedError(f"pool2d: pooling_type {pooling_type!r} (max or avg)")
+    return pooling_type
+
+
+def pool2d(dev, x, kernel_size, strides, paddings, ceil_mode, exclusive, data_format, pooling_type, global_pooling,
+           adaptive, padding_algorithm, out):
+    attrs = _pool_attrs(x, kernel_size, strides, paddings, ceil_mode, data_format, global_pooling, adaptive,
+                        padding_algorithm)
+    if _pool_type(pooling_type) == "max":
+        result = _op("GlobalMaxPool", [x]) if attrs is None else _op("MaxPool", [x], attrs)
+    else:
+        result = _op("GlobalAveragePool", [x]) if attrs is None else \
+            _op("AveragePool", [x], {**attrs, "count_include_pad": int(not exclusive)})
+    _write(out, result)
+
+
+def pool2d_grad(dev, x, out, dout, kernel_size, strides, paddings, ceil_mode, exclusive, data_format, pooling_type,
+                global_pooling, adaptive, padding_algorithm, dx):
+    attrs = _pool_attrs(x, kernel_size, strides, paddings, ceil_mode, data_format, global_pooling, adaptive,
+                        padding_algorithm)
+    if attrs is None:  # the whole plane is one window
+        attrs = {"kernel_shape": list(x.shape[2:]), "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+                 "ceil_mode": 0}
+    if _pool_type(pooling_type) == "max":  # the maxima's places, found again
+        _, indices = run_op("MaxPool", [x], attrs, outputs=2)
+        grad = _op("MaxPoolGrad", [dout, indices, list(x.shape)])
+    else:
+        grad = _op("AveragePoolGrad", [dout, list(x.shape)], {**attrs, "count_include_pad": int(not exclusive)})
+    _write(dx, grad)
+
+
+def _plane_starts(x) -> np.ndarray:
+    """The flat index of each (N, C) plane's first element, shaped to broadcast over MaxPool's output."""
+    batch, channels, height, width = x.shape
+    return (np.arange(batch * channels, dtype=np.int64) * (height * width)).reshape(batch, channels, 1, 1)
+
+
+def max_pool2d_with_index(dev, x, kernel_size, strides, paddings, global_pooling, adaptive, ceil_mode, out, mask):
+    """Max pooling and, per output element, the maximum's index within its plane (Paddle's mask, int32)."""
+    attrs = _pool_attrs(x, kernel_size, strides, paddings, ceil_mode, "NCHW", global_pooling, adaptive, "EXPLICIT")
+    if attrs is None:
+        attrs = {"kernel_shape": list(x.shape[2:]), "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1],
+                 "ceil_mode": 0}
+    result, indices = run_op("MaxPool", [x], attrs, outputs=2)  # devkit's indices are flat over all of x
+    _write(out, result)
+    if mask is not None:
+        _write(mask, _op("Cast", [_op("Sub", [indices, _plane_starts(x)])], {"to": mask.dtype}))
+
+
+def max_pool2d_with_index_grad(dev, x, mask, dout, kernel_size, strides, paddings, global_pooling, adaptive,
+                               ceil_mode, dx):
+    indices = _op("Add", [_op("Cast", [mask], {"to": np.dtype(np.int64)}), _plane_starts(x)])
+    _write(dx, _op("MaxPoolGrad", [dout, indices, list(x.shape)]))
+
+
+def embedding(dev, ids, weight, padding_idx, out):
+    """Rows of weight at ids; the rows of ids equal to padding_idx (-1: none) are zeros, as Paddle's."""
+    rows = _op("Gather", [weight, ids], {"axis": 0})
+    if padding_idx >= 0:
+        padding = _op("Equal", [ids, np.array(padding_idx, ids.dtype)]).reshape(*ids.shape, 1)
+        rows = _op("Where", [padding, np.zeros((), weight.dtype), rows])
+    _write(out, rows)
+
+
+def embedding_grad(dev, ids, weight, out_grad, padding_idx, weight_grad):
+    """out_grad's rows summed into the rows of weight that ids picked; padding_idx's row stays zero."""
+    vocabulary, width = weight.shape
+    indices = ids.reshape(*ids.shape, 1)
+    grad = _op("ScatterND", [_fill_like(dev, (vocabulary, width), 0.0, weight.dtype), indices,
+                             out_grad.reshape(*ids.shape, width)], {"reduction": "add"})
+    if padding_idx >= 0:
+        keep = np.ones((vocabulary, 1), weight.dtype)
+        keep[padding_idx] = 0
+        grad = _op("Mul", [grad, keep])
+    _write(weight_grad, grad)
+
+
+# Dropout masks are drawn on the host (devkit has no random op) and copied in; with fix_seed,
+# from Paddle's seed attribute (or seed_tensor), as Paddle draws its own.
+_dropout_rng = np.random.default_rng()
+
+
+def dropout(dev, x, seed_tensor, p, is_test, mode, seed, fix_seed, out, mask):
+    p = float(p)
+    if mode not in ("upscale_in_train", "downgrade_in_infer"):  # the kernel's names of the API's modes
+        raise ValueError(f"dropout: mode {mode!r} (upscale_in_train or downgrade_in_infer)")
+    if is_test:  # no mask: the identity, or the expectation's scaling
+        _write(out, x if mode == "upscale_in_train" else _op("Mul", [x, np.array(1.0 - p, x.dtype)]))
+        return
+    if seed_tensor is not None:
+        rng = np.random.default_rng(int(seed_tensor.numpy().reshape(-1)[0]))
+    else:
+        rng = np.random.default_rng(seed) if fix_seed else _dropout_rng
+    kept = rng.random(x.shape) >= p
+    scale = 0.0 if p >= 1.0 else (1.0 / (1.0 - p) if mode == "upscale_in_train" else 1.0)
+    _write(out, _op("Mul", [x, (kept * scale).astype(x.dtype)]))
+    if mask is not None:
+        mask.buffer.copy_from_host(np.ascontiguousarray(kept, np.uint8), offset=mask.offset)
+
+
+def dropout_grad(dev, mask, out_grad, p, is_test, mode, x_grad):
+    p = float(p)
+    if is_test:
+        _write(x_grad, out_grad if mode == "upscale_in_train" else _op("Mul", [out_grad, np.array(1.0 - p,
+                                                                                                  out_grad.dtype)]))
+        return
+    scale = 0.0 if p >= 1.0 else (1.0 / (1.0 - p) if mode == "upscale_in_train" else 1.0)
+    kept = _op("Cast", [mask], {"to": out_grad.dtype})
+    _write(x_grad, _op("Mul", [_op("Mul", [out_grad, kept]), np.array(scale, out_grad.dtype)]))
+
+
 def adam(dev, param, grad, learning_rate, moment1, moment2, moment2_max, beta1_pow, beta2_pow, master_param,
          skip_update, beta1, beta2, epsilon, lazy_mode, min_row_size_to_use_multithread, multi_precision,
          use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
@@ -445,8 +574,8 @@ def _scalar(value) -> np.ndarray:
     return np.array(value, np.float32)
 
 
-def _fill_like(dev, shape, value) -> Array:
-    return asarray(np.full(shape, value, np.float32), dev)
+def _fill_like(dev, shape, value, dtype=np.float32) -> Array:
+    return asarray(np.full(shape, value, dtype), dev)
 
 
 def contiguous(dev, x, out):
@@ -476,5 +605,6 @@ KERNELS = {
         square, not_equal, cast, concat, split_with_num, add_grad, subtract_grad, multiply_grad, divide_grad, gelu, gelu_grad, scale, sum_grad,
         transpose, transpose_grad, matmul, matmul_grad, softmax, softmax_grad, cross_entropy_with_softmax,
         cross_entropy_with_softmax_grad, mean_all, mean_all_grad, mean, mean_grad, sgd, contiguous, full, full_like, layer_norm,
-        layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad)},
+        layer_norm_grad, conv2d, conv2d_grad, adam, batch_norm, batch_norm_grad, pool2d, pool2d_grad, embedding,
+        embedding_grad, dropout, dropout_grad, max_pool2d_with_index, max_pool2d_with_index_grad)},
 }
