@@ -7,6 +7,7 @@
  */
 #include "linalg_conv_epilogue.h"
 #include "linalg_conv_pointwise.h"
+#include "linalg_packed.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -261,8 +262,14 @@ typedef struct conv_split {
   atomic_bool failed;
 } conv_split;
 
+/* Scratch starts on a cache line: the AVX-512 products read panels with
+ * aligned loads. */
+static void *aligned_scratch(int64_t bytes) {
+  return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+}
+
 static void *chunk_scratch(conv_split *s, int64_t elements) {
-  void *p = elements ? malloc((size_t)(elements * s->es)) : NULL;
+  void *p = elements ? aligned_scratch(elements * s->es) : NULL;
   if (elements && !p) atomic_store(&s->failed, true);
   return p;
 }
@@ -270,7 +277,7 @@ static void *chunk_scratch(conv_split *s, int64_t elements) {
 /* Scratch the kernel writes in full before reading: no clearing (calloc
  * clears megabytes for nothing); NULL after reporting failure. */
 static void *uncleared_scratch(const dks_kernel_args *k, int64_t elements, int64_t es) {
-  void *p = malloc((size_t)(elements ? elements * es : 1));
+  void *p = aligned_scratch(elements ? elements * es : 1);
   if (!p)
     dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
                     (long long)elements, (long long)es);
@@ -405,26 +412,54 @@ typedef struct wino_job {
   conv_split s;
   int64_t batch, cg, mg, x_channels, y_channels;
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
+  int64_t vstep, mstep; /* floats from one xi's transforms (or sums) to the next's: see WINO_SKEW */
+  bool panels; /* the transforms lie in PACKED_PANEL-tile panels, multiplied by packed_gemm_panels */
   const float *x, *b;
   conv_epilogue rest; /* Z and the activation (b is added in the output transform) */
   const float *u; /* [group][16][mg][cg] */
-  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
+  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]
+             * (with panels: [images][tblocks][16][tblock / PACKED_PANEL][cg][PACKED_PANEL]), each
+             * xi vstep floats on from the one before; else NULL */
   const float *wt;
   float *y;
   atomic_bool non_finite;
 } wino_job;
 
-bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+/* With the filters' transforms prepared and the AVX-512 panel products,
+ * planes down to this many tiles: ResNet's 14x14 (49 tiles) and 7x7 (16)
+ * 3x3 layers. */
+#define WINO_PREPARED_FIT_TILES 16
+
+static bool wino_geometry_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, int64_t tiles) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
-  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_FIT_TILES;
+  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= tiles;
+}
+
+bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  return wino_geometry_fits(w, dtype, cg, mg, WINO_FIT_TILES);
+}
+
+/* Whether the 16 products go by packed_gemm_panels (its AVX-512 block)
+ * rather than the BLAS. */
+static bool wino_panels_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
 }
 
 /* The transforms run across WINO_LANES kernels or tiles at a time, staged
  * in small arrays with unit strides: the compiler turns those loops into
  * vector code, which the kernels' stride-9 and stride-2 layouts defeat. */
 #define WINO_LANES 8
+/* The 16 transforms of a tile lie a power-of-two multiple of 4 KiB apart
+ * without this many floats (a cache line) between one xi's and the next's:
+ * the transforms' 16 streams then fall into one L1 set and evict each
+ * other. */
+#define WINO_SKEW 16
 #define WINO_RUN 64
 
 /* U = G g G^T: u[xi * step + i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
@@ -508,6 +543,56 @@ DKS_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+static __mmask16 lanes_below(int64_t n) {
+  return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* wino_input_run for a run of count <= PACKED_PANEL tiles into one panel
+ * (v: the first tile's lane), with AVX-512: each patch row's even and odd
+ * columns (and those two further on) gathered across the 16 tiles by two
+ * permutes, then the same additions in the same order (the same values,
+ * bit for bit) on whole vectors, stored straight into the panel. Reads only
+ * the run's 2 * count + 2 columns of each row (masked loads). */
+__attribute__((target("avx512f"))) static void wino_input_panel(const float *p, int64_t ld, int64_t count,
+                                                                 float *v, int64_t step) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  int64_t width = 2 * count + 2;
+  __mmask16 m0 = lanes_below(width), m16 = lanes_below(width - 16), m2 = lanes_below(width - 2),
+            m18 = lanes_below(width - 18), store = lanes_below(count);
+  /* col[r][q]: row r's column 2i + q of tile i, q in 0..3 */
+  __m512 col[4][4];
+  for (int r = 0; r < 4; r++) {
+    const float *a = p + r * ld;
+    __m512 lo = _mm512_maskz_loadu_ps(m0, a), hi = _mm512_maskz_loadu_ps(m16, a + 16);
+    __m512 lo2 = _mm512_maskz_loadu_ps(m2, a + 2), hi2 = _mm512_maskz_loadu_ps(m18, a + 18);
+    col[r][0] = _mm512_permutex2var_ps(lo, even, hi);
+    col[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
+    col[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
+    col[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
+  }
+  for (int r = 0; r < 4; r++) {
+    __m512 t[4]; /* (B^T d)[r] per column */
+    for (int q = 0; q < 4; q++)
+      t[q] = r == 0   ? _mm512_sub_ps(col[0][q], col[2][q])
+             : r == 1 ? _mm512_add_ps(col[1][q], col[2][q])
+             : r == 2 ? _mm512_sub_ps(col[2][q], col[1][q])
+                      : _mm512_sub_ps(col[1][q], col[3][q]);
+    float *o = v + 4 * r * step;
+    _mm512_mask_storeu_ps(o, store, _mm512_sub_ps(t[0], t[2]));
+    _mm512_mask_storeu_ps(o + step, store, _mm512_add_ps(t[1], t[2]));
+    _mm512_mask_storeu_ps(o + 2 * step, store, _mm512_sub_ps(t[2], t[1]));
+    _mm512_mask_storeu_ps(o + 3 * step, store, _mm512_sub_ps(t[1], t[3]));
+  }
+}
+#else
+/* Never reached (wino_panels_supported() is false): the portable run. */
+#define wino_input_panel wino_input_run
+#endif
+
 /* The transforms of a run of tiles whose patches start at row y0, column
  * x0 of `plane`: read in place when inside it, else from a zero-padded copy
  * of the run's 4 rows. */
@@ -515,8 +600,10 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
                                float *out, int64_t step) {
   float stage[4 * (2 * WINO_RUN + 2)];
   int64_t width = 2 * run + 2;
+  void (*transform)(const float *, int64_t, int64_t, float *, int64_t) =
+      j->panels ? wino_input_panel : wino_input_run;
   if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
-    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    transform(plane + y0 * j->wd + x0, j->wd, run, out, step);
     return;
   }
   int64_t lo, hi;
@@ -532,20 +619,28 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
     memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
     memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
   }
-  wino_input_run(stage, width, run, out, step);
+  transform(stage, width, run, out, step);
+}
+
+/* Where tile t (of the block) of channel c lies in one xi's transforms. */
+static int64_t wino_v_index(const wino_job *j, int64_t c, int64_t t) {
+  if (!j->panels) return c * j->tblock + t;
+  return (t / PACKED_PANEL * j->cg + c) * PACKED_PANEL + t % PACKED_PANEL;
 }
 
 /* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count) of
- * `channels` planes from xg (v's rows for them: cg * tblock floats apart per
- * xi), in runs along tile rows: the tiles inside the image, and those at its
- * edges (through a zero-padded copy), in up to WINO_RUN at a time. */
-static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, int64_t t0, int64_t count,
-                        float *v) {
-  int64_t step = j->cg * j->tblock;
+ * channels [c0, c0 + channels) of the group at xg (v: the block's
+ * transforms, vstep floats per xi), in runs along tile rows: the
+ * tiles inside the image, and those at its edges (through a zero-padded
+ * copy), in up to WINO_RUN at a time (with panels, not across one's edge).
+ * A last panel's lanes past `count` are zeroed: the product reads them. */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t channels, int64_t t0,
+                        int64_t count, float *v) {
+  int64_t step = j->vstep;
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
-  for (int64_t c = 0; c < channels; c++) {
+  for (int64_t c = c0; c < c0 + channels; c++) {
     const float *plane = xg + c * j->h * j->wd;
     for (int64_t t = 0; t < count;) {
       int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
@@ -556,9 +651,14 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, in
         run = inner_hi - tx;
       }
       if (run > WINO_RUN) run = WINO_RUN;
-      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step);
+      if (j->panels && run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
+      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + wino_v_index(j, c, t), step);
       t += run;
     }
+    if (j->panels && count % PACKED_PANEL)
+      for (int xi = 0; xi < 16; xi++)
+        memset(v + xi * step + wino_v_index(j, c, count), 0,
+               (size_t)(PACKED_PANEL - count % PACKED_PANEL) * sizeof(float));
   }
 }
 
@@ -594,12 +694,12 @@ DKS_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int6
 }
 
 /* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
- * not finite. mx is [16][mb][tblock]; tiles cut by the plane's last row or
+ * not finite. mx is [16][mb][tblock], mstep floats per xi; tiles cut by the plane's last row or
  * column go through a 2x2 buffer. */
 static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t t0, int64_t count,
                          const float *bias, float *yg) {
   bool finite = true;
-  int64_t step = mb * j->tblock, whole_w = j->ow / 2;
+  int64_t step = j->mstep, whole_w = j->ow / 2;
   for (int64_t m = 0; m < mb; m++) {
     float add = bias ? bias[m] : 0.0f, *plane = yg + m * j->oh * j->ow;
     for (int64_t t = 0; t < count;) {
@@ -637,16 +737,16 @@ static void wino_shared_inputs(void *arg, int64_t begin, int64_t end) {
   while (begin < end) {
     int64_t b = begin / j->cg, c0 = begin % j->cg, channels = wino_count(j->cg, c0, end - begin);
     int64_t ng = b / j->tblocks, n = ng / j->s.group, g = ng % j->s.group, t0 = b % j->tblocks * j->tblock;
-    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg + c0) * j->h * j->wd, channels, t0,
-                wino_count(j->tiles, t0, j->tblock), j->v + (b * 16 * j->cg + c0) * j->tblock);
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, c0, channels, t0,
+                wino_count(j->tiles, t0, j->tblock), j->v + b * 16 * j->vstep);
     begin += channels;
   }
 }
 
 static void wino_part(void *arg, int64_t begin, int64_t end) {
   wino_job *j = arg;
-  int64_t patches = j->v ? 0 : 16 * j->tblock * j->cg;
-  float *own = chunk_scratch(&j->s, patches + 16 * j->tblock * j->mblock);
+  int64_t patches = j->v ? 0 : 16 * j->vstep;
+  float *own = chunk_scratch(&j->s, patches + 16 * j->mstep);
   if (!own) return;
   float *mx = own + patches;
   for (int64_t i = begin; i < end; i++) {
@@ -656,12 +756,17 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     int64_t m0 = mi * j->mblock, mb = wino_count(j->mg, m0, j->mblock);
     float *v = own;
     if (j->v)
-      v = j->v + b * 16 * j->cg * j->tblock;
+      v = j->v + b * 16 * j->vstep;
     else
-      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, j->cg, t0, count, v);
-    for (int xi = 0; xi < 16; xi++)
-      linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
-                  j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
+      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, 0, j->cg, t0, count, v);
+    for (int xi = 0; xi < 16; xi++) {
+      const float *u = j->u + ((g * 16 + xi) * j->mg + m0) * j->cg;
+      if (j->panels)
+        packed_gemm_panels(mb, count, j->cg, u, j->cg, v + xi * j->vstep, mx + xi * j->mstep, j->tblock);
+      else
+        linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, u, j->cg, v + xi * j->vstep, j->tblock, 0.0,
+                    mx + xi * j->mstep, j->tblock);
+    }
     float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->oh * j->ow;
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
@@ -717,9 +822,13 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
     }
   }
   j.tblock = ceil_div(j.tiles, j.tblocks);
+  j.panels = wino_panels_supported();
+  if (j.panels) j.tblock = ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
   j.mblocks = ceil_div(j.mg, j.mblock);
+  j.vstep = j.cg * j.tblock + WINO_SKEW;
+  j.mstep = j.mblock * j.tblock + WINO_SKEW;
   float *own_u = u ? NULL : uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
   if (!u && !own_u) return DK_RESOURCE_EXHAUSTED;
   if (own_u) linalg_winograd_filters(j.wt, group, j.mg, j.cg, own_u);
@@ -727,7 +836,7 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
   /* Runs of filters of one tile block would each transform its patches
    * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
   if (j.mblocks > 1) {
-    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
+    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.vstep, sizeof(float));
     if (!j.v) {
       free(own_u);
       return DK_RESOURCE_EXHAUSTED;
@@ -819,7 +928,6 @@ typedef struct packed_job {
 } packed_job;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
 
 /* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[k * PACKED_NV + q],
  * rows i < PACKED_MB (rows past `rows` repeat the last and are not stored),
@@ -1079,6 +1187,16 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
   return DK_OK;
 }
 
+/* Whether a geometry goes by Winograd: with the filters' transforms
+ * prepared, down to WINO_PREPARED_FIT_TILES tiles (ResNet's 14x14 and 7x7
+ * 3x3 layers: measured faster than the register block there, whose
+ * multiply-adds are 2.25x as many); else where no register block fits. */
+static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, bool prepared) {
+  if (prepared && wino_panels_supported() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
+    return true;
+  return !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+}
+
 /* ---- Prepared W (DK_KernelEntry.prepare) --------------------------------------------- */
 
 /* A float32 Conv's W, prepared where the call goes by Winograd: the
@@ -1163,8 +1281,9 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   if (linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
     return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
-  if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
-  if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
+  bool winograd = winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
+  if (!winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
+  if (winograd) {
     bool redo = false;
     DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
@@ -1195,7 +1314,7 @@ static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k
 /* Whether conv_float takes the Winograd path for this geometry (the order of its tests). */
 static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
-         !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+         winograd_takes(w, dtype, cg, mg, true);
 }
 
 /* ---- ConvTranspose --------------------------------------------------------------------- */

@@ -188,6 +188,14 @@ static void product_columns(void *arg, int64_t begin, int64_t end) {
   }
 }
 
+void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *panels,
+                        float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .alpha = 1.0f}, .block = pick_block(), .m = m, .n = n,
+                      .a = a, .panels = panels, .c = c};
+  product_columns(&p, 0, (panels_of(n) + 1) / 2);
+}
+
 void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const void *packed, bool accumulate, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
