@@ -317,6 +317,26 @@ typedef struct conv_job {
   int64_t p0, count;
 } conv_job;
 
+/* Whether float32 products go by linalg_packed.h's AVX-512 block (on
+ * column buffers and Winograd's panels) rather than the BLAS. */
+static bool panel_products_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+/* y (m x n, rows ldy apart) = w (m x k) @ b (k x n): float32 by the
+ * AVX-512 packed block on the chunk's thread where there is one. */
+static void conv_product(const conv_job *j, int64_t m, int64_t n, int64_t k, const uint8_t *w, int64_t ldw,
+                         const uint8_t *b, int64_t ldb, uint8_t *y, int64_t ldy) {
+  if (j->s.real == LINALG_F32 && panel_products_supported())
+    packed_gemm_rows(m, n, k, (const float *)w, ldw, (const float *)b, ldb, (float *)y, ldy);
+  else
+    linalg_gemm(j->s.real, false, false, m, n, k, 1.0, w, ldw, b, ldb, 0.0, y, ldy);
+}
+
 static void conv_tiles(void *arg, int64_t begin, int64_t end) {
   conv_job *j = arg;
   int64_t es = j->s.es, tiles = ceil_div(j->out_plane, j->s.block);
@@ -330,12 +350,10 @@ static void conv_tiles(void *arg, int64_t begin, int64_t end) {
     const uint8_t *wg = j->wt + g * j->mg * j->rows * es;
     uint8_t *yg = j->y + ((n * j->y_channels + g * j->mg) * j->out_plane + p0) * es;
     if (j->direct) {
-      linalg_gemm(j->s.real, false, false, j->mg, count, j->cg, 1.0, wg, j->rows, xg + p0 * es, j->in_plane,
-                  0.0, yg, j->out_plane);
+      conv_product(j, j->mg, count, j->cg, wg, j->rows, xg + p0 * es, j->in_plane, yg, j->out_plane);
     } else {
       linalg_im2col(j->s.real, j->s.w, xg, j->cg, p0, count, col);
-      linalg_gemm(j->s.real, false, false, j->mg, count, j->rows, 1.0, wg, j->rows, col, count, 0.0, yg,
-                  j->out_plane);
+      conv_product(j, j->mg, count, j->rows, wg, j->rows, col, count, yg, j->out_plane);
     }
     conv_epilogue_apply(j->ep, yg, g * j->mg, j->mg, count, j->out_plane);
   }
@@ -441,15 +459,6 @@ bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg,
   return wino_geometry_fits(w, dtype, cg, mg, WINO_FIT_TILES);
 }
 
-/* Whether the 16 products go by packed_gemm_panels (its AVX-512 block)
- * rather than the BLAS. */
-static bool wino_panels_supported(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
 
 /* The transforms run across WINO_LANES kernels or tiles at a time, staged
  * in small arrays with unit strides: the compiler turns those loops into
@@ -589,7 +598,7 @@ __attribute__((target("avx512f"))) static void wino_input_panel(const float *p, 
   }
 }
 #else
-/* Never reached (wino_panels_supported() is false): the portable run. */
+/* Never reached (panel_products_supported() is false): the portable run. */
 #define wino_input_panel wino_input_run
 #endif
 
@@ -822,7 +831,7 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
     }
   }
   j.tblock = ceil_div(j.tiles, j.tblocks);
-  j.panels = wino_panels_supported();
+  j.panels = panel_products_supported();
   if (j.panels) j.tblock = ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
@@ -1192,7 +1201,7 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
  * 3x3 layers: measured faster than the register block there, whose
  * multiply-adds are 2.25x as many); else where no register block fits. */
 static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, bool prepared) {
-  if (prepared && wino_panels_supported() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
+  if (prepared && panel_products_supported() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
     return true;
   return !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
 }
