@@ -337,3 +337,42 @@ def test_im2col_tiles_by_the_packed_block_match_the_reference(dev, x_shape, w_sh
     rng = np.random.default_rng(12)
     x, w = testing.random(rng, x_shape, dtype), testing.random(rng, w_shape, dtype)
     _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), dtype), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem: 147 steps, one pass
+    ((2, 40, 31, 29), (70, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 240 positions: a cut tile
+    ((1, 64, 7, 7), (72, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # a small plane: 576 steps, 3 passes, cut
+    ((1, 300, 5, 6), (64, 300, 1, 2), {"strides": [1, 2], "pads": [0, 1, 0, 0]}),  # 1x2 taps, 600 steps
+    ((1, 160, 9, 9), (128, 80, 3, 3), {"group": 2, "pads": [0, 1, 1, 0], "strides": [2, 2]}),
+])
+@pytest.mark.parametrize("special", [None, "x-inf", "w-nan"])
+def test_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
+    """Many filters on strided windows or small planes: whole-plane
+    columns, items of position tiles and runs of filters, passes over the
+    steps adding into the outputs; bias; non-finite values as in the
+    im2col product."""
+    rng = np.random.default_rng(13)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[0, 1, 2, 3] = np.inf
+    elif special == "w-nan":
+        w[5, 0, 0, 0] = np.nan
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+def test_blocked_path_applies_fused_conv_epilogue(dev):
+    """FusedConv through the blocked path: B, Z and the Relu per item's
+    tile and run of filters, as Relu(Conv + Z)."""
+    rng = np.random.default_rng(14)
+    x = testing.random(rng, (2, 32, 30, 30), np.float32)
+    w = testing.random(rng, (80, 32, 3, 3), np.float32)
+    b = testing.random(rng, (80,), np.float32)
+    z = testing.random(rng, (2, 80, 15, 15), np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+    _check(got, np.maximum(conv + z, 0), 32 * 9, float(sums.max()))

@@ -215,10 +215,10 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 }
 
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                      float *c, int64_t ldc) {
+                      bool accumulate, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = ldb, .panel_stride = PACKED_PANEL,
-                            .alpha = 1.0f},
+                            .alpha = 1.0f, .accumulate = accumulate},
                       .block = pick_block(), .m = m, .n = n, .a = a, .b = b, .c = c};
   product_columns(&p, 0, (panels_of(n) + 1) / 2);
 }

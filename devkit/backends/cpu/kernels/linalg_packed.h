@@ -47,8 +47,8 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
                         float *c, int64_t ldc);
 
 /* packed_gemm_panels on a row-major k x n B (rows ldb apart) read in place
- * by the same block: Conv's column buffers. */
+ * by the same block (Conv's column buffers), adding to c with accumulate. */
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
-                      float *c, int64_t ldc);
+                      bool accumulate, float *c, int64_t ldc);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */
