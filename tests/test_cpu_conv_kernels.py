@@ -340,7 +340,7 @@ def test_im2col_tiles_by_the_packed_block_match_the_reference(dev, x_shape, w_sh
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem: 147 steps, one pass
+    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem: W small, im2col tiles
     ((2, 40, 31, 29), (70, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 240 positions: a cut tile
     ((1, 64, 7, 7), (72, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # a small plane: 576 steps, 3 passes, cut
     ((1, 300, 5, 6), (64, 300, 1, 2), {"strides": [1, 2], "pads": [0, 1, 0, 0]}),  # 1x2 taps, 600 steps
@@ -348,10 +348,10 @@ def test_im2col_tiles_by_the_packed_block_match_the_reference(dev, x_shape, w_sh
 ])
 @pytest.mark.parametrize("special", [None, "x-inf", "w-nan"])
 def test_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
-    """Many filters on strided windows or small planes: whole-plane
-    columns, items of position tiles and runs of filters, passes over the
-    steps adding into the outputs; bias; non-finite values as in the
-    im2col product."""
+    """Many filters on strided windows or small planes, by the packed block:
+    with a large W whole-plane columns, items of position tiles and runs
+    of filters, passes over the steps adding into the outputs (with a small
+    one im2col tiles); bias; non-finite values as in the im2col product."""
     rng = np.random.default_rng(13)
     x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
     if special == "x-inf":

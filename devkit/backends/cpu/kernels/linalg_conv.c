@@ -1221,21 +1221,33 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
  * for the tile (BLOCKED_KC x BLOCKED_TILE floats, 128 KiB) stay in L2
  * while each block of 8 filters reads its part of W once, adding into its
  * outputs. Per layer (2 threads, min of 60, against the paths they took):
- * the stem 0.87x, the 3x3/2 layers 0.78-0.79x (im2col tiles and the
- * register block read W once per tile of positions), the 7x7 3x3 layers
- * about Winograd's time with 9/16 of its weight reads. */
+ * the 3x3/2 layers 0.78-0.79x (im2col tiles and the register block read W
+ * once per tile of positions), the 7x7 3x3 layers about Winograd's time
+ * with 9/16 of its weight reads. A W of BLOCKED_MIN_W_BYTES or less stays
+ * in cache across im2col's tiles, which then need no whole-plane columns:
+ * the 7x7/2 stem (37 KiB) 0.773 ms that way against 0.85 blocked and 0.87
+ * by the direct path. */
 #define BLOCKED_KC 256
 #define BLOCKED_TILE 128
 #define BLOCKED_SMALL_PLANE 64
 #define BLOCKED_MIN_STEPS 128
 #define BLOCKED_MIN_FILTERS 64
 #define BLOCKED_ROWS 8 /* filters per product: the packed block's rows */
+#define BLOCKED_MIN_W_BYTES ((int64_t)256 << 10)
 
-static bool blocked_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, int64_t mg, int64_t positions) {
+/* Whether a Conv goes by the packed block on im2col's columns: the blocked
+ * path where W is large (*blocked), else im2col tiles, which keep a small W
+ * in cache across their tiles (the stem's 37 KiB). */
+static bool panel_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, int64_t mg, int64_t positions,
+                       bool *blocked) {
   bool strided = w->n == 2 && (w->stride[0] != 1 || w->stride[1] != 1);
-  return w->n == 2 && dtype == DK_DTYPE_FLOAT32 && panel_products_supported() && !pointwise(w) &&
-         (strided || positions <= BLOCKED_SMALL_PLANE) && rows >= BLOCKED_MIN_STEPS && mg >= BLOCKED_MIN_FILTERS;
+  bool fits = w->n == 2 && dtype == DK_DTYPE_FLOAT32 && panel_products_supported() && !pointwise(w) &&
+              (strided || positions <= BLOCKED_SMALL_PLANE) && rows >= BLOCKED_MIN_STEPS &&
+              mg >= BLOCKED_MIN_FILTERS;
+  *blocked = fits && mg * rows * (int64_t)sizeof(float) > BLOCKED_MIN_W_BYTES;
+  return fits;
 }
+
 
 /* Items [begin, end) of (position tile, run of filters), filters inner:
  * j->count tiles of BLOCKED_TILE, j->s.block filters a run. */
@@ -1369,10 +1381,12 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
   if (linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
     return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
-  if (blocked_fits(&w, y->dtype, j.rows, j.mg, j.out_plane)) return conv_blocked(k, &j, x->shape[0]);
-  if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
-  bool winograd = winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
-  if (!winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
+  bool blocked, panels = panel_fits(&w, y->dtype, j.rows, j.mg, j.out_plane, &blocked);
+  if (blocked) return conv_blocked(k, &j, x->shape[0]);
+  if (!panels && linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg))
+    return linalg_conv_direct(k, x, wt, b, y, &w, group);
+  bool winograd = !panels && winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
+  if (!panels && !winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (winograd) {
     bool redo = false;
     DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
@@ -1403,8 +1417,9 @@ static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k
 
 /* Whether conv_float takes the Winograd path for this geometry (the order of its tests, its prepared case). */
 static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  bool blocked;
   return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
-         !blocked_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n)) &&
+         !panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked) &&
          winograd_takes(w, dtype, cg, mg, true);
 }
 
