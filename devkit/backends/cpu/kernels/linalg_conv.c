@@ -265,8 +265,8 @@ typedef struct conv_split {
   atomic_bool failed;
 } conv_split;
 
-/* Scratch starts on a cache line: the AVX-512 products read panels with
- * aligned loads. */
+/* Scratch starts on a cache line: the AVX-512 products' 16-float panel
+ * rows then each lie in one line (a row across two is two reads). */
 static void *aligned_scratch(int64_t bytes) {
   return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
 }
@@ -645,8 +645,9 @@ static int64_t wino_v_index(const wino_job *j, int64_t c, int64_t t) {
  * channels [c0, c0 + channels) of the group at xg (v: the block's
  * transforms, vstep floats per xi), in runs along tile rows: the
  * tiles inside the image, and those at its edges (through a zero-padded
- * copy), in up to WINO_RUN at a time (with panels, not across one's edge).
- * A last panel's lanes past `count` are zeroed: the product reads them. */
+ * copy), in up to WINO_RUN at a time (with panels, not across one's edge;
+ * a last panel's lanes past `count` are left as they are: the product's
+ * loads mask them). */
 static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t channels, int64_t t0,
                         int64_t count, float *v) {
   int64_t step = j->vstep;
@@ -668,10 +669,6 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t 
       wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + wino_v_index(j, c, t), step);
       t += run;
     }
-    if (j->panels && count % PACKED_PANEL)
-      for (int xi = 0; xi < 16; xi++)
-        memset(v + xi * step + wino_v_index(j, c, count), 0,
-               (size_t)(PACKED_PANEL - count % PACKED_PANEL) * sizeof(float));
   }
 }
 

@@ -205,22 +205,24 @@ static void product_columns(void *arg, int64_t begin, int64_t end) {
   }
 }
 
+/* The whole product on the calling thread, B's panels as the strides say. */
+static void product_here(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                         int64_t row_stride, int64_t panel_stride, bool accumulate, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = row_stride,
+                            .panel_stride = panel_stride, .alpha = 1.0f, .accumulate = accumulate},
+                      .block = pick_block(), .m = m, .n = n, .a = a, .b = b, .c = c};
+  product_columns(&p, 0, (panels_of(n) + 1) / 2);
+}
+
 void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *panels,
                         float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = PACKED_PANEL,
-                            .panel_stride = k * PACKED_PANEL, .alpha = 1.0f},
-                      .block = pick_block(), .m = m, .n = n, .a = a, .b = panels, .c = c};
-  product_columns(&p, 0, (panels_of(n) + 1) / 2);
+  product_here(m, n, k, a, lda, panels, PACKED_PANEL, k * PACKED_PANEL, false, c, ldc);
 }
 
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                       bool accumulate, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = ldb, .panel_stride = PACKED_PANEL,
-                            .alpha = 1.0f, .accumulate = accumulate},
-                      .block = pick_block(), .m = m, .n = n, .a = a, .b = b, .c = c};
-  product_columns(&p, 0, (panels_of(n) + 1) / 2);
+  product_here(m, n, k, a, lda, b, ldb, PACKED_PANEL, accumulate, c, ldc);
 }
 
 void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,

@@ -41,8 +41,8 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, i
 
 /* c[i, j] = sum_p a[i * lda + p] * panels[j / PACKED_PANEL][p][j % PACKED_PANEL]
  * for m rows and n columns: B already in panels of k rows (no header; the
- * last panel's lanes past n are read, not stored), 64-byte aligned. On the
- * calling thread: for products inside a kernel's own split (Conv's). */
+ * last panel's lanes past n are not read). On the calling thread: for
+ * products inside a kernel's own split (Conv's). */
 void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *panels,
                         float *c, int64_t ldc);
 
