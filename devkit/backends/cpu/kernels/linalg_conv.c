@@ -1209,11 +1209,11 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
 
 /* ---- Blocked: whole-plane columns, the packed block by position tiles and filters ---- */
 
-/* A float32 Conv with many filters on a strided window (ResNet's stem and
- * its 3x3/2 layers) or a small plane (its 7x7 3x3 layers: 49 positions,
- * 4608 (channel, tap) steps, 512 filters): per image and group the
- * plane's columns are built once (a run of channels per chunk), then the
- * pool takes items of (a tile of BLOCKED_TILE positions, a run of filters)
+/* A float32 Conv with many filters on a strided window (ResNet's 3x3/2
+ * layers) or a small plane (its 7x7 3x3 layers: 49 positions, 4608
+ * (channel, tap) steps, 512 filters): per image and group the plane's
+ * columns are built once (by tile and channel; each tile's are a block of
+ * their own), then the pool takes items of (a tile of BLOCKED_TILE positions, a run of filters)
  * and each runs over the steps in passes of BLOCKED_KC: a pass's columns
  * for the tile (BLOCKED_KC x BLOCKED_TILE floats, 128 KiB) stay in L2
  * while each block of 8 filters reads its part of W once, adding into its
@@ -1231,6 +1231,7 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
 #define BLOCKED_MIN_FILTERS 64
 #define BLOCKED_ROWS 8 /* filters per product: the packed block's rows */
 #define BLOCKED_MIN_W_BYTES ((int64_t)256 << 10)
+#define BLOCKED_ITEMS 8
 
 /* Whether a Conv goes by the packed block on im2col's columns: the blocked
  * path where W is large (*blocked), else im2col tiles, which keep a small W
@@ -1246,22 +1247,40 @@ static bool panel_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, 
 }
 
 
+static int64_t blocked_tile_count(const conv_job *j, int64_t p0) {
+  return j->out_plane - p0 < BLOCKED_TILE ? j->out_plane - p0 : BLOCKED_TILE;
+}
+
+/* The columns of items [begin, end) of (position tile, channel), tile by
+ * tile: a tile's columns are one (steps x tile) block of its own, so a
+ * product's rows of B lie close (the plane's full rows put 256 steps of
+ * a pass over 200 pages on a 56x56 plane). */
+static void blocked_columns(void *arg, int64_t begin, int64_t end) {
+  const conv_job *j = arg;
+  int64_t taps = j->rows / j->cg, es = j->s.es;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t t = i / j->cg, c = i % j->cg, p0 = t * BLOCKED_TILE, n = blocked_tile_count(j, p0);
+    linalg_im2col(j->s.real, j->s.w, j->x + c * j->in_plane * es, 1, p0, n,
+                  j->col + (t * BLOCKED_TILE * j->rows + c * taps * n) * es);
+  }
+}
+
 /* Items [begin, end) of (position tile, run of filters), filters inner:
- * j->count tiles of BLOCKED_TILE, j->s.block filters a run. */
+ * tiles of BLOCKED_TILE positions, j->s.block filters a run. */
 static void blocked_items(void *arg, int64_t begin, int64_t end) {
   const conv_job *j = arg;
-  const float *col = (const float *)j->col, *wg = (const float *)j->wt;
+  const float *wg = (const float *)j->wt;
   float *yg = (float *)j->y;
   int64_t runs = ceil_div(j->mg, j->s.block);
   for (int64_t i = begin; i < end; i++) {
-    int64_t p0 = i / runs * BLOCKED_TILE, n = j->out_plane - p0 < BLOCKED_TILE ? j->out_plane - p0 : BLOCKED_TILE;
+    int64_t p0 = i / runs * BLOCKED_TILE, n = blocked_tile_count(j, p0);
     int64_t m0 = i % runs * j->s.block, m1 = m0 + j->s.block < j->mg ? m0 + j->s.block : j->mg;
+    const float *col = (const float *)j->col + p0 * j->rows; /* the tile's (steps x n) block */
     for (int64_t k0 = 0; k0 < j->rows; k0 += BLOCKED_KC) {
       int64_t kc = j->rows - k0 < BLOCKED_KC ? j->rows - k0 : BLOCKED_KC;
       for (int64_t m = m0; m < m1; m += BLOCKED_ROWS)
         packed_gemm_rows(m1 - m < BLOCKED_ROWS ? m1 - m : BLOCKED_ROWS, n, kc, wg + m * j->rows + k0, j->rows,
-                         col + k0 * j->out_plane + p0, j->out_plane, k0 > 0, yg + m * j->out_plane + p0,
-                         j->out_plane);
+                         col + k0 * n, n, k0 > 0, yg + m * j->out_plane + p0, j->out_plane);
     }
     conv_epilogue_apply(j->ep, (uint8_t *)(yg + m0 * j->out_plane + p0), j->filter0 + m0, m1 - m0, n,
                         j->out_plane);
@@ -1270,22 +1289,22 @@ static void blocked_items(void *arg, int64_t begin, int64_t end) {
 
 static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t batch) {
   int64_t es = j->s.es, taps = j->rows / j->cg, tiles = ceil_div(j->out_plane, BLOCKED_TILE);
-  /* runs of filters: enough for a few items per thread where the tiles are few */
-  int64_t threads = dks_thread_count(), runs = ceil_div(2 * threads, tiles);
+  /* runs of filters: enough for BLOCKED_ITEMS items per thread where the
+   * tiles are few (a run splits W: no part of it is read twice), so that
+   * a thread the OS delays (a shared machine) leaves little for the others */
+  int64_t threads = dks_thread_count(), runs = ceil_div(BLOCKED_ITEMS * threads, tiles);
   int64_t blocks = ceil_div(j->mg, BLOCKED_ROWS);
   if (runs > blocks) runs = blocks;
   uint8_t *col = uncleared_scratch(k, j->rows * j->out_plane, es);
   if (!col) return DK_RESOURCE_EXHAUSTED;
   conv_job part = *j;
   part.col = col;
-  part.p0 = 0;
-  part.count = j->out_plane;
   part.s.block = ceil_div(blocks, runs) * BLOCKED_ROWS;
   int64_t items = tiles * ceil_div(j->mg, part.s.block);
   for (int64_t n = 0; n < batch; n++)
     for (int64_t g = 0; g < j->s.group; g++) {
       part.x = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
-      dks_parallel_for(j->cg, ceil_div(16384, taps * part.count), conv_columns, &part);
+      dks_parallel_for(tiles * j->cg, ceil_div(16384, taps * BLOCKED_TILE), blocked_columns, &part);
       part.wt = j->wt + g * j->mg * j->rows * es;
       part.y = j->y + (n * j->y_channels + g * j->mg) * j->out_plane * es;
       part.filter0 = g * j->mg;
