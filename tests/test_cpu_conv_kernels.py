@@ -345,6 +345,8 @@ def test_im2col_tiles_by_the_packed_block_match_the_reference(dev, x_shape, w_sh
     ((1, 64, 7, 7), (72, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # a small plane: 576 steps, 3 passes, cut
     ((1, 300, 5, 6), (64, 300, 1, 2), {"strides": [1, 2], "pads": [0, 1, 0, 0]}),  # 1x2 taps, 600 steps
     ((1, 160, 9, 9), (128, 80, 3, 3), {"group": 2, "pads": [0, 1, 1, 0], "strides": [2, 2]}),
+    ((1, 64, 28, 28), (128, 64, 1, 1), {"strides": [2, 2]}),  # ResNet's 1x1/2 projections: im2col tiles
+    ((2, 300, 15, 15), (70, 300, 1, 1), {"strides": [2, 3]}),  # 300 steps, a cut filter block
 ])
 @pytest.mark.parametrize("special", [None, "x-inf", "w-nan"])
 def test_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
