@@ -27,6 +27,14 @@ def selected_plugins() -> list[str]:
 PLUGINS = selected_plugins()
 
 
+def has_collectives(name: str) -> bool | None:
+    """Whether the plugin has collectives; None when it does not load (its tests then fail)."""
+    try:
+        return devkit.load_plugin(name).has_collectives
+    except devkit.PluginLoadError:
+        return None
+
+
 def pytest_configure(config):
     # Registered here rather than in pyproject.toml: the installed suite
     # (devkit.conformance) runs without the repository's configuration.

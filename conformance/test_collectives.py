@@ -33,7 +33,7 @@ from devkit.abi import ffi
 from devkit.conformance_cli.progress import report_progress
 
 from . import collective_worker as worker
-from .conftest import PLUGINS
+from .conftest import PLUGINS, has_collectives
 
 NRANKS = (2, 4)
 WORKER = Path(worker.__file__)
@@ -46,14 +46,6 @@ pytestmark = pytest.mark.xdist_group("collectives")
 
 MATRIX_TIMEOUT = 600      # seconds for one worker run of the whole matrix
 CCL_TIMEOUT_SECONDS = 20  # a rank that fell out of step fails the rest in this long, not hangs
-
-
-def _has_collectives(name: str) -> bool | None:
-    """Whether the plugin has collectives; None when it does not load (its tests then fail)."""
-    try:
-        return devkit.load_plugin(name).has_collectives
-    except devkit.PluginLoadError:
-        return None
 
 
 def _label(plugin: str) -> str:
@@ -71,7 +63,7 @@ def per_plugin(argnames: str, make):
     """
     params = []
     for plugin in PLUGINS:
-        has = _has_collectives(plugin)
+        has = has_collectives(plugin)
         if has:
             params += make(plugin)
         else:

@@ -406,6 +406,9 @@ class _DeviceMemory:
         self._returned: collections.deque = collections.deque()  # (nbytes, capacity, block or None)
         self._idle_events: list[Event] = []
         self._stats = dict.fromkeys(_STAT_NAMES, 0)
+        # Steady-state reuses not yet in _stats: each is a free, a cache hit and an
+        # allocation, counted in one integer on the eager path and folded in by stats().
+        self._recycled = 0
         self._max_alloc_size = 0  # read from the properties at the first allocation
         _DeviceMemory._all.append(self)
 
@@ -428,28 +431,34 @@ class _DeviceMemory:
         stats = self._stats
         with self._lock:
             returned = self._returned
-            if len(returned) == 1 and returned[0][1] == capacity and returned[0][2] is not None \
-                    and not returned[0][2].waits:
+            if len(returned) == 1:
+                freed, returned_capacity, block = returned[0]
+                if returned_capacity != capacity or block is None or block.waits:
+                    block = None
+            else:
+                block = None
+            if block is not None:
                 # An eager op's steady state: the block the last result gave back, reused
                 # as it is (what _take_returned and the cache's pop would do, in one step).
-                freed, _, block = returned.popleft()
-                stats["allocated_bytes"] -= freed
-                stats["allocations"] -= 1
-                stats["free_count"] += 1
-                stats["cache_hits"] += 1
+                returned.popleft()  # not clear(): a finalizer may have appended since
+                self._recycled += 1
+                if freed != nbytes:
+                    allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes - freed
+                    if allocated > stats["peak_allocated_bytes"]:
+                        stats["peak_allocated_bytes"] = allocated
+                return _Allocation(self, block.handle, nbytes, block)
+            if returned:
+                self._take_returned()
+            blocks = self._cache.get(capacity)
+            if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
+                block = blocks.pop()
             else:
-                if returned:
-                    self._take_returned()
-                blocks = self._cache.get(capacity)
-                if blocks and not blocks[-1].waits:  # the common case: no stream work may still use it
-                    block = blocks.pop()
-                else:
-                    block = self._reuse(capacity, stream)
-                if block is None:
-                    block = _Block(self._device_alloc(capacity), capacity)
-                else:
-                    stats["cache_hits"] += 1
-                    stats["cached_bytes"] -= capacity
+                block = self._reuse(capacity, stream)
+            if block is None:
+                block = _Block(self._device_alloc(capacity), capacity)
+            else:
+                stats["cache_hits"] += 1
+                stats["cached_bytes"] -= capacity
             # _count_allocation, inlined
             allocated = stats["allocated_bytes"] = stats["allocated_bytes"] + nbytes
             if allocated > stats["peak_allocated_bytes"]:
@@ -642,7 +651,11 @@ class _DeviceMemory:
     def stats(self) -> dict[str, int]:
         with self._lock:
             self._take_returned()
-            return dict(self._stats)
+            stats, recycled = self._stats, self._recycled
+            self._recycled = 0
+            for name in ("free_count", "cache_hits", "allocation_count"):
+                stats[name] += recycled
+            return dict(stats)
 
 
 def _completed(event: Event, wait: bool = False) -> bool:
@@ -721,10 +734,11 @@ class _Allocation:
         if handle is None:
             return
         try:
-            if self._free_stream is None and not self.used_on_streams and self.block is not None:
+            block = self.block
+            if self._free_stream is None and not self.used_on_streams and block is not None:
                 # memory.release's first case, inlined: no work can be pending on it
                 self._owned = None
-                self.memory._returned.append((self.nbytes, self.block.capacity, self.block))
+                self.memory._returned.append((self.nbytes, block.capacity, block))
                 return
             self._release(self._pending_free_stream(), True)
         except Exception:  # interpreter shutdown or an already-failed plugin

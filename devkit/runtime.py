@@ -91,6 +91,8 @@ class _HostMemory:
 class Array:
     """An n-dimensional view of a Buffer: shape, dtype, strides (elements), offset (bytes)."""
 
+    _layout: str | None = None  # the eager call cache's key for it (ops.dispatch.layout), made at first use
+
     def __init__(self, buffer: Buffer, shape, dtype, strides=None, offset: int = 0):
         self.buffer = buffer
         self.shape = tuple(int(n) for n in shape)

@@ -64,3 +64,29 @@ def test_the_eager_row_says_torch_is_absent_without_it(tmp_path):
     (eager,) = json.loads(out.read_text())
     assert "torch_us" not in eager and eager["torch"].startswith("not installed")
     assert eager["devkit_over_numpy"] == pytest.approx(eager["devkit_us"] / eager["numpy_us"])
+
+
+def test_the_host_cost_row_splits_a_staged_run_into_its_stages():
+    from devkit.onnx import zoo
+
+    model, inputs = zoo.mlp()
+    row = engine.host_cost_row(model, inputs, "cpu", repeat=2, calls=3)
+    assert row["plugin"] == "cpu" and row["kernel_calls"] == 7
+    assert row["host_us"] == pytest.approx(row["run_us"] - row["kernels_us"])
+    for stage in engine.HOST_COST_STAGES:
+        assert isinstance(row[f"{stage}_us"], float)
+    # Measured on their own: work done on the host, never nothing.
+    for stage in ("input_copies", "kernels", "output_wrapping"):
+        assert row[f"{stage}_us"] > 0
+
+
+def test_the_host_cost_split_refuses_a_run_that_is_not_staged(monkeypatch):
+    from devkit.onnx import zoo
+
+    import devkit
+
+    monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    with pytest.raises(SystemExit, match="the host-cost split needs a staged run; cpu's plan of this model "
+                                         "runs through HostReplay"):
+        engine.host_cost_row(model, inputs, "cpu", repeat=1, calls=1)

@@ -241,6 +241,25 @@ def test_softmax_special_values(dev):
     assert np.isnan(y[1:]).all() and np.isnan(log_y[1:]).all()
 
 
+# Softmax rows run up to 16 at a time, pass by pass: a block's rows keep
+# their own maxima and sums, a NaN or all -inf row among them is NaN alone,
+# and the last block may be short. 1 ulp against float64 elsewhere.
+@pytest.mark.parametrize("rows", [1, 16, 17, 37])
+def test_softmax_rows_in_blocks_keep_their_own_statistics(dev, rows):
+    x = (np.random.default_rng(rows).standard_normal((rows, 33)) * np.arange(1, rows + 1)[:, None]).astype(np.float32)
+    special = {rows // 2: np.nan, rows - 1: -np.inf} if rows > 1 else {}
+    for r, value in special.items():
+        x[r, 3 if np.isnan(value) else slice(None)] = value
+    with np.errstate(invalid="ignore"):  # the special rows' reference is NaN
+        soft, log_soft = _softmax64(x, -1)
+    for op, want in (("Softmax", soft), ("LogSoftmax", log_soft)):
+        (y,) = _run(dev, op, [x], {"axis": -1})
+        plain = [r for r in range(rows) if r not in special]
+        np.testing.assert_array_max_ulp(y[plain], want[plain].astype(np.float32), maxulp=1)
+        for r in special:
+            assert np.isnan(y[r]).all()
+
+
 # Gemm and MatMul with one row or one column run as a GEMV, split over
 # blocks of 64 outputs when the matrix is large: a classifier head (ResNet's
 # 1x512 by 1000x512^T), both transposes, short last blocks, a bias that
@@ -334,3 +353,140 @@ def test_reduce_extrema_over_long_rows(dev, op, fold, dtype):
         x[3, 400], x[4, 401] = np.inf, -np.inf
     (y,) = _run(dev, op, [x, np.array([-1])], {"keepdims": 0})
     np.testing.assert_array_equal(y, fold(x, axis=-1))  # NaN where a row holds one
+
+
+# Attention: float32 (and float16/bfloat16, computed in float32) products
+# over at most 1024 keys run on K^T and V packed per kv head, longer ones
+# through OpenBLAS; causal without a mask adds -inf past each query's last
+# key; the softmax rows vectorise. Reference: the ONNX formula in float64 on
+# the same (rounded) inputs. Tolerances: float32 rtol 1e-5 and atol 1e-5
+# (sums over up to 1100 keys of probabilities times |v| < 5), float16 and
+# bfloat16 the op's own (2e-3 / 1e-4 and 1.6e-2 / 1e-3).
+def _attention64(q, k, v, mask=None, causal=False, past_k=None, past_v=None):
+    """Y and the probabilities of 4-D Q (B, Hq, Lq, D), K/V (B, Hkv, Lkv, .)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    past = 0 if past_k is None else past_k.shape[2]
+    if past_k is not None:
+        k = np.concatenate([past_k.astype(np.float64), k], axis=2)
+        v = np.concatenate([past_v.astype(np.float64), v], axis=2)
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    lq, total = q.shape[2], k.shape[2]
+    bias = np.zeros((lq, total))
+    if causal:
+        bias[np.arange(total)[None, :] > np.arange(lq)[:, None] + past] = -np.inf  # j <= i + past
+    if mask is not None:
+        bias = bias + (np.where(mask, 0.0, -np.inf) if mask.dtype == bool else mask.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + bias
+        masked = np.all(np.broadcast_to(bias, scores.shape) == -np.inf, axis=-1, keepdims=True)
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        p = np.where(masked, 0.0, e / e.sum(axis=-1, keepdims=True))
+        return p @ v, p
+
+
+def _heads3(x):
+    """(B, H, L, D) -> (B, L, H * D)."""
+    return np.ascontiguousarray(np.swapaxes(x, 1, 2).reshape(x.shape[0], x.shape[2], -1))
+
+
+_ATTN_TOLERANCE = {np.float32: (1e-5, 1e-5), np.float16: (2e-3, 1e-4), "bfloat16": (1.6e-2, 1e-3)}
+
+
+ATTENTION_CASES = [
+    # (B, Hq, Hkv, Lq, Lkv, past, D, Dv, causal, mask)
+    (2, 8, 2, 32, 32, 0, 16, 16, True, None),      # llama_decoder's call
+    (1, 4, 2, 1, 1, 0, 16, 16, True, None),        # one query, one key
+    (1, 3, 1, 37, 45, 5, 24, 40, True, None),      # lengths off the 8-row blocks, a past, Dv over 2 panels
+    (2, 2, 2, 5, 9, 0, 8, 8, True, "bool"),        # mask and causal: the general bias path
+    (1, 2, 1, 3, 1100, 0, 8, 8, False, "float"),   # past ATTN_PACKED_KEYS: OpenBLAS
+    (1, 2, 2, 4, 1100, 0, 8, 8, True, None),
+]
+
+
+@pytest.mark.parametrize("b,hq,hkv,lq,lkv,past,d,dv,causal,mask", ATTENTION_CASES)
+@pytest.mark.parametrize("three_d", [False, True])
+def test_attention_products_match_float64(dev, b, hq, hkv, lq, lkv, past, d, dv, causal, mask, three_d):
+    rng = np.random.default_rng(lq + lkv + d)
+    q = rng.standard_normal((b, hq, lq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hkv, lkv, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, lkv, dv)).astype(np.float32)
+    total = past + lkv
+    m = None
+    if mask == "bool":
+        m = rng.random((b, 1, lq, total)) > 0.3
+        m[0, 0, 1, :] = False  # a row that attends nothing
+    elif mask == "float":
+        m = rng.standard_normal((lq, total)).astype(np.float32)
+    inputs = [_heads3(x) for x in (q, k, v)] if three_d else [q, k, v]
+    attrs = {"is_causal": int(causal), "qk_matmul_output_mode": 3}
+    if three_d:
+        attrs.update(q_num_heads=hq, kv_num_heads=hkv)
+    pk = pv = None
+    if past:
+        pk = rng.standard_normal((b, hkv, past, d)).astype(np.float32)
+        pv = rng.standard_normal((b, hkv, past, dv)).astype(np.float32)
+    extra = [m if m is not None else None, pk, pv] if past else ([m] if m is not None else [])
+    args = [devkit.asarray(x, dev) for x in inputs] + [None if x is None else devkit.asarray(x, dev)
+                                                      for x in extra]
+    y, present_k, present_v, probabilities = (a.numpy() for a in devkit.run_op("Attention", args, attrs))
+    want, want_p = _attention64(q, k, v, m, causal, pk, pv)
+    np.testing.assert_allclose(y, _heads3(want) if three_d else want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(probabilities, want_p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(present_k, k if pk is None else np.concatenate([pk, k], axis=2))
+    np.testing.assert_array_equal(present_v, v if pv is None else np.concatenate([pv, v], axis=2))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_attention_narrow_dtypes_on_packed_products(dev, dtype):
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(s).astype(dt) for s in ((2, 8, 19, 16), (2, 2, 19, 16), (2, 2, 19, 16)))
+    (y,) = devkit.run_op("Attention", [devkit.asarray(x, dev) for x in (q, k, v)], {"is_causal": 1})[:1]
+    want, _ = _attention64(q, k, v, causal=True)
+    rtol, atol = _ATTN_TOLERANCE[dtype]
+    np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=rtol, atol=atol)
+
+
+def test_attention_rows_of_nan_and_of_masked_keys(dev):
+    # Float masks: row 0 masks every key (zeros), row 1 every key but one
+    # negative NaN (it ranks below -inf as an ordered integer: NaN anyway),
+    # row 2 one NaN among finite biases, row 3 a +inf score (NaN), row 4 a
+    # negative NaN among finite biases (below the finite maximum: NaN).
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 1, 5, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, 4, 8)).astype(np.float32) for _ in range(2))
+    mask = np.zeros((5, 20), np.float32)
+    mask[4, 9] = np.copysign(np.nan, -1.0)
+    mask[0] = -np.inf
+    mask[1] = -np.inf
+    mask[1, 7] = np.copysign(np.nan, -1.0)
+    mask[2, 3] = np.nan
+    mask[3, 5] = np.inf
+    k = np.concatenate([k] * 5, axis=2)
+    v = np.concatenate([v] * 5, axis=2)
+    y, _, _, p = (a.numpy() for a in devkit.run_op(
+        "Attention", [devkit.asarray(x, dev) for x in (q, k, v, mask)], {"qk_matmul_output_mode": 3}))
+    np.testing.assert_array_equal(p[0, 0, 0], 0.0)
+    np.testing.assert_array_equal(y[0, 0, 0], 0.0)
+    assert np.isnan(p[0, 0, 1:]).all() and np.isnan(y[0, 0, 1:]).all()
+
+
+# Batched MatMul whose products are too small to split themselves splits
+# its batches over the pool, each chunk starting at its own batch index
+# (broadcast batch dims included); large products split themselves, one
+# batch after another. Reference: float64, a dot-product bound.
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 4, 32, 32), (2, 4, 32, 32)), ((3, 1, 5, 7), (1, 4, 7, 6)),
+                                             ((2, 3, 1, 9, 33), (3, 4, 33, 1)), ((7, 17, 3), (3, 20)),
+                                             ((2, 130, 128), (2, 128, 140))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_matmul_split_over_batches_matches_float64(dev, a_shape, b_shape, dtype):
+    rng = np.random.default_rng(len(a_shape) + a_shape[-1])
+    a, b = rng.standard_normal(a_shape).astype(dtype), rng.standard_normal(b_shape).astype(dtype)
+    (y,) = _run(dev, "MatMul", [a, b], {})
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = 8 * a_shape[-1] * np.finfo(dtype).eps * (np.abs(a64) @ np.abs(b64))
+    assert y.shape == (a64 @ b64).shape
+    assert np.all(np.abs(y - a64 @ b64) <= bound)

@@ -120,3 +120,22 @@ def test_exponentials_of_a_negative_nan_stay_defined(tmp_path):
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "1"]
+
+
+# The transcendental unary kernels split over the pool from 8192 elements
+# (UNARY_GRAIN_MATH, where a copy's loop splits from 32768): each element's
+# value is its own whatever the split, so a split run, compact or strided,
+# equals the same elements run in pieces too small to split, bit for bit.
+@pytest.mark.parametrize("op,attrs", [("Sigmoid", {}), ("Exp", {}), ("Tanh", {}), ("Gelu", {}),
+                                      ("Gelu", {"approximate": "tanh"}), ("Softplus", {})])
+@pytest.mark.parametrize("size", [8191, 8192, 22016, 40000])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_split_transcendental_kernels_match_unsplit_pieces(op, attrs, size, dtype):
+    dev = devkit.load_plugin("cpu").device(0)
+    x = (np.random.default_rng(size).standard_normal(2 * size) * 4).astype(dtype)
+    for operand in (x[:size], x[::2]):  # compact, then every other element
+        (whole,) = devkit.run_op(op, [devkit.asarray(np.ascontiguousarray(operand), dev)
+                                      if operand.flags.c_contiguous else devkit.asarray(x, dev)[::2]], attrs)
+        pieces = [devkit.run_op(op, [devkit.asarray(np.ascontiguousarray(operand[i:i + 1000]), dev)], attrs)[0]
+                  .numpy() for i in range(0, size, 1000)]
+        np.testing.assert_array_equal(whole.numpy(), np.concatenate(pieces))

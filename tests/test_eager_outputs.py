@@ -263,3 +263,20 @@ print("ok")
 """
     run = run_python(code, {"DEVKIT_CPU_KERNELS": "primitives"})
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_a_call_without_attributes_returns_the_required_outputs_at_every_call(dev):
+    """The op functions' plain call (no attributes, stream or device) goes
+    straight to the call cache: a hit returns what the first call did, the
+    required output only, and an asked-for optional output is its own entry."""
+    dispatch.clear_call_cache()
+    x = devkit.asarray(np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32), dev)
+    scale = devkit.asarray(np.ones(6, np.float32), dev)
+    first, again = ops.LayerNormalization(x, scale), ops.LayerNormalization(x, scale)
+    assert isinstance(first, devkit.Array) and isinstance(again, devkit.Array)
+    np.testing.assert_array_equal(again.numpy(), first.numpy())
+    y, mean = ops.LayerNormalization(x, scale, return_mean=True)
+    np.testing.assert_array_equal(y.numpy(), first.numpy())
+    np.testing.assert_allclose(mean.numpy().reshape(-1), x.numpy().mean(axis=1), rtol=1e-6, atol=1e-6)
+    assert dispatch.call_cache_info() == {"hits": 1, "misses": 2, "entries": 2}
+    dispatch.clear_call_cache()

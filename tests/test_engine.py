@@ -251,6 +251,27 @@ def test_a_run_on_the_callers_stream_waits_for_nothing(plugin_calls):
     second.destroy()
 
 
+def test_a_run_after_a_bound_run_launches_on_its_own_stream(monkeypatch):
+    """A bound run points the calls at its stream and leaves them there; host
+    replay (a plugin without graphs) points them back at the next run's stream."""
+    monkeypatch.setattr(type(devkit.load_plugin("cpu")), "has_graphs", property(lambda plugin: False))
+    model, inputs = zoo.mlp()
+    prepared = donnx.prepare(model, prepare_weights=False)
+    (want,) = donnx.prepare(model, plan=False).run(inputs)
+    dev = devkit.device("cpu:0")
+    with dev.create_stream() as stream:
+        prepared.run(inputs, stream)
+        stream.synchronize()
+        plan = only_plan(prepared)
+        (bound,) = prepared.run({name: devkit.asarray(value) for name, value in inputs.items()})  # bound
+        np.testing.assert_array_equal(bound.numpy(), want)
+        assert all(call.cdata.stream != stream.handle for call in plan.calls)
+        (got,) = prepared.run(inputs, stream)
+        assert all(call.cdata.stream == stream.handle for call in plan.calls)
+        stream.synchronize()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_graph_launch_refuses_a_slot_whose_memory_was_freed():
     """The cpu plugin checks at every launch that each captured tensor still
     lies in a live allocation (one lock and one look-up per run of slots in
@@ -377,6 +398,37 @@ def test_repeated_calls_hit_the_cache(cache):
     assert cache() == {"hits": 3, "misses": 4, "entries": 4}
 
 
+def test_results_are_keyed_as_arrays_of_their_layout(cache):
+    """A cached call's result keys the next call as any Array of its device,
+    dtype, shape and strides does; another dtype or strides is another entry."""
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = devkit.asarray(host)
+    c = devkit.ops.Add(a, a)
+    d = devkit.ops.Add(c, a)  # c: a result of the cached call, keyed as a is
+    np.testing.assert_array_equal(d.numpy(), host * 3)
+    assert cache() == {"hits": 1, "misses": 1, "entries": 1}
+    devkit.ops.Add(a.T, devkit.asarray(np.ones((3, 2), np.float32)))  # strided: its own entry
+    devkit.ops.Add(devkit.asarray(host.astype(np.float64)), devkit.asarray(host.astype(np.float64)))
+    assert cache() == {"hits": 1, "misses": 3, "entries": 3}
+
+
+def test_eager_steady_state_counts_every_allocation_and_free(cache):
+    """The allocator's steady-state reuse (the block the last result gave back)
+    counts an allocation, a free and a cache hit for each result, as any reuse does."""
+    dev = devkit.device("cpu:0")
+    a = devkit.asarray(np.ones(5, np.float32))
+    devkit.ops.Add(a, a)
+    start = devkit.memory_stats(dev)
+    for _ in range(50):
+        devkit.ops.Add(a, a)
+    stats = devkit.memory_stats(dev)
+    assert stats["allocated_bytes"] == start["allocated_bytes"]
+    assert stats["allocation_count"] - start["allocation_count"] == 50
+    assert stats["free_count"] - start["free_count"] == 50
+    assert stats["cache_hits"] - start["cache_hits"] == 50
+    assert stats["device_allocations"] == start["device_allocations"]
+
+
 def test_host_inputs_are_keyed_by_value(cache):
     x = devkit.asarray(np.arange(6, dtype=np.float32))
     assert devkit.ops.Reshape(x, [2, 3]).shape == (2, 3)
@@ -498,6 +550,43 @@ def test_a_batched_matmul_on_a_prepared_weight(dtype):
     assert [p.input for p in only_plan(prepared).prepared] == [1]
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 2e-2, "atol": 5e-2}
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), **tolerance)
+
+
+def _gemm_model(m: int, k: int, n: int, bias: bool):
+    """Gemm (alpha 0.5, beta 2, C broadcast over rows when ``bias``) or MatMul of x (m, k) by a constant
+    (k, n)."""
+    rng = np.random.default_rng(m + k + n)
+    inits = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "c"))
+        node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], alpha=0.5, beta=2.0)
+    else:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "product", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), inits
+
+
+# Prepared products split over the pool by tiles of 8 rows x 32 columns:
+# llama_decoder's 64 x 128 x 344 (11 column blocks, an odd count), rows
+# that are not a multiple of 8 and columns not of 16 (tail tiles), one
+# column block split by rows, two row blocks by columns, and a product
+# below the split threshold. Reference: float64, a dot-product bound.
+@pytest.mark.parametrize("m,k,n", [(64, 128, 344), (203, 96, 17), (9, 300, 1000), (37, 50, 20)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepared_products_split_into_tiles_match_float64(m, k, n, bias):
+    model, inits = _gemm_model(m, k, n, bias)
+    x = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
+    prepared = donnx.prepare(model, fuse=False)
+    (got,) = prepared.run({"x": x})
+    assert [p.input for p in only_plan(prepared).prepared] == [1]
+    w = numpy_helper.to_array(inits[0]).astype(np.float64)
+    want, bound = x.astype(np.float64) @ w, 8 * k * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w))
+    if bias:
+        c = numpy_helper.to_array(inits[1]).astype(np.float64)
+        want, bound = 0.5 * want + 2.0 * c, 0.5 * bound + 8 * np.finfo(np.float32).eps * np.abs(c)
+    assert got.shape == (m, n)
+    assert np.all(np.abs(got - want) <= bound)
 
 
 @pytest.mark.parametrize(("channels", "size", "prepares"), [(64, 32, True), (16, 32, False)])

@@ -4,7 +4,7 @@
     devkit-bench opencl [--repeat 10] [--json PATH]                      (devkit.bench.opencl)
     devkit-bench cuda [--repeat 10] [--json PATH]                        (devkit.bench.cuda)
     devkit-bench torch [--plugin cpu] [--repeat 7] [--json PATH]         (devkit.bench.torch)
-    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] (devkit.bench.engine)
+    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models,host] (devkit.bench.engine)
                         [--models mlp,gpt] [--repeat 15] [--quick] [--json PATH]
     devkit-bench fusion [--plugins cpu,opencl] [--rows 256] [--width 2048]  (devkit.bench.fusion)
                         [--repeat 15] [--no-models] [--json PATH]
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
                                                       "and onnxruntime: host cost per op and per model")
     engine_bench.add_argument("--plugins", default="cpu", help="comma-separated plugins (default: cpu)")
     engine_bench.add_argument("--only", default="eager,chain,models",
-                              help="comma-separated subset of eager, chain, models")
+                              help="comma-separated subset of eager, chain, models, host (a run's host cost "
+                                   "by stage; --models picks zoo models, default mlp)")
     engine_bench.add_argument("--models", help="comma-separated zoo models (default: zoo.MODELS and zoo.LARGE_MODELS)")
     engine_bench.add_argument("--repeat", type=int, default=15)
     engine_bench.add_argument("--quick", action="store_true", help="a short run: 20 chain nodes, two small models")

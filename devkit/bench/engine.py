@@ -1,7 +1,7 @@
 """devkit-bench engine: the host cost of devkit's execution engine against
 torch, NumPy and onnxruntime, measured in the same run.
 
-    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models] [--models resnet18,gpt]
+    devkit-bench engine [--plugins cpu,opencl] [--only eager,chain,models,host] [--models resnet18,gpt]
                         [--repeat 15] [--quick] [--json PATH]
 
 - eager: a 1-element float32 Add through devkit.ops.Add (the call cache's
@@ -11,7 +11,9 @@ torch, NumPy and onnxruntime, measured in the same run.
   intra-op threads: the time per node is the host's cost of a node;
 - models: devkit.onnx.zoo's models and its large ones (ResNet-18 at 224x224,
   a 4-layer GPT-style stack), plan vs interpreter vs onnxruntime, and the
-  launcher the plan's runs use.
+  launcher the plan's runs use;
+- host (not in the default set): where a run of a zoo model (default: the
+  mlp) spends its time beyond its kernels, stage by stage (host_cost_row).
 
 Every chain and model row splits the plan's run: kernel_ms is its device
 work alone (Plan.launch_device_work: the input copies, the calls, the output
@@ -30,6 +32,7 @@ with spinning off, so neither's idle threads slow whatever runs next.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -41,6 +44,7 @@ import numpy as np
 import devkit
 
 from .. import onnx as donnx
+from ..engine.launch import StagedGraph
 from ..onnx import zoo
 
 CHAIN_OPS = ("Add", "Mul", "Relu", "Sigmoid", "Neg", "Abs")
@@ -207,6 +211,84 @@ def model_rows(plugins: list[str], models: list[str] | None, quick: bool, repeat
     return rows
 
 
+# A staged run's stages (Plan.run without a stream, on a plugin with graphs: engine.launch.StagedGraph).
+HOST_COST_STAGES = ("feed_checks", "run_dispatch", "input_copies", "launch", "kernels", "output_wrapping")
+
+
+def host_cost_row(model, inputs: dict, plugin: str, repeat: int, calls: int = 200) -> dict:
+    """Where a PreparedModel.run of ``model`` spends its time beyond its
+    kernels, per stage, in microseconds (medians of interleaved repetitions
+    of ``calls`` calls each):
+
+    - feed_checks: PreparedModel.run's checks of the feed and its plan
+      look-up (the run less Plan.run, both with the graph launch left out);
+    - run_dispatch: Plan.run's own work (the lock, the choice of path, the
+      result list: Plan.run with the graph launch left out, less the input
+      copies and the output wrapping);
+    - input_copies: the feed into the staged graph's input arrays;
+    - launch: the one graph launch less its kernels (the launch's host side
+      and the copies it holds; the default stream completes it, so there is
+      no separate synchronisation). A difference of two device timings: it
+      may come out slightly negative where it is within their noise;
+    - kernels: the calls alone (Plan.launch_calls);
+    - output_wrapping: the results copied out of the output staging arrays.
+
+    The run must be staged (a plugin with graphs, a feed not bound in place);
+    ``host_us`` is the run less its kernels."""
+    prepared = donnx.prepare(model, f"{plugin}:0", fuse=False)
+    prepared.run(inputs)
+    (plan,) = prepared.plans.values()
+    staged = plan.launcher
+    if not isinstance(staged, StagedGraph):
+        raise SystemExit(f"devkit-bench engine: the host-cost split needs a staged run; {plugin}'s plan of this "
+                         f"model runs through {type(staged).__name__}")
+    feed = prepared._bind(inputs)
+    values = [feed[name] for name in plan._feed_order]
+
+    @contextlib.contextmanager
+    def without_launch():  # the run's host work alone: its graph launch made a no-op for the sample
+        staged.launch = lambda: None
+        try:
+            yield
+        finally:
+            del staged.launch
+
+    timers = {"run": (lambda: prepared.run(inputs), contextlib.nullcontext),
+              "run_host": (lambda: prepared.run(inputs), without_launch),
+              "plan_run_host": (lambda: plan.run(feed), without_launch),
+              "input_copies": (lambda: staged.fill(values), contextlib.nullcontext),
+              "graph_launch": (staged.launch, contextlib.nullcontext),
+              "kernels": (plan.launch_calls, contextlib.nullcontext),
+              "output_wrapping": (lambda: [output.copy() for output in staged.outputs], contextlib.nullcontext)}
+    for fn, _ in timers.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(repeat):
+        for name, (fn, setting) in timers.items():
+            with setting():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times[name].append((time.perf_counter() - start) / calls * 1e6)
+    us = {name: statistics.median(values) for name, values in times.items()}
+    stages = {"feed_checks": us["run_host"] - us["plan_run_host"],
+              "run_dispatch": us["plan_run_host"] - us["input_copies"] - us["output_wrapping"],
+              "input_copies": us["input_copies"], "launch": us["graph_launch"] - us["kernels"],
+              "kernels": us["kernels"], "output_wrapping": us["output_wrapping"]}
+    return {"plugin": plugin, "run_us": us["run"], "host_us": us["run"] - us["kernels"],
+            **{f"{stage}_us": stages[stage] for stage in HOST_COST_STAGES}, "kernel_calls": len(plan.calls)}
+
+
+def host_cost_rows(plugins: list[str], models: list[str] | None, repeat: int, calls: int) -> list[dict]:
+    rows = []
+    for plugin in plugins:
+        for name in models or ["mlp"]:
+            model, inputs = zoo.MODELS[name]()
+            rows.append({"benchmark": f"host cost {name}", "model": name,
+                         **host_cost_row(model, inputs, plugin, repeat, calls)})
+    return rows
+
+
 def run(plugins: list[str], only: list[str], repeat: int, quick: bool, models: list[str] | None = None) -> list[dict]:
     rows = []
     if "eager" in only:
@@ -215,6 +297,8 @@ def run(plugins: list[str], only: list[str], repeat: int, quick: bool, models: l
         rows += chain_rows(plugins, 20 if quick else 200, repeat)
     if "models" in only:
         rows += model_rows(plugins, models, quick, repeat)
+    if "host" in only:
+        rows += host_cost_rows(plugins, models, repeat, 20 if quick else 200)
     return rows
 
 

@@ -47,15 +47,31 @@ def slot_references(steps: Sequence) -> dict[int, list]:
     return references
 
 
+class Registrar:
+    """What a plan's bound runs register host memory with, looked up once: the
+    plugin's two functions and one handle cell per input and output."""
+
+    __slots__ = ("index", "register", "unregister", "cells", "_array")
+
+    def __init__(self, device, count: int):
+        api = device.plugin.api
+        self.index = device.index
+        self.register, self.unregister = api.mem_register_host, api.mem_unregister_host
+        self._array = ffi.new("DK_Mem[]", max(count, 1))  # what the cells point into
+        self.cells = [self._array + k for k in range(max(count, 1))]
+
+
 class BoundRun:
     """One bound run of a plan: see the module doc. ``run`` holds the plan's lock."""
+
+    __slots__ = ("plan", "device", "stream", "wait", "in_place", "_registered", "_patched", "_sources")
 
     def __init__(self, plan, stream, wait: bool):
         self.plan = plan
         self.device = plan.device
         self.stream = stream  # None: the default stream
         self.wait = wait
-        self.in_place = wait and plan._registers
+        self.in_place = wait and plan._registrar is not None
         self._registered: list = []
         self._patched: list = []     # (tensor, data, byte_offset) to restore
         self._sources: dict[int, object] = {}  # id(input arena Array) -> where the input lies
@@ -71,15 +87,11 @@ class BoundRun:
                 results.append(self._bind_output(index, value, references, given, device_outputs, copies))
             calls = plan.calls
             handle = ffi.NULL if stream is None else stream.handle
-            saved = [call.cdata.stream for call in calls]
-            try:
-                for call in calls:
-                    call.cdata.stream = handle
-                for call in calls:
-                    launch(call)
-            finally:
-                for call, previous in zip(calls, saved):
-                    call.cdata.stream = previous
+            for call in calls:
+                call.cdata.stream = handle
+            plan._launcher.forget_stream()  # its calls' stream is this run's now
+            for call in calls:
+                launch(call)
             for copy in copies:
                 copy()
             if stream is not None:
@@ -97,12 +109,12 @@ class BoundRun:
                     # registered memory, so they finish before it is given back.
                     with contextlib.suppress(Exception):
                         stream.synchronize()
-                dev = self.device
-                unregister = dev.plugin.api.mem_unregister_host
+                registrar = plan._registrar
+                unregister, index = registrar.unregister, registrar.index
                 for mem in self._registered:
-                    status = unregister(dev.index, mem)
+                    status = unregister(index, mem)
                     if status != _DK_OK:
-                        dev.plugin.raise_status(status, "mem_unregister_host")
+                        self.device.plugin.raise_status(status, "mem_unregister_host")
 
     # -- where a value lies ----------------------------------------------------------------
 
@@ -114,16 +126,18 @@ class BoundRun:
 
     def _register(self, host: np.ndarray, writable: bool):
         """host's memory as a device handle, or None where it is to be copied."""
-        if not (self.in_place and host.nbytes >= BIND_IN_PLACE_BYTES and host.flags.c_contiguous
-                and host.flags.aligned and (host.flags.writeable or not writable)):
+        if not (self.in_place and host.nbytes >= BIND_IN_PLACE_BYTES):
             return None
-        dev = self.device
-        cell = self.plan._handle_cells + len(self._registered)
-        status = dev.plugin.api.mem_register_host(dev.index, ffi.from_buffer(host), host.nbytes, cell)
+        flags = host.flags  # a new object at every read
+        if not (flags.c_contiguous and flags.aligned and (flags.writeable or not writable)):
+            return None
+        registrar = self.plan._registrar
+        cell = registrar.cells[len(self._registered)]
+        status = registrar.register(registrar.index, ffi.from_buffer(host), host.nbytes, cell)
         if status == _DK_ALREADY_EXISTS:  # a view of device memory, or an array given twice
             return None
         if status != _DK_OK:
-            dev.plugin.raise_status(status, "mem_register_host")
+            self.device.plugin.raise_status(status, "mem_register_host")
         self._registered.append(cell[0])
         return cell[0]
 

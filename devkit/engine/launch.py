@@ -37,6 +37,10 @@ class HostReplay:
         for call in calls:
             launch(call)
 
+    def forget_stream(self) -> None:
+        """Someone else pointed the calls at a stream: the next replay points them again."""
+        self._stream = None
+
 
 class GraphLaunch:
     """Launcher: the calls captured into a native graph at the first replay
@@ -53,6 +57,15 @@ class GraphLaunch:
                 self._capture.replay(stream)  # recorded by the plugin, not run
             self._graph = graph
         self._graph.launch(stream)
+
+    @property
+    def graph(self):
+        """The captured graph, None before the first replay."""
+        return self._graph
+
+    def forget_stream(self) -> None:
+        """The graph, once captured, holds its calls as they were; until then the capture replays them."""
+        self._capture.forget_stream()
 
 
 class StagedGraph:

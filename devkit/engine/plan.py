@@ -41,10 +41,10 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..plugin import check
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
-from .binding import BIND_IN_PLACE_BYTES, BoundRun, slot_references
+from .binding import BIND_IN_PLACE_BYTES, BoundRun, Registrar, slot_references
 from .calls import KernelCall, bind, launch, prepare_fn
 from .fusion import fuse_steps
-from .launch import StagedGraph, make_launcher
+from .launch import GraphLaunch, StagedGraph, make_launcher
 from .memory import Lifetime, MemoryPlan, plan_memory
 
 # Host values are at most this many elements: initializers that small keep a
@@ -132,8 +132,8 @@ class Plan:
         self._output_references = output_references
         self._registers = device.plugin.has_host_registration
         self._host_pointers = device.properties.host_pointer_handles
-        # The handles a bound run's registrations return (one run at a time: the lock).
-        self._handle_cells = ffi.new("DK_Mem[]", max(len(inputs) + len(outputs), 1))
+        # Where a bound run registers host memory (one run at a time: the lock).
+        self._registrar = Registrar(device, len(inputs) + len(outputs)) if self._registers else None
         self._large_output = self._registers and any(
             references is not None and value.nbytes >= BIND_IN_PLACE_BYTES
             for value, references in zip(outputs, output_references))
@@ -173,17 +173,12 @@ class Plan:
                 if outputs is not None and len(outputs) != len(self._outputs):
                     raise ValueError(f"outputs: {len(outputs)} given; the graph has {len(self._outputs)}")
                 if stream is None and not (wait and self._host_pointers):
-                    # The default stream would complete each call before the next.
-                    if self._stream is None:
-                        self._stream = self.device.create_stream()
-                    stream = self._stream
+                    stream = self._own_stream()  # the default stream would complete each call before the next
                 return BoundRun(self, stream, wait).run(feed, outputs, device_outputs)
             if stream is None and wait and self._stages:
                 return self._run_staged(feed)
             if stream is None:
-                if self._stream is None:
-                    self._stream = self.device.create_stream()
-                stream = self._stream
+                stream = self._own_stream()
             work = stream
             self._copy_in(feed, work)
             self._launcher.replay(work)
@@ -248,6 +243,30 @@ class Plan:
                 self._copy_in(feed, None)
                 for call in self.calls:
                     launch(call)
+
+    def launch_calls(self) -> None:
+        """The calls alone, on what the arena holds (no input or output copies),
+        on the default stream, complete when it returns: one launch of the
+        launcher's native graph where it has one (captured on the plan's stream
+        at the first use), else each call in turn. What devkit-bench engine's
+        host-cost row counts as a run's kernels."""
+        with self._lock:
+            launcher = self._launcher
+            if isinstance(launcher, GraphLaunch):
+                if launcher.graph is None:
+                    stream = self._own_stream()
+                    launcher.replay(stream)
+                    stream.synchronize()
+                launcher.graph.launch(None)
+                return
+            with self._calls_on_default_stream():
+                for call in self.calls:
+                    launch(call)
+
+    def _own_stream(self) -> Stream:
+        if self._stream is None:
+            self._stream = self.device.create_stream()
+        return self._stream
 
     def _copy_in(self, feed: Mapping[str, np.ndarray], stream: Stream | None) -> None:
         """``feed`` into the inputs' arena slots, on ``stream`` (None: the default stream)."""

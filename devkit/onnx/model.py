@@ -294,7 +294,8 @@ class PreparedModel:
         if type(inputs) is dict and inputs.keys() == self._feed_set:
             types, accepted = self._input_types, self._accepted_shapes
             for name, value in inputs.items():
-                if not (type(value) is np.ndarray and value.dtype == types[name][0] and value.shape in accepted[name]):
+                if not (type(value) is np.ndarray and (value.dtype is types[name][0] or value.dtype == types[name][0])
+                        and value.shape in accepted[name]):
                     break
             else:
                 return inputs
@@ -355,13 +356,16 @@ class PreparedModel:
         defined once the stream has been synchronized. Without one (and
         always for the interpreter) it returns when they are."""
         feed = self._bind(inputs)
-        # Arrays out where every input is an Array (the fast path of _bind hands back NumPy only).
-        device_outputs = feed is not inputs and bool(feed) and all(
-            isinstance(value, Array) for value in feed.values())
-        if feed.keys() == self._feed_set:
+        if feed is inputs:  # _bind's fast path: NumPy arrays of exactly the fed names
+            device_outputs = False
             signature = tuple([(name, feed[name].shape) for name in self._sorted_feed_names])
         else:
-            signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
+            # Arrays out where every input is an Array.
+            device_outputs = bool(feed) and all(isinstance(value, Array) for value in feed.values())
+            if feed.keys() == self._feed_set:
+                signature = tuple([(name, feed[name].shape) for name in self._sorted_feed_names])
+            else:
+                signature = tuple(sorted((name, array.shape) for name, array in feed.items()))
         if self.planned:
             plan = self.plans.get(signature)
             if plan is None:

@@ -16,6 +16,7 @@ import importlib
 import re
 
 from .dispatch import call_cache_info, clear_call_cache, infer, run_op
+from .dispatch import run_plain as _run_plain
 from .primitives import PRIMITIVES, PRIMITIVES_VERSION
 from .spec import OpSpec, all_specs, get
 
@@ -107,9 +108,13 @@ def _op_function(spec: OpSpec):
     single = not variadic and spec.required_outputs == 1
     # What a call that asks for nothing wants: the required outputs only (None: all, there are no others).
     default = spec.required_outputs if spec.optional_outputs else None
+    placement = (None, default)  # run_op's cache key part for a call without device or outputs
 
     def op(*inputs, stream=None, device=None, outputs=None, **attrs):
         if outputs is None:
+            if not attrs and stream is None and device is None:
+                results = _run_plain(name, inputs, placement)
+                return results[0] if single else tuple(results)
             for keyword in attrs:
                 if keyword.startswith("return_"):
                     break

@@ -16,7 +16,7 @@ import numpy as np
 from .. import driver as _driver
 from .. import dtypes as _dtypes
 from ..abi import C, ffi
-from ..engine.calls import KernelCall, key_dtype_of, launch
+from ..engine.calls import _DK_NOT_READY, _DK_OK, KernelCall, key_dtype_of, launch
 from ..errors import UnimplementedError
 from ..runtime import Array, Buffer, Device, Stream, _contiguous_strides, _stream_handle, asarray, device, empty
 from . import resolution
@@ -320,6 +320,7 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
     always are returned."""
     # A capturing stream records each call it is given, so it gets calls of its own.
     capturing = stream is not None and stream.capturing is not None
+    # (device, outputs): the placement run_plain keys its calls by too.
     key = None if capturing else _call_key(name, inputs, attrs, (device, outputs))
     cache = _call_cache()
     try:
@@ -354,6 +355,25 @@ def run_op(name: str, inputs: Sequence, attrs: Mapping | None = None, *,
             cache.clear()
         cache[key] = _CachedCall(bound, call)
     return results if bound.returned is None else results[:bound.returned]
+
+
+def run_plain(name: str, inputs: tuple, placement: tuple) -> list[Array]:
+    """``run_op(name, inputs, outputs=placement[1])`` for a call with no
+    attributes, stream or device (``placement`` is ``(None, outputs)``): the op
+    functions' common call. A cache hit costs the key and the cached run only."""
+    parts = [name, placement]
+    for value in inputs:
+        if type(value) is not Array:
+            return run_op(name, inputs, outputs=placement[1])
+        parts.append(value._layout or layout(value))
+    try:
+        cached = _thread.calls.get(tuple(parts))
+    except AttributeError:  # this thread's first call
+        cached = None
+    if cached is None:
+        return run_op(name, inputs, outputs=placement[1])
+    _cache_counts[0] += 1
+    return cached.run(inputs, None)
 
 
 # -- the call cache ----------------------------------------------------------------------
@@ -397,12 +417,24 @@ def _freeze(value):
     return (type(value), value)
 
 
+def _layout_of(dev: Device, dtype: np.dtype, shape: tuple, strides: tuple) -> str:
+    # A string: Python keeps its hash, where a tuple's is computed at every lookup.
+    return f"{id(dev)} {dtype.name} {dtype.str} {shape} {strides}"
+
+
+def layout(array: Array) -> str:
+    """What the call cache keys an Array input by: its device, dtype, shape and
+    strides, made once per Array (``Array._layout``)."""
+    made = array._layout = _layout_of(array.buffer._allocation.device, array.dtype, array.shape, array.strides)
+    return made
+
+
 def _call_key(name: str, inputs: Sequence, attrs: Mapping | None, placement) -> tuple | None:
     """What a call's resolution depends on, or None for a call not worth caching."""
     parts: list = [name, placement]
     for value in inputs:
-        if type(value) is Array:  # value.device, without its two property calls
-            parts.append((value.buffer._allocation.device, value.dtype, value.shape, value.strides))
+        if type(value) is Array:
+            parts.append(value._layout or layout(value))
         elif value is None:
             parts.append(None)
         else:
@@ -435,8 +467,9 @@ class _CachedCall:
         self.outputs = []
         for slot, (shape, dtype) in enumerate(bound.outputs):
             nbytes = math.prod(shape) * dtype.itemsize
-            self.outputs.append((call.outputs[slot], shape, dtype, tuple(_contiguous_strides(shape)), nbytes,
-                                 memory.caches(nbytes)))
+            strides = tuple(_contiguous_strides(shape))
+            self.outputs.append((call.outputs[slot], shape, dtype, strides, nbytes, memory.caches(nbytes),
+                                 _layout_of(bound.device, dtype, shape, strides)))
             call.outputs[slot].byte_offset = 0  # every run's outputs are fresh allocations
         self._stream = None  # the stream handle the call holds
         # Per input slot then output slot: the (handle, byte offset) it points at, so that a run
@@ -444,15 +477,21 @@ class _CachedCall:
         self._held = [(None, 0)] * (len(self.inputs) + len(self.outputs))
 
     def run(self, inputs: Sequence, stream: Stream | None) -> list[Array]:
-        # engine.calls.bind, inlined: this is most of an eager op's host cost.
+        # engine.calls.bind and launch, inlined: this is most of an eager op's host cost.
         dev = self.device
         held = self._held
-        arrays = []  # the inputs, alive until the launch (a converted one is held nowhere else)
+        # The inputs as Arrays, for the stream to retain, or (without a stream) None
+        # until one is made here from a NumPy value: alive until the launch.
+        arrays = None if stream is None else []
         index = 0
         for slot, position in self.inputs:
             value = inputs[position]
             if type(value) is not Array:
                 value = asarray(value, dev, stream=stream)
+                if arrays is None:
+                    arrays = []
+            if arrays is not None:
+                arrays.append(value)
             buffer = value.buffer
             handle = buffer._allocation.handle
             if handle is None:
@@ -462,12 +501,11 @@ class _CachedCall:
             if handle is not was_handle or offset != was_offset:
                 slot.data, slot.byte_offset = handle, offset
                 held[index] = (handle, offset)
-            arrays.append(value)
             index += 1
         results = []
         memory = dev._memory
         caching = _driver._allocator == "caching"
-        for slot, shape, dtype, strides, nbytes, capacity in self.outputs:
+        for slot, shape, dtype, strides, nbytes, capacity, layout_key in self.outputs:
             # Buffer.allocate's checks passed when the call was cached; a capturing stream gets no cached call.
             if caching and capacity is not None:
                 allocation = memory.allocate_class(nbytes, capacity, stream)
@@ -478,12 +516,16 @@ class _CachedCall:
                 slot.data = handle
                 held[index] = (handle, 0)
             index += 1
-            results.append(Array.trusted(Buffer(allocation, 0, nbytes), shape, dtype, strides))
+            result = Array.trusted(Buffer(allocation, 0, nbytes), shape, dtype, strides)
+            result._layout = layout_key  # what the next op's key takes of it, made once
+            results.append(result)
         call = self.call
         handle = ffi.NULL if stream is None else _stream_handle(stream, dev)
-        if handle != self._stream:
+        if handle is not self._stream:  # identity: NULL is one object, a stream's handle too
             call.cdata.stream = self._stream = handle
-        launch(call)
+        status = call.fn(call.cdata)
+        if status != _DK_OK and status != _DK_NOT_READY:
+            call.plugin.raise_status(status, call.label())
         if stream is not None:
             stream.retain(*arrays, *results)
         return results if self.returned is None else results[:self.returned]

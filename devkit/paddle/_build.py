@@ -1,4 +1,4 @@
-"""Builds the bridge library (bridge.cc) against the installed paddle wheel, once.
+"""Builds the bridge library (bridge.cc, bridge_ccl.cc) against the installed paddle wheel, once.
 
 The library goes to ``<devkit cache>/paddle/<key>/libpaddle-devkit.so``
 (devkit's cache root: $DEVKIT_CACHE_DIR, else $XDG_CACHE_HOME/devkit, else
@@ -25,7 +25,8 @@ from ..codegen import cache_root
 
 LIBRARY = "libpaddle-devkit.so"
 _HERE = Path(__file__).resolve().parent
-_SOURCE = _HERE / "bridge.cc"
+_SOURCES = (_HERE / "bridge.cc", _HERE / "bridge_ccl.cc")
+_HEADERS = (_HERE / "bridge_ccl.h",)
 _ABI_DIR = HEADER_PATH.resolve().parent
 
 
@@ -49,7 +50,7 @@ def _paddle_dir() -> Path:
 
 def _key(paddle_dir: Path) -> str:
     digest = hashlib.sha256()
-    for path in (_SOURCE, _ABI_DIR / "devkit.h"):
+    for path in (*_SOURCES, *_HEADERS, _ABI_DIR / "devkit.h"):
         digest.update(path.read_bytes())
     digest.update(metadata.version("paddlepaddle").encode())
     digest.update(str(paddle_dir).encode())
@@ -78,7 +79,7 @@ def _compile(paddle_dir: Path, library: Path) -> None:
     command = [
         os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-fPIC", "-shared",
         f"-I{include}", f"-I{include / 'third_party'}", f"-I{_ABI_DIR}",
-        f"-I{sysconfig.get_paths()['include']}", str(_SOURCE), "-o", str(partial),
+        f"-I{sysconfig.get_paths()['include']}", *map(str, _SOURCES), "-o", str(partial),
         f"-L{paddle_dir / 'libs'}", "-l:libphi_core.so", f"-Wl,-rpath,{paddle_dir / 'libs'}",
     ]
     result = subprocess.run(command, capture_output=True, text=True)

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bridge_ccl.h"
 #include "devkit.h"
 #include "paddle/phi/backends/device_ext.h"
 #include "paddle/phi/capi/all.h"
@@ -477,6 +478,7 @@ extern "C" void InitPlugin(CustomRuntimeParams* params) {
   i->device_max_alloc_size = max_alloc_size;
   i->is_float16_supported = is_float16_supported;
   i->is_bfloat16_supported = is_bfloat16_supported;
+  devkit_paddle::register_collectives(i, {g_api, resolve, status, [] { return t_current; }, report});
 }
 
 // ---- kernels -------------------------------------------------------------------------

@@ -302,6 +302,9 @@ void dks_broadcast_strides(const dks_tensor *t, int32_t out_ndim, int64_t *byte_
  * read ctx. Each element's value does not depend on the split. */
 #define DKS_ELEMENTWISE_GRAIN 16384
 void dks_elementwise(const dks_kernel_args *k, int nin, dks_inner_loop loop, void *ctx);
+/* dks_elementwise split from 2 * grain elements: a smaller grain for loops
+ * whose elements cost many times a copy's (transcendental functions). */
+void dks_elementwise_grain(const dks_kernel_args *k, int nin, dks_inner_loop loop, void *ctx, int64_t grain);
 
 /* ---- Reduced-precision storage types -------------------------------------- */
 

@@ -953,6 +953,10 @@ void dks_broadcast_strides(const dks_tensor *t, int32_t out_ndim, int64_t *byte_
 }
 
 void dks_elementwise(const dks_kernel_args *k, int nin, dks_inner_loop loop, void *ctx) {
+  dks_elementwise_grain(k, nin, loop, ctx, DKS_ELEMENTWISE_GRAIN);
+}
+
+void dks_elementwise_grain(const dks_kernel_args *k, int nin, dks_inner_loop loop, void *ctx, int64_t grain) {
   const dks_tensor *out = &k->out[0];
   int64_t strides[DKS_MAX_OPERANDS][DKS_MAX_DIMS];
   uint8_t *base[DKS_MAX_OPERANDS];
@@ -965,7 +969,7 @@ void dks_elementwise(const dks_kernel_args *k, int nin, dks_inner_loop loop, voi
   nd_plan p;
   if (nd_plan_init(&p, nin + 1, out->ndim, out->shape, (const int64_t(*)[DKS_MAX_DIMS])strides,
                    base, loop, ctx))
-    dks_parallel_for(p.total, DKS_ELEMENTWISE_GRAIN, nd_range, &p);
+    dks_parallel_for(p.total, grain, nd_range, &p);
 }
 
 /* ---- Generic scalars ---------------------------------------------------------- */

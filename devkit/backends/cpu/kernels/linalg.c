@@ -634,7 +634,7 @@ static DK_Status product_prepared(const dks_kernel_args *k, const dks_tensor *a,
   bool rows = is_compact(a);
   float *copy = rows ? NULL : linalg_compact_copy(k, a);
   if (!rows && !copy) return DK_RESOURCE_EXHAUSTED;
-  packed_gemm(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
+  packed_gemm_tiles(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
   free(copy);
   return DK_OK;
 }
@@ -646,12 +646,45 @@ static DK_Status matmul_prepared(const dks_kernel_args *k) {
                           (float *)y->data);
 }
 
+/* Batched MatMul products [begin, end): each its own GEMM. */
+typedef struct mm_batch_job {
+  linalg_real real;
+  bool ta, tb;
+  const mm_geometry *g;
+  const mm_operand *a, *b;
+  int64_t lda, ldb, es;
+  uint8_t *y;
+} mm_batch_job;
+
+/* A batch split over the pool takes at least about this many multiply-adds
+ * (one 32 x 32 x 32 product: transformer_encoder's 8 heads of Q K^T ran one
+ * after another on one thread, 7 us at 2 threads). */
+#define MM_BATCH_CHUNK_MACS (INT64_C(1) << 15)
+
+static void mm_batches(void *arg, int64_t begin, int64_t end) {
+  const mm_batch_job *j = arg;
+  const mm_geometry *g = j->g;
+  int64_t index[DKS_MAX_DIMS] = {0}, at = begin;
+  for (int32_t d = g->batch_nd - 1; d >= 0; d--) { /* begin's batch index */
+    index[d] = at % g->batch_shape[d];
+    at /= g->batch_shape[d];
+  }
+  for (int64_t i = begin; i < end; i++, mm_next_batch(g, index)) {
+    int64_t a_off, b_off;
+    mm_batch_offsets(g, index, j->a, j->b, &a_off, &b_off);
+    linalg_gemm(j->real, j->ta, j->tb, g->m, g->n, g->k, 1.0, j->a->data + a_off * j->es, j->lda,
+                j->b->data + b_off * j->es, j->ldb, 0.0, j->y + i * g->m * g->n * j->es, g->n);
+  }
+}
+
 static DK_Status matmul_float(const dks_kernel_args *k) {
   const dks_tensor *a = &k->in[0], *b = &k->in[1], *y = &k->out[0];
   if (y->size == 0) return DK_OK;
   if (b->prepared_bytes) return matmul_prepared(k);
   linalg_real real = linalg_real_of(y);
-  mm_geometry g;
+  /* zeroed: its address goes to the pool, past which GCC cannot see that mm_setup sets what is
+   * read (-Wmaybe-uninitialized) */
+  mm_geometry g = {0};
   mm_setup(a, b, y, &g);
   if (g.k == 0) { /* empty sums; A and B are empty (NULL) */
     memset(y->data, 0, (size_t)(y->size * y->itemsize));
@@ -669,13 +702,15 @@ static DK_Status matmul_float(const dks_kernel_args *k) {
       linalg_gemm(real, false, tb, g.m * g.batches, g.n, g.k, 1.0, oa.data, lda, ob.data, ldb, 0.0,
                   y->data, g.n);
     } else {
-      int64_t index[DKS_MAX_DIMS] = {0};
-      for (int64_t i = 0; i < g.batches; i++, mm_next_batch(&g, index)) {
-        int64_t a_off, b_off;
-        mm_batch_offsets(&g, index, &oa, &ob, &a_off, &b_off);
-        linalg_gemm(real, ta, tb, g.m, g.n, g.k, 1.0, oa.data + a_off * (int64_t)es, lda,
-                    ob.data + b_off * (int64_t)es, ldb, 0.0, y->data + i * g.m * g.n * (int64_t)es, g.n);
-      }
+      mm_batch_job job = {.real = real, .ta = ta, .tb = tb, .g = &g, .a = &oa, .b = &ob,
+                          .lda = lda, .ldb = ldb, .y = y->data, .es = (int64_t)es};
+      /* Products too small to split themselves split the batches among them. */
+      double macs = (double)g.m * (double)g.n * (double)g.k;
+      int64_t grain = macs >= (double)MM_BATCH_CHUNK_MACS ? 1 : (int64_t)(MM_BATCH_CHUNK_MACS / macs) + 1;
+      if (macs >= (double)GEMM_SPLIT_MIN_MACS)
+        mm_batches(&job, 0, g.batches);
+      else
+        dks_parallel_for(g.batches, grain, mm_batches, &job);
     }
   }
   free(a_copy);

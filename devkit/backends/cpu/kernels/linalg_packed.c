@@ -240,3 +240,43 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, i
   int64_t parts = threads < columns ? threads : columns;
   dks_parallel_for(columns, (columns + parts - 1) / parts, product_columns, &p);
 }
+
+/* ---- The product split into tiles ------------------------------------------ */
+
+/* Tiles [begin, end) of PACKED_ROWS rows by two panels, column-major: a
+ * member's run of tiles walks down the row blocks of one column block
+ * before the next, reading each pair of panels while it is in cache. */
+static void product_tiles(void *arg, int64_t begin, int64_t end) {
+  const packed_product *p = arg;
+  int64_t panel_count = panels_of(p->n);
+  int64_t row_blocks = (p->m + PACKED_ROWS - 1) / PACKED_ROWS;
+  for (int64_t t = begin; t < end; t++) {
+    int64_t first = 2 * (t / row_blocks), j0 = first * PACKED_PANEL, i = (t % row_blocks) * PACKED_ROWS;
+    int panels = first + 1 < panel_count ? 2 : 1;
+    int64_t width = p->n - j0 < panels * PACKED_PANEL ? p->n - j0 : panels * PACKED_PANEL;
+    int rows = p->m - i < PACKED_ROWS ? (int)(p->m - i) : PACKED_ROWS;
+    p->block(&p->g, rows, panels, width, p->a + i * p->g.lda, p->b + first * p->g.panel_stride,
+             p->c + i * p->g.ldc + j0);
+  }
+}
+
+/* packed_gemm's product, split over the pool by tiles of rows and columns
+ * rather than by column blocks alone: packed_gemm asks dks_parallel_for for
+ * chunks of ceil(columns / threads) column blocks, which runs serially when
+ * that is more than half of them (an odd count: llama_decoder's 64 x 344
+ * MLP products, 11 column blocks, ran on one thread), and cannot split a
+ * product of one or two column blocks at all. */
+void packed_gemm_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const void *packed, bool accumulate, float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = PACKED_PANEL,
+                            .panel_stride = k * PACKED_PANEL, .alpha = alpha, .accumulate = accumulate},
+                      .block = pick_block(), .m = m, .n = n, .a = a,
+                      .b = (const float *)((const uint8_t *)packed + sizeof(packed_header)), .c = c};
+  int64_t tiles = (panels_of(n) + 1) / 2 * ((m + PACKED_ROWS - 1) / PACKED_ROWS);
+  if (dks_thread_count() < 2 || (double)m * (double)n * (double)k < (double)PACKED_SPLIT_MIN_MACS) {
+    product_tiles(&p, 0, tiles);
+    return;
+  }
+  dks_parallel_for(tiles, 1, product_tiles, &p);
+}

@@ -51,4 +51,10 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                       bool accumulate, float *c, int64_t ldc);
 
+/* packed_gemm's product, split over the pool by tiles of rows and column
+ * blocks (packed_gemm splits by column blocks only, and runs serially where
+ * ceil(column blocks / threads) is more than half of them). */
+void packed_gemm_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                       const void *packed, bool accumulate, float *c, int64_t ldc);
+
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */

@@ -5,15 +5,19 @@
  * scores block is scale * Q K^T (one GEMM), then each row gets softcap, the
  * additive bias (attn_mask, causal), a max-subtracted softmax, and the block
  * is multiplied by V (a second GEMM). The heads split over the thread
- * pool; each is computed as on one thread. The GEMMs are OpenBLAS's: float32,
- * float16 and bfloat16 compute in float32 (float16/bfloat16 converted on the
- * way in and out), float64 in float64. Inputs are compact.
+ * pool; each is computed as on one thread. float32, float16 and bfloat16
+ * compute in float32 (float16/bfloat16 converted on the way in and out),
+ * float64 in float64. The float32 GEMMs of up to ATTN_PACKED_KEYS keys run
+ * on K^T and V packed per kv head (linalg_packed.h), the others through
+ * OpenBLAS. Inputs are compact.
  */
 #include <cblas.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "linalg_packed.h"
 #include "nn.h"
+#include "vmath.h"
 
 /* Elements of the scores block a query-row block may take; bounds scratch
  * memory for long key sequences. */
@@ -21,6 +25,13 @@
 /* Query heads split over the pool from about this many multiply-adds a
  * chunk (llama_decoder's 16 heads of 32 x 32 scores, d 16: one a chunk). */
 #define ATTN_CHUNK_MACS ((int64_t)1 << 15)
+/* float32 products over at most this many keys run on operands packed per
+ * kv head: OpenBLAS packs both operands and sets up its buffers at every
+ * call, most of the time of llama_decoder's 32 x 32 x 16 products (16 heads:
+ * the Attention call took 53 us of its 0.21 ms plan, 2 threads, Zen 5);
+ * beyond, a head's packed K^T and V outgrow L2 and OpenBLAS's cache
+ * blocking pays. */
+#define ATTN_PACKED_KEYS 1024
 /* ONNX TensorProto code of softmax_precision=DOUBLE. */
 #define ATTN_PRECISION_DOUBLE 11
 
@@ -135,49 +146,136 @@ static inline double attn_bias(const attn_geom *g, const uint8_t *mask_row, int6
   return bias;
 }
 
-/* Softmax of a row of scores in place, with the rules of ONNX's reference:
- * a row with a NaN is all NaN; a row whose maximum is -inf (every key masked)
- * is all zero. The exponentials are CT's (expf for float scores) unless
- * `wide` (softmax_precision=DOUBLE) gives a row of doubles for them; sums are
- * double either way. */
-#define ATTN_SOFTMAX(SUF, CT, EXP)                                          \
-  static void attn_softmax_##SUF(CT *s, int64_t n, double *wide) {          \
-    bool has_nan = false;                                                   \
-    double top = -INFINITY;                                                 \
-    for (int64_t j = 0; j < n; j++) {                                       \
-      has_nan |= isnan(s[j]);                                               \
-      if (s[j] > top) top = s[j];                                           \
-    }                                                                       \
-    if (has_nan || top == -INFINITY) {                                      \
-      for (int64_t j = 0; j < n; j++) s[j] = has_nan ? NAN : 0;             \
-      return;                                                               \
-    }                                                                       \
-    double sum = 0.0;                                                       \
-    if (wide) {                                                             \
-      for (int64_t j = 0; j < n; j++) sum += wide[j] = exp(s[j] - top);     \
-      for (int64_t j = 0; j < n; j++) s[j] = (CT)(wide[j] / sum);           \
-    } else {                                                                \
-      CT max = (CT)top; /* exact: top is one of the scores */               \
-      for (int64_t j = 0; j < n; j++) sum += s[j] = EXP(s[j] - max);        \
-      for (int64_t j = 0; j < n; j++) s[j] = (CT)(s[j] / sum);              \
-    }                                                                       \
+/* Softmax of the rows of a block of scores in place, with the rules of
+ * ONNX's reference: a row with a NaN (or +inf) is all NaN; a row whose
+ * maximum is -inf (every key masked) is all zero. Sums are double.
+ * float64 rows, and float32 rows with `wide` (softmax_precision=DOUBLE: a
+ * row of doubles for the exponentials), take libm's exp one row at a time.
+ * `row_scratch`: `rows` values of the compute type. */
+static void attn_softmax_row_f64(double *s, int64_t n) {
+  bool has_nan = false;
+  double top = -INFINITY;
+  for (int64_t j = 0; j < n; j++) {
+    has_nan |= isnan(s[j]);
+    if (s[j] > top) top = s[j];
   }
+  if (has_nan || top == -INFINITY) {
+    for (int64_t j = 0; j < n; j++) s[j] = has_nan ? NAN : 0;
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; j++) sum += s[j] = exp(s[j] - top);
+  for (int64_t j = 0; j < n; j++) s[j] /= sum;
+}
 
-ATTN_SOFTMAX(f32, float, expf)
-ATTN_SOFTMAX(f64, double, exp)
+static void attn_softmax_f64(double *s, int64_t rows, int64_t n, double *wide, double *row_scratch) {
+  (void)wide, (void)row_scratch; /* the exponentials are double already */
+  for (int64_t i = 0; i < rows; i++) attn_softmax_row_f64(s + i * n, n);
+}
 
+/* Independent double accumulators of a float32 row's sum: vector lanes, in
+ * the same order in every clone (the same bits on every ISA). */
+#define ATTN_SUM_LANES 8
+
+/* float32 rows: the maximum as ordered integers, vm_expf of the float32
+ * differences (as expf did before: at most 1 ulp from it), the sum in
+ * ATTN_SUM_LANES double lanes and the product by its reciprocal, each a pass
+ * over every row of the block in loops the compiler vectorises: the rows'
+ * dependency chains (maximum, exponentials, sum, reciprocal) overlap, where
+ * row by row each waited for the one before (512 rows of 32: 35 -> 16 ns a
+ * row, Zen 5). A NaN may rank below -inf as an ordered integer, so a row
+ * whose maximum is not finite is looked through for one; row_scratch[i]
+ * holds row i's maximum, then the reciprocal of its sum, NaN for a row
+ * already set (NaN or zero). */
+DKS_VECTOR_CLONES static void attn_softmax_f32(float *s, int64_t rows, int64_t n, double *wide,
+                                                float *row_scratch) {
+  if (wide) {
+    for (int64_t i = 0; i < rows; i++) {
+      float *r = s + i * n;
+      for (int64_t j = 0; j < n; j++) wide[j] = r[j];
+      attn_softmax_row_f64(wide, n);
+      for (int64_t j = 0; j < n; j++) r[j] = (float)wide[j];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < rows; i++) {
+    float *r = s + i * n, top = vm_max_f32(r, n);
+    row_scratch[i] = top;
+    if (top == -INFINITY || top == INFINITY || isnan(top)) {
+      bool has_nan = false;
+      for (int64_t j = 0; j < n; j++) has_nan |= isnan(r[j]);
+      for (int64_t j = 0; j < n; j++) r[j] = top == -INFINITY && !has_nan ? 0.0f : NAN;
+      row_scratch[i] = NAN;
+    }
+  }
+  for (int64_t i = 0; i < rows; i++) {
+    float *r = s + i * n, top = row_scratch[i];
+    if (isnan(top)) continue;
+    for (int64_t j = 0; j < n; j++) r[j] = vm_expf(r[j] - top);
+  }
+  int64_t body = n - n % ATTN_SUM_LANES;
+  for (int64_t i = 0; i < rows; i++) {
+    float *r = s + i * n;
+    if (isnan(row_scratch[i])) continue;
+    double lane[ATTN_SUM_LANES] = {0}, sum = 0.0;
+    for (int64_t j = 0; j < body; j += ATTN_SUM_LANES)
+      for (int l = 0; l < ATTN_SUM_LANES; l++) lane[l] += r[j + l];
+    for (int64_t j = body; j < n; j++) sum += r[j];
+    for (int l = 0; l < ATTN_SUM_LANES; l++) sum += lane[l];
+    if (isnan(sum)) /* a NaN that ranked below the maximum */
+      for (int64_t j = 0; j < n; j++) r[j] = NAN;
+    row_scratch[i] = isnan(sum) ? NAN : (float)(1.0 / sum); /* the sum is at least 1: the maximum's term */
+  }
+  for (int64_t i = 0; i < rows; i++) {
+    float *r = s + i * n, inv = row_scratch[i];
+    if (isnan(inv)) continue;
+    for (int64_t j = 0; j < n; j++) r[j] *= inv;
+  }
+}
+
+/* c = alpha * a b (b^T with trans_b): on `packed`, b's packed form
+ * (attn_pack), when given, else through OpenBLAS. */
 static void attn_gemm_f32(bool trans_b, int64_t m, int64_t n, int64_t kk, double alpha, const float *a,
-                          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+                          int64_t lda, const float *b, int64_t ldb, const void *packed, float *c,
+                          int64_t ldc) {
+  if (packed) {
+    packed_gemm_tiles(m, n, kk, (float)alpha, a, lda, packed, false, c, ldc);
+    return;
+  }
   scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                     (blasint)n, (blasint)kk, (float)alpha, a, (blasint)lda, b, (blasint)ldb, 0.0f, c,
                     (blasint)ldc);
 }
 
 static void attn_gemm_f64(bool trans_b, int64_t m, int64_t n, int64_t kk, double alpha, const double *a,
-                          int64_t lda, const double *b, int64_t ldb, double *c, int64_t ldc) {
+                          int64_t lda, const double *b, int64_t ldb, const void *packed, double *c,
+                          int64_t ldc) {
+  (void)packed; /* float64 has no packed form: attn_pack_bytes_f64 is 0 */
   scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
                     (blasint)n, (blasint)kk, alpha, a, (blasint)lda, b, (blasint)ldb, 0.0, c,
                     (blasint)ldc);
+}
+
+/* Bytes of a chunk's packed K^T and V (0: the products go through OpenBLAS). */
+static size_t attn_pack_bytes_f32(const attn_geom *g) {
+  if (g->total > ATTN_PACKED_KEYS || !g->d || !g->dv) return 0;
+  return packed_b_bytes(g->d, g->total) + packed_b_bytes(g->total, g->dv);
+}
+
+static size_t attn_pack_bytes_f64(const attn_geom *g) {
+  (void)g;
+  return 0;
+}
+
+/* Packs the rows x cols matrix at b (row stride ldb), or its transpose, as
+ * the B of a product into dst; returns dst (NULL: nothing to pack). */
+static const void *attn_pack(void *dst, const void *b, bool trans, int64_t ldb, int64_t rows, int64_t cols) {
+  if (!dst) return NULL;
+  if (trans)
+    packed_b_pack(b, 1, ldb, cols, rows, dst);
+  else
+    packed_b_pack(b, ldb, 1, rows, cols, dst);
+  return dst;
 }
 
 /* A rows x cols matrix (row stride ld) of a tensor as compute-type values:
@@ -227,18 +325,24 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
   memcpy(dst, src, (size_t)n * sizeof *src);
 }
 
+/* Row qi of query head (b, h) in qk_matmul_output. */
+static uint8_t *attn_qk_row(const attn_geom *g, const dks_tensor *qk, int64_t b, int64_t h, int64_t qi) {
+  return qk->data + ((b * g->hq + h) * g->lq + qi) * g->total * qk->itemsize;
+}
+
 /* One instantiation per compute type CT: f32 (float32, float16 and bfloat16
  * storage) and f64.
  *
  * attn_scores: scores[rows x total] = scale * Q[b, h, i0 .. i0 + rows) K^T.
- * attn_row: one query row of scores -> softcap, bias, softmax (and the
- *   qk_matmul_output of the selected mode) -> probabilities in place.
+ * attn_row: one query row of scores -> softcap, bias (and the
+ *   qk_matmul_output of modes 0-2) in place; the block's rows then go
+ *   through attn_softmax together (mode 3 written after).
  * attention_heads: (batch, query head) pairs, each over its row blocks:
  *   Y rows = probabilities V; attention splits the pairs over the pool. */
 #define ATTN_IMPL(SUF, CT, TANH)                                                                  \
   static void attn_scores_##SUF(const dks_kernel_args *k, const attn_geom *g, int64_t b,          \
                                 int64_t h, int64_t i0, int64_t rows, const CT *keys, int64_t ldk, \
-                                CT *qbuf, CT *scores) {                                           \
+                                const void *kpack, CT *qbuf, CT *scores) {                        \
     const dks_tensor *q = &k->in[0];                                                              \
     if (!g->d) { /* empty dot products */                                                         \
       memset(scores, 0, (size_t)(rows * g->total) * sizeof(CT));                                  \
@@ -247,19 +351,22 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     int64_t ldq;                                                                                  \
     const uint8_t *src = q->data + (b * g->q_b + h * g->q_h + i0 * g->q_r) * q->itemsize;         \
     const CT *qs = attn_view_##SUF(src, q->dtype, rows, g->d, g->q_r, qbuf, &ldq);                \
-    attn_gemm_##SUF(true, rows, g->total, g->d, g->scale, qs, ldq, keys, ldk, scores, g->total);  \
+    attn_gemm_##SUF(true, rows, g->total, g->d, g->scale, qs, ldq, keys, ldk, kpack, scores,      \
+                    g->total);                                                                    \
   }                                                                                               \
                                                                                                   \
   static void attn_row_##SUF(const attn_geom *g, const dks_tensor *qk, int64_t b, int64_t h,      \
-                             int64_t qi, CT *s, double *wide) {                                   \
+                             int64_t qi, CT *s) {                                                 \
     int64_t total = g->total;                                                                     \
-    uint8_t *qk_row = qk->data + ((b * g->hq + h) * g->lq + qi) * total * qk->itemsize;           \
+    uint8_t *qk_row = attn_qk_row(g, qk, b, h, qi);                                               \
     if (g->mode == 0) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
     if (g->softcap > 0)                                                                           \
       for (int64_t j = 0; j < total; j++) s[j] = (CT)(g->softcap * TANH(s[j] / (CT)g->softcap));  \
     if (g->mode == 1) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
     bool all_masked = false;                                                                      \
-    if (g->mask || g->causal) {                                                                   \
+    if (!g->mask && g->causal) /* key 0 is always seen: never all masked */                       \
+      for (int64_t j = qi + g->past + 1; j < total; j++) s[j] = (CT)(s[j] + (CT)-INFINITY);        \
+    else if (g->mask || g->causal) {                                                              \
       const uint8_t *mask_row =                                                                   \
           g->mask ? g->mask->data + (b * g->mask_strides[0] + h * g->mask_strides[1] +            \
                                      qi * g->mask_strides[2]) * g->mask->itemsize                 \
@@ -272,12 +379,10 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
       }                                                                                           \
     }                                                                                             \
     if (g->mode == 2) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
-    /* A row whose bias masks every key attends nothing (ONNX 23 errata). */                      \
+    /* A row whose bias masks every key attends nothing (ONNX 23 errata): all -inf, which the     \
+     * softmax makes all zero (a NaN score there must not make it NaN). */                        \
     if (all_masked)                                                                               \
-      memset(s, 0, (size_t)total * sizeof(CT));                                                   \
-    else                                                                                          \
-      attn_softmax_##SUF(s, total, wide);                                                         \
-    if (g->mode == 3) attn_put_##SUF(qk_row, qk->dtype, s, total);                                \
+      for (int64_t j = 0; j < total; j++) s[j] = (CT)-INFINITY;                                   \
   }                                                                                               \
                                                                                                   \
   /* Query heads [begin, end) over (batch, head): each its scores, softmax rows and Y rows,      \
@@ -291,16 +396,22 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
     int64_t item = y->itemsize;                                                                   \
     bool direct = sizeof(CT) == (size_t)item; /* the tensors hold CT: no conversions */           \
     int64_t total = g->total, d = g->d, dv = g->dv, block = job->block;                           \
-    size_t n_scores = (size_t)(block * total), n_wide = g->wide_softmax ? (size_t)total : 0;       \
+    /* the scores block, then a value per row for the softmax */                                 \
+    size_t n_scores = (size_t)(block * total + block), n_wide = g->wide_softmax ? (size_t)total : 0; \
     size_t n_conv = direct ? 0 : (size_t)((total + block) * (d + dv));                            \
-    size_t bytes = (n_scores + n_conv) * sizeof(CT) + n_wide * sizeof(double);                    \
-    void *scratch = malloc(bytes ? bytes : 1);                                                    \
+    /* The packed K^T and V first: their panels are read 64-byte aligned. */                      \
+    size_t n_pack = attn_pack_bytes_##SUF(g);                                                     \
+    size_t bytes = n_pack + (n_scores + n_conv) * sizeof(CT) + n_wide * sizeof(double);           \
+    bytes = (bytes + 63) / 64 * 64; /* aligned_alloc takes a multiple of the alignment */        \
+    uint8_t *scratch = aligned_alloc(64, bytes ? bytes : 64);                                     \
     if (!scratch) {                                                                               \
-      atomic_store(&job->failed_bytes, bytes ? bytes : 1);                                        \
+      atomic_store(&job->failed_bytes, bytes ? bytes : 64);                                       \
       return;                                                                                     \
     }                                                                                             \
-    double *wide = n_wide ? scratch : NULL;                                                       \
-    CT *scores = (CT *)((uint8_t *)scratch + n_wide * sizeof(double));                            \
+    void *kpack = n_pack ? scratch : NULL;                                                        \
+    void *vpack = n_pack ? scratch + packed_b_bytes(d, total) : NULL;                             \
+    double *wide = n_wide ? (double *)(scratch + n_pack) : NULL;                                  \
+    CT *scores = (CT *)(scratch + n_pack + n_wide * sizeof(double));                              \
     CT *kbuf = NULL, *vbuf = NULL, *qbuf = NULL, *ybuf = NULL; /* float16/bfloat16 in CT */      \
     if (!direct) {                                                                                \
       kbuf = scores + n_scores;                                                                   \
@@ -308,29 +419,39 @@ static void attn_put_f64(uint8_t *dst, DK_DTypeKey dtype, const double *src, int
       qbuf = vbuf + total * dv;                                                                   \
       ybuf = qbuf + block * d;                                                                    \
     }                                                                                             \
-    int64_t group = g->hq / g->hkv;                                                               \
+    int64_t group = g->hq / g->hkv, ready_kv = -1, ldk = d, ldv = dv;                             \
+    const CT *keys = NULL, *vals = NULL;                                                          \
+    const void *kp = NULL, *vp = NULL; /* their packed forms */                                   \
     for (int64_t head = begin; head < end; head++) {                                              \
-      int64_t b = head / g->hq, h = head % g->hq;                                                 \
-      /* The keys and values of its kv head (float16/bfloat16: converted per query head). */      \
-      int64_t ldk = d, ldv = dv, kv = b * g->hkv + h / group;                                     \
-      const CT *keys = NULL, *vals = NULL;                                                        \
-      if (total && d)                                                                             \
-        keys = attn_view_##SUF(pk->data + kv * total * d * item, dt, total, d, d, kbuf, &ldk);    \
-      if (total && dv)                                                                            \
-        vals = attn_view_##SUF(pv->data + kv * total * dv * item, dt, total, dv, dv, vbuf, &ldv); \
+      int64_t b = head / g->hq, h = head % g->hq, kv = b * g->hkv + h / group;                    \
+      /* The keys and values of its kv head (float16/bfloat16 converted, then packed), which     \
+       * the chunk's next query heads of the group reuse. */                                      \
+      if (kv != ready_kv) {                                                                       \
+        if (total && d) {                                                                         \
+          keys = attn_view_##SUF(pk->data + kv * total * d * item, dt, total, d, d, kbuf, &ldk);  \
+          kp = attn_pack(kpack, keys, true, ldk, total, d);                                       \
+        }                                                                                         \
+        if (total && dv) {                                                                        \
+          vals = attn_view_##SUF(pv->data + kv * total * dv * item, dt, total, dv, dv, vbuf, &ldv); \
+          vp = attn_pack(vpack, vals, false, ldv, total, dv);                                     \
+        }                                                                                         \
+        ready_kv = kv;                                                                            \
+      }                                                                                           \
       for (int64_t i0 = 0; i0 < g->lq; i0 += block) {                                            \
         int64_t rows = g->lq - i0 < block ? g->lq - i0 : block;                                   \
         if (total) {                                                                              \
-          attn_scores_##SUF(k, g, b, h, i0, rows, keys, ldk, qbuf, scores);                       \
-          for (int64_t i = 0; i < rows; i++)                                                      \
-            attn_row_##SUF(g, qk, b, h, i0 + i, scores + i * total, wide);                        \
+          attn_scores_##SUF(k, g, b, h, i0, rows, keys, ldk, kp, qbuf, scores);                   \
+          for (int64_t i = 0; i < rows; i++) attn_row_##SUF(g, qk, b, h, i0 + i, scores + i * total); \
+          attn_softmax_##SUF(scores, rows, total, wide, scores + block * total);                  \
+          for (int64_t i = 0; g->mode == 3 && i < rows; i++)                                      \
+            attn_put_##SUF(attn_qk_row(g, qk, b, h, i0 + i), qk->dtype, scores + i * total, total); \
         }                                                                                         \
         if (!dv) continue;                                                                        \
         uint8_t *yrow = y->data + (b * g->y_b + h * g->y_h + i0 * g->y_r) * item;                 \
         CT *out = direct ? (CT *)yrow : ybuf;                                                     \
         int64_t ldy = direct ? g->y_r : dv;                                                       \
         if (total)                                                                                \
-          attn_gemm_##SUF(false, rows, dv, total, 1.0, scores, total, vals, ldv, out, ldy);       \
+          attn_gemm_##SUF(false, rows, dv, total, 1.0, scores, total, vals, ldv, vp, out, ldy);   \
         else /* no keys: every row is fully masked */                                             \
           for (int64_t i = 0; i < rows; i++) memset(out + i * ldy, 0, (size_t)dv * sizeof(CT));   \
         if (!direct)                                                                              \
@@ -381,18 +502,30 @@ typedef struct rope_geom {
   bool interleaved;
 } rope_geom;
 
-/* Rotates one head: pairs (i, i + half) or (2i, 2i + 1) of the first 2 * half
- * elements; the rest is copied. Products and sums in double. */
+/* Rotates a token's heads: in each, pairs (i, i + half) or (2i, 2i + 1) of
+ * the first 2 * half elements; the rest is copied. Products and sums in
+ * double. One call a token, the heads' loops inline (a call and a zero-byte
+ * memcpy a head took most of llama_decoder's 512 heads of 8 pairs). */
 #define ROPE_ROW(SUF, T)                                                                         \
   static void rope_row_##SUF(const rope_geom *g, const T *x, T *y, const T *cos, const T *sin) { \
-    for (int64_t i = 0; i < g->half; i++) {                                                      \
-      int64_t i1 = g->interleaved ? 2 * i : i, i2 = g->interleaved ? 2 * i + 1 : i + g->half;    \
-      double c = nn_ld_##SUF(cos, i), s = nn_ld_##SUF(sin, i);                                   \
-      double x1 = nn_ld_##SUF(x, i1), x2 = nn_ld_##SUF(x, i2);                                   \
-      nn_st_##SUF(y, i1, c * x1 - s * x2);                                                       \
-      nn_st_##SUF(y, i2, s * x1 + c * x2);                                                       \
+    int64_t rest = g->head_size - 2 * g->half;                                                   \
+    for (int64_t h = 0; h < g->heads; h++, x += g->x_h, y += g->x_h) {                           \
+      if (g->interleaved)                                                                        \
+        for (int64_t i = 0; i < g->half; i++) {                                                  \
+          double c = nn_ld_##SUF(cos, i), s = nn_ld_##SUF(sin, i);                               \
+          double x1 = nn_ld_##SUF(x, 2 * i), x2 = nn_ld_##SUF(x, 2 * i + 1);                     \
+          nn_st_##SUF(y, 2 * i, c * x1 - s * x2);                                                \
+          nn_st_##SUF(y, 2 * i + 1, s * x1 + c * x2);                                            \
+        }                                                                                        \
+      else                                                                                       \
+        for (int64_t i = 0; i < g->half; i++) {                                                  \
+          double c = nn_ld_##SUF(cos, i), s = nn_ld_##SUF(sin, i);                               \
+          double x1 = nn_ld_##SUF(x, i), x2 = nn_ld_##SUF(x, i + g->half);                       \
+          nn_st_##SUF(y, i, c * x1 - s * x2);                                                    \
+          nn_st_##SUF(y, i + g->half, s * x1 + c * x2);                                          \
+        }                                                                                        \
+      if (rest) memcpy(y + 2 * g->half, x + 2 * g->half, (size_t)rest * sizeof(T));              \
     }                                                                                            \
-    memcpy(y + 2 * g->half, x + 2 * g->half, (size_t)(g->head_size - 2 * g->half) * sizeof(T));  \
   }
 
 ROPE_ROW(f32, float)
@@ -436,26 +569,24 @@ static DK_Status rotary_embedding(const dks_kernel_args *k) {
       int64_t cache_row = pos ? pos[b * g.seq + s] : b * g.seq + s;
       const uint8_t *c = cos->data + cache_row * g.half * item;
       const uint8_t *sn = sin->data + cache_row * g.half * item;
-      for (int64_t h = 0; h < g.heads; h++) {
-        int64_t off = (b * g.x_b + s * g.x_s + h * g.x_h) * item;
-        const uint8_t *xr = x->data + off;
-        uint8_t *yr = y->data + off;
-        switch ((int)x->dtype) {
-          case DK_DTYPE_FLOAT32:
-            rope_row_f32(&g, (const float *)xr, (float *)yr, (const float *)c, (const float *)sn);
-            break;
-          case DK_DTYPE_FLOAT64:
-            rope_row_f64(&g, (const double *)xr, (double *)yr, (const double *)c, (const double *)sn);
-            break;
-          case DK_DTYPE_FLOAT16:
-            rope_row_f16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
-                         (const uint16_t *)sn);
-            break;
-          default:
-            rope_row_bf16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
-                          (const uint16_t *)sn);
-            break;
-        }
+      int64_t off = (b * g.x_b + s * g.x_s) * item;
+      const uint8_t *xr = x->data + off;
+      uint8_t *yr = y->data + off;
+      switch ((int)x->dtype) {
+        case DK_DTYPE_FLOAT32:
+          rope_row_f32(&g, (const float *)xr, (float *)yr, (const float *)c, (const float *)sn);
+          break;
+        case DK_DTYPE_FLOAT64:
+          rope_row_f64(&g, (const double *)xr, (double *)yr, (const double *)c, (const double *)sn);
+          break;
+        case DK_DTYPE_FLOAT16:
+          rope_row_f16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
+                       (const uint16_t *)sn);
+          break;
+        default:
+          rope_row_bf16(&g, (const uint16_t *)xr, (uint16_t *)yr, (const uint16_t *)c,
+                        (const uint16_t *)sn);
+          break;
       }
     }
   }

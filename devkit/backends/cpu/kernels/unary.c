@@ -184,11 +184,11 @@ static inline uint8_t clip_uint8_t(uint8_t x, const unary_params *p) {
 #define AS_IS(v) (v)
 #define AS_BOOL(v) ((uint8_t)(v))
 
-#define KERNEL(NAME, LOOP, PARAMS)                  \
-  static DK_Status NAME(const dks_kernel_args *k) { \
-    unary_params params = PARAMS(k);                \
-    dks_elementwise(k, 1, LOOP, &params);           \
-    return DK_OK;                                   \
+#define KERNEL(NAME, LOOP, PARAMS, GRAIN)                   \
+  static DK_Status NAME(const dks_kernel_args *k) {        \
+    unary_params params = PARAMS(k);                       \
+    dks_elementwise_grain(k, 1, LOOP, &params, GRAIN);     \
+    return DK_OK;                                          \
   }
 
 /* ---- Parameters ------------------------------------------------------------
@@ -263,45 +263,51 @@ static unary_params clip_params(const dks_kernel_args *k) {
 /* ---- Kernels --------------------------------------------------------------
  *
  * X-macro lists: (ONNX name, formula, parameters[, VEC: the float32 loop's
- * attribute]). Each list item expands into its loops, its kernels and its
- * kernel-table entries.
+ * attribute, GRAIN: dks_elementwise_grain's]). Each list item expands into
+ * its loops, its kernels and its kernel-table entries.
  */
-#define FLOAT_OPS(X)                                 \
-  X(Abs, abs, no_params, DKS_VECTOR_CLONES)          \
-  X(Neg, neg, no_params, DKS_VECTOR_CLONES)          \
-  X(Exp, exp, no_params, DKS_VECTOR_CLONES)          \
-  X(Log, log, no_params, DKS_VECTOR_CLONES)          \
-  X(Sqrt, sqrt, no_params, )                         \
-  X(Reciprocal, reciprocal, no_params, )             \
-  X(Sin, sin, no_params, )                           \
-  X(Cos, cos, no_params, )                           \
-  X(Tan, tan, no_params, )                           \
-  X(Asin, asin, no_params, )                         \
-  X(Acos, acos, no_params, )                         \
-  X(Atan, atan, no_params, )                         \
-  X(Sinh, sinh, no_params, )                         \
-  X(Cosh, cosh, no_params, )                         \
-  X(Tanh, tanh, no_params, DKS_VECTOR_CLONES)        \
-  X(Asinh, asinh, no_params, )                       \
-  X(Acosh, acosh, no_params, )                       \
-  X(Atanh, atanh, no_params, )                       \
-  X(Sigmoid, sigmoid, no_params, DKS_VECTOR_CLONES)  \
-  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, )\
-  X(HardSwish, hard_swish, no_params, )              \
-  X(Relu, relu, no_params, DKS_VECTOR_CLONES)        \
-  X(LeakyRelu, leaky_relu, leaky_relu_params, )      \
-  X(Elu, elu, alpha_one_params, )                    \
-  X(Selu, selu, selu_params, )                       \
-  X(Celu, celu, alpha_one_params, )                  \
-  X(Erf, erf, no_params, DKS_VECTOR_CLONES)          \
-  X(Softplus, softplus, no_params, )                 \
-  X(Softsign, softsign, no_params, )                 \
-  X(Mish, mish, no_params, )                         \
-  X(Floor, floor, no_params, )                       \
-  X(Ceil, ceil, no_params, )                         \
-  X(Round, round, no_params, )                       \
-  X(Sign, sign, no_params, )                         \
-  X(Clip, clip, clip_params, )
+
+/* The transcendental formulas split over the pool from 8192 elements, not
+ * DKS_ELEMENTWISE_GRAIN's 32768 (a copy's): an element of Sigmoid costs
+ * about 20 times an Add's, and llama_decoder's 64 x 344 Sigmoid (22016
+ * elements, 8 us) ran on one thread. */
+#define UNARY_GRAIN_MATH 4096
+#define FLOAT_OPS(X)                                                         \
+  X(Abs, abs, no_params, DKS_VECTOR_CLONES, DKS_ELEMENTWISE_GRAIN)           \
+  X(Neg, neg, no_params, DKS_VECTOR_CLONES, DKS_ELEMENTWISE_GRAIN)           \
+  X(Exp, exp, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)                \
+  X(Log, log, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)                \
+  X(Sqrt, sqrt, no_params, , DKS_ELEMENTWISE_GRAIN)                          \
+  X(Reciprocal, reciprocal, no_params, , DKS_ELEMENTWISE_GRAIN)              \
+  X(Sin, sin, no_params, , UNARY_GRAIN_MATH)                                 \
+  X(Cos, cos, no_params, , UNARY_GRAIN_MATH)                                 \
+  X(Tan, tan, no_params, , UNARY_GRAIN_MATH)                                 \
+  X(Asin, asin, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Acos, acos, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Atan, atan, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Sinh, sinh, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Cosh, cosh, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Tanh, tanh, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)              \
+  X(Asinh, asinh, no_params, , UNARY_GRAIN_MATH)                             \
+  X(Acosh, acosh, no_params, , UNARY_GRAIN_MATH)                             \
+  X(Atanh, atanh, no_params, , UNARY_GRAIN_MATH)                             \
+  X(Sigmoid, sigmoid, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)        \
+  X(HardSigmoid, hard_sigmoid, hard_sigmoid_params, , DKS_ELEMENTWISE_GRAIN) \
+  X(HardSwish, hard_swish, no_params, , DKS_ELEMENTWISE_GRAIN)               \
+  X(Relu, relu, no_params, DKS_VECTOR_CLONES, DKS_ELEMENTWISE_GRAIN)         \
+  X(LeakyRelu, leaky_relu, leaky_relu_params, , DKS_ELEMENTWISE_GRAIN)       \
+  X(Elu, elu, alpha_one_params, , UNARY_GRAIN_MATH)                          \
+  X(Selu, selu, selu_params, , UNARY_GRAIN_MATH)                             \
+  X(Celu, celu, alpha_one_params, , UNARY_GRAIN_MATH)                        \
+  X(Erf, erf, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)                \
+  X(Softplus, softplus, no_params, , UNARY_GRAIN_MATH)                       \
+  X(Softsign, softsign, no_params, , DKS_ELEMENTWISE_GRAIN)                  \
+  X(Mish, mish, no_params, , UNARY_GRAIN_MATH)                               \
+  X(Floor, floor, no_params, , DKS_ELEMENTWISE_GRAIN)                        \
+  X(Ceil, ceil, no_params, , DKS_ELEMENTWISE_GRAIN)                          \
+  X(Round, round, no_params, , DKS_ELEMENTWISE_GRAIN)                        \
+  X(Sign, sign, no_params, , DKS_ELEMENTWISE_GRAIN)                          \
+  X(Clip, clip, clip_params, , DKS_ELEMENTWISE_GRAIN)
 
 /* Ops with integer kernels (int8, uint8, int32, int64). */
 #define INT_OPS(X)           \
@@ -315,24 +321,24 @@ static unary_params clip_params(const dks_kernel_args *k) {
 #define F16_LOAD dks_f16_to_f32
 #define BF16_LOAD dks_bf16_to_f32
 
-#define FLOAT_KERNELS(OP, FN, PARAMS, VEC)                                           \
+#define FLOAT_KERNELS(OP, FN, PARAMS, VEC, GRAIN)                                         \
   UNARY_LOOP_WITH(VEC, FN##_f32_loop, float, float, AS_IS, float, AS_IS, FN##_float(x, p)) \
   UNARY_LOOP(FN##_f64_loop, double, double, AS_IS, double, AS_IS, FN##_double(x, p)) \
   UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint16_t, dks_f32_to_f16,     \
              FN##_float(x, p))                                                       \
   UNARY_LOOP(FN##_bf16_loop, uint16_t, float, BF16_LOAD, uint16_t, dks_f32_to_bf16,  \
              FN##_float(x, p))                                                       \
-  KERNEL(FN##_f32, FN##_f32_loop, PARAMS)                                            \
-  KERNEL(FN##_f64, FN##_f64_loop, PARAMS)                                            \
-  KERNEL(FN##_f16, FN##_f16_loop, PARAMS)                                            \
-  KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS)
+  KERNEL(FN##_f32, FN##_f32_loop, PARAMS, GRAIN)                                     \
+  KERNEL(FN##_f64, FN##_f64_loop, PARAMS, GRAIN)                                     \
+  KERNEL(FN##_f16, FN##_f16_loop, PARAMS, GRAIN)                                     \
+  KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS, GRAIN)
 FLOAT_OPS(FLOAT_KERNELS)
 
 /* Gelu: a loop per form, each vectorising (a test of `approximate` per
  * element keeps the loop scalar), picked by the kernel. */
-#define GELU_FORMS(X)                                \
-  X(GeluErf, gelu_erf, no_params, DKS_VECTOR_CLONES) \
-  X(GeluTanh, gelu_tanh, no_params, DKS_VECTOR_CLONES)
+#define GELU_FORMS(X)                                                          \
+  X(GeluErf, gelu_erf, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)         \
+  X(GeluTanh, gelu_tanh, no_params, DKS_VECTOR_CLONES, UNARY_GRAIN_MATH)
 GELU_FORMS(FLOAT_KERNELS)
 #define GELU_KERNEL(SFX)                                                                \
   static DK_Status gelu_##SFX(const dks_kernel_args *k) {                               \
@@ -348,7 +354,7 @@ GELU_KERNEL(bf16)
 #define INT_ARGS_clip_params(x) (x, p)
 #define INT_KERNEL(FN, SUF, T, PARAMS)                                                \
   UNARY_LOOP(FN##_##SUF##_loop, T, T, AS_IS, T, AS_IS, FN##_##T INT_ARGS_##PARAMS(x)) \
-  KERNEL(FN##_##SUF, FN##_##SUF##_loop, PARAMS)
+  KERNEL(FN##_##SUF, FN##_##SUF##_loop, PARAMS, DKS_ELEMENTWISE_GRAIN)
 #define INT_KERNELS(OP, FN, PARAMS)    \
   INT_KERNEL(FN, i8, int8_t, PARAMS)   \
   INT_KERNEL(FN, u8, uint8_t, PARAMS)  \
@@ -361,10 +367,10 @@ INT_OPS(INT_KERNELS)
   UNARY_LOOP(FN##_f64_loop, double, double, AS_IS, uint8_t, AS_BOOL, FN##_double(x, p))      \
   UNARY_LOOP(FN##_f16_loop, uint16_t, float, F16_LOAD, uint8_t, AS_BOOL, FN##_float(x, p))   \
   UNARY_LOOP(FN##_bf16_loop, uint16_t, float, BF16_LOAD, uint8_t, AS_BOOL, FN##_float(x, p)) \
-  KERNEL(FN##_f32, FN##_f32_loop, PARAMS)                                                    \
-  KERNEL(FN##_f64, FN##_f64_loop, PARAMS)                                                    \
-  KERNEL(FN##_f16, FN##_f16_loop, PARAMS)                                                    \
-  KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS)
+  KERNEL(FN##_f32, FN##_f32_loop, PARAMS, DKS_ELEMENTWISE_GRAIN)                             \
+  KERNEL(FN##_f64, FN##_f64_loop, PARAMS, DKS_ELEMENTWISE_GRAIN)                             \
+  KERNEL(FN##_f16, FN##_f16_loop, PARAMS, DKS_ELEMENTWISE_GRAIN)                             \
+  KERNEL(FN##_bf16, FN##_bf16_loop, PARAMS, DKS_ELEMENTWISE_GRAIN)
 #define PREDICATE_OPS(X)         \
   X(IsNaN, is_nan, no_params, )  \
   X(IsInf, is_inf, is_inf_params, )
@@ -372,7 +378,7 @@ PREDICATE_OPS(PREDICATE_KERNELS)
 
 /* Not on bool, stored as 0 or 1. */
 UNARY_LOOP(not_loop, uint8_t, uint8_t, AS_IS, uint8_t, AS_IS, (uint8_t)!x)
-KERNEL(not_bool, not_loop, no_params)
+KERNEL(not_bool, not_loop, no_params, DKS_ELEMENTWISE_GRAIN)
 
 /* ---- Table ------------------------------------------------------------------ */
 

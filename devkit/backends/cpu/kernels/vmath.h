@@ -16,7 +16,8 @@
  * (devkit/backends/cpu/__init__.py), inside every op's tolerance.
  *
  * vm_exp_nonpositive and vm_exp_nonpositive_narrow are the double-precision
- * exps of the Softmax rows (float64 outputs; float32 and narrower).
+ * exps of the Softmax rows (float64 outputs; float32 and narrower), and
+ * vm_max_f32 their rows' maximum.
  *
  * Products are never fused (ISO C mode: -ffp-contract=off), so every
  * DKS_VECTOR_CLONES clone -- AVX-512, AVX2, baseline -- and every thread
@@ -261,6 +262,26 @@ static inline float vm_gelu_tanhf(float xf) {
   double e = vm_exp_core(vm_clamp(-2.0 * u, -200.0, 200.0));
   e = -2.0 * u > 200.0 ? INFINITY : e;
   return (float)(x / (1.0 + e));
+}
+
+/* The largest of len >= 1 float32s, as the largest of their bits mapped to
+ * ordered integers (a loop that vectorises, where a float maximum with NaN
+ * rules does not). A NaN may or may not win (one with its sign bit set
+ * ranks below -inf): a caller whose result must be NaN for a NaN element
+ * gets it through the arithmetic on every element (exp(x - max)), or checks
+ * where the maximum it got leads elsewhere. */
+static inline __attribute__((always_inline)) float vm_max_f32(const float *x, int64_t len) {
+  int32_t m = INT32_MIN;
+  for (int64_t i = 0; i < len; i++) {
+    int32_t b;
+    memcpy(&b, &x[i], sizeof b);
+    int32_t key = b ^ (int32_t)((uint32_t)(b >> 31) >> 1); /* negatives: magnitude bits flipped */
+    m = key > m ? key : m;
+  }
+  m ^= (int32_t)((uint32_t)(m >> 31) >> 1);
+  float f;
+  memcpy(&f, &m, sizeof f);
+  return f;
 }
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_VMATH_H_ */
