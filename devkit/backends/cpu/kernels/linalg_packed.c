@@ -115,12 +115,25 @@ static inline __attribute__((always_inline, target("avx512f"))) void block_avx51
   for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
   int64_t row_stride = g->row_stride;
   const float *bp1 = bp + g->panel_stride;
-  /* masked loads: a row-major B's last columns end where its rows do */
+  /* masked loads where the block is cut: a row-major B's last columns end
+   * where its rows do (whole blocks keep plain loads: GPT's 128 x 1024 x
+   * 256 products 0.94x the time of masked ones with all lanes set) */
   __mmask16 mask0 = width >= PACKED_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << width) - 1);
   __mmask16 mask1 = width >= 2 * PACKED_PANEL ? (__mmask16)0xffff
                     : width > PACKED_PANEL    ? (__mmask16)((1u << (width - PACKED_PANEL)) - 1)
                                               : (__mmask16)0;
-  if (panels == 2) {
+  if (width == 2 * PACKED_PANEL) { /* whole panels (most blocks): plain loads */
+    for (int64_t p = 0; p < g->k; p++) {
+      __m512 b0 = _mm512_loadu_ps(bp + p * row_stride);
+      __m512 b1 = _mm512_loadu_ps(bp1 + p * row_stride);
+#pragma GCC unroll 8
+      for (int r = 0; r < rows; r++) {
+        __m512 av = _mm512_set1_ps(a[r * g->lda + p]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  } else if (panels == 2) {
     for (int64_t p = 0; p < g->k; p++) {
       __m512 b0 = _mm512_maskz_loadu_ps(mask0, bp + p * row_stride);
       __m512 b1 = _mm512_maskz_loadu_ps(mask1, bp1 + p * row_stride);
