@@ -283,3 +283,98 @@ def test_register_blocked_path_applies_fused_conv_epilogue(dev, size, channels, 
     sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
     got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
     _check(got, np.maximum(conv + z, 0), channels * 9, float(sums.max()))
+
+
+def _conv_node_model(w, b, attrs, x_shape):
+    from onnx import TensorProto, helper, numpy_helper
+
+    inputs = ["x", "w"] + (["b"] if b is not None else [])
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(b, "b")] if b is not None else [])
+    graph = helper.make_graph([helper.make_node("Conv", inputs, ["y"], **attrs)], "conv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 40, 7, 7), (48, 40, 3, 3), {"pads": [1, 1, 1, 1]}),    # 16 tiles: one whole panel
+    ((2, 40, 9, 9), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),    # 25 tiles: a panel and 9 lanes of the next
+    ((1, 64, 14, 14), (70, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # 49 tiles; 70 filters cut a row block
+    ((1, 80, 8, 8), (48, 40, 3, 3), {"pads": [1, 0, 2, 1], "group": 2}),
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepared_winograd_on_small_planes_matches_the_reference(x_shape, w_shape, attrs, bias):
+    """With its filter transforms prepared, a 3x3 Conv on a plane of 16
+    tiles or more goes by Winograd (with AVX-512), its 16 products on
+    panels of 16 tiles; prepared or given, the result is within the op's
+    dot-product tolerance of the float64 reference."""
+    import devkit.onnx as donnx
+
+    rng = np.random.default_rng(11)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
+    model = _conv_node_model(w, b, attrs, x_shape)
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0]
+    for prepare_weights in (True, False):
+        (got,) = donnx.prepare(model, prepare_weights=prepare_weights).run({"x": x})
+        _check(got, ref, w_shape[1] * 9, float(sums.max()))
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 20, 23, 19), (13, 20, 5, 5), {"pads": [2, 2, 2, 2]}),  # 13 filters: a row block of 8 and one of 5
+    ((2, 12, 17, 18), (9, 12, 3, 3), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 0, 0]}),
+    ((4, 80, 11, 13), (30, 80, 2, 2), {}),  # 120 positions: 3 column pairs and a cut one
+    ((2, 36, 6, 6), (39, 12, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "dilations": [2, 2]}),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_im2col_tiles_by_the_packed_block_match_the_reference(dev, x_shape, w_shape, attrs, dtype):
+    """Windows no other path takes: im2col tiles multiplied by the AVX-512
+    packed block in place (float32, and float16 run as float32; float64 by
+    the BLAS), blocks cut by the filter and position counts."""
+    rng = np.random.default_rng(12)
+    x, w = testing.random(rng, x_shape, dtype), testing.random(rng, w_shape, dtype)
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), dtype), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem: W small, im2col tiles
+    ((2, 40, 31, 29), (70, 40, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 240 positions: a cut tile
+    ((1, 64, 7, 7), (72, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # a small plane: 576 steps, 3 passes, cut
+    ((1, 300, 5, 6), (64, 300, 1, 2), {"strides": [1, 2], "pads": [0, 1, 0, 0]}),  # 1x2 taps, 600 steps
+    ((1, 160, 9, 9), (128, 80, 3, 3), {"group": 2, "pads": [0, 1, 1, 0], "strides": [2, 2]}),
+    ((1, 64, 28, 28), (128, 64, 1, 1), {"strides": [2, 2]}),  # ResNet's 1x1/2 projections: im2col tiles
+    ((2, 300, 15, 15), (70, 300, 1, 1), {"strides": [2, 3]}),  # 300 steps, a cut filter block
+])
+@pytest.mark.parametrize("special", [None, "x-inf", "w-nan"])
+def test_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, special):
+    """Many filters on strided windows or small planes, by the packed block:
+    with a large W whole-plane columns, items of position tiles and runs
+    of filters, passes over the steps adding into the outputs (with a small
+    one im2col tiles); bias; non-finite values as in the im2col product."""
+    rng = np.random.default_rng(13)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[0, 1, 2, 3] = np.inf
+    elif special == "w-nan":
+        w[5, 0, 0, 0] = np.nan
+    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+def test_blocked_path_applies_fused_conv_epilogue(dev):
+    """FusedConv through the blocked path: B, Z and the Relu per item's
+    tile and run of filters, as Relu(Conv + Z)."""
+    rng = np.random.default_rng(14)
+    x = testing.random(rng, (2, 32, 30, 30), np.float32)
+    w = testing.random(rng, (80, 32, 3, 3), np.float32)
+    b = testing.random(rng, (80,), np.float32)
+    z = testing.random(rng, (2, 80, 15, 15), np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+    _check(got, np.maximum(conv + z, 0), 32 * 9, float(sums.max()))

@@ -1,12 +1,16 @@
 /*
  * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
- * 3x3 kernels with unit strides on planes of 48 tiles or more) and
- * ConvTranspose (GEMM + col2im), N-D, per image and group, split over the
- * plugin's thread pool; 1x1 kernels with unit strides and no padding
- * multiply the image directly. float16/bfloat16 run as float32.
+ * 3x3 kernels with unit strides on planes of 48 tiles or more, 16 with the
+ * filters' transforms prepared; many filters on strided windows or small
+ * planes by whole-plane columns in blocks) and ConvTranspose (GEMM +
+ * col2im), N-D, per image and group, split over the plugin's thread pool;
+ * 1x1 kernels with unit strides and no padding multiply the image
+ * directly. float32 products go by linalg_packed.h's AVX-512 block where
+ * the CPU has it, else the BLAS. float16/bfloat16 run as float32.
  */
 #include "linalg_conv_epilogue.h"
 #include "linalg_conv_pointwise.h"
+#include "linalg_packed.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -261,8 +265,14 @@ typedef struct conv_split {
   atomic_bool failed;
 } conv_split;
 
+/* Scratch starts on a cache line: the AVX-512 products' 16-float panel
+ * rows then each lie in one line (a row across two is two reads). */
+static void *aligned_scratch(int64_t bytes) {
+  return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+}
+
 static void *chunk_scratch(conv_split *s, int64_t elements) {
-  void *p = elements ? malloc((size_t)(elements * s->es)) : NULL;
+  void *p = elements ? aligned_scratch(elements * s->es) : NULL;
   if (elements && !p) atomic_store(&s->failed, true);
   return p;
 }
@@ -270,7 +280,7 @@ static void *chunk_scratch(conv_split *s, int64_t elements) {
 /* Scratch the kernel writes in full before reading: no clearing (calloc
  * clears megabytes for nothing); NULL after reporting failure. */
 static void *uncleared_scratch(const dks_kernel_args *k, int64_t elements, int64_t es) {
-  void *p = malloc((size_t)(elements ? elements * es : 1));
+  void *p = aligned_scratch(elements ? elements * es : 1);
   if (!p)
     dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for %lld scratch elements of %lld bytes",
                     (long long)elements, (long long)es);
@@ -308,7 +318,28 @@ typedef struct conv_job {
   uint8_t *y;
   uint8_t *col; /* the shared column buffer of a whole plane */
   int64_t p0, count;
+  int64_t filter0; /* conv_blocked: the group's first filter */
 } conv_job;
+
+/* Whether float32 products go by linalg_packed.h's AVX-512 block (on
+ * column buffers and Winograd's panels) rather than the BLAS. */
+static bool panel_products_supported(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+/* y (m x n, rows ldy apart) = w (m x k) @ b (k x n): float32 by the
+ * AVX-512 packed block on the chunk's thread where there is one. */
+static void conv_product(const conv_job *j, int64_t m, int64_t n, int64_t k, const uint8_t *w, int64_t ldw,
+                         const uint8_t *b, int64_t ldb, uint8_t *y, int64_t ldy) {
+  if (j->s.real == LINALG_F32 && panel_products_supported())
+    packed_gemm_rows(m, n, k, (const float *)w, ldw, (const float *)b, ldb, false, (float *)y, ldy);
+  else
+    linalg_gemm(j->s.real, false, false, m, n, k, 1.0, w, ldw, b, ldb, 0.0, y, ldy);
+}
 
 static void conv_tiles(void *arg, int64_t begin, int64_t end) {
   conv_job *j = arg;
@@ -323,12 +354,10 @@ static void conv_tiles(void *arg, int64_t begin, int64_t end) {
     const uint8_t *wg = j->wt + g * j->mg * j->rows * es;
     uint8_t *yg = j->y + ((n * j->y_channels + g * j->mg) * j->out_plane + p0) * es;
     if (j->direct) {
-      linalg_gemm(j->s.real, false, false, j->mg, count, j->cg, 1.0, wg, j->rows, xg + p0 * es, j->in_plane,
-                  0.0, yg, j->out_plane);
+      conv_product(j, j->mg, count, j->cg, wg, j->rows, xg + p0 * es, j->in_plane, yg, j->out_plane);
     } else {
       linalg_im2col(j->s.real, j->s.w, xg, j->cg, p0, count, col);
-      linalg_gemm(j->s.real, false, false, j->mg, count, j->rows, 1.0, wg, j->rows, col, count, 0.0, yg,
-                  j->out_plane);
+      conv_product(j, j->mg, count, j->rows, wg, j->rows, col, count, yg, j->out_plane);
     }
     conv_epilogue_apply(j->ep, yg, g * j->mg, j->mg, count, j->out_plane);
   }
@@ -405,26 +434,45 @@ typedef struct wino_job {
   conv_split s;
   int64_t batch, cg, mg, x_channels, y_channels;
   int64_t h, wd, oh, ow, pad_h, pad_w, tiles_w, tiles, tblock, tblocks, mblock, mblocks;
+  int64_t vstep, mstep; /* floats from one xi's transforms (or sums) to the next's: see WINO_SKEW */
+  bool panels; /* the transforms lie in PACKED_PANEL-tile panels, multiplied by packed_gemm_panels */
   const float *x, *b;
   conv_epilogue rest; /* Z and the activation (b is added in the output transform) */
   const float *u; /* [group][16][mg][cg] */
-  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]; else NULL */
+  float *v; /* with runs of filters: the patches' transforms, [images][tblocks][16][cg][tblock]
+             * (with panels: [images][tblocks][16][tblock / PACKED_PANEL][cg][PACKED_PANEL]), each
+             * xi vstep floats on from the one before; else NULL */
   const float *wt;
   float *y;
   atomic_bool non_finite;
 } wino_job;
 
-bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+/* With the filters' transforms prepared and the AVX-512 panel products,
+ * planes down to this many tiles: ResNet's 14x14 (49 tiles) and 7x7 (16)
+ * 3x3 layers. */
+#define WINO_PREPARED_FIT_TILES 16
+
+static bool wino_geometry_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, int64_t tiles) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
-  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= WINO_FIT_TILES;
+  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= tiles;
 }
+
+bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  return wino_geometry_fits(w, dtype, cg, mg, WINO_FIT_TILES);
+}
+
 
 /* The transforms run across WINO_LANES kernels or tiles at a time, staged
  * in small arrays with unit strides: the compiler turns those loops into
  * vector code, which the kernels' stride-9 and stride-2 layouts defeat. */
 #define WINO_LANES 8
+/* The 16 transforms of a tile lie a power-of-two multiple of 4 KiB apart
+ * without this many floats (a cache line) between one xi's and the next's:
+ * the transforms' 16 streams then fall into one L1 set and evict each
+ * other. */
+#define WINO_SKEW 16
 #define WINO_RUN 64
 
 /* U = G g G^T: u[xi * step + i] for the 3x3 kernels k[i] (9 apart), i in [0, count). */
@@ -508,6 +556,56 @@ DKS_VECTOR_CLONES static void wino_input_run(const float *p, int64_t ld, int64_t
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+static __mmask16 lanes_below(int64_t n) {
+  return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* wino_input_run for a run of count <= PACKED_PANEL tiles into one panel
+ * (v: the first tile's lane), with AVX-512: each patch row's even and odd
+ * columns (and those two further on) gathered across the 16 tiles by two
+ * permutes, then the same additions in the same order (the same values,
+ * bit for bit) on whole vectors, stored straight into the panel. Reads only
+ * the run's 2 * count + 2 columns of each row (masked loads). */
+__attribute__((target("avx512f"))) static void wino_input_panel(const float *p, int64_t ld, int64_t count,
+                                                                 float *v, int64_t step) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  int64_t width = 2 * count + 2;
+  __mmask16 m0 = lanes_below(width), m16 = lanes_below(width - 16), m2 = lanes_below(width - 2),
+            m18 = lanes_below(width - 18), store = lanes_below(count);
+  /* col[r][q]: row r's column 2i + q of tile i, q in 0..3 */
+  __m512 col[4][4];
+  for (int r = 0; r < 4; r++) {
+    const float *a = p + r * ld;
+    __m512 lo = _mm512_maskz_loadu_ps(m0, a), hi = _mm512_maskz_loadu_ps(m16, a + 16);
+    __m512 lo2 = _mm512_maskz_loadu_ps(m2, a + 2), hi2 = _mm512_maskz_loadu_ps(m18, a + 18);
+    col[r][0] = _mm512_permutex2var_ps(lo, even, hi);
+    col[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
+    col[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
+    col[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
+  }
+  for (int r = 0; r < 4; r++) {
+    __m512 t[4]; /* (B^T d)[r] per column */
+    for (int q = 0; q < 4; q++)
+      t[q] = r == 0   ? _mm512_sub_ps(col[0][q], col[2][q])
+             : r == 1 ? _mm512_add_ps(col[1][q], col[2][q])
+             : r == 2 ? _mm512_sub_ps(col[2][q], col[1][q])
+                      : _mm512_sub_ps(col[1][q], col[3][q]);
+    float *o = v + 4 * r * step;
+    _mm512_mask_storeu_ps(o, store, _mm512_sub_ps(t[0], t[2]));
+    _mm512_mask_storeu_ps(o + step, store, _mm512_add_ps(t[1], t[2]));
+    _mm512_mask_storeu_ps(o + 2 * step, store, _mm512_sub_ps(t[2], t[1]));
+    _mm512_mask_storeu_ps(o + 3 * step, store, _mm512_sub_ps(t[1], t[3]));
+  }
+}
+#else
+/* Never reached (panel_products_supported() is false): the portable run. */
+#define wino_input_panel wino_input_run
+#endif
+
 /* The transforms of a run of tiles whose patches start at row y0, column
  * x0 of `plane`: read in place when inside it, else from a zero-padded copy
  * of the run's 4 rows. */
@@ -515,8 +613,10 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
                                float *out, int64_t step) {
   float stage[4 * (2 * WINO_RUN + 2)];
   int64_t width = 2 * run + 2;
+  void (*transform)(const float *, int64_t, int64_t, float *, int64_t) =
+      j->panels ? wino_input_panel : wino_input_run;
   if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
-    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    transform(plane + y0 * j->wd + x0, j->wd, run, out, step);
     return;
   }
   int64_t lo, hi;
@@ -532,20 +632,29 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
     memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
     memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
   }
-  wino_input_run(stage, width, run, out, step);
+  transform(stage, width, run, out, step);
+}
+
+/* Where tile t (of the block) of channel c lies in one xi's transforms. */
+static int64_t wino_v_index(const wino_job *j, int64_t c, int64_t t) {
+  if (!j->panels) return c * j->tblock + t;
+  return (t / PACKED_PANEL * j->cg + c) * PACKED_PANEL + t % PACKED_PANEL;
 }
 
 /* v[xi][c][t] = (B^T d B)[xi] for the patches of tiles [t0, t0 + count) of
- * `channels` planes from xg (v's rows for them: cg * tblock floats apart per
- * xi), in runs along tile rows: the tiles inside the image, and those at its
- * edges (through a zero-padded copy), in up to WINO_RUN at a time. */
-static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, int64_t t0, int64_t count,
-                        float *v) {
-  int64_t step = j->cg * j->tblock;
+ * channels [c0, c0 + channels) of the group at xg (v: the block's
+ * transforms, vstep floats per xi), in runs along tile rows: the
+ * tiles inside the image, and those at its edges (through a zero-padded
+ * copy), in up to WINO_RUN at a time (with panels, not across one's edge;
+ * a last panel's lanes past `count` are left as they are: the product's
+ * loads mask them). */
+static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t channels, int64_t t0,
+                        int64_t count, float *v) {
+  int64_t step = j->vstep;
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
-  for (int64_t c = 0; c < channels; c++) {
+  for (int64_t c = c0; c < c0 + channels; c++) {
     const float *plane = xg + c * j->h * j->wd;
     for (int64_t t = 0; t < count;) {
       int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
@@ -556,7 +665,8 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t channels, in
         run = inner_hi - tx;
       }
       if (run > WINO_RUN) run = WINO_RUN;
-      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + c * j->tblock + t, step);
+      if (j->panels && run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
+      wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + wino_v_index(j, c, t), step);
       t += run;
     }
   }
@@ -594,12 +704,12 @@ DKS_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int6
 }
 
 /* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
- * not finite. mx is [16][mb][tblock]; tiles cut by the plane's last row or
+ * not finite. mx is [16][mb][tblock], mstep floats per xi; tiles cut by the plane's last row or
  * column go through a 2x2 buffer. */
 static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t t0, int64_t count,
                          const float *bias, float *yg) {
   bool finite = true;
-  int64_t step = mb * j->tblock, whole_w = j->ow / 2;
+  int64_t step = j->mstep, whole_w = j->ow / 2;
   for (int64_t m = 0; m < mb; m++) {
     float add = bias ? bias[m] : 0.0f, *plane = yg + m * j->oh * j->ow;
     for (int64_t t = 0; t < count;) {
@@ -637,16 +747,16 @@ static void wino_shared_inputs(void *arg, int64_t begin, int64_t end) {
   while (begin < end) {
     int64_t b = begin / j->cg, c0 = begin % j->cg, channels = wino_count(j->cg, c0, end - begin);
     int64_t ng = b / j->tblocks, n = ng / j->s.group, g = ng % j->s.group, t0 = b % j->tblocks * j->tblock;
-    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg + c0) * j->h * j->wd, channels, t0,
-                wino_count(j->tiles, t0, j->tblock), j->v + (b * 16 * j->cg + c0) * j->tblock);
+    wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, c0, channels, t0,
+                wino_count(j->tiles, t0, j->tblock), j->v + b * 16 * j->vstep);
     begin += channels;
   }
 }
 
 static void wino_part(void *arg, int64_t begin, int64_t end) {
   wino_job *j = arg;
-  int64_t patches = j->v ? 0 : 16 * j->tblock * j->cg;
-  float *own = chunk_scratch(&j->s, patches + 16 * j->tblock * j->mblock);
+  int64_t patches = j->v ? 0 : 16 * j->vstep;
+  float *own = chunk_scratch(&j->s, patches + 16 * j->mstep);
   if (!own) return;
   float *mx = own + patches;
   for (int64_t i = begin; i < end; i++) {
@@ -656,12 +766,17 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
     int64_t m0 = mi * j->mblock, mb = wino_count(j->mg, m0, j->mblock);
     float *v = own;
     if (j->v)
-      v = j->v + b * 16 * j->cg * j->tblock;
+      v = j->v + b * 16 * j->vstep;
     else
-      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, j->cg, t0, count, v);
-    for (int xi = 0; xi < 16; xi++)
-      linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, j->u + ((g * 16 + xi) * j->mg + m0) * j->cg,
-                  j->cg, v + xi * j->cg * j->tblock, j->tblock, 0.0, mx + xi * mb * j->tblock, j->tblock);
+      wino_inputs(j, j->x + (n * j->x_channels + g * j->cg) * j->h * j->wd, 0, j->cg, t0, count, v);
+    for (int xi = 0; xi < 16; xi++) {
+      const float *u = j->u + ((g * 16 + xi) * j->mg + m0) * j->cg;
+      if (j->panels)
+        packed_gemm_panels(mb, count, j->cg, u, j->cg, v + xi * j->vstep, mx + xi * j->mstep, j->tblock);
+      else
+        linalg_gemm(LINALG_F32, false, false, mb, count, j->cg, 1.0, u, j->cg, v + xi * j->vstep, j->tblock, 0.0,
+                    mx + xi * j->mstep, j->tblock);
+    }
     float *yg = j->y + (n * j->y_channels + g * j->mg + m0) * j->oh * j->ow;
     if (!wino_outputs(j, mx, mb, t0, count, j->b ? j->b + g * j->mg + m0 : NULL, yg))
       atomic_store(&j->non_finite, true);
@@ -717,9 +832,13 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
     }
   }
   j.tblock = ceil_div(j.tiles, j.tblocks);
+  j.panels = panel_products_supported();
+  if (j.panels) j.tblock = ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
   j.mblocks = ceil_div(j.mg, j.mblock);
+  j.vstep = j.cg * j.tblock + WINO_SKEW;
+  j.mstep = j.mblock * j.tblock + WINO_SKEW;
   float *own_u = u ? NULL : uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
   if (!u && !own_u) return DK_RESOURCE_EXHAUSTED;
   if (own_u) linalg_winograd_filters(j.wt, group, j.mg, j.cg, own_u);
@@ -727,7 +846,7 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
   /* Runs of filters of one tile block would each transform its patches
    * again: they share one transform, made first (about 4 Ki tile-channels a chunk). */
   if (j.mblocks > 1) {
-    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.cg * j.tblock, sizeof(float));
+    j.v = uncleared_scratch(k, images * j.tblocks * 16 * j.vstep, sizeof(float));
     if (!j.v) {
       free(own_u);
       return DK_RESOURCE_EXHAUSTED;
@@ -819,7 +938,6 @@ typedef struct packed_job {
 } packed_job;
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
 
 /* c[i][q] (+)= sum over k < count of w[i * ldw + k] * x[k * PACKED_NV + q],
  * rows i < PACKED_MB (rows past `rows` repeat the last and are not stored),
@@ -1079,6 +1197,125 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
   return DK_OK;
 }
 
+/* Whether a geometry goes by Winograd: with the filters' transforms
+ * prepared, down to WINO_PREPARED_FIT_TILES tiles (ResNet's 14x14 and 7x7
+ * 3x3 layers: measured faster than the register block there, whose
+ * multiply-adds are 2.25x as many); else where no register block fits. */
+static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, bool prepared) {
+  if (prepared && panel_products_supported() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
+    return true;
+  return !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+}
+
+/* ---- Blocked: whole-plane columns, the packed block by position tiles and filters ---- */
+
+/* A float32 Conv with many filters on a strided window (ResNet's 3x3/2
+ * layers) or a small plane (its 7x7 3x3 layers: 49 positions, 4608
+ * (channel, tap) steps, 512 filters): per image and group the plane's
+ * columns are built once (by tile and channel; each tile's are a block of
+ * their own), then the pool takes items of (a tile of BLOCKED_TILE positions, a run of filters)
+ * and each runs over the steps in passes of BLOCKED_KC: a pass's columns
+ * for the tile (BLOCKED_KC x BLOCKED_TILE floats, 128 KiB) stay in L2
+ * while each block of 8 filters reads its part of W once, adding into its
+ * outputs. Per layer (2 threads, min of 60, against the paths they took):
+ * the 3x3/2 layers 0.78-0.79x (im2col tiles and the register block read W
+ * once per tile of positions), the 7x7 3x3 layers about Winograd's time
+ * with 9/16 of its weight reads. A W of BLOCKED_MIN_W_BYTES or less stays
+ * in cache across im2col's tiles, which then need no whole-plane columns:
+ * the 7x7/2 stem (37 KiB) 0.773 ms that way against 0.85 blocked and 0.87
+ * by the direct path. */
+#define BLOCKED_KC 256
+#define BLOCKED_TILE 128
+#define BLOCKED_SMALL_PLANE 64
+#define BLOCKED_MIN_STEPS 64
+#define BLOCKED_MIN_FILTERS 64
+#define BLOCKED_ROWS 8 /* filters per product: the packed block's rows */
+#define BLOCKED_MIN_W_BYTES ((int64_t)256 << 10)
+#define BLOCKED_ITEMS 8
+
+/* Whether a Conv goes by the packed block on im2col's columns: the blocked
+ * path where W is large (*blocked), else im2col tiles, which keep a small W
+ * in cache across their tiles (the stem's 37 KiB). Strided 1x1 kernels
+ * too: ResNet-18's 1x1/2 projections 0.65-0.76x the pointwise path's time
+ * (2 threads, interleaved). */
+static bool panel_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, int64_t mg, int64_t positions,
+                       bool *blocked) {
+  bool strided = w->n == 2 && (w->stride[0] != 1 || w->stride[1] != 1);
+  bool fits = w->n == 2 && dtype == DK_DTYPE_FLOAT32 && panel_products_supported() && !pointwise(w) &&
+              (strided || positions <= BLOCKED_SMALL_PLANE) && rows >= BLOCKED_MIN_STEPS &&
+              mg >= BLOCKED_MIN_FILTERS;
+  *blocked = fits && mg * rows * (int64_t)sizeof(float) > BLOCKED_MIN_W_BYTES;
+  return fits;
+}
+
+
+static int64_t blocked_tile_count(const conv_job *j, int64_t p0) {
+  return j->out_plane - p0 < BLOCKED_TILE ? j->out_plane - p0 : BLOCKED_TILE;
+}
+
+/* The columns of items [begin, end) of (position tile, channel), tile by
+ * tile: a tile's columns are one (steps x tile) block of its own, so a
+ * product's rows of B lie close (the plane's full rows put 256 steps of
+ * a pass over 200 pages on a 56x56 plane). */
+static void blocked_columns(void *arg, int64_t begin, int64_t end) {
+  const conv_job *j = arg;
+  int64_t taps = j->rows / j->cg, es = j->s.es;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t t = i / j->cg, c = i % j->cg, p0 = t * BLOCKED_TILE, n = blocked_tile_count(j, p0);
+    linalg_im2col(j->s.real, j->s.w, j->x + c * j->in_plane * es, 1, p0, n,
+                  j->col + (t * BLOCKED_TILE * j->rows + c * taps * n) * es);
+  }
+}
+
+/* Items [begin, end) of (position tile, run of filters), filters inner:
+ * tiles of BLOCKED_TILE positions, j->s.block filters a run. */
+static void blocked_items(void *arg, int64_t begin, int64_t end) {
+  const conv_job *j = arg;
+  const float *wg = (const float *)j->wt;
+  float *yg = (float *)j->y;
+  int64_t runs = ceil_div(j->mg, j->s.block);
+  for (int64_t i = begin; i < end; i++) {
+    int64_t p0 = i / runs * BLOCKED_TILE, n = blocked_tile_count(j, p0);
+    int64_t m0 = i % runs * j->s.block, m1 = m0 + j->s.block < j->mg ? m0 + j->s.block : j->mg;
+    const float *col = (const float *)j->col + p0 * j->rows; /* the tile's (steps x n) block */
+    for (int64_t k0 = 0; k0 < j->rows; k0 += BLOCKED_KC) {
+      int64_t kc = j->rows - k0 < BLOCKED_KC ? j->rows - k0 : BLOCKED_KC;
+      for (int64_t m = m0; m < m1; m += BLOCKED_ROWS)
+        packed_gemm_rows(m1 - m < BLOCKED_ROWS ? m1 - m : BLOCKED_ROWS, n, kc, wg + m * j->rows + k0, j->rows,
+                         col + k0 * n, n, k0 > 0, yg + m * j->out_plane + p0, j->out_plane);
+    }
+    conv_epilogue_apply(j->ep, (uint8_t *)(yg + m0 * j->out_plane + p0), j->filter0 + m0, m1 - m0, n,
+                        j->out_plane);
+  }
+}
+
+static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t batch) {
+  int64_t es = j->s.es, taps = j->rows / j->cg, tiles = ceil_div(j->out_plane, BLOCKED_TILE);
+  /* runs of filters: enough for BLOCKED_ITEMS items per thread where the
+   * tiles are few (a run splits W: no part of it is read twice), so that
+   * a thread the OS delays (a shared machine) leaves little for the others */
+  int64_t threads = dks_thread_count(), runs = ceil_div(BLOCKED_ITEMS * threads, tiles);
+  int64_t blocks = ceil_div(j->mg, BLOCKED_ROWS);
+  if (runs > blocks) runs = blocks;
+  uint8_t *col = uncleared_scratch(k, j->rows * j->out_plane, es);
+  if (!col) return DK_RESOURCE_EXHAUSTED;
+  conv_job part = *j;
+  part.col = col;
+  part.s.block = ceil_div(blocks, runs) * BLOCKED_ROWS;
+  int64_t items = tiles * ceil_div(j->mg, part.s.block);
+  for (int64_t n = 0; n < batch; n++)
+    for (int64_t g = 0; g < j->s.group; g++) {
+      part.x = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
+      dks_parallel_for(tiles * j->cg, ceil_div(16384, taps * BLOCKED_TILE), blocked_columns, &part);
+      part.wt = j->wt + g * j->mg * j->rows * es;
+      part.y = j->y + (n * j->y_channels + g * j->mg) * j->out_plane * es;
+      part.filter0 = g * j->mg;
+      dks_parallel_for(items, 1, blocked_items, &part);
+    }
+  free(col);
+  return DK_OK;
+}
+
 /* ---- Prepared W (DK_KernelEntry.prepare) --------------------------------------------- */
 
 /* A float32 Conv's W, prepared where the call goes by Winograd: the
@@ -1160,11 +1397,15 @@ static DK_Status conv_float(const dks_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
-  if (linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
+  bool blocked, panels = panel_fits(&w, y->dtype, j.rows, j.mg, j.out_plane, &blocked);
+  if (blocked) return conv_blocked(k, &j, x->shape[0]);
+  if (!panels && linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
     return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
-  if (linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) return linalg_conv_direct(k, x, wt, b, y, &w, group);
-  if (packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
-  if (linalg_winograd_fits(&w, y->dtype, j.cg, j.mg)) {
+  if (!panels && linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg))
+    return linalg_conv_direct(k, x, wt, b, y, &w, group);
+  bool winograd = !panels && winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
+  if (!panels && !winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
+  if (winograd) {
     bool redo = false;
     DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
@@ -1192,10 +1433,12 @@ static DK_Status conv_float(const dks_kernel_args *k) {
 
 static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
 
-/* Whether conv_float takes the Winograd path for this geometry (the order of its tests). */
+/* Whether conv_float takes the Winograd path for this geometry (the order of its tests, its prepared case). */
 static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  bool blocked;
   return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
-         !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
+         !panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked) &&
+         winograd_takes(w, dtype, cg, mg, true);
 }
 
 /* ---- ConvTranspose --------------------------------------------------------------------- */

@@ -39,6 +39,18 @@ bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n);
 void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const void *packed, bool accumulate, float *c, int64_t ldc);
 
+/* c[i, j] = sum_p a[i * lda + p] * panels[j / PACKED_PANEL][p][j % PACKED_PANEL]
+ * for m rows and n columns: B already in panels of k rows (no header; the
+ * last panel's lanes past n are not read). On the calling thread: for
+ * products inside a kernel's own split (Conv's). */
+void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *panels,
+                        float *c, int64_t ldc);
+
+/* packed_gemm_panels on a row-major k x n B (rows ldb apart) read in place
+ * by the same block (Conv's column buffers), adding to c with accumulate. */
+void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                      bool accumulate, float *c, int64_t ldc);
+
 /* packed_gemm's product, split over the pool by tiles of rows and column
  * blocks (packed_gemm splits by column blocks only, and runs serially where
  * ceil(column blocks / threads) is more than half of them). */

@@ -418,11 +418,99 @@ static void store_doubles(const double *src, const dks_tensor *out) {
     dks_store_from_double(out->data + i * out->itemsize, out->dtype, integer ? nearbyint(src[i]) : src[i]);
 }
 
+/* A float32 resize of the last two dims only (the others' passes
+ * identities, none outside the input): per output row, the pass over rows
+ * into one float64 row, then the pass over its columns straight into the
+ * output -- the sums of the two passes in their order (the same bits), with
+ * no float64 copy of the input, the intermediate or the output. */
+typedef struct plane_resize {
+  const float *x;
+  float *y;
+  int64_t planes, rows_in, cols_in, rows_out, cols_out;
+  const axis_taps *rows, *cols;
+} plane_resize;
+
+static bool no_outside(const axis_taps *t, int64_t n_out) {
+  for (int64_t j = 0; j < n_out; j++)
+    if (t->outside[j]) return false;
+  return true;
+}
+
+/* out[i] = the sum of row's taps for column i (as last_dim_row: zero
+ * weights skipped by selects, so that with `count` constant the loop
+ * vectorises), rounded to float32. */
+static inline __attribute__((always_inline)) void resize_columns(const double *row, float *out, int64_t n,
+                                                                 const int64_t *index, const double *weight,
+                                                                 int64_t count) {
+  for (int64_t i = 0; i < n; i++) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < count; k++) {
+      double w = weight[i * count + k], term = sum + w * row[index[i * count + k]];
+      sum = w != 0 ? term : sum;
+    }
+    out[i] = (float)sum;
+  }
+}
+
+DKS_VECTOR_CLONES static void resize_planes(const plane_resize *r, double *row) {
+  const axis_taps *tr = r->rows, *tc = r->cols;
+  for (int64_t o = 0; o < r->planes; o++) {
+    const float *plane = r->x + o * r->rows_in * r->cols_in;
+    for (int64_t j = 0; j < r->rows_out; j++) {
+      for (int64_t c = 0; c < r->cols_in; c++) row[c] = 0.0;
+      for (int64_t k = 0; k < tr->count; k++) {
+        double w = tr->weight[j * tr->count + k];
+        if (w == 0) continue;
+        const float *in = plane + tr->index[j * tr->count + k] * r->cols_in;
+        for (int64_t c = 0; c < r->cols_in; c++) row[c] += w * (double)in[c];
+      }
+      float *out = r->y + (o * r->rows_out + j) * r->cols_out;
+      if (tc->count == 2)
+        resize_columns(row, out, r->cols_out, tc->index, tc->weight, 2);
+      else
+        resize_columns(row, out, r->cols_out, tc->index, tc->weight, tc->count);
+    }
+  }
+}
+
+static bool resize_last_two(const dks_kernel_args *k, const resize_params *p, const axis_taps *taps, int32_t last,
+                            DK_Status *status) {
+  const dks_tensor *x = &k->in[0], *out = &k->out[0];
+  int32_t n = x->ndim, first = -1;
+  if (x->dtype != DK_DTYPE_FLOAT32 || out->dtype != DK_DTYPE_FLOAT32 || n < 2 || last < 1) return false;
+  for (int32_t i = 0; i <= last; i++) {
+    if (taps[i].identity) continue;
+    if (p->axes[i] == n - 2 && first < 0 && i < last) {
+      first = i;
+    } else if (!(p->axes[i] == n - 1 && i == last)) {
+      return false;
+    }
+  }
+  if (first < 0 || p->axes[last] != n - 1 || !no_outside(&taps[first], out->shape[n - 2]) ||
+      !no_outside(&taps[last], out->shape[n - 1]))
+    return false;
+  plane_resize r = {.x = (const float *)x->data, .y = (float *)out->data, .planes = 1, .rows_in = x->shape[n - 2],
+                    .cols_in = x->shape[n - 1], .rows_out = out->shape[n - 2], .cols_out = out->shape[n - 1],
+                    .rows = &taps[first], .cols = &taps[last]};
+  for (int32_t d = 0; d < n - 2; d++) r.planes *= x->shape[d];
+  double *row = malloc((size_t)r.cols_in * sizeof *row);
+  if (!row) {
+    *status = dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory");
+    return true;
+  }
+  resize_planes(&r, row);
+  free(row);
+  *status = DK_OK;
+  return true;
+}
+
 /* Runs the passes of taps[0..last] (identity ones skipped), float64 in
  * between, and stores the result. */
 static DK_Status run_passes(const dks_kernel_args *k, const resize_params *p,
                             const axis_taps *taps, int32_t last) {
   const dks_tensor *x = &k->in[0], *out = &k->out[0];
+  DK_Status fused;
+  if (resize_last_two(k, p, taps, last, &fused)) return fused;
   bool f64 = out->dtype == DK_DTYPE_FLOAT64;
   double *owned = NULL, *result = (double *)out->data;
   const double *current = (const double *)x->data;
