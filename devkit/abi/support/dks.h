@@ -392,6 +392,12 @@ DK_Status dks_capture_refused(const char *fn, const dks_stream *s);
  * worth a thread hand-off (tens of microseconds of work). */
 typedef void (*dks_range_fn)(void *ctx, int64_t begin, int64_t end);
 void dks_parallel_for(int64_t n, int64_t grain, dks_range_fn fn, void *ctx);
+/* Wakes the pool's sleeping workers to spin for dks_spin_ns() waiting for a
+ * job, without posting one: called where a batch of kernels is about to run
+ * (a graph launch), so that the first kernel that splits finds its workers
+ * awake instead of paying a wake-up (tens of microseconds on a virtual
+ * machine) on the critical path. Does nothing when none sleeps. */
+void dks_threads_wake(void);
 /* Joins the pool's workers (done at unload; a later dks_parallel_for starts
  * new ones). */
 void dks_threads_shutdown(void);

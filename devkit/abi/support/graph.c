@@ -462,6 +462,7 @@ DK_Status dks_graph_launch(int32_t dev, DK_Graph graph, DK_Stream stream) {
   if ((st = dks_stream_acquire(fn, d, stream, &s)) == DK_OK && dks_stream_capturing(s))
     st = dks_capture_refused(fn, s);
   launch_args *a = st == DK_OK ? new_launch(fn, g, &st) : NULL;
+  if (a) dks_threads_wake(); /* its kernels are coming: the pool's workers wait for them awake */
   if (a && !bind_and_submit(fn, g, a, s, &st)) {
     destroy_launch(a);
     dks_work_discard(a);

@@ -26,7 +26,10 @@
  * after; the caller, once every chunk is claimed, spins as long for the
  * members still running their last chunk, work in progress, before it
  * sleeps. A spin yields the core after its first few microseconds, so on a
- * loaded machine it costs the threads with work little.
+ * loaded machine it costs the threads with work little. A graph launch
+ * wakes sleeping workers ahead of its kernels (dks_threads_wake): a plan
+ * run after the pool went idle (the first of a batch, or one following
+ * other work) then finds them spinning by its first split kernel.
  *
  * A worker on the caller's CPU is moved to the other CPUs for the job
  * (move_worker_off, Linux): left there, the two would share one core for
@@ -78,6 +81,7 @@ static struct {
    * without it by a spinning worker. */
   atomic_uint_fast64_t generation;
   int num_workers;         /* started */
+  int num_sleeping;        /* workers waiting on `wake` */
   bool stop;
   pthread_t workers[DKS_MAX_THREADS];
   /* Per worker: the CPU it ran its last job on (-1 while it sleeps), its
@@ -201,7 +205,10 @@ static void await_job(int worker, uint64_t seen) {
   while (!g_pool.stop && (!g_pool.job || atomic_load(&g_pool.generation) == seen)) {
     if (!spin) {
       atomic_store(&g_pool.last_cpu[worker], -1); /* where it wakes is the scheduler's choice */
+      g_pool.num_sleeping++;
       pthread_cond_wait(&g_pool.wake, &g_pool.mu);
+      g_pool.num_sleeping--;
+      spin = dks_spin_ns() > 0; /* woken ahead of a job (dks_threads_wake) or for one: wait awake */
       continue;
     }
     /* A job posted and finished since (all claimed before this worker
@@ -303,6 +310,13 @@ void dks_parallel_for(int64_t n, int64_t grain, dks_range_fn fn, void *ctx) {
   join_members(&job);
 }
 
+void dks_threads_wake(void) {
+  if (dks_thread_count() < 2 || dks_spin_ns() == 0) return;
+  pthread_mutex_lock(&g_pool.mu);
+  if (g_pool.num_sleeping > 0) pthread_cond_broadcast(&g_pool.wake);
+  pthread_mutex_unlock(&g_pool.mu);
+}
+
 void dks_threads_shutdown(void) {
   pthread_mutex_lock(&g_pool.mu);
   g_pool.stop = true;
@@ -329,6 +343,7 @@ static void fork_child(void) {
   pthread_cond_init(&g_pool.finished, NULL);
   g_pool.job = NULL;
   g_pool.num_workers = 0;
+  g_pool.num_sleeping = 0;
   g_pool.stop = false;
   t_in_chunk = false;
 }
