@@ -495,14 +495,12 @@ register(OpSpec(
     infer=_infer_conv, reference=_ref_conv, cases=_conv_cases, tolerance=_DOT_TABLE,
     doc="N-D convolution (cross-correlation) of X (N, C, D1, ...) with W (M, C/group, k1, ...), plus B (M). "
         "Padding: explicit pads, or auto_pad SAME_UPPER/SAME_LOWER (ceil(in/stride) outputs) or VALID. "
-        "The cpu plugin computes it as im2col + GEMM over tiles of output positions split over its threads "
-        "(1x1 kernels: GEMM on X directly), float32 3x3 kernels with unit strides and dilations on outputs "
-        "of at least 48 2x2 tiles (14x14) by Winograd F(2x2, 3x3) (a result with a non-finite value is "
-        "computed again by im2col), on x86-64 with AVX2 and FMA float32 2-D kernels with unit strides and "
-        "dilations on planes of 100 to 256 outputs with many channels (at least 256 input channels x taps and "
-        "32 filters per group) by register-blocked direct sums (ahead of Winograd), and float32 2-D kernels with few channels (at most 288 input channels x taps, 64 filters per group) on "
-        "planes of at most 4096 outputs (strided kernels where the CPU has AVX-512: at most 576 input channels x "
-        "taps, 128 filters per group, 16384 outputs), without dilation, by direct sums, all within the same tolerance.",
+        "The cpu plugin picks a path per geometry (the limits are in its kernels/linalg_conv.c): im2col + "
+        "GEMM over tiles of output positions split over its threads (1x1 kernels: GEMM on X directly); "
+        "float32 3x3 kernels with unit strides by Winograd F(2x2, 3x3), its filter transforms prepared at "
+        "plan time (a result with a non-finite value is computed again by im2col); float32 kernels with many "
+        "filters on strided windows or small planes by an AVX-512 register block over im2col tiles; and "
+        "float32 2-D kernels with few channels by direct sums; all within the same tolerance.",
 ))
 
 
