@@ -634,7 +634,7 @@ static DK_Status product_prepared(const dks_kernel_args *k, const dks_tensor *a,
   bool rows = is_compact(a);
   float *copy = rows ? NULL : linalg_compact_copy(k, a);
   if (!rows && !copy) return DK_RESOURCE_EXHAUSTED;
-  packed_gemm_tiles(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
+  packed_gemm(m, n, kk, alpha, copy ? copy : (const float *)a->data, kk, b->data, accumulate, y, n);
   free(copy);
   return DK_OK;
 }

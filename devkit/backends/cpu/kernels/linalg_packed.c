@@ -238,22 +238,6 @@ void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t l
   product_here(m, n, k, a, lda, b, ldb, PACKED_PANEL, accumulate, c, ldc);
 }
 
-void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                 const void *packed, bool accumulate, float *c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = PACKED_PANEL,
-                            .panel_stride = k * PACKED_PANEL, .alpha = alpha, .accumulate = accumulate},
-                      .block = pick_block(), .m = m, .n = n, .a = a,
-                      .b = (const float *)((const uint8_t *)packed + sizeof(packed_header)), .c = c};
-  int64_t columns = (panels_of(n) + 1) / 2, threads = dks_thread_count();
-  if (threads < 2 || columns < 2 || (double)m * (double)n * (double)k < (double)PACKED_SPLIT_MIN_MACS) {
-    product_columns(&p, 0, columns);
-    return;
-  }
-  int64_t parts = threads < columns ? threads : columns;
-  dks_parallel_for(columns, (columns + parts - 1) / parts, product_columns, &p);
-}
-
 /* ---- The product split into tiles ------------------------------------------ */
 
 /* Tiles [begin, end) of PACKED_ROWS rows by two panels, column-major: a
@@ -273,14 +257,13 @@ static void product_tiles(void *arg, int64_t begin, int64_t end) {
   }
 }
 
-/* packed_gemm's product, split over the pool by tiles of rows and columns
- * rather than by column blocks alone: packed_gemm asks dks_parallel_for for
- * chunks of ceil(columns / threads) column blocks, which runs serially when
- * that is more than half of them (an odd count: llama_decoder's 64 x 344
- * MLP products, 11 column blocks, ran on one thread), and cannot split a
- * product of one or two column blocks at all. */
-void packed_gemm_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                       const void *packed, bool accumulate, float *c, int64_t ldc) {
+/* Split over the pool by tiles of rows and column blocks, not by column
+ * blocks alone: chunks of ceil(columns / threads) column blocks run serially
+ * when that is more than half of them (an odd count: llama_decoder's 64 x
+ * 344 MLP products, 11 column blocks, ran on one thread), and a product of
+ * one or two column blocks cannot split at all. */
+void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const void *packed, bool accumulate, float *c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   packed_product p = {.g = {.k = k, .lda = lda, .ldc = ldc, .row_stride = PACKED_PANEL,
                             .panel_stride = k * PACKED_PANEL, .alpha = alpha, .accumulate = accumulate},

@@ -35,7 +35,8 @@ bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n);
 
 /* c[i, j] = alpha * sum_p a[i * lda + p] * B[p, j] + (accumulate ? c[i, j] : 0)
  * for m rows, B the packed form of a k x n matrix; rows of c are ldc apart.
- * Split over the plugin's pool when the product is large enough. */
+ * Split over the plugin's pool, by tiles of rows and column blocks, when the
+ * product is large enough. */
 void packed_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                  const void *packed, bool accumulate, float *c, int64_t ldc);
 
@@ -50,11 +51,5 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
  * by the same block (Conv's column buffers), adding to c with accumulate. */
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                       bool accumulate, float *c, int64_t ldc);
-
-/* packed_gemm's product, split over the pool by tiles of rows and column
- * blocks (packed_gemm splits by column blocks only, and runs serially where
- * ceil(column blocks / threads) is more than half of them). */
-void packed_gemm_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                       const void *packed, bool accumulate, float *c, int64_t ldc);
 
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */

@@ -239,7 +239,7 @@ static void attn_gemm_f32(bool trans_b, int64_t m, int64_t n, int64_t kk, double
                           int64_t lda, const float *b, int64_t ldb, const void *packed, float *c,
                           int64_t ldc) {
   if (packed) {
-    packed_gemm_tiles(m, n, kk, (float)alpha, a, lda, packed, false, c, ldc);
+    packed_gemm(m, n, kk, (float)alpha, a, lda, packed, false, c, ldc);
     return;
   }
   scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (blasint)m,
