@@ -1920,6 +1920,7 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
 
 #define DEVKIT_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
 #define DEVKIT_DIRECT_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
+#define DEVKIT_FLOATS_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_FLOATS, name, params, __VA_ARGS__)
 #define DEVKIT_DIRECT_FLOATS_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOATS, name, params, __VA_ARGS__)
 #define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_ALL_DTYPES, name, params, __VA_ARGS__)
 #define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...) \
@@ -2037,7 +2038,7 @@ DEVKIT_DIRECT_FLOATS_KERNEL(mean, (const Context& c, const DenseTensor& x, const
 DEVKIT_DIRECT_FLOATS_KERNEL(mean_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout,
                           const phi::IntArray& dims, bool keep_dim, bool reduce_all, DenseTensor* dx),
               c, x, dout, dims, keep_dim, reduce_all, dx)
-DEVKIT_KERNEL_OF(DEVKIT_FLOATS, sgd, (const Context& c, const DenseTensor& param, const DenseTensor& lr, const DenseTensor& grad,
+DEVKIT_FLOATS_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTensor& lr, const DenseTensor& grad,
                     const paddle::optional<DenseTensor>& master_param, bool multi_precision,
                     DenseTensor* param_out, DenseTensor* master_param_out),
               c, param, lr, grad, master_param, multi_precision, param_out, master_param_out)
