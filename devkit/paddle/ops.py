@@ -651,7 +651,7 @@ def contiguous(dev, x, out):
 def _fill(out, value) -> None:
     if out is not None and out.size:
         host = np.full(out.shape, value, dtype=out.dtype)
-        out.buffer.copy_from_host(host, offset=out.offset)
+        out.buffer.copy_from_host(host.reshape(-1).view(np.uint8), offset=out.offset)  # bytes: bfloat16 has no buffer format
 
 
 def full(dev, shape, value, dtype, out):
