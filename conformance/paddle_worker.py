@@ -108,7 +108,7 @@ OP_CASES = {
                                   p.to_tensor(np.array([[1, 3, 0], [3, 3, 5]], np.int64)), w, padding_idx=3)),
 }
 CASES = ("places", "round_trips", "views_and_copies", "fills", "sgd_step", "adam_steps", *OP_CASES,
-         "forward_ops", "batch_norm_running_statistics", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
+         "forward_ops", "batch_norm_running_statistics", "max_pool2d_mask", "dropout_training", "dropout_eval", "float16_ops", "bfloat16_ops", "float16_training", "bfloat16_training", "transpose_without_stride_kernels", "mlp_training", "cnn_training", "transformer_training", "missing_kernel_falls_back",
          "missing_kernel_is_named", "kernel_error_is_raised", "label_error_is_raised")
 
 
@@ -207,8 +207,10 @@ def dropout_eval(paddle, counts) -> str:
     return "upscale_in_train and downscale_in_infer match"
 
 
-# 16-bit floats: the ops Linear, Conv2D, LayerNorm, Softmax and ReLU networks need, forward and
-# backward in the dtype, against Paddle CPU in float32 on the same (rounded) inputs. Tolerances:
+# 16-bit floats: the ops Linear, Conv2D, BatchNorm, LayerNorm, Softmax, ReLU and CrossEntropyLoss
+# networks need, forward and backward in the dtype, against Paddle CPU in float32 on the same
+# (rounded) inputs. BatchNorm's scale and bias stay float32 (Paddle's contract for 16-bit x;
+# the casts are no-ops on the float32 run). Tolerances:
 # a few units of the dtype's rounding (float16 2^-11, bfloat16 2^-8) for the outputs and for
 # sums of up to 27 products, relative and scaled by the array's largest magnitude.
 HALF_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
@@ -224,7 +226,19 @@ HALF_CASES = {
                lambda p, x, w: p.nn.functional.conv2d(x, w, padding=1)),
     "layer_norm": (("layer_norm", "layer_norm_grad"), _inputs(67, (4, 5), (5,), (5,)),
                    lambda p, x, w, b: p.nn.functional.layer_norm(x, [5], w, b)),
+    "batch_norm": (("batch_norm", "batch_norm_grad"), _inputs(68, (4, 3, 5, 5), (3,), (3,)),
+                   lambda p, x, w, b: p.nn.functional.batch_norm(x, p.zeros([3]), p.ones([3]), w.astype("float32"),
+                                                                 b.astype("float32"), training=True)),
+    "cross_entropy": (("cross_entropy_with_softmax", "cross_entropy_with_softmax_grad"), _inputs(69, (6, 5)),
+                      lambda p, x: p.nn.functional.cross_entropy(x, p.to_tensor(np.array([[0], [4], [1], [2], [4], [3]])),
+                                                                 reduction="none")),
+    # mean_all is what CrossEntropyLoss's mean reduction calls (x.mean() calls mean)
+    "mean_all": (("mean_all", "mean_all_grad"), _inputs(70, (4, 5)), lambda p, x: p._C_ops.mean_all(x)),
+    "mean": (("mean", "mean_grad"), _inputs(71, (4, 5)), lambda p, x: x.mean(axis=1)),
+    "sum": (("sum", "sum_grad"), _inputs(72, (4, 5)), lambda p, x: x.sum(axis=0)),
 }
+# Outputs that Paddle infers float32 for a 16-bit input: bfloat16 cross entropy's loss.
+HALF_FLOAT32_OUTPUTS = {("bfloat16", "cross_entropy")}
 
 
 def _half_ops(paddle, counts, dtype: str, flag: int) -> str:
@@ -243,7 +257,8 @@ def _half_ops(paddle, counts, dtype: str, flag: int) -> str:
         for t in tensors:
             t.stop_gradient = False
         out = fn(paddle, *tensors)
-        assert out.dtype == tensors[0].dtype, f"{dtype} {name}: the output is {out.dtype}"
+        expected_dtype = paddle.float32 if (dtype, name) in HALF_FLOAT32_OUTPUTS else tensors[0].dtype
+        assert out.dtype == expected_dtype, f"{dtype} {name}: the output is {out.dtype}"
         weights = paddle.to_tensor(np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape))
         (out.astype("float32") * weights).sum().backward()
         got = [out.astype("float32").numpy()] + [t.grad.astype("float32").numpy() for t in tensors]
@@ -262,6 +277,77 @@ def float16_ops(paddle, counts) -> str:
 
 def bfloat16_ops(paddle, counts) -> str:
     return _half_ops(paddle, counts, "bfloat16", 1 << 2)  # DK_DEVICE_BF16
+
+
+HALF_TRAINING_STEPS = 3
+
+
+def _half_training(paddle, counts, dtype: str, flag: int) -> str:
+    """Linear-BatchNorm1D-ReLU-Linear with CrossEntropyLoss, 3 steps of SGD and of Adam with
+    multi_precision (float32 master weights), in ``dtype`` on the devkit device against the same
+    run in float32 on Paddle CPU: losses within the dtype's HALF_TOLERANCE. float16 runs under
+    Paddle's AMP (decorate and auto_cast, level O2: BatchNorm kept float32); bfloat16 with the
+    Linear layers cast by hand, because Paddle's AMP takes only float16 on a custom place."""
+    from devkit.paddle import _bridge
+
+    if not _bridge.plugin().device(0).properties.flags & flag:
+        return f"the device does not store {dtype}: not registered for it"
+    nn = paddle.nn
+
+    def run(place, optimizer_class, half):
+        paddle.set_device(place)
+        net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1D(16), nn.ReLU(), nn.Linear(16, 4))
+        rng = np.random.default_rng(21)
+        for parameter in net.parameters():
+            parameter.set_value((rng.standard_normal(parameter.shape) * 0.3).astype(np.float32))
+        x = paddle.to_tensor(rng.standard_normal((32, 8)).astype(np.float32))
+        y = paddle.to_tensor(rng.integers(0, 4, (32, 1)).astype(np.int64))
+        amp = half and dtype == "float16"
+        if half and not amp:
+            for layer in (net[0], net[3]):
+                layer.to(dtype=dtype)
+            x = x.astype(dtype)
+        optimizer = optimizer_class(learning_rate=0.1, parameters=net.parameters(), multi_precision=half)
+        if amp:
+            net, optimizer = paddle.amp.decorate(models=net, optimizers=optimizer, level="O2", dtype=dtype)
+        if half:
+            assert net[0].weight.dtype == getattr(paddle, dtype), net[0].weight.dtype
+        losses = []
+        paddle.set_flags({"FLAGS_enable_api_kernel_fallback": not half})  # every op on the device
+        try:
+            for _ in range(HALF_TRAINING_STEPS):
+                with paddle.amp.auto_cast(enable=amp, level="O2", dtype=dtype):
+                    loss = nn.functional.cross_entropy(net(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.clear_grad()
+                losses.append(float(loss.astype("float32").numpy()))
+        finally:
+            paddle.set_flags({"FLAGS_enable_api_kernel_fallback": True})
+        return losses
+
+    tolerance = HALF_TOLERANCE[dtype]
+    details = []
+    for optimizer_class, kernel in ((paddle.optimizer.SGD, "sgd"), (paddle.optimizer.Adam, "adam")):
+        expected = run("cpu", optimizer_class, False)
+        before = counts()
+        got = run("devkit:0", optimizer_class, True)
+        after = counts()
+        np.testing.assert_allclose(got, expected, rtol=tolerance, err_msg=f"{dtype} {kernel} losses")
+        assert got[-1] < got[0], got
+        missing = [k for k in (kernel, "batch_norm", "batch_norm_grad", "cross_entropy_with_softmax")
+                   if after.get(k, 0) <= before.get(k, 0)]
+        assert not missing, f"{dtype} {kernel}: kernels {missing} did not run on the devkit device"
+        details.append(f"{kernel} {['%.4f' % v for v in got]}")
+    return f"losses within {tolerance} of float32: " + ", ".join(details)
+
+
+def float16_training(paddle, counts) -> str:
+    return _half_training(paddle, counts, "float16", 1 << 1)  # DK_DEVICE_FP16
+
+
+def bfloat16_training(paddle, counts) -> str:
+    return _half_training(paddle, counts, "bfloat16", 1 << 2)  # DK_DEVICE_BF16
 
 
 def forward_ops(paddle, counts) -> str:

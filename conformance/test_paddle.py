@@ -3,8 +3,11 @@
 Paddle loads custom devices once, when it is imported, so every case runs in
 one worker process per plugin (paddle_worker.py, DEVKIT_PADDLE_PLUGIN set to
 the plugin): tensor creation and round trips, views and copies, fills, every
-registered phi kernel forward and backward against Paddle's CPU place, an SGD
-step, a small MLP trained 5 steps with losses matching Paddle CPU (rtol 1e-4),
+registered phi kernel forward and backward against Paddle's CPU place (the
+16-bit ones in float16 and bfloat16 too), an SGD step, a small MLP trained 5
+steps with losses matching Paddle CPU (rtol 1e-4), a Linear-BatchNorm1D model
+trained 3 steps in float16 (AMP O2) and bfloat16 with SGD and Adam's float32
+master weights (losses within 1e-2 and 5e-2 of Paddle CPU's float32),
 and how an op without a devkit kernel behaves (Paddle's CPU fallback, or its
 NotFound error naming the op) and how a kernel's error reaches Python.
 Skipped, with the install command, without paddlepaddle.

@@ -1145,8 +1145,10 @@ bool batch_norm_direct(const Context& c, const DenseTensor& x_, const DenseTenso
                        DenseTensor*) {
   int32_t dev = direct_device();
   Operand x, m, v, out;
-  if (dev < 0 || !channels_first(data_layout) || x_.dims().size() < 2 || !input(x_, &x) || !input(mean, &m) ||
-      !input(variance, &v) || !output(c, y, &out))
+  // 16-bit x keeps float32 statistics, scale and bias (Paddle's contract): devkit's op takes one
+  // dtype, so that case goes through Python, which computes in float32 as Paddle's GPU kernel does.
+  if (dev < 0 || x_.dtype() != mean.dtype() || !channels_first(data_layout) || x_.dims().size() < 2 ||
+      !input(x_, &x) || !input(mean, &m) || !input(variance, &v) || !output(c, y, &out))
     return false;
   Shape channels{x.shape[1]};
   Scratch scratch(dev);
@@ -1187,8 +1189,8 @@ bool batch_norm_grad_direct(const Context& c, const DenseTensor& x_, const paddl
                             DenseTensor* bias_grad) {
   int32_t dev = direct_device();
   Operand x, dy, mean, inv_std;
-  if (dev < 0 || is_test || use_global_stats || !channels_first(data_layout) || x_.dims().size() < 2 ||
-      !input(x_, &x) || !input(y_grad, &dy) || !input(saved_mean, &mean) || !input(saved_variance, &inv_std))
+  if (dev < 0 || is_test || use_global_stats || x_.dtype() != saved_mean.dtype() || !channels_first(data_layout) ||
+      x_.dims().size() < 2 || !input(x_, &x) || !input(y_grad, &dy) || !input(saved_mean, &mean) || !input(saved_variance, &inv_std))
     return false;
   Shape channels{x.shape[1]};
   Scratch scratch(dev);
@@ -1413,7 +1415,10 @@ bool cross_entropy_with_softmax_direct(const Context& c, const DenseTensor& logi
                                        DenseTensor* softmax_, DenseTensor* loss_) {
   int32_t dev = direct_device();
   Operand logits, labels, probabilities, loss;
-  if (dev < 0 || !hard_labels(logits_.dims(), soft_label, use_softmax, axis) || !input(logits_, &logits) ||
+  // 16-bit logits go through Python, which computes in float32 as Paddle's GPU kernel does (and
+  // devkit's SoftmaxCrossEntropyLoss gives a bfloat16 input a float32 loss, not Paddle's dtype).
+  if (dev < 0 || logits_.dtype() != PD_DataType::FLOAT32 ||
+      !hard_labels(logits_.dims(), soft_label, use_softmax, axis) || !input(logits_, &logits) ||
       !input(label_, &labels, {label_.numel()}) || !output(c, softmax_, &probabilities) ||
       !output(c, loss_, &loss, {label_.numel()}))
     return false;
@@ -1433,7 +1438,7 @@ bool cross_entropy_with_softmax_grad_direct(const Context& c, const DenseTensor&
                                             DenseTensor* logits_grad) {
   int32_t dev = direct_device();
   Operand labels, probabilities, dloss, dlogits;
-  if (dev < 0 || !hard_labels(softmax_.dims(), soft_label, use_softmax, axis) ||
+  if (dev < 0 || softmax_.dtype() != PD_DataType::FLOAT32 || !hard_labels(softmax_.dims(), soft_label, use_softmax, axis) ||
       !input(label_, &labels, {label_.numel()}) || !input(softmax_, &probabilities) ||
       !input(loss_grad, &dloss, {label_.numel()}) || !output(c, logits_grad, &dlogits))
     return false;
@@ -1904,8 +1909,9 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
   PD_BUILD_PHI_KERNEL(name, devkit, ALL_LAYOUT, name##_kernel, types) {}
 
 #define DEVKIT_FLOAT32 float
-// The float dtypes of the kernels that Linear, Conv2D, LayerNorm, Softmax and ReLU networks
-// need: float16 and bfloat16 run where the plugin has the devkit op for them.
+// The float dtypes of the kernels that Linear, Conv2D, BatchNorm, LayerNorm, Softmax, ReLU,
+// CrossEntropyLoss, SGD and Adam need: float16 and bfloat16 run where the plugin has the devkit
+// op for them (else the kernel's error names the op the plugin lacks).
 #define DEVKIT_FLOATS float, phi::dtype::float16, phi::dtype::bfloat16
 // Every dtype: fills, because Paddle's CPU fallback for them writes the output's memory from
 // the host (set_constant_with_place), which only a device with host-pointer handles survives;
@@ -1914,6 +1920,7 @@ bool cast_direct(const Context& c, const DenseTensor& x_, PD_DataType out_dtype,
 
 #define DEVKIT_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
 #define DEVKIT_DIRECT_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOAT32, name, params, __VA_ARGS__)
+#define DEVKIT_FLOATS_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_FLOATS, name, params, __VA_ARGS__)
 #define DEVKIT_DIRECT_FLOATS_KERNEL(name, params, ...) DEVKIT_DIRECT_KERNEL_OF(DEVKIT_FLOATS, name, params, __VA_ARGS__)
 #define DEVKIT_ALL_DTYPES_KERNEL(name, params, ...) DEVKIT_KERNEL_OF(DEVKIT_ALL_DTYPES, name, params, __VA_ARGS__)
 #define DEVKIT_ALL_DTYPES_DIRECT_KERNEL(name, params, ...) \
@@ -1989,9 +1996,9 @@ DEVKIT_DIRECT_KERNEL(gelu_grad, (const Context& c, const DenseTensor& x, const D
                           DenseTensor* dx), c, x, dout, approximate, dx)
 DEVKIT_DIRECT_KERNEL(scale, (const Context& c, const DenseTensor& x, const phi::Scalar& scale, const phi::Scalar& bias,
                       bool bias_after_scale, DenseTensor* out), c, x, scale, bias, bias_after_scale, out)
-DEVKIT_DIRECT_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
+DEVKIT_DIRECT_FLOATS_KERNEL(sum, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, PD_DataType out_dtype,
                     bool keep_dim, DenseTensor* out), c, x, dims, out_dtype, keep_dim, out)
-DEVKIT_DIRECT_KERNEL(sum_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
+DEVKIT_DIRECT_FLOATS_KERNEL(sum_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, const phi::IntArray& dims,
                          bool keep_dim, bool reduce_all, DenseTensor* dx), c, x, dout, dims, keep_dim, reduce_all, dx)
 DEVKIT_KERNEL(transpose, (const Context& c, const DenseTensor& x, const std::vector<int>& perm, DenseTensor* out),
               c, x, perm, out)
@@ -2012,26 +2019,26 @@ DEVKIT_DIRECT_FLOATS_KERNEL(matmul_grad, (const Context& c, const DenseTensor& x
 DEVKIT_DIRECT_FLOATS_KERNEL(softmax, (const Context& c, const DenseTensor& x, int axis, DenseTensor* out), c, x, axis, out)
 DEVKIT_DIRECT_FLOATS_KERNEL(softmax_grad, (const Context& c, const DenseTensor& out, const DenseTensor& dout, int axis,
                              DenseTensor* dx), c, out, dout, axis, dx)
-DEVKIT_DIRECT_KERNEL(cross_entropy_with_softmax,
+DEVKIT_DIRECT_FLOATS_KERNEL(cross_entropy_with_softmax,
               (const Context& c, const DenseTensor& logits, const DenseTensor& label, bool soft_label,
                bool use_softmax, bool numeric_stable_mode, int ignore_index, int axis, DenseTensor* softmax,
                DenseTensor* loss),
               c, logits, label, soft_label, use_softmax, numeric_stable_mode, ignore_index, axis, softmax, loss)
-DEVKIT_DIRECT_KERNEL(cross_entropy_with_softmax_grad,
+DEVKIT_DIRECT_FLOATS_KERNEL(cross_entropy_with_softmax_grad,
               (const Context& c, const DenseTensor& label, const DenseTensor& softmax, const DenseTensor& loss_grad,
                bool soft_label, bool use_softmax, bool numeric_stable_mode, int ignore_index, int axis,
                DenseTensor* logits_grad),
               c, label, softmax, loss_grad, soft_label, use_softmax, numeric_stable_mode, ignore_index, axis,
               logits_grad)
-DEVKIT_DIRECT_KERNEL(mean_all, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
-DEVKIT_DIRECT_KERNEL(mean_all_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, DenseTensor* dx),
+DEVKIT_DIRECT_FLOATS_KERNEL(mean_all, (const Context& c, const DenseTensor& x, DenseTensor* out), c, x, out)
+DEVKIT_DIRECT_FLOATS_KERNEL(mean_all_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout, DenseTensor* dx),
               c, x, dout, dx)
-DEVKIT_DIRECT_KERNEL(mean, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, bool keep_dim,
+DEVKIT_DIRECT_FLOATS_KERNEL(mean, (const Context& c, const DenseTensor& x, const phi::IntArray& dims, bool keep_dim,
                      DenseTensor* out), c, x, dims, keep_dim, out)
-DEVKIT_DIRECT_KERNEL(mean_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout,
+DEVKIT_DIRECT_FLOATS_KERNEL(mean_grad, (const Context& c, const DenseTensor& x, const DenseTensor& dout,
                           const phi::IntArray& dims, bool keep_dim, bool reduce_all, DenseTensor* dx),
               c, x, dout, dims, keep_dim, reduce_all, dx)
-DEVKIT_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTensor& lr, const DenseTensor& grad,
+DEVKIT_FLOATS_KERNEL(sgd, (const Context& c, const DenseTensor& param, const DenseTensor& lr, const DenseTensor& grad,
                     const paddle::optional<DenseTensor>& master_param, bool multi_precision,
                     DenseTensor* param_out, DenseTensor* master_param_out),
               c, param, lr, grad, master_param, multi_precision, param_out, master_param_out)
@@ -2057,7 +2064,7 @@ DEVKIT_DIRECT_FLOATS_KERNEL(conv2d_grad, (const Context& c, const DenseTensor& i
                             DenseTensor* input_grad, DenseTensor* filter_grad),
               c, input, filter, out_grad, strides, paddings, padding_algorithm, dilations, groups, data_format,
               input_grad, filter_grad)
-DEVKIT_DIRECT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTensor& mean,
+DEVKIT_DIRECT_FLOATS_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const DenseTensor& mean,
                            const DenseTensor& variance, const paddle::optional<DenseTensor>& scale,
                            const paddle::optional<DenseTensor>& bias, bool is_test, float momentum, float epsilon,
                            const std::string& data_layout, bool use_global_stats, bool trainable_statistics,
@@ -2065,7 +2072,7 @@ DEVKIT_DIRECT_KERNEL(batch_norm, (const Context& c, const DenseTensor& x, const 
                            DenseTensor* saved_variance, DenseTensor* reserve_space),
               c, x, mean, variance, scale, bias, is_test, momentum, epsilon, data_layout, use_global_stats,
               trainable_statistics, y, mean_out, variance_out, saved_mean, saved_variance, reserve_space)
-DEVKIT_DIRECT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
+DEVKIT_DIRECT_FLOATS_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, const paddle::optional<DenseTensor>& scale,
                                 const paddle::optional<DenseTensor>& bias, const paddle::optional<DenseTensor>& mean,
                                 const paddle::optional<DenseTensor>& variance, const DenseTensor& saved_mean,
                                 const DenseTensor& saved_variance, const paddle::optional<DenseTensor>& reserve_space,
@@ -2075,7 +2082,7 @@ DEVKIT_DIRECT_KERNEL(batch_norm_grad, (const Context& c, const DenseTensor& x, c
                                 DenseTensor* bias_grad),
               c, x, scale, bias, mean, variance, saved_mean, saved_variance, reserve_space, y_grad, momentum, epsilon,
               data_layout, is_test, use_global_stats, trainable_statistics, x_grad, scale_grad, bias_grad)
-DEVKIT_DIRECT_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
+DEVKIT_DIRECT_FLOATS_KERNEL(adam, (const Context& c, const DenseTensor& param, const DenseTensor& grad, const DenseTensor& lr,
                      const DenseTensor& moment1, const DenseTensor& moment2,
                      const paddle::optional<DenseTensor>& moment2_max, const DenseTensor& beta1_pow,
                      const DenseTensor& beta2_pow, const paddle::optional<DenseTensor>& master_param,

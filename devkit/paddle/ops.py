@@ -17,9 +17,10 @@ import math
 
 import numpy as np
 
+from .. import dtypes
 from ..abi import ffi
 from ..ops import run_op
-from ..runtime import Array, asarray
+from ..runtime import Array, asarray, empty
 
 
 def _op(name: str, inputs: list, attrs: dict | None = None) -> Array:
@@ -36,6 +37,42 @@ def _write(out: Array | None, result: Array) -> None:
         dst, src, dev = out.buffer, result.buffer, out.device
         dev.call("copy_d2d", dev.index, dst.handle, dst.offset + out.offset, src.handle, src.offset + result.offset,
                  out.nbytes, ffi.NULL)
+
+
+_HALF = {np.dtype(np.float16)} | ({dtypes.bfloat16} if dtypes.bfloat16 is not None else set())
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _in_float32(outputs: int):
+    """A kernel that computes in float32 for 16-bit tensors, as Paddle's GPU kernels do (their
+    MPType): 16-bit inputs cast to float32, 16-bit outputs (the last ``outputs`` arguments)
+    written through float32 results cast back; float32 ones (BatchNorm's statistics, Adam's
+    moments, master weights) pass as they are."""
+    def wrap(kernel):
+        def in_float32(dev, *args):
+            split = len(args) - outputs
+            inputs = [_float32_input(a) for a in args[:split]]
+            results = [empty(a.shape, _FLOAT32, dev) if _is_half(a) else a for a in args[split:]]
+            kernel(dev, *inputs, *results)
+            for out, result in zip(args[split:], results):
+                if result is not out:
+                    _write(out, _op("Cast", [result], {"to": out.dtype}))
+        in_float32.__name__ = kernel.__name__
+        return in_float32
+    return wrap
+
+
+def _is_half(a) -> bool:
+    """A tensor argument (an Array, or _bridge.TensorMeta: shape only) in a 16-bit float dtype."""
+    return getattr(a, "dtype", None) in _HALF
+
+
+def _float32_input(a):
+    if not _is_half(a):
+        return a
+    if not isinstance(a, Array):  # a TensorMeta: no data to cast
+        return a._replace(dtype=_FLOAT32)
+    return _op("Cast", [a], {"to": _FLOAT32})
 
 
 def _unbroadcast(grad: Array, shape: tuple) -> Array:
@@ -179,6 +216,7 @@ def _axes(dims, ndim: int) -> list[int]:
     return [d % ndim for d in dims] if dims else list(range(ndim))
 
 
+@_in_float32(outputs=1)
 def reduce_sum(dev, x, dims, out_dtype, keep_dim, out):
     if x.ndim == 0:
         _write(out, x)
@@ -186,6 +224,7 @@ def reduce_sum(dev, x, dims, out_dtype, keep_dim, out):
     _write(out, _op("ReduceSum", [x, np.array(_axes(dims, x.ndim), np.int64)], {"keepdims": int(keep_dim)}))
 
 
+@_in_float32(outputs=1)
 def sum_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
     ndim = len(x.shape)  # x may be shape only
     axes = list(range(ndim)) if reduce_all else _axes(dims, ndim)
@@ -250,6 +289,7 @@ def _hard_labels(logits, label, soft_label, axis, what):
     return label.reshape(label.size)
 
 
+@_in_float32(outputs=2)
 def cross_entropy_with_softmax(dev, logits, label, soft_label, use_softmax, numeric_stable_mode,
                                ignore_index, axis, softmax_out, loss):
     labels = _hard_labels(logits, label, soft_label, axis, "cross_entropy_with_softmax")
@@ -262,6 +302,7 @@ def cross_entropy_with_softmax(dev, logits, label, soft_label, use_softmax, nume
     _write(loss, losses)
 
 
+@_in_float32(outputs=1)
 def cross_entropy_with_softmax_grad(dev, label, softmax_in, loss_grad, soft_label, use_softmax,
                                     numeric_stable_mode, ignore_index, axis, logits_grad):
     labels = _hard_labels(softmax_in, label, soft_label, axis, "cross_entropy_with_softmax_grad")
@@ -271,20 +312,24 @@ def cross_entropy_with_softmax_grad(dev, label, softmax_in, loss_grad, soft_labe
     _write(logits_grad, grad)
 
 
+@_in_float32(outputs=1)
 def mean_all(dev, x, out):
     _write(out, _op("ReduceMean", [x], {"keepdims": 0}))
 
 
+@_in_float32(outputs=1)
 def mean_all_grad(dev, x, dout, dx):
     scaled = _op("Mul", [dout, _scalar(1.0 / max(math.prod(x.shape), 1))])  # x may be shape only
     _write(dx, _op("Expand", [scaled, list(x.shape)]))
 
 
+@_in_float32(outputs=1)
 def mean(dev, x, dims, keep_dim, out):
     axes = np.array(dims if dims else range(x.ndim), np.int64)
     _write(out, _op("ReduceMean", [x, axes], {"keepdims": int(keep_dim)}))
 
 
+@_in_float32(outputs=1)
 def mean_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
     ndim = len(x.shape)  # x may be shape only
     axes = list(range(ndim)) if reduce_all or not dims else [d % ndim for d in dims]
@@ -294,11 +339,24 @@ def mean_grad(dev, x, dout, dims, keep_dim, reduce_all, dx):
     _write(dx, _op("Expand", [scaled, list(x.shape)]))
 
 
+@_in_float32(outputs=2)
 def sgd(dev, param, learning_rate, grad, master_param, multi_precision, param_out, master_param_out):
-    if multi_precision:
-        raise NotImplementedError("sgd: multi_precision (float32 parameters only)")
+    """multi_precision (16-bit parameters): the step moves the float32 master weights, and the
+    parameter is their rounding (phi's SGD)."""
     step = _op("Mul", [grad, learning_rate])  # learning_rate has shape [1]: it broadcasts
-    _write(param_out, _op("Sub", [param, step]))
+    updated = _op("Sub", [_master(param, master_param, multi_precision, "sgd"), step])
+    _write(param_out, updated)
+    if multi_precision:
+        _write(master_param_out, updated)
+
+
+def _master(param, master_param, multi_precision: bool, what: str):
+    """The weights an optimizer step moves: the float32 master copy under multi_precision."""
+    if not multi_precision:
+        return param
+    if master_param is None:
+        raise ValueError(f"{what}: multi_precision without a master_param")
+    return master_param
 
 
 def layer_norm(dev, x, scale, bias, epsilon, begin_norm_axis, out, mean_out, variance_out):
@@ -332,6 +390,7 @@ def _channels_first(layout: str, what: str) -> None:
         raise NotImplementedError(f"{what}: data_layout {layout!r} (channels first only)")
 
 
+@_in_float32(outputs=6)
 def batch_norm(dev, x, mean, variance, scale, bias, is_test, momentum, epsilon, data_layout, use_global_stats,
                trainable_statistics, y, mean_out, variance_out, saved_mean, saved_variance, reserve_space):
     """Paddle keeps the batch's mean and 1 / sqrt(variance + epsilon) for the grad (saved_*), and
@@ -359,6 +418,7 @@ def batch_norm(dev, x, mean, variance, scale, bias, is_test, momentum, epsilon, 
     _write(saved_variance, _op("Reciprocal", [_op("Sqrt", [_op("Add", [batch_var, _scalar(epsilon)])])]))
 
 
+@_in_float32(outputs=3)
 def batch_norm_grad(dev, x, scale, bias, mean, variance, saved_mean, saved_variance, reserve_space, y_grad, momentum,
                     epsilon, data_layout, is_test, use_global_stats, trainable_statistics, x_grad, scale_grad,
                     bias_grad):
@@ -545,13 +605,16 @@ def dropout_grad(dev, mask, out_grad, p, is_test, mode, x_grad):
     _write(x_grad, _op("Mul", [_op("Mul", [out_grad, kept]), np.array(scale, out_grad.dtype)]))
 
 
+@_in_float32(outputs=7)
 def adam(dev, param, grad, learning_rate, moment1, moment2, moment2_max, beta1_pow, beta2_pow, master_param,
          skip_update, beta1, beta2, epsilon, lazy_mode, min_row_size_to_use_multithread, multi_precision,
          use_global_beta_pow, amsgrad, param_out, moment1_out, moment2_out, moment2_max_out, beta1_pow_out,
          beta2_pow_out, master_param_out):
-    """Paddle's dense Adam, in its order of operations (phi's AdamFunctor)."""
-    if multi_precision or amsgrad or skip_update is not None:
-        raise NotImplementedError("adam: multi_precision, amsgrad and skip_update are not supported yet")
+    """Paddle's dense Adam, in its order of operations (phi's AdamFunctor); under multi_precision
+    on the float32 master weights, the parameter their rounding."""
+    if amsgrad or skip_update is not None:
+        raise NotImplementedError("adam: amsgrad and skip_update are not supported yet")
+    source = _master(param, master_param, multi_precision, "adam")
     f32 = np.float32
     b1, b2, eps = f32(beta1), f32(beta2), f32(epsilon)
     pow1, pow2, lr = (f32(a.numpy().reshape(-1)[0]) for a in (beta1_pow, beta2_pow, learning_rate))
@@ -561,7 +624,10 @@ def adam(dev, param, grad, learning_rate, moment1, moment2, moment2_max, beta1_p
                      _op("Mul", [_op("Mul", [grad, grad]), _scalar(f32(1) - b2)])])
     denominator = _op("Add", [_op("Sqrt", [m2]), _scalar(eps * np.sqrt(f32(1) - pow2))])
     step = _op("Mul", [_op("Div", [m1, denominator]), _scalar(lr)])
-    _write(param_out, _op("Sub", [param, step]))
+    updated = _op("Sub", [source, step])
+    _write(param_out, updated)
+    if multi_precision:
+        _write(master_param_out, updated)
     _write(moment1_out, m1)
     _write(moment2_out, m2)
     if not use_global_beta_pow:
@@ -585,7 +651,7 @@ def contiguous(dev, x, out):
 def _fill(out, value) -> None:
     if out is not None and out.size:
         host = np.full(out.shape, value, dtype=out.dtype)
-        out.buffer.copy_from_host(host, offset=out.offset)
+        out.buffer.copy_from_host(host.reshape(-1).view(np.uint8), offset=out.offset)  # bytes: bfloat16 has no buffer format
 
 
 def full(dev, shape, value, dtype, out):
