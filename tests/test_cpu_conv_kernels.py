@@ -324,6 +324,35 @@ def test_prepared_winograd_on_small_planes_matches_the_reference(x_shape, w_shap
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 32, 32), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # the zoo resnet's stem
+    ((2, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 4 phases
+    ((2, 32, 8, 8), (30, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # 30 filters: a cut filter block
+    ((2, 12, 9, 10), (9, 4, 3, 3), {"group": 3, "pads": [0, 1, 2, 1]}),  # groups, asymmetric pads
+    ((1, 3, 40, 37), (20, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # the wide direct path
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepared_direct_filters_match_the_reference(x_shape, w_shape, attrs, bias):
+    """With its filter blocks packed at plan time, the direct path gives what
+    it gives with W packed at the call: both within the op's dot-product
+    tolerance of the float64 reference, and equal bit for bit (the same sums
+    in the same order)."""
+    import devkit.onnx as donnx
+
+    rng = np.random.default_rng(12)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
+    model = _conv_node_model(w, b, attrs, x_shape)
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0]
+    got = [donnx.prepare(model, prepare_weights=p).run({"x": x})[0] for p in (True, False)]
+    for g in got:
+        _check(g, ref, w_shape[1] * math.prod(w_shape[2:]), float(sums.max()))
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 20, 23, 19), (13, 20, 5, 5), {"pads": [2, 2, 2, 2]}),  # 13 filters: a row block of 8 and one of 5
     ((2, 12, 17, 18), (9, 12, 3, 3), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 0, 0]}),
     ((4, 80, 11, 13), (30, 80, 2, 2), {}),  # 120 positions: 3 column pairs and a cut one

@@ -19,6 +19,7 @@
  * the channels (within the op's dot-product tolerance; 0 * inf in the
  * padding gives NaN as the im2col path's product does).
  */
+#include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
 
 #include <stdatomic.h>
@@ -286,6 +287,32 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
   free(out);
 }
 
+static int64_t direct_filter_block(void) { return direct_wide() ? DIRECT_MB_512 : DIRECT_MB; }
+
+/* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg: each
+ * filter's steps read in order (the other way round, a gather per element,
+ * took about a quarter of a 32-filter 8x8 layer's sums). */
+static void pack_filters(const float *wt, int64_t group, int64_t cg, int64_t mg, int64_t taps, int64_t mb,
+                         float *wp) {
+  int64_t steps = cg * taps, filters = ceil_div(mg, mb) * mb;
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t filter = 0; filter < filters; filter++) {
+      float *dst = wp + (g * filters + filter / mb * mb) * steps + filter % mb;
+      const float *src = wt + (g * mg + filter) * steps;
+      for (int64_t s = 0; s < steps; s++) dst[s * mb] = filter < mg ? src[s] : 0.0f;
+    }
+}
+
+size_t linalg_conv_direct_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
+  int64_t mb = direct_filter_block();
+  return (size_t)(group * ceil_div(mg, mb) * mb * cg * w->kernel[0] * w->kernel[1]) * sizeof(float);
+}
+
+void linalg_conv_direct_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg, int64_t mg,
+                                     float *wp) {
+  pack_filters(wt, group, cg, mg, w->kernel[0] * w->kernel[1], direct_filter_block(), wp);
+}
+
 DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
                              const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group) {
   direct_job j = {.group = group, .cg = x->shape[1] / group, .mg = y->shape[1] / group,
@@ -308,7 +335,7 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
     int64_t ky = t / j.kw, kx = t % j.kw;
     j.offset[t] = ((ky % j.sh) * j.phases_w + kx % j.sw) * j.plane + ky / j.sh * j.pw + kx / j.sw;
   }
-  j.mb = direct_wide() ? DIRECT_MB_512 : DIRECT_MB;
+  j.mb = direct_filter_block();
   j.mblocks = ceil_div(j.mg, j.mb);
   int64_t position_macs = j.mb * j.cg * j.taps, images = x->shape[0] * group;
   int64_t positions = ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
@@ -319,27 +346,20 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
 
   int64_t channels = x->shape[0] * x->shape[1];
   j.xp = malloc((size_t)(channels * j.phases * j.plane) * sizeof *j.xp);
-  j.wp = malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
+  /* W prepared (wt->prepared_bytes: its data are wp, linalg_conv_direct_pack_filters) or packed here */
+  bool prepared = wt->prepared_bytes != 0;
+  j.wp = prepared ? (float *)wt->data : malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
   if (!j.xp || !j.wp) {
     free(j.xp);
-    free(j.wp);
+    if (!prepared) free(j.wp);
     return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
   }
-  /* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg: each
-   * filter's steps read in order (the other way round, a gather per element, took
-   * about a quarter of a 32-filter 8x8 layer's sums) */
-  int64_t steps = j.cg * j.taps;
-  for (int64_t g = 0; g < group; g++)
-    for (int64_t filter = 0; filter < j.mblocks * j.mb; filter++) {
-      float *dst = j.wp + (g * j.mblocks + filter / j.mb) * steps * j.mb + filter % j.mb;
-      const float *src = j.wt + (g * j.mg + filter) * steps;
-      for (int64_t s = 0; s < steps; s++) dst[s * j.mb] = filter < j.mg ? src[s] : 0.0f;
-    }
+  if (!prepared) pack_filters(j.wt, group, j.cg, j.mg, j.taps, j.mb, j.wp);
   dks_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
   int64_t parts = images * j.mblocks * j.spans, part_macs = position_macs * j.span;
   dks_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
   free(j.xp);
-  free(j.wp);
+  if (!prepared) free(j.wp);
   if (atomic_load(&j.failed))
     return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's output block");
   return DK_OK;
