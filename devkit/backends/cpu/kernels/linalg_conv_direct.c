@@ -17,7 +17,9 @@
  * channels by DIRECT_LANES positions at a time (with AVX-512, DIRECT_MB_512
  * by DIRECT_LANES_512), each sum in tap order over
  * the channels (within the op's dot-product tolerance; 0 * inf in the
- * padding gives NaN as the im2col path's product does).
+ * padding gives NaN as the im2col path's product does). The filters, in
+ * those blocks' order, are packed at the call or at plan time
+ * (linalg_conv_direct.h).
  */
 #include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
