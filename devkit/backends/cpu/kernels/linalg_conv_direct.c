@@ -276,6 +276,12 @@ static bool direct_wide(void) { return false; }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* y[i] = sums[i] + bias: a row of the sums into Y, in vectors (the zoo
+ * resnet's 32x32 stem spent about half its sums' time here in 4-wide ones). */
+DKS_VECTOR_CLONES static void add_bias_row(float *y, const float *sums, float bias, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = sums[i] + bias;
+}
+
 /* Parts [begin, end): (image, span of flat positions, filter block): the
  * filter blocks of a span run one after another, on its inputs while they
  * are in cache (on a large plane the phase planes are not). */
@@ -305,7 +311,7 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
         int64_t lo = q0 - oy * j->pw > 0 ? q0 - oy * j->pw : 0;
         int64_t hi = q1 - oy * j->pw < j->ow ? q1 - oy * j->pw : j->ow;
         const float *src = out + m * j->span + oy * j->pw - q0;
-        for (int64_t ox = lo; ox < hi; ox++) y[oy * j->ow + ox] = src[ox] + bias;
+        if (hi > lo) add_bias_row(y + oy * j->ow + lo, src + lo, bias, hi - lo);
         if (lo < hi) first = first < 0 ? oy * j->ow + lo : first, last = oy * j->ow + hi;
       }
       if (first >= 0) conv_epilogue_apply(&j->rest, y + first, g * j->mg + m0 + m, 1, last - first, j->ow);
