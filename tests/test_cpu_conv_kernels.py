@@ -5,7 +5,7 @@ dX, the Conv of dY with the flipped kernels); the tiled im2col path
 and the whole-plane path for small planes; the direct path for few channels
 (stride phases, filter blocks cut by the channel count, 7x7 kernels, its
 bounds, and strided windows within its wider AVX-512 bounds, FusedConv's
-epilogue); the register-blocked path for small planes with many channels
+epilogue, its filter blocks prepared at plan time); the register-blocked path for small planes with many channels
 (blocks cut by the plane and the filter count, the plane's last positions
 by dot products, passes over the steps, groups, batches, non-finite
 values, FusedConv's epilogue); ConvTranspose and ConvGrad split
@@ -296,6 +296,26 @@ def _conv_node_model(w, b, attrs, x_shape):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
+def _prepared_and_given(seed, x_shape, w_shape, attrs, bias):
+    """A one-Conv model's outputs with W prepared at plan time and as given,
+    each checked against the float64 reference with the op's dot-product
+    tolerance."""
+    import devkit.onnx as donnx
+
+    rng = np.random.default_rng(seed)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
+    model = _conv_node_model(w, b, attrs, x_shape)
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0]
+    got = [donnx.prepare(model, prepare_weights=p).run({"x": x})[0] for p in (True, False)]
+    for g in got:
+        _check(g, ref, w_shape[1] * math.prod(w_shape[2:]), float(sums.max()))
+    return got
+
+
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((1, 40, 7, 7), (48, 40, 3, 3), {"pads": [1, 1, 1, 1]}),    # 16 tiles: one whole panel
     ((2, 40, 9, 9), (24, 40, 3, 3), {"pads": [1, 1, 1, 1]}),    # 25 tiles: a panel and 9 lanes of the next
@@ -308,19 +328,24 @@ def test_prepared_winograd_on_small_planes_matches_the_reference(x_shape, w_shap
     tiles or more goes by Winograd (with AVX-512), its 16 products on
     panels of 16 tiles; prepared or given, the result is within the op's
     dot-product tolerance of the float64 reference."""
-    import devkit.onnx as donnx
+    _prepared_and_given(11, x_shape, w_shape, attrs, bias)
 
-    rng = np.random.default_rng(11)
-    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
-    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
-    model = _conv_node_model(w, b, attrs, x_shape)
-    full = {**CONV_DEFAULTS, **attrs}
-    reference = ops.get("Conv").reference
-    ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
-    sums = reference([magnitude(x), magnitude(w)], full)[0]
-    for prepare_weights in (True, False):
-        (got,) = donnx.prepare(model, prepare_weights=prepare_weights).run({"x": x})
-        _check(got, ref, w_shape[1] * 9, float(sums.max()))
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((2, 3, 32, 32), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # the zoo resnet's stem
+    ((2, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 4 phases
+    ((2, 32, 8, 8), (30, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # 30 filters: a cut filter block
+    ((2, 12, 9, 10), (9, 4, 3, 3), {"group": 3, "pads": [0, 1, 2, 1]}),  # groups, asymmetric pads
+    ((1, 3, 40, 37), (20, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # the wide direct path
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_prepared_direct_filters_match_the_reference(x_shape, w_shape, attrs, bias):
+    """With its filter blocks packed at plan time, the direct path gives what
+    it gives with W packed at the call: both within the op's dot-product
+    tolerance of the float64 reference, and equal bit for bit (the same sums
+    in the same order)."""
+    prepared, given = _prepared_and_given(12, x_shape, w_shape, attrs, bias)
+    np.testing.assert_array_equal(prepared, given)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [

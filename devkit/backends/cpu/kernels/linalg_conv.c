@@ -8,6 +8,7 @@
  * directly. float32 products go by linalg_packed.h's AVX-512 block where
  * the CPU has it, else the BLAS. float16/bfloat16 run as float32.
  */
+#include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
 #include "linalg_conv_pointwise.h"
 #include "linalg_packed.h"
@@ -1320,21 +1321,34 @@ static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t bat
 
 /* A float32 Conv's W, prepared where the call goes by Winograd: the
  * filters' transforms, made once instead of at every call (on a 49-tile
- * plane they cost about what the transform saves), then W itself, which a
- * call whose outputs are not finite sums again the direct way. */
+ * plane they cost about what the transform saves); where it goes the direct
+ * way: the filters in its register blocks' order (on an 8x8 plane their
+ * packing took about a quarter of the sums' time). Then W itself, which a
+ * Winograd call whose outputs are not finite sums again the direct way. */
 typedef struct conv_prepared {
-  uint32_t tag; /* CONV_PREPARED_TAG */
-  uint32_t reserved;
+  uint32_t tag;  /* CONV_PREPARED_TAG */
+  uint32_t kind; /* conv_prepared_kind */
   int64_t group, mg, cg, w_elements;
   uint8_t pad[24]; /* to 64 bytes: U starts cache-line aligned */
 } conv_prepared;
 _Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
 #define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
+typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT } conv_prepared_kind;
 
 static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+static bool direct_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
 
-static size_t conv_prepared_bytes(int64_t group, int64_t mg, int64_t cg, int64_t w_elements) {
-  return sizeof(conv_prepared) + (size_t)(group * 16 * mg * cg + w_elements) * sizeof(float);
+/* The prepared form's bytes before W (U: the transforms or the packed
+ * filters), in whole cache lines so that W starts aligned too. */
+static size_t conv_prepared_u_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg) {
+  size_t bytes = kind == CONV_PREPARED_WINOGRAD ? (size_t)(group * 16 * mg * cg) * sizeof(float)
+                                                : linalg_conv_direct_filters_bytes(w, group, cg, mg);
+  return (bytes + 63) / 64 * 64;
+}
+
+static size_t conv_prepared_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg,
+                                  int64_t w_elements) {
+  return sizeof(conv_prepared) + conv_prepared_u_bytes(kind, w, group, mg, cg) + (size_t)w_elements * sizeof(float);
 }
 
 static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
@@ -1344,33 +1358,46 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   linalg_window w;
   linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
-  if (!winograd_chosen(&w, y->dtype, cg, mg)) return DK_OK;
-  *size = conv_prepared_bytes(group, mg, cg, wt->size);
+  uint32_t kind;
+  if (winograd_chosen(&w, y->dtype, cg, mg))
+    kind = CONV_PREPARED_WINOGRAD;
+  else if (direct_chosen(&w, y->dtype, cg, mg))
+    kind = CONV_PREPARED_DIRECT;
+  else
+    return DK_OK;
+  *size = conv_prepared_bytes(kind, &w, group, mg, cg, wt->size);
   if (!dst) return DK_OK;
-  conv_prepared h = {.tag = CONV_PREPARED_TAG, .group = group, .mg = mg, .cg = cg, .w_elements = wt->size};
+  conv_prepared h = {.tag = CONV_PREPARED_TAG, .kind = kind, .group = group, .mg = mg, .cg = cg,
+                     .w_elements = wt->size};
   memcpy(dst, &h, sizeof h);
   float *u = (float *)(dst + sizeof h);
-  linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
-  memcpy(u + group * 16 * mg * cg, wt->data, (size_t)wt->size * sizeof(float));
+  if (kind == CONV_PREPARED_WINOGRAD)
+    linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
+  else
+    linalg_conv_direct_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
+  memcpy(dst + sizeof h + conv_prepared_u_bytes(kind, &w, group, mg, cg), wt->data,
+         (size_t)wt->size * sizeof(float));
   return DK_OK;
 }
 
-/* A prepared W's transforms (*u) and W (*view, a compact tensor like wt),
+/* A prepared W's U (*u, of *kind) and W (*view, a compact tensor like wt),
  * once its header is checked. */
-static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, int64_t group, int64_t mg,
-                             int64_t cg, const float **u, dks_tensor *view) {
+static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, const linalg_window *w, int64_t group,
+                             int64_t mg, int64_t cg, const float **u, uint32_t *kind, dks_tensor *view) {
   conv_prepared h;
   bool ok = wt->prepared_bytes >= sizeof h;
   if (ok) memcpy(&h, wt->data, sizeof h);
-  ok = ok && h.tag == CONV_PREPARED_TAG && h.group == group && h.mg == mg && h.cg == cg &&
-       h.w_elements == wt->size && wt->prepared_bytes >= conv_prepared_bytes(group, mg, cg, wt->size);
+  ok = ok && h.tag == CONV_PREPARED_TAG && (h.kind == CONV_PREPARED_WINOGRAD || h.kind == CONV_PREPARED_DIRECT) &&
+       h.group == group && h.mg == mg && h.cg == cg && h.w_elements == wt->size &&
+       wt->prepared_bytes >= conv_prepared_bytes(h.kind, w, group, mg, cg, wt->size);
   if (!ok)
     return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
                            "input 1 is marked prepared and is not this kernel's prepared form of "
                            "its W");
+  *kind = h.kind;
   *u = (const float *)(wt->data + sizeof h);
   *view = *wt;
-  view->data = (uint8_t *)(*u + group * 16 * mg * cg);
+  view->data = wt->data + sizeof h + conv_prepared_u_bytes(h.kind, w, group, mg, cg);
   view->prepared_bytes = 0;
   return DK_OK;
 }
@@ -1382,10 +1409,11 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   linalg_window w;
   linalg_window_forward(k, x->ndim - 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1);
-  const float *u = NULL;
-  dks_tensor w_view;
+  const float *u = NULL; /* the prepared U, Winograd's (kind) or the direct path's */
+  uint32_t kind = CONV_PREPARED_WINOGRAD;
+  dks_tensor w_view, filters;
   if (wt->prepared_bytes) {
-    DK_Status st = conv_unpack(k, wt, group, y->shape[1] / group, x->shape[1] / group, &u, &w_view);
+    DK_Status st = conv_unpack(k, wt, &w, group, y->shape[1] / group, x->shape[1] / group, &u, &kind, &w_view);
     if (st != DK_OK) return st;
     wt = &w_view;
   }
@@ -1401,8 +1429,16 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   if (blocked) return conv_blocked(k, &j, x->shape[0]);
   if (!panels && linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
     return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
-  if (!panels && linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg))
+  if (!panels && linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) {
+    if (u && kind == CONV_PREPARED_DIRECT) { /* W as the packed filters, marked prepared */
+      filters = *wt;
+      filters.data = (uint8_t *)u;
+      filters.prepared_bytes = linalg_conv_direct_filters_bytes(&w, group, j.cg, j.mg);
+      wt = &filters;
+    }
     return linalg_conv_direct(k, x, wt, b, y, &w, group);
+  }
+  if (kind != CONV_PREPARED_WINOGRAD) u = NULL;
   bool winograd = !panels && winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
   if (!panels && !winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
   if (winograd) {
@@ -1432,6 +1468,13 @@ static DK_Status conv_float(const dks_kernel_args *k) {
 }
 
 static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
+
+/* Whether conv_float takes the direct path for this geometry (the order of its tests). */
+static bool direct_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
+  bool blocked;
+  return !panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked) &&
+         !blocked && !linalg_conv_pointwise_fits(w, dtype, cg, mg) && linalg_conv_direct_fits(w, dtype, cg, mg);
+}
 
 /* Whether conv_float takes the Winograd path for this geometry (the order of its tests, its prepared case). */
 static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {

@@ -17,8 +17,11 @@
  * channels by DIRECT_LANES positions at a time (with AVX-512, DIRECT_MB_512
  * by DIRECT_LANES_512), each sum in tap order over
  * the channels (within the op's dot-product tolerance; 0 * inf in the
- * padding gives NaN as the im2col path's product does).
+ * padding gives NaN as the im2col path's product does). The filters, in
+ * those blocks' order, are packed at the call or at plan time
+ * (linalg_conv_direct.h).
  */
+#include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
 
 #include <stdatomic.h>
@@ -110,17 +113,64 @@ void linalg_padded_row(float *dst, const float *plane, int64_t h, int64_t wd, in
   memset(dst + hi, 0, (size_t)(count - hi) * sizeof *dst);
 }
 
-/* The phase planes of channels [begin, end) (over images and channels). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+/* dst[c] = row[2 * c] for c in [0, n): a stride-2 phase row in vectors of
+ * 16 (two loads, one permute), reading no element past row[2 * n - 2]. On
+ * the zoo resnet's 3x3/2 layer (rows of 8) the scalar copy took as long as
+ * the sums. */
+#define DIRECT_EVEN_512
+__attribute__((target("avx512f"))) static void copy_even_512(float *dst, const float *row, int64_t n) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t c = 0; c < n; c += 16) {
+    int64_t m = n - c < 16 ? n - c : 16, reads = 2 * m - 1;
+    __mmask16 first = reads >= 16 ? 0xffff : (__mmask16)((1u << reads) - 1);
+    __mmask16 second = reads > 16 ? (__mmask16)((1u << (reads - 16)) - 1) : 0;
+    __m512 v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(first, row + 2 * c), even,
+                                      _mm512_maskz_loadu_ps(second, row + 2 * c + 16));
+    _mm512_mask_storeu_ps(dst + c, (__mmask16)((1u << m) - 1), v);
+  }
+}
+#endif
+
+/* The phase planes of channels [begin, end) (over images and channels).
+ * A phase's columns inside the plane are the same for each of its rows, so
+ * they are found once per call; the rows are copied inline (a strided
+ * layer's rows are a few floats: a call per row, its bounds' divisions and
+ * the memsets cost more than the copy). */
 static void direct_pack_inputs(void *arg, int64_t begin, int64_t end) {
   direct_job *j = arg;
-  int64_t phases_h = j->phases / j->phases_w;
+  int64_t phases_h = j->phases / j->phases_w, lo[DIRECT_MAX_TAPS], hi[DIRECT_MAX_TAPS];
+#ifdef DIRECT_EVEN_512
+  bool even_512 = j->sw == 2 && __builtin_cpu_supports("avx512f");
+#endif
+  for (int64_t rx = 0; rx < j->phases_w; rx++) linalg_valid_range(rx - j->pad_w, j->sw, j->pw, j->wd, &lo[rx], &hi[rx]);
   for (int64_t i = begin; i < end; i++) {
     const float *src = j->x + i * j->h * j->wd;
     for (int64_t ry = 0; ry < phases_h; ry++)
       for (int64_t rx = 0; rx < j->phases_w; rx++) {
         float *dst = j->xp + (i * j->phases + ry * j->phases_w + rx) * j->plane;
-        for (int64_t r = 0; r < j->ph; r++, dst += j->pw)
-          linalg_padded_row(dst, src, j->h, j->wd, r * j->sh + ry - j->pad_h, rx - j->pad_w, j->sw, j->pw);
+        int64_t x0 = rx - j->pad_w, a = lo[rx], b = hi[rx];
+        for (int64_t r = 0; r < j->ph; r++, dst += j->pw) {
+          int64_t iy = r * j->sh + ry - j->pad_h;
+          if (iy < 0 || iy >= j->h || a == b) {
+            memset(dst, 0, (size_t)j->pw * sizeof *dst);
+            continue;
+          }
+          const float *row = src + iy * j->wd;
+          for (int64_t c = 0; c < a; c++) dst[c] = 0.0f;
+          if (j->sw == 1)
+            memcpy(dst + a, row + x0 + a, (size_t)(b - a) * sizeof *dst);
+#ifdef DIRECT_EVEN_512
+          else if (even_512)
+            copy_even_512(dst + a, row + x0 + 2 * a, b - a);
+#endif
+          else if (j->sw == 2 && b - a >= 32)
+            gather_even(dst + a, row + x0 + 2 * a, b - a);
+          else
+            for (int64_t c = a; c < b; c++) dst[c] = row[x0 + c * j->sw];
+          for (int64_t c = b; c < j->pw; c++) dst[c] = 0.0f;
+        }
         memset(dst, 0, (size_t)(j->plane - j->ph * j->pw) * sizeof *dst); /* the slack */
       }
   }
@@ -163,8 +213,6 @@ DIRECT_BLOCK(direct_block_plain, DKS_VECTOR_CLONES, DIRECT_MUL_ADD)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define DIRECT_FUSED(acc, w, v) __builtin_ia32_vfmaddps256((w), (v), (acc))
 DIRECT_BLOCK(direct_block_fused, __attribute__((target("avx2,fma"))), DIRECT_FUSED)
-
-#include <immintrin.h>
 
 /* Where the CPU has AVX-512: DIRECT_MB_512 filters by VECS vectors of 16
  * positions (24 accumulators at 3: the AVX2 block's 8 take 2 vector loads
@@ -228,6 +276,12 @@ static bool direct_wide(void) { return false; }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* y[i] = sums[i] + bias: a row of the sums into Y, in vectors (the zoo
+ * resnet's 32x32 stem spent about half its sums' time here in 4-wide ones). */
+DKS_VECTOR_CLONES static void add_bias_row(float *y, const float *sums, float bias, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = sums[i] + bias;
+}
+
 /* Parts [begin, end): (image, span of flat positions, filter block): the
  * filter blocks of a span run one after another, on its inputs while they
  * are in cache (on a large plane the phase planes are not). */
@@ -257,13 +311,39 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
         int64_t lo = q0 - oy * j->pw > 0 ? q0 - oy * j->pw : 0;
         int64_t hi = q1 - oy * j->pw < j->ow ? q1 - oy * j->pw : j->ow;
         const float *src = out + m * j->span + oy * j->pw - q0;
-        for (int64_t ox = lo; ox < hi; ox++) y[oy * j->ow + ox] = src[ox] + bias;
+        if (hi > lo) add_bias_row(y + oy * j->ow + lo, src + lo, bias, hi - lo);
         if (lo < hi) first = first < 0 ? oy * j->ow + lo : first, last = oy * j->ow + hi;
       }
       if (first >= 0) conv_epilogue_apply(&j->rest, y + first, g * j->mg + m0 + m, 1, last - first, j->ow);
     }
   }
   free(out);
+}
+
+static int64_t direct_filter_block(void) { return direct_wide() ? DIRECT_MB_512 : DIRECT_MB; }
+
+/* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg: each
+ * filter's steps read in order (the other way round, a gather per element,
+ * took about a quarter of a 32-filter 8x8 layer's sums). */
+static void pack_filters(const float *wt, int64_t group, int64_t cg, int64_t mg, int64_t taps, int64_t mb,
+                         float *wp) {
+  int64_t steps = cg * taps, filters = ceil_div(mg, mb) * mb;
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t filter = 0; filter < filters; filter++) {
+      float *dst = wp + (g * filters + filter / mb * mb) * steps + filter % mb;
+      const float *src = wt + (g * mg + filter) * steps;
+      for (int64_t s = 0; s < steps; s++) dst[s * mb] = filter < mg ? src[s] : 0.0f;
+    }
+}
+
+size_t linalg_conv_direct_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
+  int64_t mb = direct_filter_block();
+  return (size_t)(group * ceil_div(mg, mb) * mb * cg * w->kernel[0] * w->kernel[1]) * sizeof(float);
+}
+
+void linalg_conv_direct_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg, int64_t mg,
+                                     float *wp) {
+  pack_filters(wt, group, cg, mg, w->kernel[0] * w->kernel[1], direct_filter_block(), wp);
 }
 
 DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
@@ -288,7 +368,7 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
     int64_t ky = t / j.kw, kx = t % j.kw;
     j.offset[t] = ((ky % j.sh) * j.phases_w + kx % j.sw) * j.plane + ky / j.sh * j.pw + kx / j.sw;
   }
-  j.mb = direct_wide() ? DIRECT_MB_512 : DIRECT_MB;
+  j.mb = direct_filter_block();
   j.mblocks = ceil_div(j.mg, j.mb);
   int64_t position_macs = j.mb * j.cg * j.taps, images = x->shape[0] * group;
   int64_t positions = ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
@@ -299,28 +379,20 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
 
   int64_t channels = x->shape[0] * x->shape[1];
   j.xp = malloc((size_t)(channels * j.phases * j.plane) * sizeof *j.xp);
-  j.wp = malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
+  /* W prepared (wt->prepared_bytes: its data are wp, linalg_conv_direct_pack_filters) or packed here */
+  bool prepared = wt->prepared_bytes != 0;
+  j.wp = prepared ? (float *)wt->data : malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
   if (!j.xp || !j.wp) {
     free(j.xp);
-    free(j.wp);
+    if (!prepared) free(j.wp);
     return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
   }
-  /* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg */
-  for (int64_t g = 0; g < group; g++)
-    for (int64_t mi = 0; mi < j.mblocks; mi++)
-      for (int64_t c = 0; c < j.cg; c++)
-        for (int64_t t = 0; t < j.taps; t++) {
-          float *dst = j.wp + (((g * j.mblocks + mi) * j.cg + c) * j.taps + t) * j.mb;
-          for (int64_t m = 0; m < j.mb; m++) {
-            int64_t filter = mi * j.mb + m;
-            dst[m] = filter < j.mg ? j.wt[((g * j.mg + filter) * j.cg + c) * j.taps + t] : 0.0f;
-          }
-        }
+  if (!prepared) pack_filters(j.wt, group, j.cg, j.mg, j.taps, j.mb, j.wp);
   dks_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
   int64_t parts = images * j.mblocks * j.spans, part_macs = position_macs * j.span;
   dks_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
   free(j.xp);
-  free(j.wp);
+  if (!prepared) free(j.wp);
   if (atomic_load(&j.failed))
     return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for a thread's output block");
   return DK_OK;
