@@ -1335,8 +1335,24 @@ _Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
 #define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
 typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT } conv_prepared_kind;
 
-static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
-static bool direct_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
+/* The paths of a float Conv, in the order conv_path_of tries them. */
+typedef enum { CONV_BLOCKED, CONV_POINTWISE, CONV_DIRECT, CONV_WINOGRAD, CONV_PACKED, CONV_TILES } conv_path;
+
+/* The path conv_float takes for this geometry: the one choice, made alike
+ * at plan time (what to prepare) and at each call. `winograd_prepared`:
+ * W carries Winograd's filter transforms, which let smaller planes go that
+ * way. Winograd falls back to the tiles for a result that is not finite. */
+static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg,
+                              bool winograd_prepared) {
+  bool blocked;
+  if (panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked))
+    return blocked ? CONV_BLOCKED : CONV_TILES; /* the tiles by the packed block */
+  if (linalg_conv_pointwise_fits(w, dtype, cg, mg)) return CONV_POINTWISE;
+  if (linalg_conv_direct_fits(w, dtype, cg, mg)) return CONV_DIRECT;
+  if (winograd_takes(w, dtype, cg, mg, winograd_prepared)) return CONV_WINOGRAD;
+  if (packed_fits(w, dtype, cg, mg)) return CONV_PACKED;
+  return CONV_TILES;
+}
 
 /* The prepared form's bytes before W (U: the transforms or the packed
  * filters), in whole cache lines so that W starts aligned too. */
@@ -1359,12 +1375,11 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
   uint32_t kind;
-  if (winograd_chosen(&w, y->dtype, cg, mg))
-    kind = CONV_PREPARED_WINOGRAD;
-  else if (direct_chosen(&w, y->dtype, cg, mg))
-    kind = CONV_PREPARED_DIRECT;
-  else
-    return DK_OK;
+  switch (conv_path_of(&w, y->dtype, cg, mg, true)) {
+  case CONV_WINOGRAD: kind = CONV_PREPARED_WINOGRAD; break;
+  case CONV_DIRECT: kind = CONV_PREPARED_DIRECT; break;
+  default: return DK_OK;
+  }
   *size = conv_prepared_bytes(kind, &w, group, mg, cg, wt->size);
   if (!dst) return DK_OK;
   conv_prepared h = {.tag = CONV_PREPARED_TAG, .kind = kind, .group = group, .mg = mg, .cg = cg,
@@ -1425,11 +1440,10 @@ static DK_Status conv_float(const dks_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
-  bool blocked, panels = panel_fits(&w, y->dtype, j.rows, j.mg, j.out_plane, &blocked);
-  if (blocked) return conv_blocked(k, &j, x->shape[0]);
-  if (!panels && linalg_conv_pointwise_fits(&w, y->dtype, j.cg, j.mg))
-    return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
-  if (!panels && linalg_conv_direct_fits(&w, y->dtype, j.cg, j.mg)) {
+  switch (conv_path_of(&w, y->dtype, j.cg, j.mg, u && kind == CONV_PREPARED_WINOGRAD)) {
+  case CONV_BLOCKED: return conv_blocked(k, &j, x->shape[0]);
+  case CONV_POINTWISE: return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
+  case CONV_DIRECT:
     if (u && kind == CONV_PREPARED_DIRECT) { /* W as the packed filters, marked prepared */
       filters = *wt;
       filters.data = (uint8_t *)u;
@@ -1437,14 +1451,14 @@ static DK_Status conv_float(const dks_kernel_args *k) {
       wt = &filters;
     }
     return linalg_conv_direct(k, x, wt, b, y, &w, group);
-  }
-  if (kind != CONV_PREPARED_WINOGRAD) u = NULL;
-  bool winograd = !panels && winograd_takes(&w, y->dtype, j.cg, j.mg, u != NULL);
-  if (!panels && !winograd && packed_fits(&w, y->dtype, j.cg, j.mg)) return conv_packed(k, x, wt, &ep, y, &w, group);
-  if (winograd) {
+  case CONV_PACKED: return conv_packed(k, x, wt, &ep, y, &w, group);
+  case CONV_WINOGRAD: {
     bool redo = false;
-    DK_Status st = linalg_conv_winograd(k, x, wt, u, b, y, &w, group, &redo);
+    DK_Status st = linalg_conv_winograd(k, x, wt, kind == CONV_PREPARED_WINOGRAD ? u : NULL, b, y, &w, group, &redo);
     if (st != DK_OK || !redo) return st;
+    break; /* a result that is not finite: the tiles again */
+  }
+  case CONV_TILES: break;
   }
   atomic_init(&j.s.failed, false);
   /* Tiles that fit the cache, at least TILE_MIN positions; when there are
@@ -1468,21 +1482,6 @@ static DK_Status conv_float(const dks_kernel_args *k) {
 }
 
 static DK_Status conv_low(const dks_kernel_args *k) { return linalg_run_as_f32(k, conv_float); }
-
-/* Whether conv_float takes the direct path for this geometry (the order of its tests). */
-static bool direct_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
-  bool blocked;
-  return !panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked) &&
-         !blocked && !linalg_conv_pointwise_fits(w, dtype, cg, mg) && linalg_conv_direct_fits(w, dtype, cg, mg);
-}
-
-/* Whether conv_float takes the Winograd path for this geometry (the order of its tests, its prepared case). */
-static bool winograd_chosen(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
-  bool blocked;
-  return !linalg_conv_pointwise_fits(w, dtype, cg, mg) && !linalg_conv_direct_fits(w, dtype, cg, mg) &&
-         !panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked) &&
-         winograd_takes(w, dtype, cg, mg, true);
-}
 
 /* ---- ConvTranspose --------------------------------------------------------------------- */
 
