@@ -2,7 +2,9 @@
  * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
  * 3x3 kernels with unit strides on planes of 48 tiles or more, 16 with the
  * filters' transforms prepared; many filters on strided windows or small
- * planes by whole-plane columns in blocks) and ConvTranspose (GEMM +
+ * planes by whole-plane columns in blocks, or with W prepared by
+ * linalg_conv_indirect.h's product, vectorised over the filters) and
+ * ConvTranspose (GEMM +
  * col2im), N-D, per image and group, split over the plugin's thread pool;
  * 1x1 kernels with unit strides and no padding multiply the image
  * directly. float32 products go by linalg_packed.h's AVX-512 block where
@@ -10,6 +12,7 @@
  */
 #include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
+#include "linalg_conv_indirect.h"
 #include "linalg_conv_pointwise.h"
 #include "linalg_packed.h"
 
@@ -1225,7 +1228,7 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
  * in cache across im2col's tiles, which then need no whole-plane columns:
  * the 7x7/2 stem (37 KiB) 0.773 ms that way against 0.85 blocked and 0.87
  * by the direct path. */
-#define BLOCKED_KC 256
+#define BLOCKED_KC LINALG_CONV_PASS
 #define BLOCKED_TILE 128
 #define BLOCKED_SMALL_PLANE 64
 #define BLOCKED_MIN_STEPS 64
@@ -1323,8 +1326,10 @@ static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t bat
  * filters' transforms, made once instead of at every call (on a 49-tile
  * plane they cost about what the transform saves); where it goes the direct
  * way: the filters in its register blocks' order (on an 8x8 plane their
- * packing took about a quarter of the sums' time). Then W itself, which a
- * Winograd call whose outputs are not finite sums again the direct way. */
+ * packing took about a quarter of the sums' time); where it goes the
+ * indirect way: the filter panels that path runs on. Then W itself, which a
+ * Winograd call whose outputs are not finite sums again the direct way
+ * (not after the indirect path's panels, which is all that path reads). */
 typedef struct conv_prepared {
   uint32_t tag;  /* CONV_PREPARED_TAG */
   uint32_t kind; /* conv_prepared_kind */
@@ -1333,18 +1338,29 @@ typedef struct conv_prepared {
 } conv_prepared;
 _Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
 #define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
-typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT } conv_prepared_kind;
+typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT, CONV_PREPARED_INDIRECT } conv_prepared_kind;
 
 /* The paths of a float Conv, in the order conv_path_of tries them. */
-typedef enum { CONV_BLOCKED, CONV_POINTWISE, CONV_DIRECT, CONV_WINOGRAD, CONV_PACKED, CONV_TILES } conv_path;
+typedef enum {
+  CONV_INDIRECT,
+  CONV_BLOCKED,
+  CONV_POINTWISE,
+  CONV_DIRECT,
+  CONV_WINOGRAD,
+  CONV_PACKED,
+  CONV_TILES
+} conv_path;
 
 /* The path conv_float takes for this geometry: the one choice, made alike
- * at plan time (what to prepare) and at each call. `winograd_prepared`:
- * W carries Winograd's filter transforms, which let smaller planes go that
- * way. Winograd falls back to the tiles for a result that is not finite. */
+ * at plan time (what to prepare: both flags set) and at each call.
+ * `winograd_prepared`: W carries Winograd's filter transforms, which let
+ * smaller planes go that way; `indirect_prepared`: W carries the indirect
+ * path's filter panels, which it runs on only. Winograd falls back to the
+ * tiles for a result that is not finite. */
 static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg,
-                              bool winograd_prepared) {
+                              bool winograd_prepared, bool indirect_prepared) {
   bool blocked;
+  if (indirect_prepared && linalg_conv_indirect_fits(w, dtype, cg, mg)) return CONV_INDIRECT;
   if (panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked))
     return blocked ? CONV_BLOCKED : CONV_TILES; /* the tiles by the packed block */
   if (linalg_conv_pointwise_fits(w, dtype, cg, mg)) return CONV_POINTWISE;
@@ -1358,13 +1374,20 @@ static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t
  * filters), in whole cache lines so that W starts aligned too. */
 static size_t conv_prepared_u_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg) {
   size_t bytes = kind == CONV_PREPARED_WINOGRAD ? (size_t)(group * 16 * mg * cg) * sizeof(float)
-                                                : linalg_conv_direct_filters_bytes(w, group, cg, mg);
+                 : kind == CONV_PREPARED_DIRECT ? linalg_conv_direct_filters_bytes(w, group, cg, mg)
+                                                : linalg_conv_indirect_filters_bytes(w, group, cg, mg);
   return (bytes + 63) / 64 * 64;
+}
+
+/* W's elements kept after U. */
+static int64_t conv_prepared_w_elements(uint32_t kind, int64_t w_elements) {
+  return kind == CONV_PREPARED_INDIRECT ? 0 : w_elements;
 }
 
 static size_t conv_prepared_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg,
                                   int64_t w_elements) {
-  return sizeof(conv_prepared) + conv_prepared_u_bytes(kind, w, group, mg, cg) + (size_t)w_elements * sizeof(float);
+  return sizeof(conv_prepared) + conv_prepared_u_bytes(kind, w, group, mg, cg) +
+         (size_t)conv_prepared_w_elements(kind, w_elements) * sizeof(float);
 }
 
 static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
@@ -1375,9 +1398,10 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
   uint32_t kind;
-  switch (conv_path_of(&w, y->dtype, cg, mg, true)) {
+  switch (conv_path_of(&w, y->dtype, cg, mg, true, true)) {
   case CONV_WINOGRAD: kind = CONV_PREPARED_WINOGRAD; break;
   case CONV_DIRECT: kind = CONV_PREPARED_DIRECT; break;
+  case CONV_INDIRECT: kind = CONV_PREPARED_INDIRECT; break;
   default: return DK_OK;
   }
   *size = conv_prepared_bytes(kind, &w, group, mg, cg, wt->size);
@@ -1388,10 +1412,12 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   float *u = (float *)(dst + sizeof h);
   if (kind == CONV_PREPARED_WINOGRAD)
     linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
-  else
+  else if (kind == CONV_PREPARED_DIRECT)
     linalg_conv_direct_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
+  else
+    linalg_conv_indirect_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
   memcpy(dst + sizeof h + conv_prepared_u_bytes(kind, &w, group, mg, cg), wt->data,
-         (size_t)wt->size * sizeof(float));
+         (size_t)conv_prepared_w_elements(kind, wt->size) * sizeof(float));
   return DK_OK;
 }
 
@@ -1402,7 +1428,8 @@ static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, con
   conv_prepared h;
   bool ok = wt->prepared_bytes >= sizeof h;
   if (ok) memcpy(&h, wt->data, sizeof h);
-  ok = ok && h.tag == CONV_PREPARED_TAG && (h.kind == CONV_PREPARED_WINOGRAD || h.kind == CONV_PREPARED_DIRECT) &&
+  ok = ok && h.tag == CONV_PREPARED_TAG &&
+       (h.kind == CONV_PREPARED_WINOGRAD || h.kind == CONV_PREPARED_DIRECT || h.kind == CONV_PREPARED_INDIRECT) &&
        h.group == group && h.mg == mg && h.cg == cg && h.w_elements == wt->size &&
        wt->prepared_bytes >= conv_prepared_bytes(h.kind, w, group, mg, cg, wt->size);
   if (!ok)
@@ -1440,7 +1467,13 @@ static DK_Status conv_float(const dks_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
-  switch (conv_path_of(&w, y->dtype, j.cg, j.mg, u && kind == CONV_PREPARED_WINOGRAD)) {
+  conv_path path = conv_path_of(&w, y->dtype, j.cg, j.mg, u && kind == CONV_PREPARED_WINOGRAD,
+                                u && kind == CONV_PREPARED_INDIRECT);
+  if (u && kind == CONV_PREPARED_INDIRECT && path != CONV_INDIRECT) /* its form holds no W for another path */
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is prepared for the indirect Conv path, which this call's window does not take");
+  switch (path) {
+  case CONV_INDIRECT: return linalg_conv_indirect(k, x, u, &ep, y, &w, group);
   case CONV_BLOCKED: return conv_blocked(k, &j, x->shape[0]);
   case CONV_POINTWISE: return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   case CONV_DIRECT:
