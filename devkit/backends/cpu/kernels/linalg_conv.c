@@ -568,28 +568,41 @@ static __mmask16 lanes_below(int64_t n) {
 }
 
 /* wino_input_run for a run of count <= PACKED_PANEL tiles into one panel
- * (v: the first tile's lane), with AVX-512: each patch row's even and odd
- * columns (and those two further on) gathered across the 16 tiles by two
- * permutes, then the same additions in the same order (the same values,
- * bit for bit) on whole vectors, stored straight into the panel. Reads only
- * the run's 2 * count + 2 columns of each row (masked loads). */
-__attribute__((target("avx512f"))) static void wino_input_panel(const float *p, int64_t ld, int64_t count,
+ * (v: the first tile's lane), with AVX-512, reading the plane (h x wd) in
+ * place: the patches' rows y0.. and columns x0.., with those outside the
+ * plane (the padding) zero by masked loads, which read nothing of a masked
+ * lane -- no staged copy of the image's edges (its copies and clears took a
+ * tenth of ResNet's 56x56 and 28x28 Winograd layers). Each patch row's even
+ * and odd columns (and those two further on) are gathered across the 16
+ * tiles by two permutes, then the same additions in the same order (the
+ * same values, bit for bit) run on whole vectors, stored straight into the
+ * panel. */
+__attribute__((target("avx512f"))) static void wino_input_panel(const float *plane, int64_t h, int64_t wd,
+                                                                 int64_t y0, int64_t x0, int64_t count,
                                                                  float *v, int64_t step) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  int64_t width = 2 * count + 2;
-  __mmask16 m0 = lanes_below(width), m16 = lanes_below(width - 16), m2 = lanes_below(width - 2),
-            m18 = lanes_below(width - 18), store = lanes_below(count);
+  /* the run's columns x0 .. x0 + 2 * count + 1 that lie in the plane: [lo, hi) */
+  int64_t lo = x0 > 0 ? x0 : 0, hi = x0 + 2 * count + 2 < wd ? x0 + 2 * count + 2 : wd;
+  __mmask16 store = lanes_below(count), in[4];
+  for (int q = 0; q < 4; q++) { /* the loads from columns x0 + {0, 16, 2, 18} */
+    int64_t first = x0 + (q & 1) * 16 + (q >> 1) * 2;
+    in[q] = lanes_below(hi - first) & (__mmask16)~lanes_below(lo - first);
+  }
   /* col[r][q]: row r's column 2i + q of tile i, q in 0..3 */
   __m512 col[4][4];
   for (int r = 0; r < 4; r++) {
-    const float *a = p + r * ld;
-    __m512 lo = _mm512_maskz_loadu_ps(m0, a), hi = _mm512_maskz_loadu_ps(m16, a + 16);
-    __m512 lo2 = _mm512_maskz_loadu_ps(m2, a + 2), hi2 = _mm512_maskz_loadu_ps(m18, a + 18);
-    col[r][0] = _mm512_permutex2var_ps(lo, even, hi);
-    col[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
-    col[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
-    col[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
+    bool inside = y0 + r >= 0 && y0 + r < h;
+    /* integer arithmetic: the address may lie outside the plane, where no lane is read */
+    uintptr_t a = (uintptr_t)plane + (uintptr_t)(((y0 + r) * wd + x0) * (int64_t)sizeof(float));
+    __m512 v4[4];
+    for (int q = 0; q < 4; q++)
+      v4[q] = _mm512_maskz_loadu_ps(inside ? in[q] : 0,
+                                    (const float *)(a + (uintptr_t)(((q & 1) * 16 + (q >> 1) * 2) * sizeof(float))));
+    col[r][0] = _mm512_permutex2var_ps(v4[0], even, v4[1]);
+    col[r][1] = _mm512_permutex2var_ps(v4[0], odd, v4[1]);
+    col[r][2] = _mm512_permutex2var_ps(v4[2], even, v4[3]);
+    col[r][3] = _mm512_permutex2var_ps(v4[2], odd, v4[3]);
   }
   for (int r = 0; r < 4; r++) {
     __m512 t[4]; /* (B^T d)[r] per column */
@@ -605,9 +618,7 @@ __attribute__((target("avx512f"))) static void wino_input_panel(const float *p, 
     _mm512_mask_storeu_ps(o + 3 * step, store, _mm512_sub_ps(t[1], t[3]));
   }
 }
-#else
-/* Never reached (panel_products_supported() is false): the portable run. */
-#define wino_input_panel wino_input_run
+#define WINO_PANEL_INPUTS 1
 #endif
 
 /* The transforms of a run of tiles whose patches start at row y0, column
@@ -617,10 +628,8 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
                                float *out, int64_t step) {
   float stage[4 * (2 * WINO_RUN + 2)];
   int64_t width = 2 * run + 2;
-  void (*transform)(const float *, int64_t, int64_t, float *, int64_t) =
-      j->panels ? wino_input_panel : wino_input_run;
   if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
-    transform(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
     return;
   }
   int64_t lo, hi;
@@ -636,7 +645,7 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
     memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
     memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
   }
-  transform(stage, width, run, out, step);
+  wino_input_run(stage, width, run, out, step);
 }
 
 /* Where tile t (of the block) of channel c lies in one xi's transforms. */
@@ -655,6 +664,20 @@ static int64_t wino_v_index(const wino_job *j, int64_t c, int64_t t) {
 static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t channels, int64_t t0,
                         int64_t count, float *v) {
   int64_t step = j->vstep;
+#ifdef WINO_PANEL_INPUTS
+  if (j->panels) { /* runs cut by tile rows and panels only: the padding is masked */
+    for (int64_t c = c0; c < c0 + channels; c++)
+      for (int64_t t = 0; t < count;) {
+        int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
+        int64_t run = j->tiles_w - tx < count - t ? j->tiles_w - tx : count - t;
+        if (run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
+        wino_input_panel(xg + c * j->h * j->wd, j->h, j->wd, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run,
+                         v + wino_v_index(j, c, t), step);
+        t += run;
+      }
+    return;
+  }
+#endif
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
@@ -669,7 +692,6 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t 
         run = inner_hi - tx;
       }
       if (run > WINO_RUN) run = WINO_RUN;
-      if (j->panels && run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
       wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + wino_v_index(j, c, t), step);
       t += run;
     }
