@@ -49,16 +49,15 @@
  * positions. Measured in ResNet-18 (batch 1, 2 threads, interleaved with
  * the paths they took): the 7x7/2 stem 0.78-0.95x im2col tiles' time; the
  * 3x3/2 layers 0.70-0.92x the blocked path's; the 7x7 3x3 layers
- * 0.72-0.78x (the blocked path filled 49 of 64 lanes); the 14x14 ones
- * 0.97x prepared Winograd's in the model (1.2x alone, where Winograd's
- * transformed filters stay in the L3; in the model every layer's weights
- * come from memory). 1x1/2 kernels stay on their paths (1.1-1.2x here:
- * the padded copy and the transposes cost what their few steps save), and
- * so do 28x28 and 56x56 planes of unit strides (Winograd's 16 products
- * for 36 multiply-adds: 1.25-1.35x here). */
+ * 0.72-0.78x (the blocked path filled 49 of 64 lanes; prepared Winograd
+ * took 1.4x). 1x1/2 kernels stay on their paths (1.1-1.2x here: the padded
+ * copy and the transposes cost what their few steps save), and so do
+ * larger planes of unit strides, where Winograd's 16 products for 36
+ * multiply-adds win (14x14 layers in the model: 1.09x Winograd's time;
+ * 28x28 and 56x56 alone: 1.25-1.35x). */
 #define INDIRECT_MIN_STEPS 64
 #define INDIRECT_MIN_FILTERS 64
-#define INDIRECT_SMALL_PLANE 196
+#define INDIRECT_SMALL_PLANE 64
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
