@@ -113,6 +113,16 @@ static void pad_band(const broadcast_job *j, const float *x, int64_t oy0, int64_
       memcpy(xb + (c * rows + r) * j->row + j->pad_w, x + (c * j->h + iy0 + r) * j->wd, (size_t)cols * sizeof *xb);
 }
 
+/* acc + w * x[0] (broadcast): one multiply-add with its value from memory.
+ * In asm because GCC, seeing the next tap's row read the same values one
+ * position on, keeps them in registers and broadcasts each from there: on
+ * the zoo resnet's rows of 16 that took 12 shuffles and 9 moves per 16
+ * multiply-adds, the shuffle port then the bound. */
+BROADCAST_INLINE __m512 madd_broadcast(__m512 acc, __m512 w, const float *x) {
+  __asm__("vfmadd231ps %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*x));
+  return acc;
+}
+
 /* r[p] = the sums of position p (16 filters; V = 2: r[8 + p] the next 16)
  * over the channels and taps, for L positions stride SW apart from x0 and,
  * S = 2, L from x1; fw: the block's filters, [c][tap][16 * V]. */
@@ -129,13 +139,17 @@ BROADCAST_INLINE void block_sums(const float *x0, const float *x1, int64_t cg, i
         __m512 w0 = _mm512_loadu_ps(fw), w1 = V > 1 ? _mm512_loadu_ps(fw + 16) : w0;
 #pragma GCC unroll 16
         for (int p = 0; p < L; p++) {
-          __m512 v = _mm512_set1_ps(a[kx + p * SW]);
-          acc[p][0] = _mm512_fmadd_ps(w0, v, acc[p][0]);
-          if (V > 1) acc[p][1] = _mm512_fmadd_ps(w1, v, acc[p][1]);
+          if (V > 1) { /* one broadcast load for two multiply-adds */
+            __m512 v = _mm512_set1_ps(a[kx + p * SW]);
+            acc[p][0] = _mm512_fmadd_ps(w0, v, acc[p][0]);
+            acc[p][1] = _mm512_fmadd_ps(w1, v, acc[p][1]);
+          } else {
+            acc[p][0] = madd_broadcast(acc[p][0], w0, a + kx + p * SW);
+          }
         }
         if (S > 1) {
 #pragma GCC unroll 16
-          for (int p = 0; p < L; p++) acc[L + p][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(b[kx + p * SW]), acc[L + p][0]);
+          for (int p = 0; p < L; p++) acc[L + p][0] = madd_broadcast(acc[L + p][0], w0, b + kx + p * SW);
         }
       }
     }
@@ -189,6 +203,17 @@ BROADCAST_INLINE void finish_half(const broadcast_job *j, __m256 v, const float 
   _mm256_mask_storeu_ps(y, lanes, v);
 }
 
+/* finish_half on 16 consecutive outputs of filter m (the first count of them). */
+BROADCAST_INLINE void finish_row(const broadcast_job *j, __m512 v, const float *bias, int64_t m, float *y,
+                                 int64_t count) {
+  if (count <= 0 || m >= j->mg) return;
+  __mmask16 lanes = (__mmask16)((1u << count) - 1);
+  if (bias) v = _mm512_add_ps(v, _mm512_set1_ps(bias[m]));
+  if (j->z) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes, j->z + (y - j->y_start)));
+  if (j->relu) v = _mm512_max_ps(_mm512_setzero_ps(), v);
+  _mm512_mask_storeu_ps(y, lanes, v);
+}
+
 /* Output rows [oy0, oy1) of a group's filters [m0, m0 + 16 * V) (fw: their
  * packed block; y: the group's first plane in Y; bias: its B or NULL) from
  * the band's buffer xb of `rows` rows, the first under oy0. */
@@ -207,19 +232,19 @@ BROADCAST_INLINE void band_blocks(const broadcast_job *j, const float *xb, int64
       float *at = y + oy * j->ow + ox;
 #pragma GCC unroll 16
       for (int i = 0; i < 16; i++) {
+        int64_t m = m0 + i;
+        float *ym = at + m * out_plane;
+        if (V == 1 && (S == 1 || (j->ow == 8 && second))) { /* 16 consecutive outputs */
+          finish_row(j, r[i], bias, m, ym, S == 1 ? n : 16);
+          continue;
+        }
         __m256 lo = _mm512_castps512_ps256(r[i]);
         __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(r[i]), 1));
-        int64_t m = m0 + i;
-        if (V > 1) { /* lanes 8-15: filter m + 16, the same positions */
-          finish_half(j, lo, bias, m, at + m * out_plane, n);
-          finish_half(j, hi, bias, m + 16, at + (m + 16) * out_plane, n);
-        } else if (S > 1) { /* lanes 8-15: the next row */
-          finish_half(j, lo, bias, m, at + m * out_plane, n);
-          finish_half(j, hi, bias, m, at + m * out_plane + j->ow, second ? n : 0);
-        } else {
-          finish_half(j, lo, bias, m, at + m * out_plane, n < 8 ? n : 8);
-          finish_half(j, hi, bias, m, at + m * out_plane + 8, n - 8);
-        }
+        finish_half(j, lo, bias, m, ym, n);
+        if (V > 1) /* lanes 8-15: filter m + 16, the same positions */
+          finish_half(j, hi, bias, m + 16, ym + 16 * out_plane, n);
+        else /* lanes 8-15: the next row */
+          finish_half(j, hi, bias, m, ym + j->ow, second ? n : 0);
       }
     }
   }
