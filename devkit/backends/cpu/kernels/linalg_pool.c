@@ -965,9 +965,21 @@ PAIRWISE_SUM(pairwise_sum_f64, double)
 
 /* Per (N, C) plane of a non-empty x: the mean or the maximum (NaN
  * propagating). */
+#define GLOBAL_POOL_LANES 8
 #define GLOBAL_POOLS(AVERAGE, MAX, T, SUM)                                                \
   static void AVERAGE(const T *x, T *y, int64_t planes, int64_t plane) {                  \
-    for (int64_t p = 0; p < planes; p++) y[p] = (T)(SUM(x + p * plane, plane) / (double)plane); \
+    int64_t p = 0;                                                                        \
+    /* Planes of SUM's one run (256 or fewer) GLOBAL_POOL_LANES at a time, each           \
+     * summed in the same order as alone: one chain of dependent adds per plane           \
+     * took about 4x as long (the zoo resnet's 64 planes of 8x8: 1.4 us). */              \
+    for (; plane <= 256 && p + GLOBAL_POOL_LANES <= planes; p += GLOBAL_POOL_LANES) {     \
+      double sum[GLOBAL_POOL_LANES] = {0};                                                \
+      const T *src = x + p * plane;                                                       \
+      for (int64_t i = 0; i < plane; i++)                                                 \
+        for (int l = 0; l < GLOBAL_POOL_LANES; l++) sum[l] += src[l * plane + i];         \
+      for (int l = 0; l < GLOBAL_POOL_LANES; l++) y[p + l] = (T)(sum[l] / (double)plane); \
+    }                                                                                     \
+    for (; p < planes; p++) y[p] = (T)(SUM(x + p * plane, plane) / (double)plane);        \
   }                                                                                       \
   static void MAX(const T *x, T *y, int64_t planes, int64_t plane) {                      \
     for (int64_t p = 0; p < planes; p++) {                                                \
