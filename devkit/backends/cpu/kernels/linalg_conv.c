@@ -1323,8 +1323,8 @@ static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t bat
 /* A float32 Conv's W, prepared where the call goes by Winograd: the
  * filters' transforms, made once instead of at every call (on a 49-tile
  * plane they cost about what the transform saves); where it goes the direct
- * way: the filters in its register blocks' order (on an 8x8 plane their
- * packing took about a quarter of the sums' time). Then W itself, which a
+ * or the broadcast way: the filters in its register blocks' order (on an
+ * 8x8 plane their packing took about a quarter of the sums' time). Then W itself, which a
  * Winograd call whose outputs are not finite sums again the direct way. */
 typedef struct conv_prepared {
   uint32_t tag;  /* CONV_PREPARED_TAG */
