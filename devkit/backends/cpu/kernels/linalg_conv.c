@@ -1423,6 +1423,19 @@ static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, con
   return DK_OK;
 }
 
+/* W for the direct or the broadcast path (`path_kind`): its packed filters
+ * U, marked prepared, where W was prepared for that path (`kind`), else W
+ * as given (the path packs it). */
+static const dks_tensor *path_filters(const dks_tensor *wt, const float *u, uint32_t kind, uint32_t path_kind,
+                                      const linalg_window *w, int64_t group, int64_t mg, int64_t cg,
+                                      dks_tensor *filters) {
+  if (!u || kind != path_kind) return wt;
+  *filters = *wt;
+  filters->data = (uint8_t *)u;
+  filters->prepared_bytes = conv_prepared_u_bytes(kind, w, group, mg, cg);
+  return filters;
+}
+
 static DK_Status conv_float(const dks_kernel_args *k) {
   const dks_tensor *x = &k->in[0], *wt = &k->in[1], *y = &k->out[0], *b = bias_of(k);
   if (y->size == 0) return DK_OK;
@@ -1450,21 +1463,12 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   case CONV_BLOCKED: return conv_blocked(k, &j, x->shape[0]);
   case CONV_POINTWISE: return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   case CONV_DIRECT:
-    if (u && kind == CONV_PREPARED_DIRECT) { /* W as the packed filters, marked prepared */
-      filters = *wt;
-      filters.data = (uint8_t *)u;
-      filters.prepared_bytes = linalg_conv_direct_filters_bytes(&w, group, j.cg, j.mg);
-      wt = &filters;
-    }
-    return linalg_conv_direct(k, x, wt, b, y, &w, group);
+    return linalg_conv_direct(k, x, path_filters(wt, u, kind, CONV_PREPARED_DIRECT, &w, group, j.mg, j.cg, &filters),
+                              b, y, &w, group);
   case CONV_BROADCAST:
-    if (u && kind == CONV_PREPARED_BROADCAST) { /* W as the packed filters, marked prepared */
-      filters = *wt;
-      filters.data = (uint8_t *)u;
-      filters.prepared_bytes = linalg_conv_broadcast_filters_bytes(&w, group, j.cg, j.mg);
-      wt = &filters;
-    }
-    return linalg_conv_broadcast(k, x, wt, b, y, &w, group);
+    return linalg_conv_broadcast(k, x,
+                                 path_filters(wt, u, kind, CONV_PREPARED_BROADCAST, &w, group, j.mg, j.cg, &filters),
+                                 b, y, &w, group);
   case CONV_PACKED: return conv_packed(k, x, wt, &ep, y, &w, group);
   case CONV_WINOGRAD: {
     bool redo = false;
