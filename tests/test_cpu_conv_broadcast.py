@@ -23,6 +23,8 @@ from devkit import ops
 from devkit.ops import testing
 from devkit.ops.linalg import dot_tolerance, magnitude
 
+from .test_cpu_conv_kernels import _conv_node_model
+
 CONV_DEFAULTS = {"group": 1, "auto_pad": "NOTSET"}
 
 
@@ -122,17 +124,6 @@ def test_broadcast_path_spreads_non_finite_values(dev, x_shape, w_shape, attrs, 
     got = devkit.run_op(op, [devkit.asarray(v, dev) for v in (x, w, b)], {**attrs, **extra})[0].numpy()
     assert not np.isfinite(want).all()
     _check(got, want, w, largest)
-
-
-def _conv_node_model(w, b, attrs, x_shape):
-    from onnx import TensorProto, helper, numpy_helper
-
-    inputs = ["x", "w"] + (["b"] if b is not None else [])
-    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(b, "b")] if b is not None else [])
-    graph = helper.make_graph([helper.make_node("Conv", inputs, ["y"], **attrs)], "conv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 8, 9, 16)])
