@@ -627,7 +627,8 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 row_first
 /* Planes [begin, end). Each input row's taps are folded once (row_first_max
  * into `folded`), then each output row folds its window rows' in order: a
  * 3x3/2 window's rows are each read by one or two output rows, which
- * folded them again each time before (2x16x32x32: 5.5 -> see the commit). */
+ * folded them again each time before (the zoo resnet's 2x16x32x32 in its
+ * plan run: 5.5 -> 3.7 us). */
 __attribute__((target("avx512f"))) static void max_pool_stride2(void *ctx, int64_t begin, int64_t end) {
   pool_job *job = ctx;
   const linalg_window *w = job->w;
