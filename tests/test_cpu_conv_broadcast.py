@@ -77,6 +77,8 @@ SHAPES = [
     ((1, 4, 64, 64), (16, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # 4096 outputs, the largest plane
     ((2, 12, 9, 10), (48, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),  # groups: images of 3 groups
     ((1, 16, 12, 12), (32, 8, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),
+    ((1, 4, 8, 8), (16, 4, 3, 3), {"pads": [5, 5, 5, 5]}),  # pads wider than the window: all-padding windows
+    ((2, 6, 11, 13), (18, 3, 3, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),  # 9 filters, the fewest
 ]
 
 
