@@ -103,14 +103,21 @@ bool linalg_conv_broadcast_fits(const linalg_window *w, DK_DTypeKey dtype, int64
 
 /* The rows of X band [oy0, oy0 + rows) reads, of channels cg from x (an
  * image's, its group's first), zero-padded into xb: [c][rows][j->row]. */
-static void pad_band(const broadcast_job *j, const float *x, int64_t oy0, int64_t rows, float *xb) {
-  memset(xb, 0, j->buffer_floats * sizeof *xb);
+BROADCAST_TARGET static void pad_band(const broadcast_job *j, const float *x, int64_t oy0, int64_t rows,
+                                      float *xb) {
+  memset(xb, 0, (size_t)(j->cg * rows * j->row + BROADCAST_SLACK) * sizeof *xb);
   int64_t iy0 = oy0 * j->sh - j->pad_h, cols = j->row - j->pad_w < j->wd ? j->row - j->pad_w : j->wd;
   int64_t r0 = iy0 < 0 ? -iy0 : 0, r1 = j->h - iy0 < rows ? j->h - iy0 : rows;
   if (cols <= 0) return;
+  __mmask16 last = (__mmask16)((1u << ((cols - 1) % 16 + 1)) - 1); /* the lanes of a row's last vector */
   for (int64_t c = 0; c < j->cg; c++)
-    for (int64_t r = r0; r < r1; r++)
-      memcpy(xb + (c * rows + r) * j->row + j->pad_w, x + (c * j->h + iy0 + r) * j->wd, (size_t)cols * sizeof *xb);
+    for (int64_t r = r0; r < r1; r++) {
+      float *dst = xb + (c * rows + r) * j->row + j->pad_w;
+      const float *src = x + (c * j->h + iy0 + r) * j->wd;
+      int64_t k = 0;
+      for (; k + 16 < cols; k += 16) _mm512_storeu_ps(dst + k, _mm512_loadu_ps(src + k));
+      _mm512_mask_storeu_ps(dst + k, last, _mm512_maskz_loadu_ps(last, src + k));
+    }
 }
 
 /* acc + w * x[0] (broadcast): one multiply-add with its value from memory.
