@@ -1,8 +1,9 @@
 """The cpu plugin's broadcast Conv path (linalg_conv_broadcast.c, where the
-CPU has AVX-512): float32 2-D convolutions with 9-64 filters per group on
-small planes, output channels in the vector lanes. Its register blocks --
-16 filters by 16 positions of a row, 16 filters by two rows of 8 or fewer,
-32 filters by 8 positions -- cut by the filter count and the row's end;
+CPU has AVX-512): float32 2-D convolutions with 5-64 filters per group on
+small planes. Its register blocks -- 16 filters by 16 positions of a row
+and 8 filters by 16 or 32 (vectors of positions, unit column strides), 16
+filters by two rows of 8 or fewer and 32 filters by 8 positions (vectors of
+filters) -- cut by the filter count and the row's end;
 strides 1 and 2 read in place from each part's zero-padded band of X;
 splits by image or by bands of rows (odd row counts, batches that do not
 share out over the threads); groups; FusedConv's B, Z and Relu in the
@@ -78,7 +79,12 @@ SHAPES = [
     ((2, 12, 9, 10), (48, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),  # groups: images of 3 groups
     ((1, 16, 12, 12), (32, 8, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),
     ((1, 4, 8, 8), (16, 4, 3, 3), {"pads": [5, 5, 5, 5]}),  # pads wider than the window: all-padding windows
-    ((2, 6, 11, 13), (18, 3, 3, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),  # 9 filters, the fewest
+    ((2, 6, 11, 13), (18, 3, 3, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),  # 9 filters a group
+    ((1, 3, 32, 32), (8, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # the U-Net's 8-filter layers: rows of 32
+    ((1, 16, 32, 32), (8, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 13, 20), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # 5 filters, the fewest; rows of 20: 32 cut
+    ((1, 6, 18, 16), (6, 6, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 1]}),  # rows of 16, row stride 2
+    ((1, 8, 11, 12), (16, 4, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),  # groups of 8 filters
 ]
 
 
@@ -92,7 +98,7 @@ def test_broadcast_path_matches_the_reference(dev, x_shape, w_shape, attrs, bias
     _check(got, want, w, largest)
 
 
-@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 6, 8, 11, 16)])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 6, 8, 11, 16, 21, 22)])
 def test_broadcast_path_applies_fused_conv_epilogue(dev, x_shape, w_shape, attrs):
     """FusedConv: B, then Z, then the Relu, on each block shape's halves."""
     rng = np.random.default_rng(22)
@@ -105,7 +111,7 @@ def test_broadcast_path_applies_fused_conv_epilogue(dev, x_shape, w_shape, attrs
     _check(got, want, w, largest)
 
 
-@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 3, 5, 11)])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 3, 5, 11, 21)])
 @pytest.mark.parametrize("special", ["x-inf", "x-nan", "x-edge-nan", "w-inf", "relu-nan"])
 def test_broadcast_path_spreads_non_finite_values(dev, x_shape, w_shape, attrs, special):
     """A non-finite input reaches the outputs whose windows hold it, the
@@ -128,7 +134,7 @@ def test_broadcast_path_spreads_non_finite_values(dev, x_shape, w_shape, attrs, 
     _check(got, want, w, largest)
 
 
-@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 8, 9, 16)])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 8, 9, 16, 21, 23)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_prepared_broadcast_filters_match_the_reference(x_shape, w_shape, attrs, bias):
     """Filters packed at plan time and at the call give the same bits (the

@@ -31,9 +31,10 @@
 
 /* What goes this way, per group: at most this many input channels times
  * taps (a block's filters then fit in L1), output channels, output positions
- * and taps per axis; strides 1 or 2; more than 8 filters (fewer leave half
- * of each vector empty: the direct path's vectors over positions are
- * fuller); output rows of 8 positions or more. */
+ * and taps per axis; strides 1 or 2; at least this many filters (8 or fewer
+ * with unit column strides only, summed by vectors of positions), output
+ * rows of 8 positions or more. */
+#define BROADCAST_MIN_FILTERS 5
 #define BROADCAST_MAX_ROWS 288
 #define BROADCAST_MAX_FILTERS 64
 #define BROADCAST_MAX_PLANE 4096
@@ -47,8 +48,9 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Filters per register block: 16 (one vector) for up to 16, else 32. */
-static int64_t filter_block(int64_t mg) { return mg <= 16 ? 16 : 32; }
+/* Filters per register block: 8 (by two vectors of positions) for up to 8,
+ * 16 (one vector) for up to 16, else 32. */
+static int64_t filter_block(int64_t mg) { return mg <= 8 ? 8 : mg <= 16 ? 16 : 32; }
 
 size_t linalg_conv_broadcast_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
   int64_t block = filter_block(mg);
@@ -93,7 +95,8 @@ bool linalg_conv_broadcast_fits(const linalg_window *w, DK_DTypeKey dtype, int64
   int64_t taps = w->kernel[0] * w->kernel[1];
   return taps > 1 && w->kernel[0] <= BROADCAST_MAX_KERNEL && w->kernel[1] <= BROADCAST_MAX_KERNEL &&
          w->stride[0] >= 1 && w->stride[0] <= 2 && w->stride[1] >= 1 && w->stride[1] <= 2 &&
-         cg * taps <= BROADCAST_MAX_ROWS && mg > 8 && mg <= BROADCAST_MAX_FILTERS &&
+         cg * taps <= BROADCAST_MAX_ROWS && mg >= BROADCAST_MIN_FILTERS && mg <= BROADCAST_MAX_FILTERS &&
+         (mg > 8 || w->stride[1] == 1) &&
          w->grid[0] * w->grid[1] <= BROADCAST_MAX_PLANE && w->grid[1] >= 8 &&
          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 }
@@ -164,28 +167,41 @@ BROADCAST_INLINE void block_sums(const float *x0, const float *x1, int64_t cg, i
   for (int p = 0; p < 16; p++) r[p] = V > 1 ? (p < 8 ? acc[p][0] : acc[p - 8][1]) : acc[p][0];
 }
 
-/* With unit column strides and 16 filters, the same block the other way
- * round: r[m] = filter m's sums at 16 consecutive positions from x0, a
- * vector of inputs per tap and each filter's weight broadcast from fw by
- * the multiply-add. The same sums in the same order (a product's operands
- * swapped), and no transpose: on the zoo resnet's stem (27 multiply-adds
- * a block) the transpose took about a sixth of its time. */
+/* With unit column strides, the block the other way round: F filters by P
+ * vectors of 16 consecutive positions from x0, r[m * P + p] filter m's
+ * sums at vector p; a vector of inputs per tap, each filter's weight
+ * broadcast from fw ([c][tap][F]). The same sums in the same order as
+ * block_sums' (a product's operands swapped), and no transpose: on the zoo
+ * resnet's stem (27 multiply-adds a block) it took about a sixth of its
+ * time. With 8 filters (the U-Net's 3->8, 8->8 and 16->8 layers on 32x32)
+ * every lane holds an output, where a vector of 16 filters would be half
+ * empty. */
 BROADCAST_INLINE void row_sums(const float *x0, int64_t cg, int64_t plane, int64_t kh, int64_t kw, int64_t row,
-                               const float *fw, __m512 r[16]) {
+                               const float *fw, __m512 r[16], const int F, const int P) {
   __m512 acc[16];
 #pragma GCC unroll 16
-  for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+  for (int i = 0; i < F * P; i++) acc[i] = _mm512_setzero_ps();
   for (int64_t c = 0; c < cg; c++)
     for (int64_t ky = 0; ky < kh; ky++) {
       const float *a = x0 + c * plane + ky * row;
-      for (int64_t kx = 0; kx < kw; kx++, fw += 16) {
-        __m512 v = _mm512_loadu_ps(a + kx);
+      for (int64_t kx = 0; kx < kw; kx++, fw += F) {
+        __m512 v[2];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) v[p] = _mm512_loadu_ps(a + kx + 16 * p);
 #pragma GCC unroll 16
-        for (int m = 0; m < 16; m++) acc[m] = madd_broadcast(acc[m], v, fw + m);
+        for (int m = 0; m < F; m++) {
+          if (P == 1) {
+            acc[m] = madd_broadcast(acc[m], v[0], fw + m);
+          } else { /* one broadcast for P multiply-adds */
+            __m512 w = _mm512_set1_ps(fw[m]);
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) acc[m * P + p] = _mm512_fmadd_ps(w, v[p], acc[m * P + p]);
+          }
+        }
       }
     }
 #pragma GCC unroll 16
-  for (int m = 0; m < 16; m++) r[m] = acc[m];
+  for (int i = 0; i < F * P; i++) r[i] = acc[i];
 }
 
 /* r (16 x 16) transposed in registers: r[i] lane k becomes r[k] lane i. */
@@ -257,12 +273,8 @@ BROADCAST_INLINE void band_blocks(const broadcast_job *j, const float *xb, int64
     for (int64_t ox = 0; ox < j->ow; ox += L) {
       const float *x0 = xb + (oy - oy0) * j->sh * j->row + ox * SW;
       __m512 r[16];
-      if (V == 1 && S == 1 && SW == 1) { /* r[i]: filter m0 + i's 16 positions */
-        row_sums(x0, j->cg, plane, j->kh, j->kw, j->row, fw, r);
-      } else {
-        block_sums(x0, second ? x0 + j->sh * j->row : x0, j->cg, plane, j->kh, j->kw, j->row, fw, r, L, S, V, SW);
-        transpose16(r);
-      }
+      block_sums(x0, second ? x0 + j->sh * j->row : x0, j->cg, plane, j->kh, j->kw, j->row, fw, r, L, S, V, SW);
+      transpose16(r);
       int64_t n = j->ow - ox < L ? j->ow - ox : L; /* positions of each row in the block */
       float *at = y + oy * j->ow + ox;
 #pragma GCC unroll 16
@@ -285,6 +297,33 @@ BROADCAST_INLINE void band_blocks(const broadcast_job *j, const float *xb, int64
   }
 }
 
+/* band_blocks by row_sums' blocks of F filters by 16 * P positions. */
+BROADCAST_INLINE void band_rows(const broadcast_job *j, const float *xb, int64_t rows, int64_t oy0, int64_t oy1,
+                                const float *fw, int64_t m0, const float *bias, float *y, const int F,
+                                const int P) {
+  int64_t plane = rows * j->row, out_plane = j->oh * j->ow;
+  for (int64_t oy = oy0; oy < oy1; oy++)
+    for (int64_t ox = 0; ox < j->ow; ox += 16 * P) {
+      __m512 r[16];
+      row_sums(xb + (oy - oy0) * j->sh * j->row + ox, j->cg, plane, j->kh, j->kw, j->row, fw, r, F, P);
+      float *at = y + oy * j->ow + ox;
+#pragma GCC unroll 16
+      for (int i = 0; i < F * P; i++) {
+        int64_t m = m0 + i / P, left = j->ow - ox - 16 * (i % P);
+        finish_row(j, r[i], bias, m, at + m * out_plane + 16 * (i % P), left < 16 ? left : 16);
+      }
+    }
+}
+
+#define BROADCAST_ROWS(NAME, F, P)                                                                          \
+  static BROADCAST_TARGET void NAME(const broadcast_job *j, const float *xb, int64_t rows, int64_t oy0,      \
+                                    int64_t oy1, const float *fw, int64_t m0, const float *bias, float *y) { \
+    band_rows(j, xb, rows, oy0, oy1, fw, m0, bias, y, F, P);                                                \
+  }
+BROADCAST_ROWS(row16_filters16, 16, 1) /* 16 filters, unit column strides, rows of more than 8 */
+BROADCAST_ROWS(row16_filters8, 8, 1)   /* 8 filters (unit column strides), rows of 16 or fewer */
+BROADCAST_ROWS(row32_filters8, 8, 2)
+
 /* The register-block shapes: (positions per row L, rows S, vectors per
  * position V) and the column stride SW, fixed so that the block's
  * accumulators stay in registers and its loads are immediate offsets. */
@@ -293,8 +332,7 @@ BROADCAST_INLINE void band_blocks(const broadcast_job *j, const float *xb, int64
                                     int64_t oy1, const float *fw, int64_t m0, const float *bias, float *y) { \
     band_blocks(j, xb, rows, oy0, oy1, fw, m0, bias, y, L, S, V, SW);                                       \
   }
-BROADCAST_BLOCKS(row16_stride1, 16, 1, 1, 1) /* 16 filters, rows of more than 8 */
-BROADCAST_BLOCKS(row16_stride2, 16, 1, 1, 2)
+BROADCAST_BLOCKS(row16_stride2, 16, 1, 1, 2) /* 16 filters, column stride 2, rows of more than 8 */
 BROADCAST_BLOCKS(rows8_stride1, 8, 2, 1, 1) /* 16 filters, rows of 8: two at a time */
 BROADCAST_BLOCKS(rows8_stride2, 8, 2, 1, 2)
 BROADCAST_BLOCKS(wide8_stride1, 8, 1, 2, 1) /* 32 filters */
@@ -344,8 +382,9 @@ DK_Status linalg_conv_broadcast(const dks_kernel_args *k, const dks_tensor *x, c
   j.blocks = ceil_div(j.mg, j.block);
   bool two = j.sw == 2;
   j.blocks_fn = j.block == 32 ? (two ? wide8_stride2 : wide8_stride1)
-                : j.ow <= 8   ? (two ? rows8_stride2 : rows8_stride1)
-                              : (two ? row16_stride2 : row16_stride1);
+                : j.block == 8 ? (j.ow > 16 ? row32_filters8 : row16_filters8)
+                : j.ow <= 8    ? (two ? rows8_stride2 : rows8_stride1)
+                               : (two ? row16_stride2 : row16_filters16);
   j.rows_per_block = j.block == 16 && j.ow <= 8 ? 2 : 1;
   /* The split: an image (of a group) per part where the images share out
    * evenly over the threads, else as many bands of rows as make them. */
