@@ -1,25 +1,29 @@
 /*
- * linalg_conv_broadcast.c -- float32 2-D Conv with output channels in the
- * vector lanes, for few channels on small planes where the CPU has AVX-512
- * (see linalg_conv_broadcast.h); onnxruntime's NCHWc kernels work this way.
+ * linalg_conv_broadcast.c -- float32 2-D Conv with few channels on small
+ * planes where the CPU has AVX-512 (see linalg_conv_broadcast.h), by
+ * register blocks of 16 vectors of sums, each a block's filter weight or
+ * input value broadcast from memory by the fused multiply-add:
  *
- * A register block is 16 vectors of 16 filters' sums, one vector per output
- * position (16 positions of a block of 16 filters, or 8 positions of a
- * block of 32 in two vectors each): for each channel and tap, a block's
- * filter vector (or two) multiplies each position's input value, broadcast
- * from memory in the fused multiply-add, so an input value is loaded once
- * per tap and position and a filter value once per tap and block, with no
- * shuffle. The 16 positions are 16 of one output row, or 8 of each of two
- * rows (rows of 8 or fewer). The sums, in channel-major tap order, are then
- * transposed in registers into one vector per filter and position, B and
- * FusedConv's Z added and the activation applied there, and stored into
- * NCHW Y.
+ * - vectors of filters (onnxruntime's NCHWc kernels work this way): 16
+ *   positions of a block of 16 filters (8 of each of two rows on rows of 8
+ *   or fewer), or 8 positions of a block of 32 in two vectors each; for each
+ *   channel and tap the block's filter vector (or two) multiplies each
+ *   position's input value. The sums are then transposed in registers into
+ *   one vector per filter and row. Strided windows read their columns in
+ *   place (no phase planes).
+ * - vectors of positions, with unit column strides: 16 consecutive
+ *   positions of a row by 16 filters, or 32 by 8 filters (or 16 by 8); for
+ *   each channel and tap a vector of inputs multiplies each filter's weight.
+ *   No transpose, and 8 filters fill every lane.
+ *
+ * Either way each sum runs in channel-major tap order; B and FusedConv's Z
+ * are added and the activation applied to each row of sums in registers,
+ * then stored into NCHW Y.
  *
  * Each part of the pool's work is an image (of a group) and a band of its
  * output rows: the part copies the rows of X its band reads, zero-padded,
  * into one buffer ([channel][row][column], the padding of every side
- * included), so a window never leaves it and a strided window reads its
- * columns in place (no phase planes). Consecutive Convs split alike (image,
+ * included), so a window never leaves it. Consecutive Convs split alike (image,
  * then band), so a thread reads what it wrote a layer before, in its cache.
  * A product 0 * inf in the padding gives NaN, as the im2col path's does.
  */

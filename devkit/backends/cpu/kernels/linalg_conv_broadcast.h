@@ -1,11 +1,12 @@
 /*
- * linalg_conv_broadcast.h -- float32 2-D Conv with output channels in the
- * vector lanes (AVX-512): a few channels on small planes (the zoo ResNet's
- * 16- and 32-filter layers), where vectors over output positions (the direct
- * path) waste lanes on short rows and copy strided inputs into phase planes.
- * Its filters are prepared once at plan time (linalg_conv.c's prepare hook)
- * as [group][block][channel][ky][kx][filter in block], blocks of
- * linalg_conv_broadcast_block(mg) filters, 0 past the filter count.
+ * linalg_conv_broadcast.h -- float32 2-D Conv with few channels on small
+ * planes (AVX-512: the zoo ResNet's and U-Net's 3x3 layers) by register
+ * blocks whose weights or inputs the multiply-add broadcasts from memory,
+ * where the direct path's vectors over flat positions waste lanes on short
+ * rows and copy strided inputs into phase planes. Its filters are prepared
+ * once at plan time (linalg_conv.c's prepare hook) as [group][block]
+ * [channel][ky][kx][filter in block], blocks of 8, 16 or 32 filters (by the
+ * filter count), 0 past the filter count.
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_BROADCAST_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_BROADCAST_H_
