@@ -1,9 +1,10 @@
 """The cpu plugin's broadcast Conv path (linalg_conv_broadcast.c, where the
 CPU has AVX-512): float32 2-D convolutions with 5-64 filters per group on
-small planes. Its register blocks -- 16 filters by 16 positions of a row
-and 8 filters by 16 or 32 (vectors of positions, unit column strides), 16
-filters by two rows of 8 or fewer and 32 filters by 8 positions (vectors of
-filters) -- cut by the filter count and the row's end;
+small planes. Its register blocks -- 8 filters by 32 positions of a row or
+16 of each of two rows (vectors of positions; up to 16 filters in blocks of
+8 on unit column strides), 16 filters by 16 positions of a row or 8 of each
+of two rows and 32 filters by 8 positions (vectors of filters) -- cut by the
+filter count, the row's end and the band's last row;
 strides 1 and 2 read in place from each part's zero-padded band of X;
 splits by image or by bands of rows (odd row counts, batches that do not
 share out over the threads); groups; FusedConv's B, Z and Relu in the
@@ -85,6 +86,7 @@ SHAPES = [
     ((2, 4, 13, 20), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # 5 filters, the fewest; rows of 20: 32 cut
     ((1, 6, 18, 16), (6, 6, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 1]}),  # rows of 16, row stride 2
     ((1, 8, 11, 12), (16, 4, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),  # groups of 8 filters
+    ((1, 8, 15, 12), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # two blocks of 8; bands of 8 and 7 rows
 ]
 
 
@@ -98,7 +100,7 @@ def test_broadcast_path_matches_the_reference(dev, x_shape, w_shape, attrs, bias
     _check(got, want, w, largest)
 
 
-@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 2, 3, 5, 6, 8, 11, 16, 21, 22)])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [SHAPES[i] for i in (0, 1, 2, 3, 5, 6, 8, 11, 16, 21, 22, 25)])
 def test_broadcast_path_applies_fused_conv_epilogue(dev, x_shape, w_shape, attrs):
     """FusedConv: B, then Z, then the Relu, on each block shape's halves."""
     rng = np.random.default_rng(22)
