@@ -94,7 +94,7 @@ typedef struct broadcast_job {
   const float *y_start;  /* Y's data: a block's Z lies as far from z */
   bool relu;
   float *y;
-  /* the blocks of a band (BROADCAST_BLOCKS), rows_per_block rows at a time */
+  /* the blocks of a band (BROADCAST_BLOCKS, BROADCAST_ROWS), rows_per_block rows at a time */
   void (*blocks_fn)(const struct broadcast_job *, const float *, int64_t, int64_t, int64_t, const float *,
                     int64_t, const float *, float *);
   int64_t rows_per_block;
@@ -343,7 +343,7 @@ BROADCAST_ROWS(rows16_filters8, 8, 2, true)
     band_blocks(j, xb, rows, oy0, oy1, fw, m0, bias, y, L, S, V, SW);                                       \
   }
 BROADCAST_BLOCKS(row16_stride2, 16, 1, 1, 2) /* 16 filters, column stride 2, rows of more than 8 */
-BROADCAST_BLOCKS(rows8_stride1, 8, 2, 1, 1) /* 16 filters, rows of 8: two at a time */
+BROADCAST_BLOCKS(rows8_stride1, 8, 2, 1, 1) /* 16 filters, rows of 8 or fewer: two at a time */
 BROADCAST_BLOCKS(rows8_stride2, 8, 2, 1, 2)
 BROADCAST_BLOCKS(wide8_stride1, 8, 1, 2, 1) /* 32 filters */
 BROADCAST_BLOCKS(wide8_stride2, 8, 1, 2, 2)
@@ -403,9 +403,9 @@ DK_Status linalg_conv_broadcast(const dks_kernel_args *k, const dks_tensor *x, c
   bool split = threads > 1 && macs >= BROADCAST_SPLIT_MACS;
   j.bands = split ? threads / gcd(images, threads) : 1;
   if (j.bands > j.oh) j.bands = j.oh;
-  int64_t band_rows = ceil_div(j.oh, j.bands) + 1; /* a band's most rows (its edges fall on even rows) */
-  if (band_rows > j.oh) band_rows = j.oh;
-  j.buffer_floats = (size_t)(j.cg * ((band_rows - 1) * j.sh + j.kh) * j.row + BROADCAST_SLACK);
+  int64_t most_rows = ceil_div(j.oh, j.bands) + 1; /* a band's most output rows (its edges fall on even rows) */
+  if (most_rows > j.oh) most_rows = j.oh;
+  j.buffer_floats = (size_t)(j.cg * ((most_rows - 1) * j.sh + j.kh) * j.row + BROADCAST_SLACK);
 
   /* W prepared (its data are the packed filters) or packed here */
   bool prepared = wt->prepared_bytes != 0;
