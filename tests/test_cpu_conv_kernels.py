@@ -99,6 +99,10 @@ def test_winograd_falls_back_on_non_finite_values(dev, value):
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((2, 3, 32, 32), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 32, 8, 8), (30, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # 32 x 9 taps, the most; a cut filter block
+    # the direct path where the CPU has AVX-512 too: 4 filters (5 or more go the broadcast way), or 8
+    # or fewer on column stride 2
+    ((1, 32, 8, 8), (4, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 16, 16, 16), (8, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 4, 64, 64), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # the largest plane
     ((1, 4, 66, 66), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # one larger: im2col
     ((2, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),

@@ -602,3 +602,46 @@ def test_a_winograd_or_direct_conv_prepares_its_filters(channels, size, prepares
     (want,) = donnx.prepare(model, prepare_weights=False).run({"x": x})
     assert [p.call for p in only_plan(prepared).prepared] == (["kernel Conv[float32]"] if prepares else [])
     np.testing.assert_array_equal(got, want)
+
+
+def _tensor_pointers(plan: Plan) -> list:
+    """Every call's tensors' (data, byte_offset), as ints."""
+    return [(int(ffi.cast("uintptr_t", tensor.data)), tensor.byte_offset)
+            for call in plan.calls for tensors in (call.inputs, call.outputs) for tensor in tensors]
+
+
+def test_a_bound_run_points_the_calls_back_at_the_arena_and_unregisters_even_when_it_fails():
+    """NumPy inputs and outputs bound in place (cpu registers host memory): after
+    a run, and after one refused part way (output 0 bound, output 1 of the
+    wrong shape), every call's tensors point where they did, nothing stays
+    registered (x registers again), and unbound runs give the bound results
+    bit for bit."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Add", ["x", "x"], ["z"])]
+    graph = helper.make_graph(nodes, "io", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 256])],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, [128, 256]) for name in "yz"],
+                              [numpy_helper.from_array(np.float32(2), "two")])
+    prepared = donnx.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), fuse=False)
+    x = np.random.default_rng(11).standard_normal((128, 256)).astype(np.float32)
+    on_device = prepared.run({"x": devkit.asarray(x)})  # devkit Arrays in and out: builds the plan
+    plan = only_plan(prepared)
+    arena = _tensor_pointers(plan)
+    y, z = prepared.run({"x": x})  # 128 KiB each: bound in place
+    assert _tensor_pointers(plan) == arena
+    np.testing.assert_array_equal(y, x * 2)
+    np.testing.assert_array_equal(z, x + x)
+    for got, want in zip(on_device, (y, z)):
+        np.testing.assert_array_equal(got.numpy(), want)
+    given = np.empty_like(x)
+    with pytest.raises(ValueError, match=r"output 1 has shape \(128, 255\)"):
+        prepared.run({"x": x}, outputs=[given, np.empty((128, 255), np.float32)])
+    assert _tensor_pointers(plan) == arena
+    dev = devkit.device("cpu:0")
+    mem = ffi.new("DK_Mem *")
+    assert dev.plugin.api.mem_register_host(dev.index, ffi.from_buffer(x), x.nbytes, mem) == C.DK_OK
+    assert dev.plugin.api.mem_unregister_host(dev.index, mem[0]) == C.DK_OK
+    assert dev.plugin.api.mem_register_host(dev.index, ffi.from_buffer(given), given.nbytes, mem) == C.DK_OK
+    assert dev.plugin.api.mem_unregister_host(dev.index, mem[0]) == C.DK_OK
+    again = prepared.run({"x": x}, outputs=[given, None])
+    assert again[0] is given
+    np.testing.assert_array_equal(given, y)
+    np.testing.assert_array_equal(again[1], z)

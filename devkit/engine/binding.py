@@ -47,44 +47,101 @@ def slot_references(steps: Sequence) -> dict[int, list]:
     return references
 
 
-class Registrar:
-    """What a plan's bound runs register host memory with, looked up once: the
-    plugin's two functions and one handle cell per input and output."""
-
-    __slots__ = ("index", "register", "unregister", "cells", "_array")
-
-    def __init__(self, device, count: int):
-        api = device.plugin.api
-        self.index = device.index
-        self.register, self.unregister = api.mem_register_host, api.mem_unregister_host
-        self._array = ffi.new("DK_Mem[]", max(count, 1))  # what the cells point into
-        self.cells = [self._array + k for k in range(max(count, 1))]
+def _pointers(references: list) -> list:
+    """Each DK_Tensor's (data, byte_offset): where a bound run points it back."""
+    return [(tensor.data, tensor.byte_offset) for tensor in references]
 
 
-class BoundRun:
-    """One bound run of a plan: see the module doc. ``run`` holds the plan's lock."""
+class Binding:
+    """A plan's bound runs: what every one needs, looked up once (per input
+    and output the calls' DK_Tensors that point at its slot and where they
+    point, the plugin's registration functions and handle cells), and
+    ``run``, one bound run (see the module doc). Plan.run holds the plan's
+    lock, so one run at a time uses the cells."""
 
-    __slots__ = ("plan", "device", "stream", "wait", "in_place", "_registered", "_patched", "_sources")
+    __slots__ = ("plan", "device", "inputs", "outputs", "large_output", "_register", "_unregister", "_cells",
+                 "_cell_array")
 
-    def __init__(self, plan, stream, wait: bool):
+    def __init__(self, plan, input_references: list[list], output_references: list[list | None]):
         self.plan = plan
-        self.device = plan.device
-        self.stream = stream  # None: the default stream
-        self.wait = wait
-        self.in_place = wait and plan._registrar is not None
-        self._registered: list = []
-        self._patched: list = []     # (tensor, data, byte_offset) to restore
-        self._sources: dict[int, object] = {}  # id(input arena Array) -> where the input lies
+        self.device = device = plan.device
+        # Per input: (name, arena Array, its DK_Tensors, their arena pointers).
+        self.inputs = [(name, slot, references, _pointers(references))
+                       for (name, slot), references in zip(plan._inputs, input_references)]
+        # Per output: (value, its DK_Tensors or None (not bindable), their arena pointers).
+        self.outputs = [(value, references, None if references is None else _pointers(references))
+                        for value, references in zip(plan._outputs, output_references)]
+        self._register = self._unregister = self._cells = self._cell_array = None
+        if device.plugin.has_host_registration:  # one handle cell per input and output
+            api = device.plugin.api
+            self._register, self._unregister = api.mem_register_host, api.mem_unregister_host
+            self._cell_array = ffi.new("DK_Mem[]", max(len(self.inputs) + len(self.outputs), 1))
+            self._cells = [self._cell_array + k for k in range(len(self._cell_array))]
+        self.large_output = self._cells is not None and any(
+            references is not None and value.nbytes >= BIND_IN_PLACE_BYTES for value, references, _ in self.outputs)
 
-    def run(self, feed, outputs: Sequence | None, device_outputs: bool) -> list:
-        plan, stream = self.plan, self.stream
+    @property
+    def registers(self) -> bool:
+        """Whether the plugin registers host memory (NumPy arrays can be bound in place)."""
+        return self._cells is not None
+
+    def run(self, feed, stream, wait: bool, outputs: Sequence | None, device_outputs: bool) -> list:
+        """One bound run: ``stream`` None is the default stream; with ``wait``
+        the results are complete on return, and NumPy arrays may be bound in place."""
+        plan = self.plan
+        in_place = wait and self._cells is not None
+        registered: list = []  # this run's registrations' handles
+        patched: list = []     # (DK_Tensors, their arena pointers) to point back
+        sources: dict[int, object] = {}  # id(input arena Array) -> where the input lies
         try:
-            for (name, slot), references in zip(plan._inputs, plan._input_references):
-                self._bind_input(name, feed[name], slot, references)
+            for name, slot, references, pointers in self.inputs:
+                value = feed[name]
+                if type(value) is not np.ndarray and isinstance(value, Array):
+                    _check_device_array(value, slot, f"input '{name}'", self.device)
+                    sources[id(slot)] = value
+                    if references:
+                        _point(references, value.buffer.handle, value.buffer.offset + value.offset)
+                        patched.append((references, pointers))
+                    continue
+                if not value.size:
+                    continue
+                mem = self._host_handle(value, False, registered) if in_place and references else None
+                if mem is not None:
+                    sources[id(slot)] = value
+                    for tensor in references:
+                        tensor.data, tensor.byte_offset = mem, 0
+                    patched.append((references, pointers))
+                    continue
+                if not value.flags.c_contiguous:
+                    value = value.copy(order="C")
+                slot.buffer.copy_from_host(value.reshape(-1).view(np.uint8), stream=stream)
             results, copies = [], []
-            for index, (value, references) in enumerate(zip(plan._outputs, plan._output_references)):
+            for index, (value, references, pointers) in enumerate(self.outputs):
                 given = outputs[index] if outputs is not None else None
-                results.append(self._bind_output(index, value, references, given, device_outputs, copies))
+                fresh = given is None
+                if fresh:
+                    given = empty(value.shape, value.dtype, self.device) if device_outputs else \
+                        np.empty(value.shape, value.dtype)
+                elif isinstance(given, Array):
+                    _check_device_array(given, value, f"output {index}", self.device)
+                else:
+                    _check_host_array(given, value, f"output {index}")
+                results.append(given)
+                if not given.size:
+                    continue
+                if references is not None and (fresh or not _overlaps_an_input(given, sources.values())):
+                    if isinstance(given, Array):
+                        _point(references, given.buffer.handle, given.buffer.offset + given.offset)
+                        patched.append((references, pointers))
+                        continue
+                    mem = self._host_handle(given, True, registered) if in_place else None
+                    if mem is not None:
+                        for tensor in references:
+                            tensor.data, tensor.byte_offset = mem, 0
+                        patched.append((references, pointers))
+                        continue
+                source = value if isinstance(value, np.ndarray) else sources.get(id(value), value)
+                copies.append((source, given))
             calls = plan.calls
             handle = ffi.NULL if stream is None else stream.handle
             for call in calls:
@@ -92,96 +149,52 @@ class BoundRun:
             plan._launcher.forget_stream()  # its calls' stream is this run's now
             for call in calls:
                 launch(call)
-            for copy in copies:
-                copy()
+            for source, given in copies:
+                _copy(source, given, stream)
             if stream is not None:
-                if self.wait:
+                if wait:
                     stream.synchronize()
                 else:
                     stream.retain(plan, feed, results)
             return results
         finally:
-            for tensor, data, offset in self._patched:
-                tensor.data, tensor.byte_offset = data, offset
-            if self._registered:
+            for references, pointers in patched:
+                for tensor, (data, offset) in zip(references, pointers):
+                    tensor.data, tensor.byte_offset = data, offset
+            if registered:
                 if stream is not None and sys.exc_info()[0] is not None:
                     # A launch failed after earlier ones were queued: they may still use the
                     # registered memory, so they finish before it is given back.
                     with contextlib.suppress(Exception):
                         stream.synchronize()
-                registrar = plan._registrar
-                unregister, index = registrar.unregister, registrar.index
-                for mem in self._registered:
+                unregister, index = self._unregister, self.device.index
+                for mem in registered:
                     status = unregister(index, mem)
                     if status != _DK_OK:
                         self.device.plugin.raise_status(status, "mem_unregister_host")
 
-    # -- where a value lies ----------------------------------------------------------------
-
-    def _point(self, references: list, handle, offset: int) -> None:
-        patched = self._patched
-        for tensor in references:
-            patched.append((tensor, tensor.data, tensor.byte_offset))
-            tensor.data, tensor.byte_offset = handle, offset
-
-    def _register(self, host: np.ndarray, writable: bool):
-        """host's memory as a device handle, or None where it is to be copied."""
-        if not (self.in_place and host.nbytes >= BIND_IN_PLACE_BYTES):
+    def _host_handle(self, host: np.ndarray, writable: bool, registered: list):
+        """host's memory registered as a device handle (appended to
+        ``registered``), or None where it is to be copied instead."""
+        if host.nbytes < BIND_IN_PLACE_BYTES:
             return None
         flags = host.flags  # a new object at every read
         if not (flags.c_contiguous and flags.aligned and (flags.writeable or not writable)):
             return None
-        registrar = self.plan._registrar
-        cell = registrar.cells[len(self._registered)]
-        status = registrar.register(registrar.index, ffi.from_buffer(host), host.nbytes, cell)
+        cell = self._cells[len(registered)]
+        status = self._register(self.device.index, ffi.from_buffer(host), host.nbytes, cell)
         if status == _DK_ALREADY_EXISTS:  # a view of device memory, or an array given twice
             return None
         if status != _DK_OK:
             self.device.plugin.raise_status(status, "mem_register_host")
-        self._registered.append(cell[0])
-        return cell[0]
+        mem = cell[0]
+        registered.append(mem)
+        return mem
 
-    def _bind_input(self, name: str, value, slot: Array, references: list) -> None:
-        if isinstance(value, Array):
-            _check_device_array(value, slot, f"input '{name}'", self.device)
-            self._sources[id(slot)] = value
-            if references:
-                self._point(references, value.buffer.handle, value.buffer.offset + value.offset)
-            return
-        if not value.size:
-            return
-        mem = self._register(value, writable=False) if references else None
-        if mem is not None:
-            self._sources[id(slot)] = value
-            self._point(references, mem, 0)
-            return
-        if not value.flags.c_contiguous:
-            value = value.copy(order="C")
-        slot.buffer.copy_from_host(value.reshape(-1).view(np.uint8), stream=self.stream)
 
-    def _bind_output(self, index: int, value, references, given, device_outputs: bool, copies: list):
-        """The output's destination, bound or with its copy queued in ``copies``."""
-        shape, dtype = value.shape, value.dtype
-        fresh = given is None
-        if fresh:
-            given = empty(shape, dtype, self.device) if device_outputs else np.empty(shape, dtype)
-        elif isinstance(given, Array):
-            _check_device_array(given, value, f"output {index}", self.device)
-        else:
-            _check_host_array(given, value, f"output {index}")
-        if not given.size:
-            return given
-        if references is not None and (fresh or not _overlaps_an_input(given, self._sources.values())):
-            if isinstance(given, Array):
-                self._point(references, given.buffer.handle, given.buffer.offset + given.offset)
-                return given
-            mem = self._register(given, writable=True)
-            if mem is not None:
-                self._point(references, mem, 0)
-                return given
-        source = value if isinstance(value, np.ndarray) else self._sources.get(id(value), value)
-        copies.append(lambda: _copy(source, given, self.stream))
-        return given
+def _point(references: list, handle, offset: int) -> None:
+    for tensor in references:
+        tensor.data, tensor.byte_offset = handle, offset
 
 
 def _check_device_array(array: Array, like, what: str, device) -> None:

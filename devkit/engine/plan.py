@@ -41,7 +41,7 @@ from ..ops import dispatch
 from ..ops import spec as _spec
 from ..plugin import check
 from ..runtime import Array, Device, Stream, _contiguous_strides, asarray
-from .binding import BIND_IN_PLACE_BYTES, BoundRun, Registrar, slot_references
+from .binding import BIND_IN_PLACE_BYTES, Binding, slot_references
 from .calls import KernelCall, bind, launch, prepare_fn
 from .fusion import fuse_steps
 from .launch import GraphLaunch, StagedGraph, make_launcher
@@ -126,17 +126,9 @@ class Plan:
         self._host_outputs = any(isinstance(value, np.ndarray) for value in outputs)
         self._stream: Stream | None = None
         self._lock = threading.Lock()
-        # Per input, and per output (None: not bindable), the DK_Tensors of the
-        # calls that point at its slot (engine.binding).
-        self._input_references = input_references
-        self._output_references = output_references
-        self._registers = device.plugin.has_host_registration
         self._host_pointers = device.properties.host_pointer_handles
-        # Where a bound run registers host memory (one run at a time: the lock).
-        self._registrar = Registrar(device, len(inputs) + len(outputs)) if self._registers else None
-        self._large_output = self._registers and any(
-            references is not None and value.nbytes >= BIND_IN_PLACE_BYTES
-            for value, references in zip(outputs, output_references))
+        # What bound runs need, looked up once (engine.binding).
+        self._binding = Binding(self, input_references, output_references)
 
     @property
     def launcher(self):
@@ -174,7 +166,7 @@ class Plan:
                     raise ValueError(f"outputs: {len(outputs)} given; the graph has {len(self._outputs)}")
                 if stream is None and not (wait and self._host_pointers):
                     stream = self._own_stream()  # the default stream would complete each call before the next
-                return BoundRun(self, stream, wait).run(feed, outputs, device_outputs)
+                return self._binding.run(feed, stream, wait, outputs, device_outputs)
             if stream is None and wait and self._stages:
                 return self._run_staged(feed)
             if stream is None:
@@ -200,8 +192,8 @@ class Plan:
     def _binds(self, feed: Mapping, wait: bool) -> bool:
         """Whether a run is bound (engine.binding): an input is a devkit Array,
         or memory registration would save a large copy."""
-        in_place = self._registers and wait
-        if in_place and self._large_output:
+        in_place = wait and self._binding.registers
+        if in_place and self._binding.large_output:
             return True
         for value in feed.values():
             if type(value) is not np.ndarray or (in_place and value.nbytes >= BIND_IN_PLACE_BYTES):

@@ -10,6 +10,7 @@
  * directly. float32 products go by linalg_packed.h's AVX-512 block where
  * the CPU has it, else the BLAS. float16/bfloat16 run as float32.
  */
+#include "linalg_conv_broadcast.h"
 #include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
 #include "linalg_conv_indirect.h"
@@ -1386,11 +1387,12 @@ static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t bat
 /* A float32 Conv's W, prepared where the call goes by Winograd: the
  * filters' transforms, made once instead of at every call (on a 49-tile
  * plane they cost about what the transform saves); where it goes the direct
- * way: the filters in its register blocks' order (on an 8x8 plane their
- * packing took about a quarter of the sums' time); where it goes the
- * indirect way: the filter panels that path runs on. Then W itself, which a
- * Winograd call whose outputs are not finite sums again the direct way
- * (not after the indirect path's panels, which is all that path reads). */
+ * or the broadcast way: the filters in its register blocks' order (on an
+ * 8x8 plane their packing took about a quarter of the sums' time); where it
+ * goes the indirect way: the filter panels that path runs on. Then W
+ * itself, which a Winograd call whose outputs are not finite sums again the
+ * direct way (not after the indirect path's panels, which is all that path
+ * reads). */
 typedef struct conv_prepared {
   uint32_t tag;  /* CONV_PREPARED_TAG */
   uint32_t kind; /* conv_prepared_kind */
@@ -1399,13 +1401,19 @@ typedef struct conv_prepared {
 } conv_prepared;
 _Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
 #define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
-typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT, CONV_PREPARED_INDIRECT } conv_prepared_kind;
+typedef enum {
+  CONV_PREPARED_WINOGRAD,
+  CONV_PREPARED_DIRECT,
+  CONV_PREPARED_BROADCAST,
+  CONV_PREPARED_INDIRECT
+} conv_prepared_kind;
 
 /* The paths of a float Conv, in the order conv_path_of tries them. */
 typedef enum {
   CONV_INDIRECT,
   CONV_BLOCKED,
   CONV_POINTWISE,
+  CONV_BROADCAST,
   CONV_DIRECT,
   CONV_WINOGRAD,
   CONV_PACKED,
@@ -1425,6 +1433,7 @@ static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t
   if (panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked))
     return blocked ? CONV_BLOCKED : CONV_TILES; /* the tiles by the packed block */
   if (linalg_conv_pointwise_fits(w, dtype, cg, mg)) return CONV_POINTWISE;
+  if (linalg_conv_broadcast_fits(w, dtype, cg, mg)) return CONV_BROADCAST;
   if (linalg_conv_direct_fits(w, dtype, cg, mg)) return CONV_DIRECT;
   if (winograd_takes(w, dtype, cg, mg, winograd_prepared)) return CONV_WINOGRAD;
   if (packed_fits(w, dtype, cg, mg)) return CONV_PACKED;
@@ -1436,7 +1445,8 @@ static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t
 static size_t conv_prepared_u_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg) {
   size_t bytes = kind == CONV_PREPARED_WINOGRAD ? (size_t)(group * 16 * mg * cg) * sizeof(float)
                  : kind == CONV_PREPARED_DIRECT ? linalg_conv_direct_filters_bytes(w, group, cg, mg)
-                                                : linalg_conv_indirect_filters_bytes(w, group, cg, mg);
+                 : kind == CONV_PREPARED_BROADCAST ? linalg_conv_broadcast_filters_bytes(w, group, cg, mg)
+                                                   : linalg_conv_indirect_filters_bytes(w, group, cg, mg);
   return (bytes + 63) / 64 * 64;
 }
 
@@ -1462,6 +1472,7 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   switch (conv_path_of(&w, y->dtype, cg, mg, true, true)) {
   case CONV_WINOGRAD: kind = CONV_PREPARED_WINOGRAD; break;
   case CONV_DIRECT: kind = CONV_PREPARED_DIRECT; break;
+  case CONV_BROADCAST: kind = CONV_PREPARED_BROADCAST; break;
   case CONV_INDIRECT: kind = CONV_PREPARED_INDIRECT; break;
   default: return DK_OK;
   }
@@ -1475,6 +1486,8 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
     linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
   else if (kind == CONV_PREPARED_DIRECT)
     linalg_conv_direct_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
+  else if (kind == CONV_PREPARED_BROADCAST)
+    linalg_conv_broadcast_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
   else
     linalg_conv_indirect_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
   memcpy(dst + sizeof h + conv_prepared_u_bytes(kind, &w, group, mg, cg), wt->data,
@@ -1489,8 +1502,7 @@ static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, con
   conv_prepared h;
   bool ok = wt->prepared_bytes >= sizeof h;
   if (ok) memcpy(&h, wt->data, sizeof h);
-  ok = ok && h.tag == CONV_PREPARED_TAG &&
-       (h.kind == CONV_PREPARED_WINOGRAD || h.kind == CONV_PREPARED_DIRECT || h.kind == CONV_PREPARED_INDIRECT) &&
+  ok = ok && h.tag == CONV_PREPARED_TAG && h.kind <= CONV_PREPARED_INDIRECT &&
        h.group == group && h.mg == mg && h.cg == cg && h.w_elements == wt->size &&
        wt->prepared_bytes >= conv_prepared_bytes(h.kind, w, group, mg, cg, wt->size);
   if (!ok)
@@ -1503,6 +1515,19 @@ static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, con
   view->data = wt->data + sizeof h + conv_prepared_u_bytes(h.kind, w, group, mg, cg);
   view->prepared_bytes = 0;
   return DK_OK;
+}
+
+/* W for the direct or the broadcast path (`path_kind`): its packed filters
+ * U, marked prepared, where W was prepared for that path (`kind`), else W
+ * as given (the path packs it). */
+static const dks_tensor *path_filters(const dks_tensor *wt, const float *u, uint32_t kind, uint32_t path_kind,
+                                      const linalg_window *w, int64_t group, int64_t mg, int64_t cg,
+                                      dks_tensor *filters) {
+  if (!u || kind != path_kind) return wt;
+  *filters = *wt;
+  filters->data = (uint8_t *)u;
+  filters->prepared_bytes = conv_prepared_u_bytes(kind, w, group, mg, cg);
+  return filters;
 }
 
 static DK_Status conv_float(const dks_kernel_args *k) {
@@ -1538,13 +1563,12 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   case CONV_BLOCKED: return conv_blocked(k, &j, x->shape[0]);
   case CONV_POINTWISE: return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   case CONV_DIRECT:
-    if (u && kind == CONV_PREPARED_DIRECT) { /* W as the packed filters, marked prepared */
-      filters = *wt;
-      filters.data = (uint8_t *)u;
-      filters.prepared_bytes = linalg_conv_direct_filters_bytes(&w, group, j.cg, j.mg);
-      wt = &filters;
-    }
-    return linalg_conv_direct(k, x, wt, b, y, &w, group);
+    return linalg_conv_direct(k, x, path_filters(wt, u, kind, CONV_PREPARED_DIRECT, &w, group, j.mg, j.cg, &filters),
+                              b, y, &w, group);
+  case CONV_BROADCAST:
+    return linalg_conv_broadcast(k, x,
+                                 path_filters(wt, u, kind, CONV_PREPARED_BROADCAST, &w, group, j.mg, j.cg, &filters),
+                                 b, y, &w, group);
   case CONV_PACKED: return conv_packed(k, x, wt, &ep, y, &w, group);
   case CONV_WINOGRAD: {
     bool redo = false;
