@@ -289,35 +289,46 @@ def test_register_blocked_path_applies_fused_conv_epilogue(dev, size, channels, 
     _check(got, np.maximum(conv + z, 0), channels * 9, float(sums.max()))
 
 
-def _conv_node_model(w, b, attrs, x_shape):
+def _conv_node_model(w, b, attrs, x_shape, residual_shape=None):
+    """A Conv of the model's x by constant W (and B); with residual_shape,
+    Relu(Conv + z) of a second input z, which the plan fuses into FusedConv."""
     from onnx import TensorProto, helper, numpy_helper
 
     inputs = ["x", "w"] + (["b"] if b is not None else [])
     inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(b, "b")] if b is not None else [])
-    graph = helper.make_graph([helper.make_node("Conv", inputs, ["y"], **attrs)], "conv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))]
+    nodes = [helper.make_node("Conv", inputs, ["y" if residual_shape is None else "c"], **attrs)]
+    if residual_shape is not None:
+        graph_inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, list(residual_shape)))
+        nodes += [helper.make_node("Add", ["c", "z"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "conv", graph_inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
-def _prepared_and_given(seed, x_shape, w_shape, attrs, bias):
+def _prepared_and_given_of(x, w, b, attrs):
     """A one-Conv model's outputs with W prepared at plan time and as given,
     each checked against the float64 reference with the op's dot-product
-    tolerance."""
+    tolerance (NaN and infinities where the reference has them)."""
     import devkit.onnx as donnx
 
-    rng = np.random.default_rng(seed)
-    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
-    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
-    model = _conv_node_model(w, b, attrs, x_shape)
+    model = _conv_node_model(w, b, attrs, x.shape)
     full = {**CONV_DEFAULTS, **attrs}
     reference = ops.get("Conv").reference
     ref = reference([v.astype(np.float64) for v in (x, w, b) if v is not None], full)[0]
     sums = reference([magnitude(x), magnitude(w)], full)[0]
     got = [donnx.prepare(model, prepare_weights=p).run({"x": x})[0] for p in (True, False)]
     for g in got:
-        _check(g, ref, w_shape[1] * math.prod(w_shape[2:]), float(sums.max()))
+        _check(g, ref, w.shape[1] * math.prod(w.shape[2:]), float(sums.max()))
     return got
+
+
+def _prepared_and_given(seed, x_shape, w_shape, attrs, bias):
+    """_prepared_and_given_of on random X, W and (with bias) B."""
+    rng = np.random.default_rng(seed)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32) if bias else None
+    return _prepared_and_given_of(x, w, b, attrs)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
@@ -407,3 +418,121 @@ def test_blocked_path_applies_fused_conv_epilogue(dev):
     sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
     got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
     _check(got, np.maximum(conv + z, 0), 32 * 9, float(sums.max()))
+
+
+INDIRECT_CASES = [
+    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a stem: 147 steps, one pass
+    ((2, 40, 31, 29), (70, 40, 3, 3), {"pads": [1, 0, 2, 1], "strides": [2, 2]}),  # 360 steps: a cut pass; 70 filters
+    ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # a small plane: 49 positions, rows of 7
+    ((1, 32, 8, 8), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # 64 positions: the largest unit-stride plane
+    ((1, 160, 9, 9), (128, 80, 3, 3), {"group": 2, "pads": [0, 1, 1, 0], "strides": [2, 2]}),  # groups
+    ((1, 24, 17, 18), (64, 24, 3, 3), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 0, 0]}),
+    ((1, 8, 33, 35), (65, 8, 3, 3), {"strides": [3, 3]}),  # 72 steps, stride 3, no padding; 65 filters: one lane
+    ((3, 16, 30, 30), (64, 16, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # 225 positions a batch item
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", INDIRECT_CASES)
+@pytest.mark.parametrize("special", [None, "x-inf", "w-nan"])
+def test_indirect_path_matches_the_reference(x_shape, w_shape, attrs, special):
+    """With its filter panels prepared, a Conv with many filters on a
+    strided window or a small plane goes by the indirect product (with
+    AVX-512): output positions in even blocks of rows of the packed block,
+    filters in runs of two panels (the last cut), the steps in passes,
+    tiles of positions split for the threads, over batches and groups;
+    bias; a non-finite value reaches the outputs whose windows hold it, the
+    padding's 0 * inf as in the im2col product."""
+    rng = np.random.default_rng(15)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[0, 1, 2, 3] = np.inf
+    elif special == "w-nan":
+        w[5, 0, 0, 0] = np.nan
+    _prepared_and_given_of(x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 3, 40, 36), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # given: im2col tiles, one pass
+    ((1, 128, 15, 15), (256, 128, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # given: blocked, 4.5 passes
+    ((2, 128, 7, 7), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}),  # given: blocked (a small plane)
+])
+def test_indirect_path_equals_the_blocked_path_bit_for_bit(x_shape, w_shape, attrs):
+    """Prepared, the indirect path sums each output in the order and passes
+    of the packed-block paths the W as given takes (LINALG_CONV_PASS steps a
+    pass): the two results are equal bit for bit."""
+    rng = np.random.default_rng(16)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    prepared, given = _prepared_and_given_of(x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+    np.testing.assert_array_equal(prepared, given)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, stride", [
+    ((2, 64, 14, 14), (72, 64, 3, 3), 2),  # onto 7x7
+    ((1, 32, 12, 12), (64, 32, 3, 3), 1),  # a small plane
+])
+def test_indirect_path_applies_fused_conv_epilogue(x_shape, w_shape, stride):
+    """Conv -> Add -> Relu, fused into FusedConv by the plan, on prepared
+    filter panels: B, Z and the Relu on each tile's rows of Y, as Relu(Conv + Z)."""
+    import devkit.onnx as donnx
+
+    rng = np.random.default_rng(17)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    b = testing.random(rng, (w_shape[0],), np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
+    out = (x_shape[2] - 1) // stride + 1
+    z = testing.random(rng, (x_shape[0], w_shape[0], out, out), np.float32)
+    prepared = donnx.prepare(_conv_node_model(w, b, attrs, x_shape, z.shape))
+    (got,) = prepared.run({"x": x, "z": z})
+    assert [c.op for plan in prepared.plans.values() for c in plan.calls] == ["FusedConv"]
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    _check(got, np.maximum(conv + z, 0), x_shape[1] * 9, float(sums.max()))
+
+
+def test_indirect_form_is_refused_on_a_window_that_path_does_not_take():
+    """Through the raw ABI: W's prepared form for the indirect path (filter
+    panels, without W) marked prepared on a call whose window goes another
+    way (unit strides on a 16x16 plane) is DK_INVALID_ARGUMENT, naming the
+    path, not a read of the W the form does not hold."""
+    from conformance.robustness_worker import Attribute, Context, KernelCall, Tensor, _entry, run_kernel
+    from devkit.abi import C, ffi
+    from devkit.engine import calls
+
+    ctx = Context(devkit.load_plugin("cpu"))
+    entry = _entry(ctx, "Conv", "float32")
+    prepare = calls.prepare_fn(entry)
+    rng = np.random.default_rng(18)
+    x = testing.random(rng, (1, 8, 16, 16), np.float32)
+    w = testing.random(rng, (64, 8, 3, 3), np.float32)
+
+    def conv(stride, w_tensor):
+        out = (1, 64, (16 - 1) // stride + 1, (16 - 1) // stride + 1)
+        attrs = {"auto_pad": ("string", "NOTSET"), "group": ("int", 1), "dilations": ("ints", [1, 1]),
+                 "strides": ("ints", [stride, stride]), "pads": ("ints", [1, 1, 1, 1])}
+        return KernelCall([Tensor(x), w_tensor], [Tensor(np.zeros(out, np.float32))],
+                          [Attribute(name, kind, value) for name, (kind, value) in attrs.items()])
+
+    forms = []
+
+    def prepare_w(raw, keep):  # W's prepared form for the strided call, copied to the host
+        size = ffi.new("size_t *")
+        assert prepare(raw, 1, ffi.NULL, 0, size) == C.DK_OK
+        mem = ctx.alloc(size[0])
+        assert prepare(raw, 1, mem, 0, size) == C.DK_OK
+        assert ctx.raw("stream_synchronize", 0, raw.stream) == C.DK_OK
+        form = np.zeros(size[0] // 4, np.float32)
+        assert ctx.raw("copy_d2h", 0, ffi.from_buffer(form), mem, 0, form.nbytes, ffi.NULL) == C.DK_OK
+        ctx.free(mem)
+        forms.append(form)
+
+    assert run_kernel(ctx, entry, conv(2, Tensor(w)), prepare_w) == [[C.DK_OK, C.DK_OK]]
+    (form,) = forms
+    assert form.size == 16 + w.size  # a 64-byte header and the panels (64 filters: no lanes past them): no W
+    # an allocation as large as any form the other paths prepare: the library's size check passes
+    padded = np.concatenate([form, np.zeros(4 * w.size, np.float32)])
+    statuses = run_kernel(ctx, entry, conv(1, Tensor(padded, shape=w.shape)),
+                          lambda raw, keep: setattr(raw, "prepared_inputs", 1 << 1))
+    assert C.DK_INVALID_ARGUMENT in statuses[0]
+    assert "prepared for the indirect Conv path" in ctx.plugin.last_error_message()

@@ -589,11 +589,12 @@ def test_prepared_products_split_into_tiles_match_float64(m, k, n, bias):
     assert np.all(np.abs(got - want) <= bound)
 
 
-@pytest.mark.parametrize(("channels", "size", "prepares"), [(64, 32, True), (16, 32, True), (64, 6, False)])
+@pytest.mark.parametrize(("channels", "size", "prepares"), [(64, 32, True), (16, 32, True), (48, 6, False)])
 def test_a_winograd_or_direct_conv_prepares_its_filters(channels, size, prepares):
     """Where the cpu Conv goes by Winograd (64 channels on 32x32) or the direct way (16 channels)
     its W is prepared (the transforms or the filter blocks made once, the same sums: bit for
-    bit); on the other paths (64 channels on 6x6: the register blocks) it is taken as given."""
+    bit); on the other paths (48 channels on 6x6: im2col) it is taken as given. (64 filters on
+    6x6 go by the indirect path when prepared: tests/test_cpu_conv_kernels.py.)"""
     model = _conv_model(channels, size)
     x = np.random.default_rng(2).standard_normal((1, channels, size, size)).astype(np.float32)
     prepared = donnx.prepare(model)

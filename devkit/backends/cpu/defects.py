@@ -74,7 +74,7 @@ DEFECTS = (
            "kernels trust every attribute and shape they are given (no schema or validator runs)",
            "robustness", "Conv or MaxPool or Concat or Slice or Pad", r"test_kernel_call.*(Conv|MaxPool|Concat|Slice|Pad)/",
            ("linalg", "linalg_packed", "linalg_conv", "linalg_conv_broadcast", "linalg_conv_direct", "linalg_conv_epilogue",
-            "linalg_conv_pointwise", "linalg_pool", "movement", "movement_pad", "unary")),
+            "linalg_conv_indirect", "linalg_conv_pointwise", "linalg_pool", "movement", "movement_pad", "unary")),
     Defect("graph-ignores-rebind", "DEVKIT_DEFECT_GRAPH_IGNORES_REBIND",
            "graph_rebind succeeds but launches keep using the captured memory",
            "graphs", "rebind", r"test_rebind", ("binary", "unary")),

@@ -2,7 +2,9 @@
  * linalg_conv.c -- Conv (im2col + GEMM, or Winograd F(2x2, 3x3) for float32
  * 3x3 kernels with unit strides on planes of 48 tiles or more, 16 with the
  * filters' transforms prepared; many filters on strided windows or small
- * planes by whole-plane columns in blocks) and ConvTranspose (GEMM +
+ * planes by whole-plane columns in blocks, or with W prepared by
+ * linalg_conv_indirect.h's product, vectorised over the filters) and
+ * ConvTranspose (GEMM +
  * col2im), N-D, per image and group, split over the plugin's thread pool;
  * 1x1 kernels with unit strides and no padding multiply the image
  * directly. float32 products go by linalg_packed.h's AVX-512 block where
@@ -11,6 +13,7 @@
 #include "linalg_conv_broadcast.h"
 #include "linalg_conv_direct.h"
 #include "linalg_conv_epilogue.h"
+#include "linalg_conv_indirect.h"
 #include "linalg_conv_pointwise.h"
 #include "linalg_packed.h"
 
@@ -566,28 +569,41 @@ static __mmask16 lanes_below(int64_t n) {
 }
 
 /* wino_input_run for a run of count <= PACKED_PANEL tiles into one panel
- * (v: the first tile's lane), with AVX-512: each patch row's even and odd
- * columns (and those two further on) gathered across the 16 tiles by two
- * permutes, then the same additions in the same order (the same values,
- * bit for bit) on whole vectors, stored straight into the panel. Reads only
- * the run's 2 * count + 2 columns of each row (masked loads). */
-__attribute__((target("avx512f"))) static void wino_input_panel(const float *p, int64_t ld, int64_t count,
+ * (v: the first tile's lane), with AVX-512, reading the plane (h x wd) in
+ * place: the patches' rows y0.. and columns x0.., with those outside the
+ * plane (the padding) zero by masked loads, which read nothing of a masked
+ * lane -- no staged copy of the image's edges (its copies and clears took a
+ * tenth of ResNet's 56x56 and 28x28 Winograd layers). Each patch row's even
+ * and odd columns (and those two further on) are gathered across the 16
+ * tiles by two permutes, then the same additions in the same order (the
+ * same values, bit for bit) run on whole vectors, stored straight into the
+ * panel. */
+__attribute__((target("avx512f"))) static void wino_input_panel(const float *plane, int64_t h, int64_t wd,
+                                                                 int64_t y0, int64_t x0, int64_t count,
                                                                  float *v, int64_t step) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  int64_t width = 2 * count + 2;
-  __mmask16 m0 = lanes_below(width), m16 = lanes_below(width - 16), m2 = lanes_below(width - 2),
-            m18 = lanes_below(width - 18), store = lanes_below(count);
+  /* the run's columns x0 .. x0 + 2 * count + 1 that lie in the plane: [lo, hi) */
+  int64_t lo = x0 > 0 ? x0 : 0, hi = x0 + 2 * count + 2 < wd ? x0 + 2 * count + 2 : wd;
+  __mmask16 store = lanes_below(count), in[4];
+  for (int q = 0; q < 4; q++) { /* the loads from columns x0 + {0, 16, 2, 18} */
+    int64_t first = x0 + (q & 1) * 16 + (q >> 1) * 2;
+    in[q] = lanes_below(hi - first) & (__mmask16)~lanes_below(lo - first);
+  }
   /* col[r][q]: row r's column 2i + q of tile i, q in 0..3 */
   __m512 col[4][4];
   for (int r = 0; r < 4; r++) {
-    const float *a = p + r * ld;
-    __m512 lo = _mm512_maskz_loadu_ps(m0, a), hi = _mm512_maskz_loadu_ps(m16, a + 16);
-    __m512 lo2 = _mm512_maskz_loadu_ps(m2, a + 2), hi2 = _mm512_maskz_loadu_ps(m18, a + 18);
-    col[r][0] = _mm512_permutex2var_ps(lo, even, hi);
-    col[r][1] = _mm512_permutex2var_ps(lo, odd, hi);
-    col[r][2] = _mm512_permutex2var_ps(lo2, even, hi2);
-    col[r][3] = _mm512_permutex2var_ps(lo2, odd, hi2);
+    bool inside = y0 + r >= 0 && y0 + r < h;
+    /* integer arithmetic: the address may lie outside the plane, where no lane is read */
+    uintptr_t a = (uintptr_t)plane + (uintptr_t)(((y0 + r) * wd + x0) * (int64_t)sizeof(float));
+    __m512 v4[4];
+    for (int q = 0; q < 4; q++)
+      v4[q] = _mm512_maskz_loadu_ps(inside ? in[q] : 0,
+                                    (const float *)(a + (uintptr_t)(((q & 1) * 16 + (q >> 1) * 2) * sizeof(float))));
+    col[r][0] = _mm512_permutex2var_ps(v4[0], even, v4[1]);
+    col[r][1] = _mm512_permutex2var_ps(v4[0], odd, v4[1]);
+    col[r][2] = _mm512_permutex2var_ps(v4[2], even, v4[3]);
+    col[r][3] = _mm512_permutex2var_ps(v4[2], odd, v4[3]);
   }
   for (int r = 0; r < 4; r++) {
     __m512 t[4]; /* (B^T d)[r] per column */
@@ -603,9 +619,7 @@ __attribute__((target("avx512f"))) static void wino_input_panel(const float *p, 
     _mm512_mask_storeu_ps(o + 3 * step, store, _mm512_sub_ps(t[1], t[3]));
   }
 }
-#else
-/* Never reached (panel_products_supported() is false): the portable run. */
-#define wino_input_panel wino_input_run
+#define WINO_PANEL_INPUTS 1
 #endif
 
 /* The transforms of a run of tiles whose patches start at row y0, column
@@ -615,10 +629,8 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
                                float *out, int64_t step) {
   float stage[4 * (2 * WINO_RUN + 2)];
   int64_t width = 2 * run + 2;
-  void (*transform)(const float *, int64_t, int64_t, float *, int64_t) =
-      j->panels ? wino_input_panel : wino_input_run;
   if (y0 >= 0 && y0 + 4 <= j->h && x0 >= 0 && x0 + width <= j->wd) {
-    transform(plane + y0 * j->wd + x0, j->wd, run, out, step);
+    wino_input_run(plane + y0 * j->wd + x0, j->wd, run, out, step);
     return;
   }
   int64_t lo, hi;
@@ -634,7 +646,7 @@ static void wino_input_segment(const wino_job *j, const float *plane, int64_t y0
     memcpy(row + lo, plane + iy * j->wd + x0 + lo, (size_t)(hi - lo) * sizeof(float));
     memset(row + hi, 0, (size_t)(width - hi) * sizeof(float));
   }
-  transform(stage, width, run, out, step);
+  wino_input_run(stage, width, run, out, step);
 }
 
 /* Where tile t (of the block) of channel c lies in one xi's transforms. */
@@ -653,6 +665,20 @@ static int64_t wino_v_index(const wino_job *j, int64_t c, int64_t t) {
 static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t channels, int64_t t0,
                         int64_t count, float *v) {
   int64_t step = j->vstep;
+#ifdef WINO_PANEL_INPUTS
+  if (j->panels) { /* runs cut by tile rows and panels only: the padding is masked */
+    for (int64_t c = c0; c < c0 + channels; c++)
+      for (int64_t t = 0; t < count;) {
+        int64_t ty = (t0 + t) / j->tiles_w, tx = (t0 + t) % j->tiles_w;
+        int64_t run = j->tiles_w - tx < count - t ? j->tiles_w - tx : count - t;
+        if (run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
+        wino_input_panel(xg + c * j->h * j->wd, j->h, j->wd, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run,
+                         v + wino_v_index(j, c, t), step);
+        t += run;
+      }
+    return;
+  }
+#endif
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
   int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
@@ -667,7 +693,6 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t 
         run = inner_hi - tx;
       }
       if (run > WINO_RUN) run = WINO_RUN;
-      if (j->panels && run > PACKED_PANEL - t % PACKED_PANEL) run = PACKED_PANEL - t % PACKED_PANEL;
       wino_input_segment(j, plane, 2 * ty - j->pad_h, 2 * tx - j->pad_w, run, v + wino_v_index(j, c, t), step);
       t += run;
     }
@@ -705,6 +730,37 @@ DKS_VECTOR_CLONES static bool wino_output_run(const float *p, int64_t step, int6
   return !bad;
 }
 
+#ifdef WINO_PANEL_INPUTS
+/* wino_output_run for count <= 16 tiles with AVX-512: the same additions in
+ * the same order on vectors of 16 tiles, each row's two outputs per tile
+ * interleaved by two permutes into 2 * count consecutive floats (the
+ * compiler's clone of wino_output_run stored them one by one: a tenth of
+ * ResNet's 56x56 Winograd layers). */
+__attribute__((target("avx512f"))) static bool wino_output_panel(const float *p, int64_t step, int64_t count,
+                                                                 float add, float *o, int64_t ld) {
+  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  __mmask16 lanes = lanes_below(count), bad = 0;
+  __m512 m[16], s[2][4], bias = _mm512_set1_ps(add);
+  for (int xi = 0; xi < 16; xi++) m[xi] = _mm512_maskz_loadu_ps(lanes, p + xi * step);
+  for (int c = 0; c < 4; c++) {
+    s[0][c] = _mm512_add_ps(_mm512_add_ps(m[c], m[4 + c]), m[8 + c]);
+    s[1][c] = _mm512_sub_ps(_mm512_sub_ps(m[4 + c], m[8 + c]), m[12 + c]);
+  }
+  for (int r = 0; r < 2; r++) {
+    __m512 left = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), s[r][2]), bias);
+    __m512 right = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(s[r][1], s[r][2]), s[r][3]), bias);
+    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(left), exponent), exponent);
+    bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(right), exponent), exponent);
+    _mm512_mask_storeu_ps(o + r * ld, lanes_below(2 * count), _mm512_permutex2var_ps(left, first, right));
+    _mm512_mask_storeu_ps(o + r * ld + 16, lanes_below(2 * count - 16),
+                          _mm512_permutex2var_ps(left, second, right));
+  }
+  return !(bad & lanes);
+}
+#endif
+
 /* y (filters m0.., tiles t0..) = A^T mx A (+ bias); false if any output is
  * not finite. mx is [16][mb][tblock], mstep floats per xi; tiles cut by the plane's last row or
  * column go through a 2x2 buffer. */
@@ -722,6 +778,14 @@ static bool wino_outputs(const wino_job *j, const float *mx, int64_t mb, int64_t
       if (run > count - t) run = count - t;
       if (run > WINO_RUN) run = WINO_RUN;
       if (2 * ty + 2 <= j->oh && run > 0) {
+#ifdef WINO_PANEL_INPUTS
+        if (j->panels) {
+          if (run > 16) run = 16;
+          finite = wino_output_panel(p, step, run, add, o, j->ow) && finite;
+          t += run;
+          continue;
+        }
+#endif
         finite = wino_output_run(p, step, run, add, o, j->ow) && finite;
         t += run;
         continue;
@@ -1226,7 +1290,7 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
  * in cache across im2col's tiles, which then need no whole-plane columns:
  * the 7x7/2 stem (37 KiB) 0.773 ms that way against 0.85 blocked and 0.87
  * by the direct path. */
-#define BLOCKED_KC 256
+#define BLOCKED_KC LINALG_CONV_PASS
 #define BLOCKED_TILE 128
 #define BLOCKED_SMALL_PLANE 64
 #define BLOCKED_MIN_STEPS 64
@@ -1324,8 +1388,11 @@ static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t bat
  * filters' transforms, made once instead of at every call (on a 49-tile
  * plane they cost about what the transform saves); where it goes the direct
  * or the broadcast way: the filters in its register blocks' order (on an
- * 8x8 plane their packing took about a quarter of the sums' time). Then W itself, which a
- * Winograd call whose outputs are not finite sums again the direct way. */
+ * 8x8 plane their packing took about a quarter of the sums' time); where it
+ * goes the indirect way: the filter panels that path runs on. Then W
+ * itself, which a Winograd call whose outputs are not finite sums again the
+ * direct way (not after the indirect path's panels, which is all that path
+ * reads). */
 typedef struct conv_prepared {
   uint32_t tag;  /* CONV_PREPARED_TAG */
   uint32_t kind; /* conv_prepared_kind */
@@ -1334,18 +1401,35 @@ typedef struct conv_prepared {
 } conv_prepared;
 _Static_assert(sizeof(conv_prepared) == 64, "U starts 64 bytes in");
 #define CONV_PREPARED_TAG 0x57434b44u /* "DKCW" */
-typedef enum { CONV_PREPARED_WINOGRAD, CONV_PREPARED_DIRECT, CONV_PREPARED_BROADCAST } conv_prepared_kind;
+typedef enum {
+  CONV_PREPARED_WINOGRAD,
+  CONV_PREPARED_DIRECT,
+  CONV_PREPARED_BROADCAST,
+  CONV_PREPARED_INDIRECT
+} conv_prepared_kind;
 
 /* The paths of a float Conv, in the order conv_path_of tries them. */
-typedef enum { CONV_BLOCKED, CONV_POINTWISE, CONV_BROADCAST, CONV_DIRECT, CONV_WINOGRAD, CONV_PACKED, CONV_TILES } conv_path;
+typedef enum {
+  CONV_INDIRECT,
+  CONV_BLOCKED,
+  CONV_POINTWISE,
+  CONV_BROADCAST,
+  CONV_DIRECT,
+  CONV_WINOGRAD,
+  CONV_PACKED,
+  CONV_TILES
+} conv_path;
 
 /* The path conv_float takes for this geometry: the one choice, made alike
- * at plan time (what to prepare) and at each call. `winograd_prepared`:
- * W carries Winograd's filter transforms, which let smaller planes go that
- * way. Winograd falls back to the tiles for a result that is not finite. */
+ * at plan time (what to prepare: both flags set) and at each call.
+ * `winograd_prepared`: W carries Winograd's filter transforms, which let
+ * smaller planes go that way; `indirect_prepared`: W carries the indirect
+ * path's filter panels, which it runs on only. Winograd falls back to the
+ * tiles for a result that is not finite. */
 static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg,
-                              bool winograd_prepared) {
+                              bool winograd_prepared, bool indirect_prepared) {
   bool blocked;
+  if (indirect_prepared && linalg_conv_indirect_fits(w, dtype, cg, mg)) return CONV_INDIRECT;
   if (panel_fits(w, dtype, cg * linalg_prod(w->kernel, w->n), mg, linalg_prod(w->grid, w->n), &blocked))
     return blocked ? CONV_BLOCKED : CONV_TILES; /* the tiles by the packed block */
   if (linalg_conv_pointwise_fits(w, dtype, cg, mg)) return CONV_POINTWISE;
@@ -1361,13 +1445,20 @@ static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t
 static size_t conv_prepared_u_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg) {
   size_t bytes = kind == CONV_PREPARED_WINOGRAD ? (size_t)(group * 16 * mg * cg) * sizeof(float)
                  : kind == CONV_PREPARED_DIRECT ? linalg_conv_direct_filters_bytes(w, group, cg, mg)
-                                                : linalg_conv_broadcast_filters_bytes(w, group, cg, mg);
+                 : kind == CONV_PREPARED_BROADCAST ? linalg_conv_broadcast_filters_bytes(w, group, cg, mg)
+                                                   : linalg_conv_indirect_filters_bytes(w, group, cg, mg);
   return (bytes + 63) / 64 * 64;
+}
+
+/* W's elements kept after U. */
+static int64_t conv_prepared_w_elements(uint32_t kind, int64_t w_elements) {
+  return kind == CONV_PREPARED_INDIRECT ? 0 : w_elements;
 }
 
 static size_t conv_prepared_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg,
                                   int64_t w_elements) {
-  return sizeof(conv_prepared) + conv_prepared_u_bytes(kind, w, group, mg, cg) + (size_t)w_elements * sizeof(float);
+  return sizeof(conv_prepared) + conv_prepared_u_bytes(kind, w, group, mg, cg) +
+         (size_t)conv_prepared_w_elements(kind, w_elements) * sizeof(float);
 }
 
 static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *dst, size_t *size) {
@@ -1378,10 +1469,11 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   linalg_window_forward(k, 2, x->shape + 2, y->shape + 2, wt->shape + 2, &w);
   int64_t group = dks_attr_int(k, "group", 1), cg = x->shape[1] / group, mg = y->shape[1] / group;
   uint32_t kind;
-  switch (conv_path_of(&w, y->dtype, cg, mg, true)) {
+  switch (conv_path_of(&w, y->dtype, cg, mg, true, true)) {
   case CONV_WINOGRAD: kind = CONV_PREPARED_WINOGRAD; break;
   case CONV_DIRECT: kind = CONV_PREPARED_DIRECT; break;
   case CONV_BROADCAST: kind = CONV_PREPARED_BROADCAST; break;
+  case CONV_INDIRECT: kind = CONV_PREPARED_INDIRECT; break;
   default: return DK_OK;
   }
   *size = conv_prepared_bytes(kind, &w, group, mg, cg, wt->size);
@@ -1394,10 +1486,12 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
     linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
   else if (kind == CONV_PREPARED_DIRECT)
     linalg_conv_direct_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
-  else
+  else if (kind == CONV_PREPARED_BROADCAST)
     linalg_conv_broadcast_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
+  else
+    linalg_conv_indirect_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
   memcpy(dst + sizeof h + conv_prepared_u_bytes(kind, &w, group, mg, cg), wt->data,
-         (size_t)wt->size * sizeof(float));
+         (size_t)conv_prepared_w_elements(kind, wt->size) * sizeof(float));
   return DK_OK;
 }
 
@@ -1408,7 +1502,7 @@ static DK_Status conv_unpack(const dks_kernel_args *k, const dks_tensor *wt, con
   conv_prepared h;
   bool ok = wt->prepared_bytes >= sizeof h;
   if (ok) memcpy(&h, wt->data, sizeof h);
-  ok = ok && h.tag == CONV_PREPARED_TAG && h.kind <= CONV_PREPARED_BROADCAST &&
+  ok = ok && h.tag == CONV_PREPARED_TAG && h.kind <= CONV_PREPARED_INDIRECT &&
        h.group == group && h.mg == mg && h.cg == cg && h.w_elements == wt->size &&
        wt->prepared_bytes >= conv_prepared_bytes(h.kind, w, group, mg, cg, wt->size);
   if (!ok)
@@ -1459,7 +1553,13 @@ static DK_Status conv_float(const dks_kernel_args *k) {
                 .x = x->data, .wt = wt->data, .ep = &ep, .y = y->data};
   j.rows = j.cg * linalg_prod(w.kernel, w.n);
   if (nothing_summed(x, y, &ep, j.out_plane)) return DK_OK;
-  switch (conv_path_of(&w, y->dtype, j.cg, j.mg, u && kind == CONV_PREPARED_WINOGRAD)) {
+  conv_path path = conv_path_of(&w, y->dtype, j.cg, j.mg, u && kind == CONV_PREPARED_WINOGRAD,
+                                u && kind == CONV_PREPARED_INDIRECT);
+  if (u && kind == CONV_PREPARED_INDIRECT && path != CONV_INDIRECT) /* its form holds no W for another path */
+    return dks_kernel_fail(k, DK_INVALID_ARGUMENT,
+                           "input 1 is prepared for the indirect Conv path, which this call's window does not take");
+  switch (path) {
+  case CONV_INDIRECT: return linalg_conv_indirect(k, x, u, &ep, y, &w, group);
   case CONV_BLOCKED: return conv_blocked(k, &j, x->shape[0]);
   case CONV_POINTWISE: return linalg_conv_pointwise(k, x, wt, &ep, y, &w, group);
   case CONV_DIRECT:

@@ -80,18 +80,21 @@ bool packed_b_check(const void *packed, size_t size, int64_t k, int64_t n) {
  * PACKED_PANEL for a row-major B. */
 typedef struct packed_block {
   int64_t k, lda, ldc, row_stride, panel_stride;
+  const int64_t *offsets; /* an indirect A's, one per step (packed_gemm_indirect) */
   float alpha;
   bool accumulate;
 } packed_block;
 
-static void block_portable(const packed_block *g, int rows, int panels, int64_t width,
-                           const float *a, const float *bp, float *c) {
+/* A's element (r, p): a[r * lda + p], or with row pointers (an indirect
+ * A), rows[r][offsets[p]]. */
+static void block_portable_any(const packed_block *g, int rows, int panels, int64_t width, const float *a,
+                               const float *const *rp, const float *bp, float *c) {
   float acc[PACKED_ROWS][2 * PACKED_PANEL] = {{0}};
   int64_t w0 = width < PACKED_PANEL ? width : PACKED_PANEL, w1 = width - w0;
   for (int64_t p = 0; p < g->k; p++) {
     const float *b0 = bp + p * g->row_stride, *b1 = b0 + g->panel_stride;
     for (int r = 0; r < rows; r++) {
-      float av = a[r * g->lda + p];
+      float av = rp ? rp[r][g->offsets[p]] : a[r * g->lda + p];
       for (int j = 0; j < w0; j++) acc[r][j] += av * b0[j];
       if (panels == 2)
         for (int j = 0; j < w1; j++) acc[r][PACKED_PANEL + j] += av * b1[j];
@@ -104,15 +107,36 @@ static void block_portable(const packed_block *g, int rows, int panels, int64_t 
     }
 }
 
+static void block_portable(const packed_block *g, int rows, int panels, int64_t width, const float *a,
+                           const float *bp, float *c) {
+  block_portable_any(g, rows, panels, width, a, NULL, bp, c);
+}
+
+static void block_portable_indirect(const packed_block *g, int rows, int panels, int64_t width,
+                                    const float *const *rp, const float *prefetch, const float *bp, float *c) {
+  (void)prefetch; /* a hint the portable loop goes without */
+  block_portable_any(g, rows, panels, width, NULL, rp, bp, c);
+}
+
 #ifdef PACKED_X86
-/* The AVX-512 block for a compile-time ROWS (the switch below instantiates
- * 1..PACKED_ROWS, so the accumulators stay in registers). */
+/* The AVX-512 block for a compile-time ROWS, A's addressing and
+ * prefetching (the switches below instantiate 1..PACKED_ROWS of each, so
+ * the accumulators and an indirect A's row pointers stay in registers, and
+ * no test is left in the loop). With `prefetching`, `pf`: panels laid out
+ * as B's, of which a row of each of the block's two is prefetched a step. */
 static inline __attribute__((always_inline, target("avx512f"))) void block_avx512_rows(
-    const packed_block *g, const int rows, int panels, int64_t width, const float *a,
-    const float *bp, float *c) {
+    const packed_block *g, const int rows, const bool indirect, const bool prefetching, int panels,
+    int64_t width, const float *a, const float *const *rows_in, const float *pf, const float *bp, float *c) {
   __m512 acc0[PACKED_ROWS], acc1[PACKED_ROWS];
+  const float *rp[PACKED_ROWS];
 #pragma GCC unroll 8
-  for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int r = 0; r < rows; r++) {
+    acc0[r] = acc1[r] = _mm512_setzero_ps();
+    rp[r] = indirect ? rows_in[r] : NULL;
+  }
+  const int64_t *offsets = g->offsets;
+  /* row r's element of step p (an indirect A's offset `off` loaded once a step) */
+#define A_AT(r, p, off) (indirect ? rp[r][off] : a[(r) * g->lda + (p)])
   int64_t row_stride = g->row_stride;
   const float *bp1 = bp + g->panel_stride;
   /* masked loads where the block is cut: a row-major B's last columns end
@@ -124,34 +148,42 @@ static inline __attribute__((always_inline, target("avx512f"))) void block_avx51
                                               : (__mmask16)0;
   if (width == 2 * PACKED_PANEL) { /* whole panels (most blocks): plain loads */
     for (int64_t p = 0; p < g->k; p++) {
+      int64_t off = indirect ? offsets[p] : 0;
+      if (prefetching) {
+        _mm_prefetch((const char *)(pf + p * row_stride), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf + g->panel_stride + p * row_stride), _MM_HINT_T0);
+      }
       __m512 b0 = _mm512_loadu_ps(bp + p * row_stride);
       __m512 b1 = _mm512_loadu_ps(bp1 + p * row_stride);
 #pragma GCC unroll 8
       for (int r = 0; r < rows; r++) {
-        __m512 av = _mm512_set1_ps(a[r * g->lda + p]);
+        __m512 av = _mm512_set1_ps(A_AT(r, p, off));
         acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
       }
     }
   } else if (panels == 2) {
     for (int64_t p = 0; p < g->k; p++) {
+      int64_t off = indirect ? offsets[p] : 0;
       __m512 b0 = _mm512_maskz_loadu_ps(mask0, bp + p * row_stride);
       __m512 b1 = _mm512_maskz_loadu_ps(mask1, bp1 + p * row_stride);
 #pragma GCC unroll 8
       for (int r = 0; r < rows; r++) {
-        __m512 av = _mm512_set1_ps(a[r * g->lda + p]);
+        __m512 av = _mm512_set1_ps(A_AT(r, p, off));
         acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
         acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
       }
     }
   } else {
     for (int64_t p = 0; p < g->k; p++) {
+      int64_t off = indirect ? offsets[p] : 0;
       __m512 b0 = _mm512_maskz_loadu_ps(mask0, bp + p * row_stride);
 #pragma GCC unroll 8
       for (int r = 0; r < rows; r++)
-        acc0[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * g->lda + p]), b0, acc0[r]);
+        acc0[r] = _mm512_fmadd_ps(_mm512_set1_ps(A_AT(r, p, off)), b0, acc0[r]);
     }
   }
+#undef A_AT
   /* each accumulator named by a constant index: one picked at run time
    * (acc1 or acc0 by panel) kept them all on the stack, stored and
    * reloaded at every step of the k loop */
@@ -175,7 +207,25 @@ static __attribute__((target("avx512f"))) void block_avx512(const packed_block *
                                                              const float *bp, float *c) {
   switch (rows) {
 #define ROWS_CASE(R) \
-  case R: block_avx512_rows(g, R, panels, width, a, bp, c); break;
+  case R: block_avx512_rows(g, R, false, false, panels, width, a, NULL, NULL, bp, c); break;
+    ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+    ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+#undef ROWS_CASE
+  }
+}
+
+static __attribute__((target("avx512f"))) void block_avx512_indirect(const packed_block *g, int rows, int panels,
+                                                                      int64_t width, const float *const *rp,
+                                                                      const float *prefetch, const float *bp,
+                                                                      float *c) {
+  switch (rows) {
+#define ROWS_CASE(R)                                                                   \
+  case R:                                                                              \
+    if (prefetch)                                                                      \
+      block_avx512_rows(g, R, true, true, panels, width, NULL, rp, prefetch, bp, c);   \
+    else                                                                               \
+      block_avx512_rows(g, R, true, false, panels, width, NULL, rp, NULL, bp, c);      \
+    break;
     ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
     ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
 #undef ROWS_CASE
@@ -184,12 +234,21 @@ static __attribute__((target("avx512f"))) void block_avx512(const packed_block *
 #endif
 
 typedef void (*block_fn)(const packed_block *, int, int, int64_t, const float *, const float *, float *);
+typedef void (*indirect_block_fn)(const packed_block *, int, int, int64_t, const float *const *, const float *,
+                                  const float *, float *);
 
 static block_fn pick_block(void) {
 #ifdef PACKED_X86
   if (__builtin_cpu_supports("avx512f")) return block_avx512;
 #endif
   return block_portable;
+}
+
+static indirect_block_fn pick_indirect_block(void) {
+#ifdef PACKED_X86
+  if (__builtin_cpu_supports("avx512f")) return block_avx512_indirect;
+#endif
+  return block_portable_indirect;
 }
 
 /* ---- The product ---------------------------------------------------------- */
@@ -236,6 +295,32 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                       bool accumulate, float *c, int64_t ldc) {
   product_here(m, n, k, a, lda, b, ldb, PACKED_PANEL, accumulate, c, ldc);
+}
+
+/* Per column block of two panels, the rows in blocks as even as can be (49
+ * rows as 7 blocks of 7, not 6 of 8 and a block of one, which waits on its
+ * two accumulators' latency for a quarter of an 8-row block's time); the
+ * first block of each prefetches its part of `prefetch`. */
+void packed_gemm_indirect(int64_t m, int64_t n, int64_t k, const float *const *rows, const int64_t *offsets,
+                          const float *panels, int64_t panel_stride, const float *prefetch, bool accumulate,
+                          float *c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  packed_block g = {.k = k, .ldc = ldc, .row_stride = PACKED_PANEL, .panel_stride = panel_stride,
+                    .offsets = offsets, .alpha = 1.0f, .accumulate = accumulate};
+  indirect_block_fn block = pick_indirect_block();
+  int64_t panel_count = panels_of(n), row_blocks = (m + PACKED_ROWS - 1) / PACKED_ROWS;
+  int64_t shorter = m / row_blocks, longer = m % row_blocks; /* the first `longer` blocks: one row more */
+  for (int64_t first = 0; first < panel_count; first += 2) {
+    int64_t j0 = first * PACKED_PANEL;
+    int pair = first + 1 < panel_count ? 2 : 1;
+    int64_t width = n - j0 < pair * PACKED_PANEL ? n - j0 : pair * PACKED_PANEL;
+    const float *bp = panels + first * panel_stride, *pf = prefetch ? prefetch + first * panel_stride : NULL;
+    for (int64_t b = 0, i = 0; b < row_blocks; b++) {
+      int count = (int)(shorter + (b < longer));
+      block(&g, count, pair, width, rows + i, b == 0 ? pf : NULL, bp, c + i * ldc + j0);
+      i += count;
+    }
+  }
 }
 
 /* ---- The product split into tiles ------------------------------------------ */

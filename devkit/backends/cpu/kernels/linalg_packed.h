@@ -52,4 +52,17 @@ void packed_gemm_panels(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 void packed_gemm_rows(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
                       bool accumulate, float *c, int64_t ldc);
 
+/* c[i, j] = sum_p rows[i][offsets[p]] * panels[j / PACKED_PANEL][p][j % PACKED_PANEL]
+ * (+ c[i, j] with accumulate) for m rows and n columns: an indirect A, each
+ * row's elements found through its pointer and one offset per step (a
+ * Conv's rows are output positions, its steps (channel, tap) offsets into a
+ * padded image: no im2col). B's panels of k rows lie panel_stride floats
+ * apart (the last panel's lanes past n are not read). `prefetch` (NULL:
+ * none): panels laid out as B's, k rows of which are prefetched into L1 as
+ * the first block of rows runs (the next pass's, while this one's are read
+ * again by the other blocks). On the calling thread. */
+void packed_gemm_indirect(int64_t m, int64_t n, int64_t k, const float *const *rows, const int64_t *offsets,
+                          const float *panels, int64_t panel_stride, const float *prefetch, bool accumulate,
+                          float *c, int64_t ldc);
+
 #endif /* DEVKIT_BACKENDS_CPU_KERNELS_LINALG_PACKED_H_ */
