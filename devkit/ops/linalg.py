@@ -499,8 +499,10 @@ register(OpSpec(
         "GEMM over tiles of output positions split over its threads (1x1 kernels: GEMM on X directly); "
         "float32 3x3 kernels with unit strides by Winograd F(2x2, 3x3), its filter transforms prepared at "
         "plan time (a result with a non-finite value is computed again by im2col); float32 kernels with many "
-        "filters on strided windows or small planes by an AVX-512 register block over im2col tiles; and "
-        "float32 2-D kernels with few channels by direct sums; all within the same tolerance.",
+        "filters on strided windows or small planes by an AVX-512 register block over im2col tiles, or, with "
+        "W prepared at plan time, by the same block vectorised over the filters, reading the zero-padded image "
+        "through per-position pointers (no im2col); and float32 2-D kernels with few channels by direct sums "
+        "(on AVX-512 with the output channels in the vector lanes); all within the same tolerance.",
 ))
 
 
