@@ -306,6 +306,17 @@ def _conv_node_model(w, b, attrs, x_shape, residual_shape=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
+def _operands_with(seed, x_shape, w_shape, special):
+    """Random float32 X, W and B, with X's [0, 1, 2, 3] inf ("x-inf") or W's [5, 0, 0, 0] NaN ("w-nan")."""
+    rng = np.random.default_rng(seed)
+    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
+    if special == "x-inf":
+        x[0, 1, 2, 3] = np.inf
+    elif special == "w-nan":
+        w[5, 0, 0, 0] = np.nan
+    return x, w, testing.random(rng, (w_shape[0],), np.float32)
+
+
 def _prepared_and_given_of(x, w, b, attrs):
     """A one-Conv model's outputs with W prepared at plan time and as given,
     each checked against the float64 reference with the op's dot-product
@@ -394,13 +405,7 @@ def test_blocked_path_matches_the_reference(dev, x_shape, w_shape, attrs, specia
     with a large W whole-plane columns, items of position tiles and runs
     of filters, passes over the steps adding into the outputs (with a small
     one im2col tiles); bias; non-finite values as in the im2col product."""
-    rng = np.random.default_rng(13)
-    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
-    if special == "x-inf":
-        x[0, 1, 2, 3] = np.inf
-    elif special == "w-nan":
-        w[5, 0, 0, 0] = np.nan
-    _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+    _conv_case(dev, *_operands_with(13, x_shape, w_shape, special), attrs)
 
 
 def test_blocked_path_applies_fused_conv_epilogue(dev):
@@ -442,13 +447,7 @@ def test_indirect_path_matches_the_reference(x_shape, w_shape, attrs, special):
     tiles of positions split for the threads, over batches and groups;
     bias; a non-finite value reaches the outputs whose windows hold it, the
     padding's 0 * inf as in the im2col product."""
-    rng = np.random.default_rng(15)
-    x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
-    if special == "x-inf":
-        x[0, 1, 2, 3] = np.inf
-    elif special == "w-nan":
-        w[5, 0, 0, 0] = np.nan
-    _prepared_and_given_of(x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
+    _prepared_and_given_of(*_operands_with(15, x_shape, w_shape, special), attrs)
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
