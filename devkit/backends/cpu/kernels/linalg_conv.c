@@ -326,21 +326,11 @@ typedef struct conv_job {
   int64_t filter0; /* conv_blocked: the group's first filter */
 } conv_job;
 
-/* Whether float32 products go by linalg_packed.h's AVX-512 block (on
- * column buffers and Winograd's panels) rather than the BLAS. */
-static bool panel_products_supported(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
-
 /* y (m x n, rows ldy apart) = w (m x k) @ b (k x n): float32 by the
  * AVX-512 packed block on the chunk's thread where there is one. */
 static void conv_product(const conv_job *j, int64_t m, int64_t n, int64_t k, const uint8_t *w, int64_t ldw,
                          const uint8_t *b, int64_t ldb, uint8_t *y, int64_t ldy) {
-  if (j->s.real == LINALG_F32 && panel_products_supported())
+  if (j->s.real == LINALG_F32 && packed_block_avx512())
     packed_gemm_rows(m, n, k, (const float *)w, ldw, (const float *)b, ldb, false, (float *)y, ldy);
   else
     linalg_gemm(j->s.real, false, false, m, n, k, 1.0, w, ldw, b, ldb, 0.0, y, ldy);
@@ -898,7 +888,7 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
     }
   }
   j.tblock = ceil_div(j.tiles, j.tblocks);
-  j.panels = panel_products_supported();
+  j.panels = packed_block_avx512();
   if (j.panels) j.tblock = ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
   j.tblocks = ceil_div(j.tiles, j.tblock);
   j.mblock = ceil_div(j.mg, j.mblocks);
@@ -1268,7 +1258,7 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
  * 3x3 layers: measured faster than the register block there, whose
  * multiply-adds are 2.25x as many); else where no register block fits. */
 static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg, bool prepared) {
-  if (prepared && panel_products_supported() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
+  if (prepared && packed_block_avx512() && wino_geometry_fits(w, dtype, cg, mg, WINO_PREPARED_FIT_TILES))
     return true;
   return !packed_fits(w, dtype, cg, mg) && linalg_winograd_fits(w, dtype, cg, mg);
 }
@@ -1307,7 +1297,7 @@ static bool winograd_takes(const linalg_window *w, DK_DTypeKey dtype, int64_t cg
 static bool panel_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, int64_t mg, int64_t positions,
                        bool *blocked) {
   bool strided = w->n == 2 && (w->stride[0] != 1 || w->stride[1] != 1);
-  bool fits = w->n == 2 && dtype == DK_DTYPE_FLOAT32 && panel_products_supported() && !pointwise(w) &&
+  bool fits = w->n == 2 && dtype == DK_DTYPE_FLOAT32 && packed_block_avx512() && !pointwise(w) &&
               (strided || positions <= BLOCKED_SMALL_PLANE) && rows >= BLOCKED_MIN_STEPS &&
               mg >= BLOCKED_MIN_FILTERS;
   *blocked = fits && mg * rows * (int64_t)sizeof(float) > BLOCKED_MIN_W_BYTES;

@@ -61,16 +61,8 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static bool avx512_supported(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512f");
-#else
-  return false;
-#endif
-}
-
 bool linalg_conv_indirect_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
-  if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !avx512_supported()) return false;
+  if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !packed_block_avx512()) return false;
   int64_t taps = w->kernel[0] * w->kernel[1], positions = w->grid[0] * w->grid[1];
   bool strided = w->stride[0] != 1 || w->stride[1] != 1;
   return taps > 1 && cg * taps >= INDIRECT_MIN_STEPS && mg >= INDIRECT_MIN_FILTERS &&

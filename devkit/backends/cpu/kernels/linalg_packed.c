@@ -237,16 +237,24 @@ typedef void (*block_fn)(const packed_block *, int, int, int64_t, const float *,
 typedef void (*indirect_block_fn)(const packed_block *, int, int, int64_t, const float *const *, const float *,
                                   const float *, float *);
 
+bool packed_block_avx512(void) {
+#ifdef PACKED_X86
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
 static block_fn pick_block(void) {
 #ifdef PACKED_X86
-  if (__builtin_cpu_supports("avx512f")) return block_avx512;
+  if (packed_block_avx512()) return block_avx512;
 #endif
   return block_portable;
 }
 
 static indirect_block_fn pick_indirect_block(void) {
 #ifdef PACKED_X86
-  if (__builtin_cpu_supports("avx512f")) return block_avx512_indirect;
+  if (packed_block_avx512()) return block_avx512_indirect;
 #endif
   return block_portable_indirect;
 }

@@ -21,6 +21,10 @@
 
 #define PACKED_PANEL 16
 
+/* Whether the products run on the AVX-512 block (else on a portable loop):
+ * the callers' test for the paths built on it. */
+bool packed_block_avx512(void);
+
 /* Bytes of the packed form of a k x n B (header included); 0 when it would
  * overflow. */
 size_t packed_b_bytes(int64_t k, int64_t n);
