@@ -45,6 +45,9 @@ static inline int64_t linalg_prod(const int64_t *sizes, int32_t n) {
   return p;
 }
 
+/* a / b rounded up (a >= 0, b >= 1). */
+static inline int64_t linalg_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /* Positions j in [0, count) with 0 <= start + j * step < limit (step >= 1)
  * form the range [*lo, *hi) (empty: *lo == *hi). */
 static inline void linalg_valid_range(int64_t start, int64_t step, int64_t count, int64_t limit,
@@ -96,6 +99,18 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
 /* The transforms U = G g G^T of the 3x3 filters of W (group * mg * cg of
  * them) into u[group][16][mg][cg], split over the pool. */
 void linalg_winograd_filters(const float *wt, int64_t group, int64_t mg, int64_t cg, float *u);
+
+/* W (group * mg filters of `steps` (channel, tap) weights each, compact
+ * float32) in blocks of `block` filters: dst[group][block][step][filter in
+ * block], 0 past mg (linalg_conv_filter_block_floats floats). The filters'
+ * layout of the Conv paths whose vectors hold a block's filters or
+ * broadcast its weights -- the direct, broadcast and indirect paths, each
+ * with its own block -- packed at the call or prepared at plan time (each
+ * filter's steps read in order: a gather per element took about a quarter
+ * of a 32-filter 8x8 layer's sums). Split over the pool by block. */
+int64_t linalg_conv_filter_block_floats(int64_t group, int64_t mg, int64_t steps, int64_t block);
+void linalg_conv_filter_blocks(const float *wt, int64_t group, int64_t mg, int64_t steps, int64_t block,
+                               float *dst);
 
 /* One row of a zero-padded, strided copy of a float32 plane (h x wd), as the
  * direct Convs lay out their inputs: dst[j] = plane[iy][x0 + j * step] for

@@ -209,6 +209,37 @@ void linalg_col2im(linalg_real real, const linalg_window *w, const void *col, in
   (real == LINALG_F64 ? col2im_f64 : col2im_f32)(w, col, channels, p0, count, image);
 }
 
+typedef struct filter_blocks_job {
+  const float *wt;
+  float *dst;
+  int64_t mg, steps, block, per_group; /* blocks per group */
+} filter_blocks_job;
+
+/* Blocks [begin, end) (over groups) of linalg_conv_filter_blocks. */
+static void filter_blocks(void *arg, int64_t begin, int64_t end) {
+  const filter_blocks_job *j = arg;
+  for (int64_t i = begin; i < end; i++) {
+    int64_t g = i / j->per_group, m0 = i % j->per_group * j->block;
+    float *out = j->dst + i * j->steps * j->block;
+    for (int64_t f = 0; f < j->block; f++) {
+      const float *src = j->wt + (g * j->mg + m0 + f) * j->steps;
+      bool inside = m0 + f < j->mg;
+      for (int64_t s = 0; s < j->steps; s++) out[s * j->block + f] = inside ? src[s] : 0.0f;
+    }
+  }
+}
+
+int64_t linalg_conv_filter_block_floats(int64_t group, int64_t mg, int64_t steps, int64_t block) {
+  return group * linalg_ceil_div(mg, block) * block * steps;
+}
+
+void linalg_conv_filter_blocks(const float *wt, int64_t group, int64_t mg, int64_t steps, int64_t block,
+                               float *dst) {
+  filter_blocks_job j = {.wt = wt, .dst = dst, .mg = mg, .steps = steps, .block = block,
+                         .per_group = linalg_ceil_div(mg, block)};
+  dks_parallel_for(group * j.per_group, linalg_ceil_div(1 << 16, steps * block), filter_blocks, &j);
+}
+
 /* y[m][j] += b[m] for `rows` rows of `cols` elements, `ld` apart. */
 #define ADD_BIAS(NAME, T)                                                                 \
   static void NAME(T *y, const T *b, int64_t rows, int64_t cols, int64_t ld) {            \
@@ -241,8 +272,6 @@ static int64_t band_width(int64_t rows, int64_t positions) {
   if (band > positions) band = positions;
   return band > 0 ? band : 1;
 }
-
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static const dks_tensor *bias_of(const dks_kernel_args *k) {
   return k->num_inputs > 2 && k->in[2].ndim >= 0 ? &k->in[2] : NULL;
@@ -338,7 +367,7 @@ static void conv_product(const conv_job *j, int64_t m, int64_t n, int64_t k, con
 
 static void conv_tiles(void *arg, int64_t begin, int64_t end) {
   conv_job *j = arg;
-  int64_t es = j->s.es, tiles = ceil_div(j->out_plane, j->s.block);
+  int64_t es = j->s.es, tiles = linalg_ceil_div(j->out_plane, j->s.block);
   uint8_t *col = j->direct ? NULL : chunk_scratch(&j->s, j->rows * j->s.block);
   if (!j->direct && !col) return;
   for (int64_t i = begin; i < end; i++) {
@@ -389,7 +418,7 @@ static DK_Status conv_whole(const dks_kernel_args *k, conv_job *j, int64_t batch
           linalg_gemm(j->s.real, false, false, j->mg, part.count, j->cg, 1.0, wg, j->rows, xg, j->in_plane,
                       0.0, yg, j->out_plane);
         } else { /* about 16 Ki column elements per chunk */
-          dks_parallel_for(j->cg, ceil_div(16384, taps * part.count), conv_columns, &part);
+          dks_parallel_for(j->cg, linalg_ceil_div(16384, taps * part.count), conv_columns, &part);
           linalg_gemm(j->s.real, false, false, j->mg, part.count, j->rows, 1.0, wg, j->rows, col, part.count,
                       0.0, yg + p0 * es, j->out_plane);
         }
@@ -451,13 +480,12 @@ static bool wino_geometry_fits(const linalg_window *w, DK_DTypeKey dtype, int64_
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || cg < WINO_MIN_CHANNELS || mg < WINO_MIN_CHANNELS) return false;
   for (int32_t d = 0; d < 2; d++)
     if (w->kernel[d] != 3 || w->stride[d] != 1 || w->dilation[d] != 1) return false;
-  return ceil_div(w->grid[0], 2) * ceil_div(w->grid[1], 2) >= tiles;
+  return linalg_ceil_div(w->grid[0], 2) * linalg_ceil_div(w->grid[1], 2) >= tiles;
 }
 
 bool linalg_winograd_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   return wino_geometry_fits(w, dtype, cg, mg, WINO_FIT_TILES);
 }
-
 
 /* The transforms run across WINO_LANES kernels or tiles at a time, staged
  * in small arrays with unit strides: the compiler turns those loops into
@@ -670,7 +698,7 @@ static void wino_inputs(const wino_job *j, const float *xg, int64_t c0, int64_t 
   }
 #endif
   /* tiles tx in [inner_lo, inner_hi) of a row have patches inside the columns */
-  int64_t inner_lo = ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
+  int64_t inner_lo = linalg_ceil_div(j->pad_w, 2), inner_hi = (j->wd - 4 + j->pad_w) / 2 + 1;
   if (j->wd < 4 || inner_hi < inner_lo) inner_lo = inner_hi = 0;
   for (int64_t c = c0; c < c0 + channels; c++) {
     const float *plane = xg + c * j->h * j->wd;
@@ -841,7 +869,7 @@ static void wino_part(void *arg, int64_t begin, int64_t end) {
       int64_t tx = t % j->tiles_w, oy = 2 * (t / j->tiles_w);
       int64_t tiles = tx == 0 && end - t >= j->tiles_w ? (end - t) / j->tiles_w * j->tiles_w
                                                        : wino_count(j->tiles_w, tx, end - t);
-      int64_t rows = 2 * ceil_div(tiles, j->tiles_w), x0 = 2 * tx;
+      int64_t rows = 2 * linalg_ceil_div(tiles, j->tiles_w), x0 = 2 * tx;
       int64_t cols = x0 + 2 * tiles < j->ow ? 2 * tiles : j->ow - x0;
       if (oy + rows > j->oh) rows = j->oh - oy;
       for (int64_t m = 0; m < mb; m++) {
@@ -870,29 +898,29 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
   atomic_init(&j.s.failed, false);
   atomic_init(&j.non_finite, false);
   j.rest = conv_epilogue_without_bias(k);
-  j.tiles_w = ceil_div(j.ow, 2);
-  j.tiles = ceil_div(j.oh, 2) * j.tiles_w;
+  j.tiles_w = linalg_ceil_div(j.ow, 2);
+  j.tiles = linalg_ceil_div(j.oh, 2) * j.tiles_w;
   /* Blocks of tiles whose transforms fit WINO_BYTES; with few, more blocks
    * (of at least 64 tiles) and then runs of filters, for a few chunks per thread. */
   int64_t threads = dks_thread_count(), images = j.batch * group;
   int64_t tblock = WINO_BYTES / (16 * j.cg * (int64_t)sizeof(float));
   if (tblock < WINO_MIN_TILES) tblock = WINO_MIN_TILES;
-  j.tblocks = ceil_div(j.tiles, tblock);
+  j.tblocks = linalg_ceil_div(j.tiles, tblock);
   j.mblocks = 1;
   if (threads > 1 && images * j.tblocks < 4 * threads) {
-    int64_t most = ceil_div(j.tiles, WINO_MIN_TILES) > j.tblocks ? ceil_div(j.tiles, WINO_MIN_TILES) : j.tblocks;
-    j.tblocks = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
+    int64_t most = linalg_ceil_div(j.tiles, WINO_MIN_TILES) > j.tblocks ? linalg_ceil_div(j.tiles, WINO_MIN_TILES) : j.tblocks;
+    j.tblocks = linalg_ceil_div(4 * threads, images) < most ? linalg_ceil_div(4 * threads, images) : most;
     if (images * j.tblocks < 2 * threads) {
-      int64_t runs = ceil_div(2 * threads, images * j.tblocks), most_runs = ceil_div(j.mg, 32);
+      int64_t runs = linalg_ceil_div(2 * threads, images * j.tblocks), most_runs = linalg_ceil_div(j.mg, 32);
       j.mblocks = runs < most_runs ? runs : most_runs;
     }
   }
-  j.tblock = ceil_div(j.tiles, j.tblocks);
+  j.tblock = linalg_ceil_div(j.tiles, j.tblocks);
   j.panels = packed_block_avx512();
-  if (j.panels) j.tblock = ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
-  j.tblocks = ceil_div(j.tiles, j.tblock);
-  j.mblock = ceil_div(j.mg, j.mblocks);
-  j.mblocks = ceil_div(j.mg, j.mblock);
+  if (j.panels) j.tblock = linalg_ceil_div(j.tblock, PACKED_PANEL) * PACKED_PANEL;
+  j.tblocks = linalg_ceil_div(j.tiles, j.tblock);
+  j.mblock = linalg_ceil_div(j.mg, j.mblocks);
+  j.mblocks = linalg_ceil_div(j.mg, j.mblock);
   j.vstep = j.cg * j.tblock + WINO_SKEW;
   j.mstep = j.mblock * j.tblock + WINO_SKEW;
   float *own_u = u ? NULL : uncleared_scratch(k, group * 16 * j.mg * j.cg, sizeof(float));
@@ -907,7 +935,7 @@ DK_Status linalg_conv_winograd(const dks_kernel_args *k, const dks_tensor *x, co
       free(own_u);
       return DK_RESOURCE_EXHAUSTED;
     }
-    dks_parallel_for(images * j.tblocks * j.cg, ceil_div(4096, j.tblock), wino_shared_inputs, &j);
+    dks_parallel_for(images * j.tblocks * j.cg, linalg_ceil_div(4096, j.tblock), wino_shared_inputs, &j);
   }
   dks_parallel_for(images * j.tblocks * j.mblocks, 1, wino_part, &j);
   free(own_u);
@@ -1212,21 +1240,21 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
   j.shifts = phases * j.kw;
   j.plane = j.rows * j.ow + PACKED_NV;
   j.k = j.cg * taps;
-  j.pass = ceil_div(j.k, ceil_div(j.k, PACKED_KC)); /* passes of even length */
+  j.pass = linalg_ceil_div(j.k, linalg_ceil_div(j.k, PACKED_KC)); /* passes of even length */
   j.positions = j.oh * j.ow;
-  int64_t mblocks = ceil_div(j.mg, PACKED_MB), runs = ceil_div(mblocks, PACKED_RUN_BLOCKS);
-  int64_t pblock = PACKED_OUT_BYTES / (ceil_div(mblocks, runs) * PACKED_MB * (int64_t)sizeof(float));
-  j.pblocks = ceil_div(j.positions, pblock > PACKED_NV ? pblock : PACKED_NV);
-  j.pblock = ceil_div(ceil_div(j.positions, j.pblocks), PACKED_NV) * PACKED_NV;
-  j.pblocks = ceil_div(j.positions, j.pblock);
+  int64_t mblocks = linalg_ceil_div(j.mg, PACKED_MB), runs = linalg_ceil_div(mblocks, PACKED_RUN_BLOCKS);
+  int64_t pblock = PACKED_OUT_BYTES / (linalg_ceil_div(mblocks, runs) * PACKED_MB * (int64_t)sizeof(float));
+  j.pblocks = linalg_ceil_div(j.positions, pblock > PACKED_NV ? pblock : PACKED_NV);
+  j.pblock = linalg_ceil_div(linalg_ceil_div(j.positions, j.pblocks), PACKED_NV) * PACKED_NV;
+  j.pblocks = linalg_ceil_div(j.positions, j.pblock);
   /* with few items, shorter runs: a few items per thread, for the pool's
    * dynamic split to even out (ResNet's 14x14 and 7x7 layers: 8, not 6) */
   int64_t threads = dks_thread_count(), items = group * runs * j.pblocks;
-  if (threads > 1 && items < 4 * threads) runs = ceil_div(4 * threads, group * j.pblocks);
+  if (threads > 1 && items < 4 * threads) runs = linalg_ceil_div(4 * threads, group * j.pblocks);
   if (runs > mblocks) runs = mblocks;
-  j.mrun = ceil_div(mblocks, runs) * PACKED_MB;
-  j.mruns = ceil_div(j.mg, j.mrun);
-  j.nblocks = ceil_div(j.positions, PACKED_NV);
+  j.mrun = linalg_ceil_div(mblocks, runs) * PACKED_MB;
+  j.mruns = linalg_ceil_div(j.mg, j.mrun);
+  j.nblocks = linalg_ceil_div(j.positions, PACKED_NV);
   j.xs = uncleared_scratch(k, j.x_channels * j.shifts * j.plane, sizeof(float));
   j.offset = j.xs ? uncleared_scratch(k, j.k, sizeof(int64_t)) : NULL;
   j.panels = j.offset ? uncleared_scratch(k, group * j.nblocks * j.k * PACKED_NV, sizeof(float)) : NULL;
@@ -1243,8 +1271,8 @@ static DK_Status conv_packed(const dks_kernel_args *k, const dks_tensor *x, cons
   for (int64_t n = 0; n < x->shape[0]; n++) { /* about 16 Ki shift-plane elements per chunk */
     j.x = (const float *)x->data + n * j.x_channels * j.h * j.wd;
     j.y = (float *)y->data + n * j.y_channels * j.positions;
-    dks_parallel_for(j.x_channels, ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
-    dks_parallel_for(group * j.nblocks, ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
+    dks_parallel_for(j.x_channels, linalg_ceil_div(1 << 14, j.shifts * j.plane), packed_shift_planes, &j);
+    dks_parallel_for(group * j.nblocks, linalg_ceil_div(1 << 14, j.k * PACKED_NV), packed_make_panels, &j);
     dks_parallel_for(group * j.mruns * j.pblocks, 1, packed_parts, &j);
   }
   free(j.xs);
@@ -1304,7 +1332,6 @@ static bool panel_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t rows, 
   return fits;
 }
 
-
 static int64_t blocked_tile_count(const conv_job *j, int64_t p0) {
   return j->out_plane - p0 < BLOCKED_TILE ? j->out_plane - p0 : BLOCKED_TILE;
 }
@@ -1329,7 +1356,7 @@ static void blocked_items(void *arg, int64_t begin, int64_t end) {
   const conv_job *j = arg;
   const float *wg = (const float *)j->wt;
   float *yg = (float *)j->y;
-  int64_t runs = ceil_div(j->mg, j->s.block);
+  int64_t runs = linalg_ceil_div(j->mg, j->s.block);
   for (int64_t i = begin; i < end; i++) {
     int64_t p0 = i / runs * BLOCKED_TILE, n = blocked_tile_count(j, p0);
     int64_t m0 = i % runs * j->s.block, m1 = m0 + j->s.block < j->mg ? m0 + j->s.block : j->mg;
@@ -1346,23 +1373,23 @@ static void blocked_items(void *arg, int64_t begin, int64_t end) {
 }
 
 static DK_Status conv_blocked(const dks_kernel_args *k, conv_job *j, int64_t batch) {
-  int64_t es = j->s.es, taps = j->rows / j->cg, tiles = ceil_div(j->out_plane, BLOCKED_TILE);
+  int64_t es = j->s.es, taps = j->rows / j->cg, tiles = linalg_ceil_div(j->out_plane, BLOCKED_TILE);
   /* runs of filters: enough for BLOCKED_ITEMS items per thread where the
    * tiles are few (a run splits W: no part of it is read twice), so that
    * a thread the OS delays (a shared machine) leaves little for the others */
-  int64_t threads = dks_thread_count(), runs = ceil_div(BLOCKED_ITEMS * threads, tiles);
-  int64_t blocks = ceil_div(j->mg, BLOCKED_ROWS);
+  int64_t threads = dks_thread_count(), runs = linalg_ceil_div(BLOCKED_ITEMS * threads, tiles);
+  int64_t blocks = linalg_ceil_div(j->mg, BLOCKED_ROWS);
   if (runs > blocks) runs = blocks;
   uint8_t *col = uncleared_scratch(k, j->rows * j->out_plane, es);
   if (!col) return DK_RESOURCE_EXHAUSTED;
   conv_job part = *j;
   part.col = col;
-  part.s.block = ceil_div(blocks, runs) * BLOCKED_ROWS;
-  int64_t items = tiles * ceil_div(j->mg, part.s.block);
+  part.s.block = linalg_ceil_div(blocks, runs) * BLOCKED_ROWS;
+  int64_t items = tiles * linalg_ceil_div(j->mg, part.s.block);
   for (int64_t n = 0; n < batch; n++)
     for (int64_t g = 0; g < j->s.group; g++) {
       part.x = j->x + (n * j->x_channels + g * j->cg) * j->in_plane * es;
-      dks_parallel_for(tiles * j->cg, ceil_div(16384, taps * BLOCKED_TILE), blocked_columns, &part);
+      dks_parallel_for(tiles * j->cg, linalg_ceil_div(16384, taps * BLOCKED_TILE), blocked_columns, &part);
       part.wt = j->wt + g * j->mg * j->rows * es;
       part.y = j->y + (n * j->y_channels + g * j->mg) * j->out_plane * es;
       part.filter0 = g * j->mg;
@@ -1430,14 +1457,22 @@ static conv_path conv_path_of(const linalg_window *w, DK_DTypeKey dtype, int64_t
   return CONV_TILES;
 }
 
+/* Filters per block of a prepared kind other than Winograd's (the paths'
+ * linalg_conv_filter_blocks layout). */
+static int64_t conv_prepared_block(uint32_t kind, const linalg_window *w, int64_t mg) {
+  return kind == CONV_PREPARED_DIRECT      ? linalg_conv_direct_filter_block()
+         : kind == CONV_PREPARED_BROADCAST ? linalg_conv_broadcast_filter_block(w, mg)
+                                           : PACKED_PANEL; /* the indirect path's panels */
+}
+
 /* The prepared form's bytes before W (U: the transforms or the packed
  * filters), in whole cache lines so that W starts aligned too. */
 static size_t conv_prepared_u_bytes(uint32_t kind, const linalg_window *w, int64_t group, int64_t mg, int64_t cg) {
-  size_t bytes = kind == CONV_PREPARED_WINOGRAD ? (size_t)(group * 16 * mg * cg) * sizeof(float)
-                 : kind == CONV_PREPARED_DIRECT ? linalg_conv_direct_filters_bytes(w, group, cg, mg)
-                 : kind == CONV_PREPARED_BROADCAST ? linalg_conv_broadcast_filters_bytes(w, group, cg, mg)
-                                                   : linalg_conv_indirect_filters_bytes(w, group, cg, mg);
-  return (bytes + 63) / 64 * 64;
+  int64_t floats = kind == CONV_PREPARED_WINOGRAD
+                       ? group * 16 * mg * cg
+                       : linalg_conv_filter_block_floats(group, mg, cg * linalg_prod(w->kernel, w->n),
+                                                         conv_prepared_block(kind, w, mg));
+  return ((size_t)floats * sizeof(float) + 63) / 64 * 64;
 }
 
 /* W's elements kept after U. */
@@ -1474,12 +1509,9 @@ static DK_Status prepare_conv(const dks_kernel_args *k, size_t input, uint8_t *d
   float *u = (float *)(dst + sizeof h);
   if (kind == CONV_PREPARED_WINOGRAD)
     linalg_winograd_filters((const float *)wt->data, group, mg, cg, u);
-  else if (kind == CONV_PREPARED_DIRECT)
-    linalg_conv_direct_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
-  else if (kind == CONV_PREPARED_BROADCAST)
-    linalg_conv_broadcast_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
   else
-    linalg_conv_indirect_pack_filters((const float *)wt->data, &w, group, cg, mg, u);
+    linalg_conv_filter_blocks((const float *)wt->data, group, mg, cg * linalg_prod(w.kernel, w.n),
+                              conv_prepared_block(kind, &w, mg), u);
   memcpy(dst + sizeof h + conv_prepared_u_bytes(kind, &w, group, mg, cg), wt->data,
          (size_t)conv_prepared_w_elements(kind, wt->size) * sizeof(float));
   return DK_OK;
@@ -1574,18 +1606,18 @@ static DK_Status conv_float(const dks_kernel_args *k) {
   int64_t threads = dks_thread_count(), images = x->shape[0] * group;
   int64_t tile = TILE_BYTES / (j.rows * j.s.es);
   if (tile < TILE_MIN) tile = TILE_MIN;
-  int64_t tiles = ceil_div(j.out_plane, tile);
+  int64_t tiles = linalg_ceil_div(j.out_plane, tile);
   if (threads > 1 && !j.direct && images * tiles < 4 * threads) { /* more tiles, down to TILE_EVEN positions */
     int64_t most = j.out_plane / TILE_EVEN > tiles ? j.out_plane / TILE_EVEN : tiles;
-    tiles = ceil_div(4 * threads, images) < most ? ceil_div(4 * threads, images) : most;
+    tiles = linalg_ceil_div(4 * threads, images) < most ? linalg_ceil_div(4 * threads, images) : most;
   }
   if (threads > 1 && images * tiles < 8 * threads) /* a multiple of the threads */
-    tiles = ceil_div(ceil_div(images * tiles, threads) * threads, images);
-  j.s.block = ceil_div(j.out_plane, tiles);
+    tiles = linalg_ceil_div(linalg_ceil_div(images * tiles, threads) * threads, images);
+  j.s.block = linalg_ceil_div(j.out_plane, tiles);
   if (threads > 1 && j.s.block < TILE_MIN && images < 2 * threads)
     return conv_whole(k, &j, x->shape[0]);
   if (j.s.block < 1) j.s.block = 1;
-  dks_parallel_for(images * ceil_div(j.out_plane, j.s.block), 1, conv_tiles, &j);
+  dks_parallel_for(images * linalg_ceil_div(j.out_plane, j.s.block), 1, conv_tiles, &j);
   return split_status(k, &j.s);
 }
 
@@ -1642,7 +1674,7 @@ typedef struct conv_transpose_job {
 
 static void conv_transpose_part(void *arg, int64_t begin, int64_t end) {
   conv_transpose_job *j = arg;
-  int64_t es = j->s.es, rows = j->mg * j->taps, blocks = ceil_div(j->mg, j->s.block);
+  int64_t es = j->s.es, rows = j->mg * j->taps, blocks = linalg_ceil_div(j->mg, j->s.block);
   uint8_t *col = j->direct ? NULL : chunk_scratch(&j->s, j->s.block * j->taps * j->band);
   if (!j->direct && !col) return;
   for (int64_t i = begin; i < end; i++) {
@@ -1686,11 +1718,11 @@ static DK_Status conv_transpose_float(const dks_kernel_args *k) {
   atomic_init(&j.s.failed, false);
   /* Runs of channels: enough for a few chunks per thread. */
   int64_t threads = dks_thread_count(), images = x->shape[0] * group;
-  int64_t blocks = threads > 1 ? ceil_div(4 * threads, images) : 1;
+  int64_t blocks = threads > 1 ? linalg_ceil_div(4 * threads, images) : 1;
   if (blocks > j.mg) blocks = j.mg;
-  j.s.block = ceil_div(j.mg, blocks);
+  j.s.block = linalg_ceil_div(j.mg, blocks);
   j.band = band_width(j.s.block * j.taps, j.in_plane);
-  dks_parallel_for(images * ceil_div(j.mg, j.s.block), 1, conv_transpose_part, &j);
+  dks_parallel_for(images * linalg_ceil_div(j.mg, j.s.block), 1, conv_transpose_part, &j);
   return split_status(k, &j.s);
 }
 

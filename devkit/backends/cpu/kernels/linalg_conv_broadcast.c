@@ -53,32 +53,12 @@
  * 16 * stride + the kernel's width floats beyond it. */
 #define BROADCAST_SLACK 64
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* Filters per register block: 8 (by two vectors of positions) for up to 8,
  * and up to 16 on unit column strides and rows of more than 8 (two blocks),
  * else 16 (one vector) for up to 16, else 32. */
-static int64_t filter_block(const linalg_window *w, int64_t mg) {
+int64_t linalg_conv_broadcast_filter_block(const linalg_window *w, int64_t mg) {
   if (mg <= 8 || (mg <= 16 && w->stride[1] == 1 && w->grid[1] > 8)) return 8;
   return mg <= 16 ? 16 : 32;
-}
-
-size_t linalg_conv_broadcast_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
-  int64_t block = filter_block(w, mg);
-  return (size_t)(group * ceil_div(mg, block) * block * cg * w->kernel[0] * w->kernel[1]) * sizeof(float);
-}
-
-void linalg_conv_broadcast_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg,
-                                        int64_t mg, float *wp) {
-  int64_t block = filter_block(w, mg), blocks = ceil_div(mg, block), taps = w->kernel[0] * w->kernel[1];
-  for (int64_t g = 0; g < group; g++)
-    for (int64_t bi = 0; bi < blocks; bi++)
-      for (int64_t c = 0; c < cg; c++)
-        for (int64_t t = 0; t < taps; t++, wp += block)
-          for (int64_t f = 0; f < block; f++) {
-            int64_t m = bi * block + f;
-            wp[f] = m < mg ? wt[((g * mg + m) * cg + c) * taps + t] : 0.0f;
-          }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -388,8 +368,8 @@ DK_Status linalg_conv_broadcast(const dks_kernel_args *k, const dks_tensor *x, c
                      .relu = ep.activation == CONV_ACTIVATION_RELU, .y = (float *)y->data};
   atomic_init(&j.failed, false);
   j.row = (j.ow - 1) * j.sw + j.kw;
-  j.block = filter_block(w, j.mg);
-  j.blocks = ceil_div(j.mg, j.block);
+  j.block = linalg_conv_broadcast_filter_block(w, j.mg);
+  j.blocks = linalg_ceil_div(j.mg, j.block);
   bool two = j.sw == 2;
   j.blocks_fn = j.block == 32 ? (two ? wide8_stride2 : wide8_stride1)
                 : j.block == 8 ? (j.ow > 16 ? row32_filters8 : rows16_filters8)
@@ -403,7 +383,7 @@ DK_Status linalg_conv_broadcast(const dks_kernel_args *k, const dks_tensor *x, c
   bool split = threads > 1 && macs >= BROADCAST_SPLIT_MACS;
   j.bands = split ? threads / gcd(images, threads) : 1;
   if (j.bands > j.oh) j.bands = j.oh;
-  int64_t most_rows = ceil_div(j.oh, j.bands) + 1; /* a band's most output rows (its edges fall on even rows) */
+  int64_t most_rows = linalg_ceil_div(j.oh, j.bands) + 1; /* a band's most output rows (its edges fall on even rows) */
   if (most_rows > j.oh) most_rows = j.oh;
   j.buffer_floats = (size_t)(j.cg * ((most_rows - 1) * j.sh + j.kh) * j.row + BROADCAST_SLACK);
 
@@ -411,9 +391,10 @@ DK_Status linalg_conv_broadcast(const dks_kernel_args *k, const dks_tensor *x, c
   bool prepared = wt->prepared_bytes != 0;
   float *packed = NULL;
   if (!prepared) {
-    packed = malloc(linalg_conv_broadcast_filters_bytes(w, group, j.cg, j.mg));
+    int64_t steps = j.cg * j.kh * j.kw;
+    packed = malloc((size_t)linalg_conv_filter_block_floats(group, j.mg, steps, j.block) * sizeof *packed);
     if (!packed) return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the packed filters");
-    linalg_conv_broadcast_pack_filters((const float *)wt->data, w, group, j.cg, j.mg, packed);
+    linalg_conv_filter_blocks((const float *)wt->data, group, j.mg, steps, j.block, packed);
   }
   j.filters = prepared ? (const float *)wt->data : packed;
   int64_t parts = images * j.bands;

@@ -5,8 +5,9 @@
  * where the direct path's vectors over flat positions waste lanes on short
  * rows and copy strided inputs into phase planes. Its filters are prepared
  * once at plan time (linalg_conv.c's prepare hook) as [group][block]
- * [channel][ky][kx][filter in block], blocks of 8, 16 or 32 filters (by the
- * filter count), 0 past the filter count.
+ * [channel][ky][kx][filter in block] (linalg_conv_filter_blocks' layout),
+ * blocks of 8, 16 or 32 filters (by the filter count), 0 past the filter
+ * count.
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_BROADCAST_H_
 #define DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_BROADCAST_H_
@@ -17,12 +18,9 @@
  * group goes this way (only where the CPU has AVX-512). */
 bool linalg_conv_broadcast_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
 
-/* The prepared filters' bytes. */
-size_t linalg_conv_broadcast_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg);
-
-/* Packs W (group * mg filters of cg channels, compact float32) into wp. */
-void linalg_conv_broadcast_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg,
-                                        int64_t mg, float *wp);
+/* Filters per register block (8, 16 or 32, by the filter count and the
+ * window): its filters in linalg_conv_filter_blocks' layout. */
+int64_t linalg_conv_broadcast_filter_block(const linalg_window *w, int64_t mg);
 
 /* y = x * W (+ b, NULL: none), then the epilogue of `k` (FusedConv's Z and
  * activation); wt is W, or its packed filters when wt->prepared_bytes is not

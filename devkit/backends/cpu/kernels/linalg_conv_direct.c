@@ -274,8 +274,6 @@ static void direct_block(const float *xc, int64_t channel_step, int64_t cg, cons
 static bool direct_wide(void) { return false; }
 #endif
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* y[i] = sums[i] + bias: a row of the sums into Y, in vectors (the zoo
  * resnet's 32x32 stem spent about half its sums' time here in 4-wide ones). */
 DKS_VECTOR_CLONES static void add_bias_row(float *y, const float *sums, float bias, int64_t n) {
@@ -301,7 +299,7 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
     const float *xc = j->xp + (n * j->x_channels + g * j->cg) * j->phases * j->plane + q0;
     const float *wb = j->wp + (g * j->mblocks + mi) * j->cg * j->taps * j->mb;
     (j->mb == DIRECT_MB ? direct_block : direct_block_avx512)(xc, j->phases * j->plane, j->cg, j->offset, j->taps, wb, out, j->span,
-                 ceil_div(q1 - q0, DIRECT_LANES) * DIRECT_LANES);
+                 linalg_ceil_div(q1 - q0, DIRECT_LANES) * DIRECT_LANES);
     /* the outputs among flat positions [q0, q1), row by row */
     for (int64_t m = 0; m < mb; m++) {
       int64_t channel = n * j->y_channels + g * j->mg + m0 + m;
@@ -320,31 +318,7 @@ static void direct_parts(void *arg, int64_t begin, int64_t end) {
   free(out);
 }
 
-static int64_t direct_filter_block(void) { return direct_wide() ? DIRECT_MB_512 : DIRECT_MB; }
-
-/* wp[g][mblock][c][t][m] = W[g * mg + mblock * mb + m][c][t], 0 past mg: each
- * filter's steps read in order (the other way round, a gather per element,
- * took about a quarter of a 32-filter 8x8 layer's sums). */
-static void pack_filters(const float *wt, int64_t group, int64_t cg, int64_t mg, int64_t taps, int64_t mb,
-                         float *wp) {
-  int64_t steps = cg * taps, filters = ceil_div(mg, mb) * mb;
-  for (int64_t g = 0; g < group; g++)
-    for (int64_t filter = 0; filter < filters; filter++) {
-      float *dst = wp + (g * filters + filter / mb * mb) * steps + filter % mb;
-      const float *src = wt + (g * mg + filter) * steps;
-      for (int64_t s = 0; s < steps; s++) dst[s * mb] = filter < mg ? src[s] : 0.0f;
-    }
-}
-
-size_t linalg_conv_direct_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
-  int64_t mb = direct_filter_block();
-  return (size_t)(group * ceil_div(mg, mb) * mb * cg * w->kernel[0] * w->kernel[1]) * sizeof(float);
-}
-
-void linalg_conv_direct_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg, int64_t mg,
-                                     float *wp) {
-  pack_filters(wt, group, cg, mg, w->kernel[0] * w->kernel[1], direct_filter_block(), wp);
-}
+int64_t linalg_conv_direct_filter_block(void) { return direct_wide() ? DIRECT_MB_512 : DIRECT_MB; }
 
 DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, const dks_tensor *wt,
                              const dks_tensor *b, const dks_tensor *y, const linalg_window *w, int64_t group) {
@@ -368,18 +342,18 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
     int64_t ky = t / j.kw, kx = t % j.kw;
     j.offset[t] = ((ky % j.sh) * j.phases_w + kx % j.sw) * j.plane + ky / j.sh * j.pw + kx / j.sw;
   }
-  j.mb = direct_filter_block();
-  j.mblocks = ceil_div(j.mg, j.mb);
+  j.mb = linalg_conv_direct_filter_block();
+  j.mblocks = linalg_ceil_div(j.mg, j.mb);
   int64_t position_macs = j.mb * j.cg * j.taps, images = x->shape[0] * group;
-  int64_t positions = ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
+  int64_t positions = linalg_ceil_div(j.oh * j.pw, DIRECT_LANES) * DIRECT_LANES;
   int64_t lanes = j.mb == DIRECT_MB ? DIRECT_LANES : DIRECT_LANES_512; /* whole blocks per part */
-  j.span = ceil_div(ceil_div(DIRECT_PART_MACS, position_macs), lanes) * lanes;
+  j.span = linalg_ceil_div(linalg_ceil_div(DIRECT_PART_MACS, position_macs), lanes) * lanes;
   if (j.span > positions) j.span = positions;
-  j.spans = ceil_div(j.oh * j.pw, j.span);
+  j.spans = linalg_ceil_div(j.oh * j.pw, j.span);
 
   int64_t channels = x->shape[0] * x->shape[1];
   j.xp = malloc((size_t)(channels * j.phases * j.plane) * sizeof *j.xp);
-  /* W prepared (wt->prepared_bytes: its data are wp, linalg_conv_direct_pack_filters) or packed here */
+  /* W prepared (wt->prepared_bytes: its data are wp, linalg_conv_filter_blocks') or packed here */
   bool prepared = wt->prepared_bytes != 0;
   j.wp = prepared ? (float *)wt->data : malloc((size_t)(group * j.mblocks * j.cg * j.taps * j.mb) * sizeof *j.wp);
   if (!j.xp || !j.wp) {
@@ -387,10 +361,10 @@ DK_Status linalg_conv_direct(const dks_kernel_args *k, const dks_tensor *x, cons
     if (!prepared) free(j.wp);
     return dks_kernel_fail(k, DK_RESOURCE_EXHAUSTED, "out of host memory for the direct convolution's copies");
   }
-  if (!prepared) pack_filters(j.wt, group, j.cg, j.mg, j.taps, j.mb, j.wp);
-  dks_parallel_for(channels, ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
+  if (!prepared) linalg_conv_filter_blocks(j.wt, group, j.mg, j.cg * j.taps, j.mb, j.wp);
+  dks_parallel_for(channels, linalg_ceil_div(1 << 15, j.phases * j.plane), direct_pack_inputs, &j);
   int64_t parts = images * j.mblocks * j.spans, part_macs = position_macs * j.span;
-  dks_parallel_for(parts, ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
+  dks_parallel_for(parts, linalg_ceil_div(DIRECT_CHUNK_MACS, part_macs), direct_parts, &j);
   free(j.xp);
   if (!prepared) free(j.wp);
   if (atomic_load(&j.failed))

@@ -59,8 +59,6 @@
 #define INDIRECT_MIN_FILTERS 64
 #define INDIRECT_SMALL_PLANE 64
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 bool linalg_conv_indirect_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg) {
   if (w->n != 2 || dtype != DK_DTYPE_FLOAT32 || !packed_block_avx512()) return false;
   int64_t taps = w->kernel[0] * w->kernel[1], positions = w->grid[0] * w->grid[1];
@@ -69,41 +67,7 @@ bool linalg_conv_indirect_fits(const linalg_window *w, DK_DTypeKey dtype, int64_
          (strided || positions <= INDIRECT_SMALL_PLANE);
 }
 
-static int64_t panels_of(int64_t mg) { return ceil_div(mg, PACKED_PANEL); }
-
-size_t linalg_conv_indirect_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg) {
-  int64_t steps = cg * linalg_prod(w->kernel, w->n);
-  return (size_t)(group * panels_of(mg) * steps * PACKED_PANEL) * sizeof(float);
-}
-
-typedef struct pack_job {
-  const float *wt;
-  float *panels;
-  int64_t mg, steps, per_group; /* panels per group */
-} pack_job;
-
-/* Panels [begin, end) (over groups): panel[step][lane] = W[filter][step]. */
-static void pack_panels(void *arg, int64_t begin, int64_t end) {
-  const pack_job *j = arg;
-  for (int64_t i = begin; i < end; i++) {
-    int64_t g = i / j->per_group, m0 = i % j->per_group * PACKED_PANEL;
-    int64_t lanes = j->mg - m0 < PACKED_PANEL ? j->mg - m0 : PACKED_PANEL;
-    const float *filters = j->wt + (g * j->mg + m0) * j->steps;
-    float *out = j->panels + i * j->steps * PACKED_PANEL;
-    for (int64_t s = 0; s < j->steps; s++, out += PACKED_PANEL) {
-      int64_t l = 0;
-      for (; l < lanes; l++) out[l] = filters[l * j->steps + s];
-      for (; l < PACKED_PANEL; l++) out[l] = 0.0f;
-    }
-  }
-}
-
-void linalg_conv_indirect_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg,
-                                       int64_t mg, float *panels) {
-  pack_job j = {.wt = wt, .panels = panels, .mg = mg, .steps = cg * linalg_prod(w->kernel, w->n),
-                .per_group = panels_of(mg)};
-  dks_parallel_for(group * j.per_group, 1, pack_panels, &j);
-}
+static int64_t panels_of(int64_t mg) { return linalg_ceil_div(mg, PACKED_PANEL); }
 
 typedef struct indirect_job {
   int64_t cg, mg, x_channels, y_channels, h, wd, ow, sh, sw, pad_h, pad_w;
@@ -220,14 +184,14 @@ DK_Status linalg_conv_indirect(const dks_kernel_args *k, const dks_tensor *x, co
   j.wp = (j.ow - 1) * j.sw + (kw - 1) * w->dilation[1] + 1;
   j.steps = j.cg * taps;
   j.positions = oh * j.ow;
-  j.runs = ceil_div(j.mg, INDIRECT_RUN);
-  j.tiles = ceil_div(j.positions, INDIRECT_TILE);
-  int64_t threads = dks_thread_count(), most = ceil_div(j.positions, INDIRECT_MIN_TILE);
+  j.runs = linalg_ceil_div(j.mg, INDIRECT_RUN);
+  j.tiles = linalg_ceil_div(j.positions, INDIRECT_TILE);
+  int64_t threads = dks_thread_count(), most = linalg_ceil_div(j.positions, INDIRECT_MIN_TILE);
   if (threads > 1 && group * j.runs * j.tiles < INDIRECT_ITEMS * threads) {
-    int64_t want = ceil_div(INDIRECT_ITEMS * threads, group * j.runs);
+    int64_t want = linalg_ceil_div(INDIRECT_ITEMS * threads, group * j.runs);
     j.tiles = want < most ? want : most > j.tiles ? most : j.tiles;
   }
-  j.tile = ceil_div(j.positions, j.tiles);
+  j.tile = linalg_ceil_div(j.positions, j.tiles);
   atomic_init(&j.failed, false);
   float *xp = aligned_alloc(64, (size_t)(j.x_channels * j.hp * j.wp + 15) / 16 * 64);
   int64_t *offsets = malloc((size_t)j.steps * sizeof(int64_t));
@@ -245,7 +209,7 @@ DK_Status linalg_conv_indirect(const dks_kernel_args *k, const dks_tensor *x, co
   for (int64_t n = 0; n < x->shape[0]; n++) { /* about 16 Ki padded elements per chunk */
     j.x = (const float *)x->data + n * j.x_channels * j.h * j.wd;
     j.y = (float *)y->data + n * j.y_channels * j.positions;
-    dks_parallel_for(j.x_channels, ceil_div(1 << 14, j.hp * j.wp), pad_planes, &j);
+    dks_parallel_for(j.x_channels, linalg_ceil_div(1 << 14, j.hp * j.wp), pad_planes, &j);
     dks_parallel_for(group * j.runs * j.tiles, 1, indirect_items, &j);
   }
   free(xp);

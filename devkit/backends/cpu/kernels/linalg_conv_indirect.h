@@ -3,7 +3,8 @@
  * the AVX-512 packed block, vectorised over output channels
  * (linalg_conv_indirect.c). Its filters lie in panels of PACKED_PANEL
  * filters, [group][panel][channel][tap][filter in panel], 0 past the filter
- * count, prepared once at plan time (linalg_conv.c's prepare hook): the
+ * count (linalg_conv_filter_blocks' layout, blocks of PACKED_PANEL),
+ * prepared once at plan time (linalg_conv.c's prepare hook): the
  * path runs on prepared filters only (a W as given takes the other paths).
  */
 #ifndef DEVKIT_BACKENDS_CPU_KERNELS_LINALG_CONV_INDIRECT_H_
@@ -21,13 +22,6 @@
  * group goes this way (float32, 2-D, a CPU with AVX-512, the geometries
  * linalg_conv_indirect.c names). */
 bool linalg_conv_indirect_fits(const linalg_window *w, DK_DTypeKey dtype, int64_t cg, int64_t mg);
-
-/* The filter panels' bytes for these counts per group. */
-size_t linalg_conv_indirect_filters_bytes(const linalg_window *w, int64_t group, int64_t cg, int64_t mg);
-
-/* Packs W (group * mg filters of cg channels, compact float32) into panels. */
-void linalg_conv_indirect_pack_filters(const float *wt, const linalg_window *w, int64_t group, int64_t cg,
-                                       int64_t mg, float *panels);
 
 /* y = the Conv of x by the filters in `panels`, then the epilogue `ep` (B,
  * Z, the activation), split over the pool. */

@@ -86,8 +86,6 @@ typedef struct pw_job {
   atomic_bool failed; /* a member could not allocate its panel */
 } pw_job;
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /* A run of a band's panel: lanes [to, to + len) of the panel (as offsets
  * of channel 0's) hold the plane's elements from + i * sw, i < len. */
 typedef struct pw_run {
@@ -285,27 +283,27 @@ DK_Status linalg_conv_pointwise(const dks_kernel_args *k, const dks_tensor *x, c
    * PW_MIN_BAND), then runs of filter blocks (a band reads the filters'
    * weights once: 512 KB on ResNet's 14x14 downsampling layer), then
    * shorter bands again. */
-  int64_t images = x->shape[0] * group, mblocks = ceil_div(j.mg, PW_MB);
+  int64_t images = x->shape[0] * group, mblocks = linalg_ceil_div(j.mg, PW_MB);
   int64_t threads = images * j.positions * j.mg * j.cg < PW_SPLIT_MACS ? 1 : dks_thread_count();
   int64_t want = threads > 1 ? PW_ITEMS_PER_THREAD * threads : 1;
   int64_t band = PW_PANEL_BYTES / (j.cg * (int64_t)sizeof(float)) / PW_NV * PW_NV;
   if (band > PW_MAX_BAND) band = PW_MAX_BAND;
   if (band < PW_NV) band = PW_NV;
-  int64_t plane_bytes = j.cg * ceil_div(j.positions, PW_NV) * PW_NV * (int64_t)sizeof(float);
+  int64_t plane_bytes = j.cg * linalg_ceil_div(j.positions, PW_NV) * PW_NV * (int64_t)sizeof(float);
   if (j.positions <= PW_MAX_BAND && plane_bytes <= PW_PLANE_BYTES) band = j.positions;
-  int64_t bands = ceil_div(j.positions, band);
+  int64_t bands = linalg_ceil_div(j.positions, band);
   if (images * bands < want && j.positions > PW_MAX_BAND) {
-    int64_t shorter = ceil_div(want, images);
+    int64_t shorter = linalg_ceil_div(want, images);
     if (shorter > j.positions / PW_MIN_BAND) shorter = j.positions / PW_MIN_BAND;
     if (shorter > bands) bands = shorter;
   }
-  int64_t runs = ceil_div(want, images * bands);
+  int64_t runs = linalg_ceil_div(want, images * bands);
   if (runs > mblocks) runs = mblocks;
-  if (images * bands * runs < want) bands = ceil_div(want, images * runs);
-  j.band = ceil_div(ceil_div(j.positions, bands), PW_NV) * PW_NV;
-  j.bands = ceil_div(j.positions, j.band);
-  j.mrun = ceil_div(mblocks, runs) * PW_MB;
-  j.mruns = ceil_div(j.mg, j.mrun);
+  if (images * bands * runs < want) bands = linalg_ceil_div(want, images * runs);
+  j.band = linalg_ceil_div(linalg_ceil_div(j.positions, bands), PW_NV) * PW_NV;
+  j.bands = linalg_ceil_div(j.positions, j.band);
+  j.mrun = linalg_ceil_div(mblocks, runs) * PW_MB;
+  j.mruns = linalg_ceil_div(j.mg, j.mrun);
   /* Runs of one band share its panel, packed first; a band of one run packs
    * its own as its product starts, so the panel is in cache for it. */
   j.panels = j.mruns > 1 ? images * j.bands : 0;
