@@ -32,6 +32,7 @@
  */
 #include "linalg_conv_broadcast.h"
 #include "linalg_conv_epilogue.h"
+#include "linalg_transpose.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -189,39 +190,6 @@ BROADCAST_INLINE void row_sums(const float *x0, int64_t vstep, int64_t cg, int64
   for (int i = 0; i < F * P; i++) r[i] = acc[i];
 }
 
-/* r (16 x 16) transposed in registers: r[i] lane k becomes r[k] lane i. */
-BROADCAST_INLINE void transpose16(__m512 r[16]) {
-  __m512 t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
-    __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
-    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
-    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
-    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
-    r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
-    r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
-  }
-}
-
 /* Up to 8 sums of filter m (of a group's mg; bias: the group's B, or NULL)
  * at y (inside Y): + B, + Z, the activation (Relu keeps NaN: max(0, NaN)
  * is NaN), then stored: in the epilogue's order (linalg_conv_epilogue.c). */
@@ -259,7 +227,7 @@ BROADCAST_INLINE void band_blocks(const broadcast_job *j, const float *xb, int64
       const float *x0 = xb + (oy - oy0) * j->sh * j->row + ox * SW;
       __m512 r[16];
       block_sums(x0, second ? x0 + j->sh * j->row : x0, j->cg, plane, j->kh, j->kw, j->row, fw, r, L, S, V, SW);
-      transpose16(r);
+      linalg_transpose16(r);
       int64_t n = j->ow - ox < L ? j->ow - ox : L; /* positions of each row in the block */
       float *at = y + oy * j->ow + ox;
 #pragma GCC unroll 16

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 
 #include "linalg_packed.h"
+#include "linalg_transpose.h"
 
 /* Steps per pass: a run's two panels for the pass, 32 KiB, stay in L1. */
 #define INDIRECT_KC LINALG_CONV_PASS
@@ -94,7 +95,6 @@ static void pad_planes(void *arg, int64_t begin, int64_t end) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 
 /* y[m * ldy + q] = sums[q * INDIRECT_RUN + m] for m < filters, q < count:
  * a tile's sums into Y's rows, 16 x 16 at a time transposed in registers
@@ -105,31 +105,11 @@ __attribute__((target("avx512f"))) static void sums_to_rows(const float *sums, i
     for (int64_t q0 = 0; q0 < count; q0 += 16) {
       int64_t rows = count - q0 < 16 ? count - q0 : 16, cols = filters - m0 < 16 ? filters - m0 : 16;
       __mmask16 store = (__mmask16)((1u << rows) - 1);
-      __m512 r[16], t[16];
+      __m512 r[16];
       for (int i = 0; i < 16; i++)
         r[i] = i < rows ? _mm512_loadu_ps(sums + (q0 + i) * INDIRECT_RUN + m0) : _mm512_setzero_ps();
-      for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-      }
-      for (int i = 0; i < 16; i += 4) { /* per 128-bit lane, 4 x 4 transposed */
-        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-      }
-      for (int f = 0; f < 4; f++) { /* then the 4 x 4 grid of lanes */
-        __m512 v0 = _mm512_shuffle_f32x4(r[f], r[4 + f], 0x88), v1 = _mm512_shuffle_f32x4(r[f], r[4 + f], 0xdd);
-        __m512 v2 = _mm512_shuffle_f32x4(r[8 + f], r[12 + f], 0x88);
-        __m512 v3 = _mm512_shuffle_f32x4(r[8 + f], r[12 + f], 0xdd);
-        t[f] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-        t[8 + f] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
-        t[4 + f] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-        t[12 + f] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
-      }
-      for (int j = 0; j < cols; j++) _mm512_mask_storeu_ps(y + (m0 + j) * ldy + q0, store, t[j]);
+      linalg_transpose16(r);
+      for (int j = 0; j < cols; j++) _mm512_mask_storeu_ps(y + (m0 + j) * ldy + q0, store, r[j]);
     }
 }
 #else
