@@ -108,8 +108,7 @@ class Binding:
                 mem = self._host_handle(value, False, registered) if in_place and references else None
                 if mem is not None:
                     sources[id(slot)] = value
-                    for tensor in references:
-                        tensor.data, tensor.byte_offset = mem, 0
+                    _point(references, mem, 0)
                     patched.append((references, pointers))
                     continue
                 if not value.flags.c_contiguous:
@@ -136,8 +135,7 @@ class Binding:
                         continue
                     mem = self._host_handle(given, True, registered) if in_place else None
                     if mem is not None:
-                        for tensor in references:
-                            tensor.data, tensor.byte_offset = mem, 0
+                        _point(references, mem, 0)
                         patched.append((references, pointers))
                         continue
                 source = value if isinstance(value, np.ndarray) else sources.get(id(value), value)
