@@ -150,6 +150,23 @@ def test_wide_direct_path_matches_the_reference(dev, x_shape, w_shape, attrs, sp
     _conv_case(dev, x, w, testing.random(rng, (w_shape[0],), np.float32), attrs)
 
 
+def _check_fused(rng, x, w, b, attrs, run):
+    """Relu(Conv + Z) for a Z of the output's shape drawn from rng, as
+    ``run(z)`` computes it, against the float64 reference: the Conv's
+    tolerance over its sums, B and Z."""
+    full = {**CONV_DEFAULTS, **attrs}
+    reference = ops.get("Conv").reference
+    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
+    z = testing.random(rng, conv.shape, np.float32)
+    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
+    _check(run(z), np.maximum(conv + z, 0), w.shape[1] * math.prod(w.shape[2:]), float(sums.max()))
+
+
+def _fused_by_kernel(dev, x, w, b, attrs):
+    """run(z) for _check_fused: the FusedConv kernel with Relu."""
+    return lambda z: _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
+
+
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
     ((2, 3, 61, 58), (20, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # the wide direct path
     ((1, 64, 28, 27), (72, 64, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
@@ -160,13 +177,7 @@ def test_direct_path_applies_fused_conv_epilogue(dev, x_shape, w_shape, attrs):
     rng = np.random.default_rng(9)
     x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
     b = testing.random(rng, (w_shape[0],), np.float32)
-    full = {**CONV_DEFAULTS, **attrs}
-    reference = ops.get("Conv").reference
-    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
-    z = testing.random(rng, conv.shape, np.float32)
-    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
-    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
-    _check(got, np.maximum(conv + z, 0), w_shape[1] * math.prod(w_shape[2:]), float(sums.max()))
+    _check_fused(rng, x, w, b, attrs, _fused_by_kernel(dev, x, w, b, attrs))
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
@@ -275,18 +286,11 @@ def test_register_blocked_path_applies_fused_conv_epilogue(dev, size, channels, 
     """FusedConv on a plane the register blocks take: B, Z and the Relu on
     each block of outputs, as Relu(Conv + Z)."""
     rng = np.random.default_rng(7)
-    out = (size - 1) // stride + 1
     x = testing.random(rng, (1, channels, size, size), np.float32)
     w = testing.random(rng, (filters, channels, 3, 3), np.float32)
     b = testing.random(rng, (filters,), np.float32)
-    z = testing.random(rng, (1, filters, out, out), np.float32)
     attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
-    full = {**CONV_DEFAULTS, **attrs}
-    reference = ops.get("Conv").reference
-    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
-    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
-    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
-    _check(got, np.maximum(conv + z, 0), channels * 9, float(sums.max()))
+    _check_fused(rng, x, w, b, attrs, _fused_by_kernel(dev, x, w, b, attrs))
 
 
 def _conv_node_model(w, b, attrs, x_shape, residual_shape=None):
@@ -415,14 +419,8 @@ def test_blocked_path_applies_fused_conv_epilogue(dev):
     x = testing.random(rng, (2, 32, 30, 30), np.float32)
     w = testing.random(rng, (80, 32, 3, 3), np.float32)
     b = testing.random(rng, (80,), np.float32)
-    z = testing.random(rng, (2, 80, 15, 15), np.float32)
     attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
-    full = {**CONV_DEFAULTS, **attrs}
-    reference = ops.get("Conv").reference
-    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
-    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
-    got = _run(dev, "FusedConv", [x, w, b, z], {**attrs, "activation": "Relu"})[0]
-    _check(got, np.maximum(conv + z, 0), 32 * 9, float(sums.max()))
+    _check_fused(rng, x, w, b, attrs, _fused_by_kernel(dev, x, w, b, attrs))
 
 
 INDIRECT_CASES = [
@@ -478,16 +476,14 @@ def test_indirect_path_applies_fused_conv_epilogue(x_shape, w_shape, stride):
     x, w = testing.random(rng, x_shape, np.float32), testing.random(rng, w_shape, np.float32)
     b = testing.random(rng, (w_shape[0],), np.float32)
     attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride]}
-    out = (x_shape[2] - 1) // stride + 1
-    z = testing.random(rng, (x_shape[0], w_shape[0], out, out), np.float32)
-    prepared = donnx.prepare(_conv_node_model(w, b, attrs, x_shape, z.shape))
-    (got,) = prepared.run({"x": x, "z": z})
-    assert [c.op for plan in prepared.plans.values() for c in plan.calls] == ["FusedConv"]
-    full = {**CONV_DEFAULTS, **attrs}
-    reference = ops.get("Conv").reference
-    conv = reference([v.astype(np.float64) for v in (x, w, b)], full)[0]
-    sums = reference([magnitude(x), magnitude(w)], full)[0] + np.abs(b).max() + np.abs(z).max()
-    _check(got, np.maximum(conv + z, 0), x_shape[1] * 9, float(sums.max()))
+
+    def run(z):
+        prepared = donnx.prepare(_conv_node_model(w, b, attrs, x_shape, z.shape))
+        (got,) = prepared.run({"x": x, "z": z})
+        assert [c.op for plan in prepared.plans.values() for c in plan.calls] == ["FusedConv"]
+        return got
+
+    _check_fused(rng, x, w, b, attrs, run)
 
 
 def test_indirect_form_is_refused_on_a_window_that_path_does_not_take():
